@@ -1,0 +1,137 @@
+//! An agent's configuration after checking: each file's typed value, and the whole definition
+//! once the files agree with each other.
+
+mod agent;
+mod models;
+mod sandbox;
+mod tool;
+
+pub use agent::{AgentConfig, Thinking, check_agent};
+pub use models::{Api, ModelSpec, ModelsFile, Provider, check_models};
+pub use sandbox::{DEFAULT_IMAGE, SandboxPolicy, SecretGrant, check_sandbox};
+pub use tool::{BUILTIN_TOOLS, Param, ParamType, Replay, ToolDecl, check_tool};
+
+use crate::problem::{Pos, Problem};
+use crate::tree::{Checker, Node};
+
+/// One call of a declaring function (`agent { ... }`, `tool("x", { ... })`) made while a Lua
+/// file ran, with the line it was made on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Declaration {
+    pub function: String,
+    pub pos: Pos,
+    pub args: Vec<Node>,
+}
+
+/// Takes the one declaration a file must make, reporting a missing or repeated one.
+fn single<'d>(
+    checker: &mut Checker,
+    declarations: &'d [Declaration],
+    function: &str,
+    example: &str,
+) -> Option<&'d Declaration> {
+    match declarations {
+        [] => {
+            checker.push(
+                Problem::new(checker.file(), Pos::default(), format!("{function} {{ ... }} is never called"))
+                    .with_fix(format!("declare it: {example}")),
+            );
+            None
+        }
+        [only] => Some(only),
+        [first, rest @ ..] => {
+            for extra in rest {
+                checker.push(
+                    Problem::new(
+                        checker.file(),
+                        extra.pos,
+                        format!("{function} is called again (first call on line {})", first.pos.line),
+                    )
+                    .with_fix(format!("keep one {function} {{ ... }} call")),
+                );
+            }
+            None
+        }
+    }
+}
+
+/// The single table argument of a declaration.
+fn table_argument<'d>(checker: &mut Checker, declaration: &'d Declaration, usage: &str) -> Option<&'d Node> {
+    match declaration.args.as_slice() {
+        [table] => Some(table),
+        _ => {
+            checker.push(
+                Problem::new(
+                    checker.file(),
+                    declaration.pos,
+                    format!("{} takes one table, got {} arguments", declaration.function, declaration.args.len()),
+                )
+                .with_fix(format!("write it as {usage}")),
+            );
+            None
+        }
+    }
+}
+
+/// The whole agent once every file checked out and the files agree.
+#[derive(Debug)]
+pub struct Definition {
+    pub agent: AgentConfig,
+    pub sandbox: SandboxPolicy,
+    pub tools: Vec<ToolDecl>,
+    pub models: ModelsFile,
+}
+
+impl Definition {
+    /// Checks what no single file can: the model exists, tool names are unique.
+    /// `agent_pos` is where `agent { ... }` was declared.
+    pub fn assemble(
+        agent: AgentConfig,
+        agent_pos: Pos,
+        sandbox: SandboxPolicy,
+        tools: Vec<(String, ToolDecl)>,
+        models: ModelsFile,
+    ) -> Result<Definition, Vec<Problem>> {
+        let mut problems = Vec::new();
+        if models.model(&agent.model).is_none() {
+            let known: Vec<String> = models.all_refs().iter().map(ToString::to_string).collect();
+            let fix = if known.is_empty() {
+                "add the model to models.yml".to_owned()
+            } else {
+                format!("use one of {} or add it to models.yml", known.join(", "))
+            };
+            problems.push(
+                Problem::new("agent.lua", agent_pos, format!("model {} is not in models.yml", agent.model))
+                    .with_path("model")
+                    .with_fix(fix),
+            );
+        }
+        let mut seen: Vec<(&str, &str)> = Vec::new();
+        for (file, tool) in &tools {
+            if let Some((first_file, _)) = seen.iter().find(|(_, name)| *name == tool.name.as_str()) {
+                problems.push(
+                    Problem::new(file.clone(), tool.pos, format!("tool {} is already declared in {first_file}", tool.name))
+                        .with_fix("give one of them another name"),
+                );
+            } else {
+                seen.push((file, tool.name.as_str()));
+            }
+        }
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        Ok(Definition {
+            agent,
+            sandbox,
+            tools: tools.into_iter().map(|(_, tool)| tool).collect(),
+            models,
+        })
+    }
+
+    /// The model `agent.lua` selects; present by construction.
+    pub fn model(&self) -> (&Provider, &ModelSpec) {
+        self.models
+            .model(&self.agent.model)
+            .expect("assemble checked that the agent's model is in models.yml")
+    }
+}

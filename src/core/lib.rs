@@ -1,0 +1,20 @@
+//! perch's pure core.
+//!
+//! Everything here is a function of its inputs: names and ids, configuration values after
+//! parsing, the session log's line types, the fold that reduces a log to its state, and the
+//! recovery plan. Nothing here touches files, the network, the environment or the clock;
+//! callers pass the time in. The I/O shell is the `perch` package.
+
+pub mod config;
+pub mod id;
+pub mod log;
+pub mod name;
+pub mod problem;
+pub mod secret;
+pub mod tree;
+pub mod yaml;
+
+pub use problem::{Problem, Problems};
+
+/// A point in time, always passed in by the caller.
+pub type Timestamp = chrono::DateTime<chrono::Utc>;

@@ -1,0 +1,246 @@
+use crate::Timestamp;
+use crate::config::Replay;
+use crate::id::{EntryId, OperationId, SessionId};
+use crate::name::{LaneName, ToolName};
+use serde::{Deserialize, Serialize};
+
+/// The version written in every header. A log of another version is refused, not guessed at.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One line of a lane's log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Line {
+    Header(Header),
+    Record(Record),
+    Entry(Entry),
+}
+
+/// The first line of every segment file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Header {
+    pub version: u32,
+    pub session: SessionId,
+    pub lane: LaneName,
+    /// This file's place in the lane's chain of segments, from 1.
+    pub segment: u32,
+    pub created: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<Previous>,
+}
+
+/// The segment this one continues, and the leaf the lane had when it was closed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Previous {
+    pub file: String,
+    pub leaf: Option<EntryId>,
+}
+
+/// Bookkeeping. Records of intent name the ids their results will carry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Record {
+    OperationStarted {
+        op: OperationId,
+        intent: Intent,
+        /// Inbox items this operation takes; they are consumed when it finishes.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        consumes: Vec<String>,
+        at: Timestamp,
+    },
+    AttemptStarted {
+        op: OperationId,
+        attempt: u32,
+        at: Timestamp,
+    },
+    ToolStarted {
+        op: OperationId,
+        call_id: String,
+        tool: ToolName,
+        arguments: serde_json::Value,
+        /// The id the tool's result entry will carry.
+        result: EntryId,
+        replay: Replay,
+        at: Timestamp,
+    },
+    OperationFinished {
+        op: OperationId,
+        outcome: Outcome,
+        at: Timestamp,
+    },
+    LeafSet {
+        leaf: EntryId,
+        at: Timestamp,
+    },
+    /// A torn last line was cut off when the file was opened.
+    TailRepaired {
+        truncated_bytes: u64,
+        offset: u64,
+        at: Timestamp,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Intent {
+    Run,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Outcome {
+    Completed,
+    Cancelled,
+    Failed { reason: String },
+    Interrupted { reason: String },
+}
+
+/// A node of the conversation tree.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entry {
+    pub id: EntryId,
+    pub parent: Option<EntryId>,
+    pub at: Timestamp,
+    pub body: EntryBody,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum EntryBody {
+    Message(Message),
+    /// Custom data kept in the tree (summaries, notes from hooks).
+    Data { name: String, value: serde_json::Value },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Message {
+    pub role: Role,
+    pub parts: Vec<Part>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    User,
+    Assistant,
+    Tool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Part {
+    Text {
+        text: String,
+    },
+    Reasoning {
+        text: String,
+    },
+    ToolCall {
+        call_id: String,
+        name: String,
+        arguments: serde_json::Value,
+    },
+    ToolResult {
+        call_id: String,
+        output: String,
+        is_error: bool,
+    },
+}
+
+/// How far an append must reach before the caller continues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Commit {
+    /// Written to the operating system: survives the process dying.
+    Flush,
+    /// Also fsynced: survives the machine dying. For lines that precede an effect that cannot be
+    /// taken back.
+    Sync,
+}
+
+impl Line {
+    /// The durability each line needs, decided here once so no caller can forget it.
+    pub fn commit(&self) -> Commit {
+        match self {
+            Line::Header(_) => Commit::Sync,
+            Line::Record(Record::ToolStarted { replay, .. }) => match replay {
+                Replay::Never => Commit::Sync,
+                Replay::Safe => Commit::Flush,
+            },
+            Line::Record(Record::TailRepaired { .. }) => Commit::Sync,
+            Line::Record(
+                Record::OperationStarted { .. }
+                | Record::AttemptStarted { .. }
+                | Record::OperationFinished { .. }
+                | Record::LeafSet { .. },
+            )
+            | Line::Entry(_) => Commit::Flush,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn at() -> Timestamp {
+        chrono::Utc.with_ymd_and_hms(2026, 11, 30, 6, 0, 0).unwrap()
+    }
+
+    #[test]
+    fn lines_have_three_shapes_on_disk() {
+        let op = OperationId::from_bytes([1; 16]);
+        let record = Line::Record(Record::OperationFinished {
+            op,
+            outcome: Outcome::Failed { reason: "model unreachable".into() },
+            at: at(),
+        });
+        let text = serde_json::to_string(&record).unwrap();
+        assert_eq!(
+            text,
+            r#"{"kind":"record","type":"operation_finished","op":"01010101-0101-0101-0101-010101010101","outcome":{"status":"failed","reason":"model unreachable"},"at":"2026-11-30T06:00:00Z"}"#
+        );
+        assert_eq!(serde_json::from_str::<Line>(&text).unwrap(), record);
+
+        let entry = Line::Entry(Entry {
+            id: EntryId::from_bytes([2; 16]),
+            parent: None,
+            at: at(),
+            body: EntryBody::Message(Message {
+                role: Role::User,
+                parts: vec![Part::Text { text: "hi".into() }],
+            }),
+        });
+        let text = serde_json::to_string(&entry).unwrap();
+        assert!(text.starts_with(r#"{"kind":"entry","id":"02020202"#), "{text}");
+        assert!(text.contains(r#""body":{"type":"message","role":"user","parts":[{"type":"text","text":"hi"}]}"#), "{text}");
+        assert_eq!(serde_json::from_str::<Line>(&text).unwrap(), entry);
+    }
+
+    #[test]
+    fn unknown_fields_are_corruption_not_ignored() {
+        let text = r#"{"kind":"record","type":"leaf_set","leaf":"02020202-0202-0202-0202-020202020202","at":"2026-11-30T06:00:00Z","extra":1}"#;
+        assert!(serde_json::from_str::<Line>(text).is_err());
+    }
+
+    #[test]
+    fn only_lines_before_irreversible_effects_are_synced() {
+        let tool = |replay| {
+            Line::Record(Record::ToolStarted {
+                op: OperationId::from_bytes([1; 16]),
+                call_id: "c1".into(),
+                tool: ToolName::try_from("bash").unwrap(),
+                arguments: serde_json::json!({}),
+                result: EntryId::from_bytes([3; 16]),
+                replay,
+                at: at(),
+            })
+        };
+        assert_eq!(tool(Replay::Never).commit(), Commit::Sync);
+        assert_eq!(tool(Replay::Safe).commit(), Commit::Flush);
+    }
+}
