@@ -1,1 +1,1157 @@
-//! placeholder
+//! The Lua evaluator: runs one configuration file in a restricted state and records the calls it
+//! makes to the declaring functions (`agent { ... }`, `tool("x", { ... })`) as [`Node`] trees.
+//!
+//! This is the only module that names `mlua`. The state it builds cannot touch files, processes,
+//! the environment or stdout, cannot load bytecode, and stops when it exceeds its [`Limits`].
+
+use mlua::chunk::ChunkMode;
+use mlua::debug::Debug as HookDebug;
+use mlua::{
+    Function, HookTriggers, Lua, LuaOptions, MetaMethod, MultiValue, StdLib, Table, UserData,
+    UserDataMethods, Value as LuaValue, VmState,
+};
+use perch_core::config::Declaration;
+use perch_core::name::EnvName;
+use perch_core::problem::{Pos, Problem};
+use perch_core::tree::{FunctionId, Key, Node, Path, Value};
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+/// Resource limits for one Lua state.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// The most memory the state may allocate. Declared values held on the Rust side are held
+    /// to the same amount.
+    pub memory_bytes: usize,
+    /// The most Lua instructions the state may run, counted across everything it runs.
+    pub instructions: u64,
+}
+
+impl Limits {
+    /// The limits for a configuration file, which runs once when the agent loads.
+    pub const CONFIG: Limits = Limits {
+        memory_bytes: 32 << 20,
+        instructions: 20_000_000,
+    };
+}
+
+/// A Lua file after it ran: the declarations it made, and the state that holds their functions.
+pub struct Evaluation {
+    #[expect(
+        dead_code,
+        reason = "the declared functions run in this state; running them comes later"
+    )]
+    lua: Lua,
+    /// Indexed by [`FunctionId`].
+    functions: Vec<Function>,
+    declarations: Vec<Declaration>,
+}
+
+impl Evaluation {
+    /// The declaring calls in the order the file made them.
+    pub fn declarations(&self) -> &[Declaration] {
+        &self.declarations
+    }
+
+    /// The declarations alone, for files whose functions are not needed; the state is dropped.
+    pub fn into_declarations(self) -> Vec<Declaration> {
+        self.declarations
+    }
+}
+
+impl fmt::Debug for Evaluation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Evaluation")
+            .field("declarations", &self.declarations)
+            .field("functions", &self.functions.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs `source` (the text of `file`, a path relative to the agent directory such as
+/// "sandbox.lua" or "tools/example.lua") in a restricted state in which each name in
+/// `declare` is a global function that records its call.
+///
+/// The state has the base library without `dofile`, `loadfile`, `load` and `collectgarbage`;
+/// `string` (without `dump`), `table`, `math`, `utf8` and `coroutine`; an `os` with only `time`,
+/// `clock`, `date` and `difftime`; `print`, which discards its output because stdout carries
+/// perch's own output; `setmetatable`, which refuses `__gc`; `xpcall`, whose message handler runs
+/// after the error unwound; and `env "NAME"`, a reference to a host environment variable that
+/// never reads it.
+///
+/// Every problem is returned: a file that fails to run, and every value its declarations hold
+/// that cannot become a [`Node`].
+pub fn evaluate(
+    file: &str,
+    source: &str,
+    declare: &[&str],
+    limits: Limits,
+) -> Result<Evaluation, Vec<Problem>> {
+    let recorder = Arc::new(Mutex::new(Recorder::new(file, limits.memory_bytes)));
+    let budget = Arc::new(InstructionBudget::new(limits.instructions));
+    let lua = prepare_state(file, declare, limits, &recorder, &budget).map_err(|error| {
+        vec![Problem::new(
+            file,
+            Pos::default(),
+            format!("could not prepare the Lua state: {error}"),
+        )]
+    })?;
+
+    let outcome = lua
+        .load(source)
+        .set_name(format!("@{file}"))
+        .set_mode(ChunkMode::Text)
+        .exec();
+
+    let (declarations, functions, mut problems) = {
+        let mut recorder = lock(&recorder);
+        (
+            std::mem::take(&mut recorder.declarations),
+            std::mem::take(&mut recorder.functions),
+            std::mem::take(&mut recorder.problems),
+        )
+    };
+    if budget.is_exhausted() {
+        problems.push(budget.problem(file));
+    } else if let Err(error) = outcome {
+        problems.push(problem_from_error(file, &error, limits));
+    }
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    Ok(Evaluation {
+        lua,
+        functions,
+        declarations,
+    })
+}
+
+fn prepare_state(
+    file: &str,
+    declare: &[&str],
+    limits: Limits,
+    recorder: &Arc<Mutex<Recorder>>,
+    budget: &Arc<InstructionBudget>,
+) -> mlua::Result<Lua> {
+    let libraries = StdLib::STRING
+        | StdLib::TABLE
+        | StdLib::MATH
+        | StdLib::UTF8
+        | StdLib::COROUTINE
+        | StdLib::OS;
+    let lua = Lua::new_with(libraries, LuaOptions::default())?;
+    let globals = lua.globals();
+
+    for unsafe_global in ["dofile", "loadfile", "load", "loadstring", "collectgarbage"] {
+        globals.raw_remove(unsafe_global)?;
+    }
+    globals.get::<Table>("string")?.raw_remove("dump")?;
+
+    let full_os: Table = globals.get("os")?;
+    let os = lua.create_table()?;
+    for harmless in ["time", "clock", "date", "difftime"] {
+        os.raw_set(harmless, full_os.get::<Function>(harmless)?)?;
+    }
+    globals.raw_set("os", os)?;
+
+    globals.raw_set("setmetatable", setmetatable_without_finalizers(&lua, file)?)?;
+    globals.raw_set("xpcall", xpcall_after_unwinding(&lua, file)?)?;
+    globals.raw_set("print", lua.create_function(|_, _: MultiValue| Ok(()))?)?;
+    lua.set_warning_function(|_, _, _| Ok(()));
+    globals.raw_set("env", env_function(&lua, file)?)?;
+    for function in declare {
+        globals.raw_set(*function, declaring_function(&lua, function, recorder)?)?;
+    }
+
+    lua.set_memory_limit(limits.memory_bytes)?;
+    budget.install(&lua)?;
+    Ok(lua)
+}
+
+/// `setmetatable` refusing `__gc`: Lua runs finalizers with hooks off, so a finalizer would run
+/// outside the instruction limit.
+fn setmetatable_without_finalizers(lua: &Lua, file: &str) -> mlua::Result<Function> {
+    let file = file.to_owned();
+    lua.create_function(move |lua, (table, metatable): (LuaValue, LuaValue)| {
+        let fix = "call it as setmetatable(table, metatable)";
+        let LuaValue::Table(table) = table else {
+            let message = format!("setmetatable takes a table, got {}", table.type_name());
+            return Err(CallError::raise(lua, &file, message, fix));
+        };
+        let metatable = match metatable {
+            LuaValue::Nil => None,
+            LuaValue::Table(metatable) => Some(metatable),
+            other => {
+                let message = format!(
+                    "setmetatable takes a table or nil as the metatable, got {}",
+                    other.type_name()
+                );
+                return Err(CallError::raise(lua, &file, message, fix));
+            }
+        };
+        if let Some(current) = table.metatable()
+            && !current.raw_get::<LuaValue>("__metatable")?.is_nil()
+        {
+            let message = "cannot change a protected metatable".to_owned();
+            return Err(CallError::raise(
+                lua,
+                &file,
+                message,
+                "leave that table's metatable as it is",
+            ));
+        }
+        if let Some(metatable) = &metatable
+            && !metatable.raw_get::<LuaValue>("__gc")?.is_nil()
+        {
+            let message = "__gc metamethods are not allowed in configuration".to_owned();
+            return Err(CallError::raise(
+                lua,
+                &file,
+                message,
+                "remove __gc from the metatable",
+            ));
+        }
+        table.set_metatable(metatable)?;
+        Ok(table)
+    })
+}
+
+/// `xpcall` running its message handler once the error has unwound, like `pcall` and then a call.
+/// Lua runs a message handler with hooks off when the error came from a hook, which would let
+/// the handler run outside the instruction limit.
+fn xpcall_after_unwinding(lua: &Lua, file: &str) -> mlua::Result<Function> {
+    let pcall: Function = lua.globals().get("pcall")?;
+    let file = file.to_owned();
+    lua.create_function(move |lua, mut args: MultiValue| {
+        let function = args.pop_front().unwrap_or(LuaValue::Nil);
+        let handler = args.pop_front().unwrap_or(LuaValue::Nil);
+        let LuaValue::Function(handler) = handler else {
+            let message = format!(
+                "xpcall takes a message handler function, got {}",
+                handler.type_name()
+            );
+            return Err(CallError::raise(
+                lua,
+                &file,
+                message,
+                "call it as xpcall(f, handler, ...)",
+            ));
+        };
+        args.push_front(function);
+        let mut results: MultiValue = pcall.call(args)?;
+        if matches!(results.front(), Some(LuaValue::Boolean(true))) {
+            return Ok(results);
+        }
+        let error = results
+            .get_mut(1)
+            .map(std::mem::take)
+            .unwrap_or(LuaValue::Nil);
+        let handled: LuaValue = handler.call(error)?;
+        Ok(MultiValue::from_iter([LuaValue::Boolean(false), handled]))
+    })
+}
+
+/// What `env "NAME"` returns: the name of a host environment variable, never its value.
+struct EnvReference(EnvName);
+
+impl UserData for EnvReference {
+    fn add_methods<M: UserDataMethods<Self>>(methods: &mut M) {
+        methods.add_meta_method(MetaMethod::ToString, |_, reference, ()| {
+            Ok(format!("env(\"{}\")", reference.0))
+        });
+    }
+}
+
+fn env_function(lua: &Lua, file: &str) -> mlua::Result<Function> {
+    let file = file.to_owned();
+    lua.create_function(move |lua, name: LuaValue| {
+        let text = match &name {
+            LuaValue::String(text) => text.to_str().ok().map(|text| text.to_owned()),
+            _ => None,
+        };
+        let Some(text) = text else {
+            return Err(CallError::raise(
+                lua,
+                &file,
+                format!(
+                    "env takes a variable name as a string, got {}",
+                    name.type_name()
+                ),
+                "write it as env \"GITHUB_TOKEN\"",
+            ));
+        };
+        match EnvName::try_from(text.as_str()) {
+            Ok(name) => lua.create_userdata(EnvReference(name)),
+            Err(_) => Err(CallError::raise(
+                lua,
+                &file,
+                format!(
+                    "env {text:?}: not a valid variable name ({})",
+                    EnvName::RULE
+                ),
+                "use the variable's exact name, such as GITHUB_TOKEN",
+            )),
+        }
+    })
+}
+
+/// An error a perch function raises in Lua, with the line of the Lua call that caused it.
+#[derive(Debug)]
+struct CallError {
+    file: String,
+    line: u32,
+    message: String,
+    fix: &'static str,
+}
+
+impl CallError {
+    fn raise(lua: &Lua, file: &str, message: String, fix: &'static str) -> mlua::Error {
+        mlua::Error::external(CallError {
+            file: file.to_owned(),
+            line: calling_line(lua),
+            message,
+            fix,
+        })
+    }
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: {}", self.file, self.line, self.message)
+    }
+}
+
+impl std::error::Error for CallError {}
+
+/// The line of the nearest Lua code on the stack of a Rust function called from Lua; 0 when
+/// there is none.
+fn calling_line(lua: &Lua) -> u32 {
+    const LEVELS_SEARCHED: usize = 8;
+    (1..=LEVELS_SEARCHED)
+        .find_map(|level| {
+            lua.inspect_stack(level, |frame| frame.current_line())
+                .flatten()
+        })
+        .and_then(|line| u32::try_from(line).ok())
+        .unwrap_or(0)
+}
+
+fn declaring_function(
+    lua: &Lua,
+    function: &str,
+    recorder: &Arc<Mutex<Recorder>>,
+) -> mlua::Result<Function> {
+    let function = function.to_owned();
+    let recorder = Arc::clone(recorder);
+    lua.create_function(move |lua, args: MultiValue| {
+        let pos = Pos::line(calling_line(lua));
+        let mut conversion = Conversion {
+            recorder: &recorder,
+            pos,
+            open_tables: Vec::new(),
+        };
+        let args = args
+            .into_iter()
+            .map(|arg| conversion.node(arg, &Path::root()))
+            .collect();
+        lock(&recorder).declarations.push(Declaration {
+            function: function.clone(),
+            pos,
+            args,
+        });
+        Ok(())
+    })
+}
+
+/// What the declaring functions collect while the file runs.
+struct Recorder {
+    file: String,
+    declarations: Vec<Declaration>,
+    functions: Vec<Function>,
+    problems: Vec<Problem>,
+    memory_limit: usize,
+    remaining_bytes: usize,
+}
+
+impl Recorder {
+    fn new(file: &str, memory_limit: usize) -> Self {
+        Recorder {
+            file: file.to_owned(),
+            declarations: Vec::new(),
+            functions: Vec::new(),
+            problems: Vec::new(),
+            memory_limit,
+            remaining_bytes: memory_limit,
+        }
+    }
+}
+
+fn lock(recorder: &Mutex<Recorder>) -> MutexGuard<'_, Recorder> {
+    recorder.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// How deep tables may nest inside one declaration.
+const MAX_DEPTH: usize = 32;
+
+/// How many functions one file may declare; each holds a slot in the Lua state for as long as
+/// the evaluation lives.
+const MAX_FUNCTIONS: usize = 10_000;
+
+/// Converts the arguments of one declaring call. Every node gets the line of the call.
+struct Conversion<'r> {
+    recorder: &'r Mutex<Recorder>,
+    pos: Pos,
+    /// The tables enclosing the value being converted, to find cycles.
+    open_tables: Vec<*const c_void>,
+}
+
+impl Conversion<'_> {
+    fn node(&mut self, value: LuaValue, path: &Path) -> Node {
+        Node {
+            pos: self.pos,
+            value: self.value(value, path),
+        }
+    }
+
+    fn value(&mut self, value: LuaValue, path: &Path) -> Value {
+        if !self.charge(size_of::<Node>(), path) {
+            return Value::Nil;
+        }
+        match value {
+            LuaValue::Nil => Value::Nil,
+            LuaValue::Boolean(flag) => Value::Bool(flag),
+            LuaValue::Integer(number) => Value::Int(number),
+            LuaValue::Number(number) => Value::Float(number),
+            LuaValue::String(text) => match text.to_str() {
+                Ok(text) if self.charge(text.len(), path) => Value::Str(text.to_owned()),
+                Ok(_) => Value::Nil,
+                Err(_) => {
+                    self.report(
+                        path,
+                        "a string is not valid UTF-8",
+                        "write text as UTF-8; encode binary data, e.g. as hex",
+                    );
+                    Value::Nil
+                }
+            },
+            LuaValue::Table(table) => self.table(&table, path),
+            LuaValue::Function(function) => self.function(function, path),
+            LuaValue::UserData(userdata) => match userdata.borrow::<EnvReference>() {
+                Ok(reference) => Value::Env(reference.0.to_string()),
+                Err(_) => self.unsupported("a userdata value", path),
+            },
+            LuaValue::LightUserData(_) => self.unsupported("a light userdata value", path),
+            LuaValue::Thread(_) => self.unsupported("a coroutine", path),
+            LuaValue::Error(_) => self.unsupported("an error value", path),
+            _ => self.unsupported("this kind of value", path),
+        }
+    }
+
+    fn function(&mut self, function: Function, path: &Path) -> Value {
+        let mut recorder = lock(self.recorder);
+        if recorder.functions.len() >= MAX_FUNCTIONS {
+            drop(recorder);
+            self.report(
+                path,
+                &format!("the file declares more than {MAX_FUNCTIONS} functions"),
+                "declare fewer functions",
+            );
+            return Value::Nil;
+        }
+        recorder.functions.push(function);
+        Value::Function(FunctionId(recorder.functions.len() - 1))
+    }
+
+    fn table(&mut self, table: &Table, path: &Path) -> Value {
+        let pointer = table.to_pointer();
+        if self.open_tables.contains(&pointer) {
+            self.report(
+                path,
+                "a table contains itself",
+                "remove the reference back to the enclosing table",
+            );
+            return Value::Nil;
+        }
+        if self.open_tables.len() >= MAX_DEPTH {
+            self.report(
+                path,
+                &format!("tables nest deeper than {MAX_DEPTH} levels"),
+                "flatten the declaration",
+            );
+            return Value::Nil;
+        }
+        self.open_tables.push(pointer);
+        let value = self.table_entries(table, path);
+        self.open_tables.pop();
+        value
+    }
+
+    /// Reads the keys first and converts the values in key order, so function ids and problems
+    /// do not depend on Lua's hash order.
+    fn table_entries(&mut self, table: &Table, path: &Path) -> Value {
+        let mut indexes: Vec<i64> = Vec::new();
+        let mut names: Vec<String> = Vec::new();
+        let mut odd_key: Option<String> = None;
+        for pair in table.pairs::<LuaValue, LuaValue>() {
+            let Ok((key, _)) = pair else {
+                self.report(path, "a table could not be read", "simplify the table");
+                return Value::Nil;
+            };
+            match key {
+                LuaValue::Integer(index) if index >= 1 => indexes.push(index),
+                LuaValue::String(name) => match name.to_str() {
+                    Ok(name) if self.charge(name.len(), path) => names.push(name.to_owned()),
+                    Ok(_) => return Value::Nil,
+                    Err(_) => odd_key = Some("a key that is not valid UTF-8".to_owned()),
+                },
+                LuaValue::Integer(index) => odd_key = Some(format!("the key [{index}]")),
+                LuaValue::Number(number) => odd_key = Some(format!("the key [{number}]")),
+                other => odd_key = Some(format!("a {} key", other.type_name())),
+            }
+        }
+
+        if let Some(odd_key) = odd_key {
+            self.report(
+                path,
+                &format!("a table has {odd_key}; keys must be names or list positions 1, 2, 3..."),
+                "use a list { a, b } or named keys { a = 1 }",
+            );
+            return Value::Nil;
+        }
+        if !indexes.is_empty() && !names.is_empty() {
+            self.report(
+                path,
+                "a table mixes list items and named keys",
+                "use either a list { a, b } or named keys { a = 1 }, not both",
+            );
+            return Value::Nil;
+        }
+        if !indexes.is_empty() {
+            indexes.sort_unstable();
+            let numbered_from_one = indexes
+                .iter()
+                .zip(1_i64..)
+                .all(|(index, expected)| *index == expected);
+            if !numbered_from_one {
+                self.report(
+                    path,
+                    "a list has gaps: its items must be numbered 1, 2, 3... without holes",
+                    "remove the nil items and explicit indexes from the list",
+                );
+                return Value::Nil;
+            }
+            let mut items = Vec::with_capacity(indexes.len());
+            for (zero_based, index) in indexes.into_iter().enumerate() {
+                let item_path = path.index(zero_based);
+                let Some(value) = self.raw_get(table, index, &item_path) else {
+                    return Value::Nil;
+                };
+                items.push(self.node(value, &item_path));
+            }
+            return Value::List(items);
+        }
+        names.sort_unstable();
+        let mut entries = Vec::with_capacity(names.len());
+        for name in names {
+            let entry_path = path.key(&name);
+            let Some(value) = self.raw_get(table, name.as_str(), &entry_path) else {
+                return Value::Nil;
+            };
+            let node = self.node(value, &entry_path);
+            entries.push((
+                Key {
+                    name,
+                    pos: self.pos,
+                },
+                node,
+            ));
+        }
+        Value::Map(entries)
+    }
+
+    fn raw_get(&mut self, table: &Table, key: impl mlua::IntoLua, path: &Path) -> Option<LuaValue> {
+        match table.raw_get(key) {
+            Ok(value) => Some(value),
+            Err(_) => {
+                self.report(path, "a value could not be read", "simplify the table");
+                None
+            }
+        }
+    }
+
+    fn unsupported(&mut self, what: &str, path: &Path) -> Value {
+        self.report(
+            path,
+            &format!("{what} cannot be declared"),
+            "use nil, booleans, numbers, strings, tables, functions or env \"NAME\"",
+        );
+        Value::Nil
+    }
+
+    /// Counts `bytes` against the data all declarations of the file may hold; false, reported
+    /// once, when they would hold more than the memory limit.
+    fn charge(&mut self, bytes: usize, path: &Path) -> bool {
+        let mut recorder = lock(self.recorder);
+        if let Some(remaining) = recorder.remaining_bytes.checked_sub(bytes) {
+            recorder.remaining_bytes = remaining;
+            return true;
+        }
+        let first_time = recorder.remaining_bytes > 0;
+        recorder.remaining_bytes = 0;
+        let limit = mebibytes(recorder.memory_limit);
+        drop(recorder);
+        if first_time {
+            self.report(
+                path,
+                &format!("the declarations hold more than {limit} of data"),
+                "declare less: configuration should be small",
+            );
+        }
+        false
+    }
+
+    fn report(&mut self, path: &Path, message: &str, fix: &str) {
+        let mut recorder = lock(self.recorder);
+        let problem = Problem::new(recorder.file.clone(), self.pos, message)
+            .with_path(path.as_str())
+            .with_fix(fix);
+        recorder.problems.push(problem);
+    }
+}
+
+/// Counts the instructions a state runs and stops it when they pass the limit.
+struct InstructionBudget {
+    limit: u64,
+    used: AtomicU64,
+    exhausted: AtomicBool,
+    /// The line running when the limit was passed; 0 when unknown.
+    stopped_on_line: AtomicU32,
+}
+
+impl InstructionBudget {
+    /// Instructions between two checks of the budget while it lasts.
+    const STEP: u32 = 1000;
+
+    fn new(limit: u64) -> Self {
+        InstructionBudget {
+            limit,
+            used: AtomicU64::new(0),
+            exhausted: AtomicBool::new(false),
+            stopped_on_line: AtomicU32::new(0),
+        }
+    }
+
+    /// A global hook reaches the coroutines the file creates as well as the main chunk.
+    fn install(self: &Arc<Self>, lua: &Lua) -> mlua::Result<()> {
+        self.install_every(lua, Self::STEP)
+    }
+
+    fn install_every(self: &Arc<Self>, lua: &Lua, instructions: u32) -> mlua::Result<()> {
+        let budget = Arc::clone(self);
+        lua.set_global_hook(
+            HookTriggers::new().every_nth_instruction(instructions),
+            move |lua, frame| budget.spend(lua, frame, instructions),
+        )
+    }
+
+    fn spend(
+        self: &Arc<Self>,
+        lua: &Lua,
+        frame: &HookDebug,
+        instructions: u32,
+    ) -> mlua::Result<VmState> {
+        let used = self
+            .used
+            .fetch_add(u64::from(instructions), Ordering::Relaxed)
+            .saturating_add(u64::from(instructions));
+        if used <= self.limit && !self.is_exhausted() {
+            return Ok(VmState::Continue);
+        }
+        if !self.exhausted.swap(true, Ordering::Relaxed) {
+            let line = frame
+                .current_line()
+                .and_then(|line| u32::try_from(line).ok())
+                .unwrap_or(0);
+            self.stopped_on_line.store(line, Ordering::Relaxed);
+        }
+        // A `pcall` may catch the error; failing again on the very next instruction, wherever it
+        // is, leaves the file no instruction to carry on with.
+        self.install_every(lua, 1)?;
+        Err(mlua::Error::runtime(self.message()))
+    }
+
+    fn is_exhausted(&self) -> bool {
+        self.exhausted.load(Ordering::Relaxed)
+    }
+
+    fn message(&self) -> String {
+        format!(
+            "stopped after {} Lua instructions (an endless loop?)",
+            self.limit
+        )
+    }
+
+    fn problem(&self, file: &str) -> Problem {
+        let line = self.stopped_on_line.load(Ordering::Relaxed);
+        Problem::new(file, Pos::line(line), self.message())
+            .with_fix("make the file finish: configuration runs once at load")
+    }
+}
+
+fn mebibytes(bytes: usize) -> String {
+    const MIB: usize = 1 << 20;
+    if bytes.is_multiple_of(MIB) {
+        format!("{} MiB", bytes / MIB)
+    } else {
+        #[expect(clippy::cast_precision_loss, reason = "a rounded size for a message")]
+        let mib = bytes as f64 / MIB as f64;
+        format!("{mib:.2} MiB")
+    }
+}
+
+fn problem_from_error(file: &str, error: &mlua::Error, limits: Limits) -> Problem {
+    let cause = root_cause(error);
+    if let Some(call) = cause.downcast_ref::<CallError>() {
+        return Problem::new(file, Pos::line(call.line), call.message.clone()).with_fix(call.fix);
+    }
+    match cause {
+        mlua::Error::MemoryError(_) => Problem::new(
+            file,
+            Pos::default(),
+            format!(
+                "stopped: the file needs more than the {} memory limit",
+                mebibytes(limits.memory_bytes)
+            ),
+        )
+        .with_fix("build smaller tables and strings: configuration should be small"),
+        mlua::Error::SyntaxError { message, .. } => {
+            let (pos, message) = split_position(file, without_traceback(message));
+            Problem::new(file, pos, message).with_fix("correct the Lua syntax on that line")
+        }
+        mlua::Error::RuntimeError(message) => {
+            let (pos, message) = split_position(file, without_traceback(message));
+            Problem::new(file, pos, message).with_fix("correct the Lua code on that line")
+        }
+        other => {
+            let text = other.to_string();
+            let (pos, message) = split_position(file, without_traceback(&text));
+            Problem::new(file, pos, message).with_fix("correct the Lua code on that line")
+        }
+    }
+}
+
+/// The error a chain of callback and context wrappers was raised for.
+fn root_cause(error: &mlua::Error) -> &mlua::Error {
+    match error {
+        mlua::Error::CallbackError { cause, .. }
+        | mlua::Error::WithContext { cause, .. }
+        | mlua::Error::BadArgument { cause, .. } => root_cause(cause),
+        other => other,
+    }
+}
+
+fn without_traceback(message: &str) -> &str {
+    let end = message.find("stack traceback:").unwrap_or(message.len());
+    message[..end].trim_end()
+}
+
+/// Splits Lua's `file:LINE: message` into the line and the message. Lua shortens a long chunk
+/// name to `...` and its end.
+fn split_position<'m>(file: &str, message: &'m str) -> (Pos, &'m str) {
+    let mut searched = 0;
+    while let Some(offset) = message[searched..].find(':') {
+        let colon = searched + offset;
+        let rest = &message[colon + 1..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits > 0 && rest[digits..].starts_with(':') && names_file(&message[..colon], file) {
+            let line = rest[..digits].parse().unwrap_or(0);
+            return (Pos::line(line), rest[digits + 1..].trim_start());
+        }
+        searched = colon + 1;
+    }
+    (Pos::default(), message)
+}
+
+fn names_file(prefix: &str, file: &str) -> bool {
+    prefix == file
+        || prefix
+            .strip_prefix("...")
+            .is_some_and(|tail| !tail.is_empty() && file.ends_with(tail))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DECLARE: &[&str] = &["agent", "tool"];
+
+    fn run(file: &str, source: &str) -> Result<Evaluation, Vec<Problem>> {
+        evaluate(file, source, DECLARE, Limits::CONFIG)
+    }
+
+    fn only_problem(result: Result<Evaluation, Vec<Problem>>) -> Problem {
+        let problems = result.expect_err("the file should fail");
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        problems.into_iter().next().expect("one problem")
+    }
+
+    fn node(line: u32, value: Value) -> Node {
+        Node {
+            pos: Pos::line(line),
+            value,
+        }
+    }
+
+    fn entry(line: u32, name: &str, value: Value) -> (Key, Node) {
+        (
+            Key {
+                name: name.to_owned(),
+                pos: Pos::line(line),
+            },
+            node(line, value),
+        )
+    }
+
+    fn field<'n>(map: &'n Node, name: &str) -> &'n Value {
+        let Value::Map(entries) = &map.value else {
+            panic!("not a map: {map:?}");
+        };
+        &entries
+            .iter()
+            .find(|(key, _)| key.name == name)
+            .unwrap_or_else(|| panic!("no key {name} in {map:?}"))
+            .1
+            .value
+    }
+
+    #[test]
+    fn declarations_record_their_line_and_converted_arguments() {
+        let source = r#"
+local shared = "x"
+agent { model = "openai/gpt-5", tags = { "a", "b" }, limits = { cpus = 2, ratio = 1.0 }, empty = {} }
+tool("search", {
+  run = function(args) return args end,
+  check = function() end,
+})
+"#;
+        let evaluation = run("agent.lua", source).unwrap();
+        let declarations = evaluation.declarations();
+        assert_eq!(declarations.len(), 2);
+
+        let agent = &declarations[0];
+        assert_eq!(agent.function, "agent");
+        assert_eq!(agent.pos, Pos::line(3));
+        assert_eq!(
+            agent.args,
+            vec![node(
+                3,
+                Value::Map(vec![
+                    entry(3, "empty", Value::Map(vec![])),
+                    entry(
+                        3,
+                        "limits",
+                        Value::Map(vec![
+                            entry(3, "cpus", Value::Int(2)),
+                            entry(3, "ratio", Value::Float(1.0)),
+                        ])
+                    ),
+                    entry(3, "model", Value::Str("openai/gpt-5".into())),
+                    entry(
+                        3,
+                        "tags",
+                        Value::List(vec![
+                            node(3, Value::Str("a".into())),
+                            node(3, Value::Str("b".into())),
+                        ])
+                    ),
+                ])
+            )]
+        );
+
+        let tool = &declarations[1];
+        assert_eq!(tool.function, "tool");
+        assert_eq!(tool.pos, Pos::line(4));
+        assert_eq!(tool.args.len(), 2);
+        assert_eq!(tool.args[0], node(4, Value::Str("search".into())));
+        assert_eq!(
+            field(&tool.args[1], "check"),
+            &Value::Function(FunctionId(0))
+        );
+        assert_eq!(field(&tool.args[1], "run"), &Value::Function(FunctionId(1)));
+        assert_eq!(evaluation.functions.len(), 2);
+    }
+
+    #[test]
+    fn declarations_made_from_a_helper_take_the_helper_call_line() {
+        let source = "local function declare(name)\n  tool(name, {})\nend\ndeclare('a')\n";
+        let evaluation = run("tools/a.lua", source).unwrap();
+        assert_eq!(evaluation.declarations()[0].pos, Pos::line(2));
+        assert_eq!(evaluation.into_declarations().len(), 1);
+    }
+
+    #[test]
+    fn unsafe_globals_are_absent() {
+        for global in [
+            "io",
+            "os.execute",
+            "os.exit",
+            "os.remove",
+            "os.rename",
+            "os.getenv",
+            "os.tmpname",
+            "os.setlocale",
+            "require",
+            "dofile",
+            "loadfile",
+            "load",
+            "loadstring",
+            "collectgarbage",
+            "debug",
+            "string.dump",
+            "('').dump",
+            "package",
+        ] {
+            let source = format!("assert({global} == nil, [[{global} is present]])");
+            let result = run("agent.lua", &source);
+            assert!(result.is_ok(), "{global}: {result:?}");
+        }
+    }
+
+    #[test]
+    fn safe_libraries_and_print_work() {
+        let source = r#"
+print("x", 1, {})
+assert(type(os.time()) == "number" and type(os.clock()) == "number")
+assert(type(os.date("%Y")) == "string" and os.difftime(2, 1) == 1)
+assert(string.upper("a") == "A" and table.concat({ "a", "b" }) == "ab")
+assert(math.max(1, 2) == 2 and utf8.char(72) == "H")
+assert(coroutine.wrap(function() coroutine.yield(7) end)() == 7)
+"#;
+        run("agent.lua", source).unwrap();
+    }
+
+    #[test]
+    fn bytecode_cannot_be_loaded() {
+        let problem = only_problem(run("agent.lua", "\x1bLua\x54\x00"));
+        assert!(problem.message.contains("binary"), "{problem}");
+    }
+
+    #[test]
+    fn an_endless_loop_stops_with_its_line() {
+        let problem = only_problem(run("agent.lua", "local x = 1\n\nwhile true do end\n"));
+        assert_eq!(
+            problem.to_string(),
+            "agent.lua:3: stopped after 20000000 Lua instructions (an endless loop?)\n  \
+             fix: make the file finish: configuration runs once at load"
+        );
+    }
+
+    #[test]
+    fn pcall_cannot_swallow_the_instruction_limit() {
+        let limits = Limits {
+            instructions: 100_000,
+            ..Limits::CONFIG
+        };
+        for source in [
+            "while true do pcall(function() while true do end end) end",
+            "while true do pcall(function() for i = 1, 997 do end end) end",
+            "while true do xpcall(function() while true do end end, function() while true do end end) end",
+            "local co = coroutine.wrap(function() while true do end end)\nwhile true do pcall(co) end",
+            "while true do pcall(coroutine.wrap(function() while true do end end)) end",
+            "local co = coroutine.create(function() while true do pcall(error) end end)\n\
+             while true do coroutine.resume(co) end",
+        ] {
+            let problems = evaluate("agent.lua", source, DECLARE, limits).expect_err(source);
+            assert_eq!(problems.len(), 1, "{source}: {problems:?}");
+            assert_eq!(
+                problems[0].message, "stopped after 100000 Lua instructions (an endless loop?)",
+                "{source}"
+            );
+        }
+    }
+
+    #[test]
+    fn finalizers_cannot_escape_the_instruction_limit() {
+        let forever = "function() while true do end end";
+        let problem = only_problem(run(
+            "agent.lua",
+            &format!("local a = 1\nsetmetatable({{}}, {{ __gc = {forever} }})"),
+        ));
+        assert_eq!(problem.pos, Pos::line(2));
+        assert!(problem.message.contains("__gc"), "{problem}");
+
+        let late = format!(
+            "local mt = {{}}\nlocal t = setmetatable({{}}, mt)\nmt.__gc = {forever}\nt = nil\n\
+             for i = 1, 100000 do local garbage = {{ i }} end\nagent {{}}"
+        );
+        let evaluation = run("agent.lua", &late).unwrap();
+        drop(evaluation);
+    }
+
+    #[test]
+    fn setmetatable_and_xpcall_still_work() {
+        let source = r#"
+local t = setmetatable({}, { __index = function(_, key) return key .. "!" end })
+assert(t.hi == "hi!")
+local protected = setmetatable({}, { __metatable = "locked" })
+assert(not pcall(setmetatable, protected, {}))
+local ok, handled = xpcall(function(a) error({ code = a }) end, function(e) return e.code end, 7)
+assert(not ok and handled == 7)
+local ok2, a, b = xpcall(function(x) return x, 2 end, print, 1)
+assert(ok2 and a == 1 and b == 2)
+agent { t = getmetatable(t) ~= nil }
+"#;
+        let evaluation = run("agent.lua", source).unwrap();
+        assert_eq!(
+            evaluation.declarations()[0].args[0],
+            node(10, Value::Map(vec![entry(10, "t", Value::Bool(true))]))
+        );
+    }
+
+    #[test]
+    fn a_memory_bomb_stops_at_the_memory_limit() {
+        let source = r#"local t = {} for i=1,1e9 do t[i] = string.rep("x", 1000) end"#;
+        let problem = only_problem(run("agent.lua", source));
+        assert_eq!(problem.pos, Pos::default());
+        assert!(problem.message.contains("32 MiB memory limit"), "{problem}");
+        assert!(problem.fix.is_some());
+    }
+
+    #[test]
+    fn declared_data_is_held_to_the_memory_limit() {
+        let limits = Limits {
+            memory_bytes: 1 << 20,
+            ..Limits::CONFIG
+        };
+        let source = "local s = string.rep('x', 100000)\nfor i = 1, 20 do agent { s } end";
+        let problems = evaluate("agent.lua", source, DECLARE, limits).expect_err("too much");
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].message.contains("more than 1 MiB"),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn env_holds_only_the_name() {
+        let source = r#"
+local path = env "PATH"
+assert(not pcall(function() return "x" .. path end))
+assert(not pcall(function() return path.value end))
+assert(not pcall(function() return path < path end))
+agent { token = path, shown = tostring(path) }
+"#;
+        let evaluation = run("agent.lua", source).unwrap();
+        let args = &evaluation.declarations()[0].args;
+        assert_eq!(field(&args[0], "token"), &Value::Env("PATH".into()));
+        let Value::Str(shown) = field(&args[0], "shown") else {
+            panic!("shown is not a string: {args:?}");
+        };
+        assert_eq!(shown, "env(\"PATH\")");
+        if let Ok(value) = std::env::var("PATH") {
+            assert!(!value.is_empty() && !shown.contains(&value));
+        }
+    }
+
+    #[test]
+    fn env_refuses_an_invalid_name() {
+        let problem = only_problem(run("sandbox.lua", "local a = 1\nlocal t = env \"1X\"\n"));
+        assert_eq!(problem.pos, Pos::line(2));
+        assert!(problem.message.contains(EnvName::RULE), "{problem}");
+        assert!(problem.message.contains("\"1X\""), "{problem}");
+        assert!(problem.fix.is_some());
+
+        let problem = only_problem(run("sandbox.lua", "env(42)"));
+        assert_eq!(problem.pos, Pos::line(1));
+        assert!(problem.message.contains("integer"), "{problem}");
+    }
+
+    #[test]
+    fn a_syntax_error_names_its_line() {
+        let problem = only_problem(run("sandbox.lua", "local a = 1\nlocal b = = 2\n"));
+        assert_eq!(problem.file, "sandbox.lua");
+        assert_eq!(problem.pos, Pos::line(2));
+        assert!(problem.message.contains("unexpected symbol"), "{problem}");
+        assert!(!problem.message.contains("sandbox.lua"), "{problem}");
+        assert_eq!(
+            problem.fix.as_deref(),
+            Some("correct the Lua syntax on that line")
+        );
+    }
+
+    #[test]
+    fn a_runtime_error_names_its_line_without_a_traceback() {
+        let problem = only_problem(run("sandbox.lua", "local a = 1\nerror(\"boom\")\n"));
+        assert_eq!(problem.pos, Pos::line(2));
+        assert_eq!(problem.message, "boom");
+        let shown = problem.to_string();
+        assert!(shown.starts_with("sandbox.lua:2: boom"), "{shown}");
+        assert!(
+            !shown.contains("traceback") && !shown.contains("[string"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn long_file_names_still_give_the_line() {
+        let file = format!("tools/{}.lua", "x".repeat(80));
+        let problem = only_problem(run(&file, "\nerror('boom')"));
+        assert_eq!(problem.pos, Pos::line(2));
+        assert_eq!(problem.message, "boom");
+    }
+
+    #[test]
+    fn a_table_mixing_items_and_keys_is_reported_with_its_path() {
+        let source = "\n\n\ntool('x', { params = { 'a', { 'b', name = 'c' } } })";
+        let problem = only_problem(run("tools/x.lua", source));
+        assert_eq!(
+            problem.to_string(),
+            "tools/x.lua:4: params[2]: a table mixes list items and named keys\n  \
+             fix: use either a list { a, b } or named keys { a = 1 }, not both"
+        );
+    }
+
+    #[test]
+    fn every_conversion_problem_of_a_file_is_collected() {
+        let source = r#"
+local cycle = {}
+cycle.self = cycle
+agent { gaps = { [1] = "a", [3] = "c" }, odd = { [true] = 1 }, half = { [1.5] = 1 } }
+agent { cycle = cycle, thread = coroutine.create(function() end), bytes = "\xff" }
+"#;
+        let problems = run("agent.lua", source).expect_err("bad values");
+        let shown: Vec<String> = problems
+            .iter()
+            .map(|problem| format!("{}:{}: {}", problem.pos.line, problem.path, problem.message))
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                "4:gaps: a list has gaps: its items must be numbered 1, 2, 3... without holes",
+                "4:half: a table has the key [1.5]; keys must be names or list positions 1, 2, 3...",
+                "4:odd: a table has a boolean key; keys must be names or list positions 1, 2, 3...",
+                "5:bytes: a string is not valid UTF-8",
+                "5:cycle.self: a table contains itself",
+                "5:thread: a coroutine cannot be declared",
+            ]
+        );
+    }
+
+    #[test]
+    fn deep_nesting_is_reported() {
+        let source = "local t = {}\nfor i = 1, 40 do t = { t } end\nagent { t }";
+        let problem = only_problem(run("agent.lua", source));
+        assert!(problem.message.contains("deeper than 32"), "{problem}");
+        assert!(problem.path.starts_with("[1]"), "{problem}");
+    }
+
+    #[test]
+    fn evaluations_debug_without_lua_internals() {
+        let evaluation = run("agent.lua", "agent { run = function() end }").unwrap();
+        let shown = format!("{evaluation:?}");
+        assert!(shown.contains("functions: 1"), "{shown}");
+        assert!(!shown.contains("Lua("), "{shown}");
+    }
+}

@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod id;
+pub mod journal;
 pub mod log;
 pub mod name;
 pub mod problem;

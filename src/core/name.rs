@@ -113,7 +113,9 @@ fn is_host_pattern(value: &str) -> bool {
             && label.len() <= 63
             && !label.starts_with('-')
             && !label.ends_with('-')
-            && label.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && label
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
     };
     let all_numeric = labels.iter().all(|l| l.chars().all(|c| c.is_ascii_digit()));
     name.len() <= 253 && labels.len() >= 2 && labels.iter().all(label_ok) && !all_numeric
@@ -129,7 +131,9 @@ pub struct ModelRef {
 impl ModelRef {
     pub fn parse(text: &str) -> Result<ModelRef, String> {
         let Some((provider, id)) = text.split_once('/') else {
-            return Err(format!("{text:?} has no provider; write it as provider/model-id"));
+            return Err(format!(
+                "{text:?} has no provider; write it as provider/model-id"
+            ));
         };
         if id.is_empty() {
             return Err(format!("{text:?} has no model id after the '/'"));
@@ -162,10 +166,22 @@ mod tests {
 
     #[test]
     fn host_names_refuse_addresses_and_bad_labels() {
-        for good in ["api.github.com", "*.githubusercontent.com", "host.microsandbox.internal"] {
+        for good in [
+            "api.github.com",
+            "*.githubusercontent.com",
+            "host.microsandbox.internal",
+        ] {
             assert!(HostName::try_from(good).is_ok(), "{good}");
         }
-        for bad in ["10.0.0.1", "localhost", "Api.GitHub.com", "a..b", "-a.com", "*.com.", "https://x.com"] {
+        for bad in [
+            "10.0.0.1",
+            "localhost",
+            "Api.GitHub.com",
+            "a..b",
+            "-a.com",
+            "*.com.",
+            "https://x.com",
+        ] {
             assert!(HostName::try_from(bad).is_err(), "{bad}");
         }
     }

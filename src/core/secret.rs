@@ -82,7 +82,9 @@ mod tests {
     #[test]
     fn secrets_never_print_their_value() {
         let reference = EnvRef::new(EnvName::try_from("API_KEY").unwrap());
-        let secret = reference.resolve(|_| Some("sk-very-secret".into())).unwrap();
+        let secret = reference
+            .resolve(|_| Some("sk-very-secret".into()))
+            .unwrap();
         assert_eq!(secret.expose(), "sk-very-secret");
         let shown = format!("{secret:?} {:?}", Some(&secret));
         assert!(!shown.contains("sk-very-secret"), "{shown}");

@@ -134,7 +134,11 @@ impl Checker {
 
     fn wrong_kind(&mut self, node: &Node, path: &Path, expected: &str) {
         let found = node.value.kind();
-        self.report(node.pos, path, format!("expected {expected}, found {found}"));
+        self.report(
+            node.pos,
+            path,
+            format!("expected {expected}, found {found}"),
+        );
     }
 
     pub fn str<'n>(&mut self, node: &'n Node, path: &Path) -> Option<&'n str> {
@@ -169,7 +173,8 @@ impl Checker {
     pub fn int(&mut self, node: &Node, path: &Path) -> Option<i64> {
         match node.value {
             Value::Int(value) => Some(value),
-            Value::Float(value) if value.fract() == 0.0 && value.abs() < 9.0e15 => {
+            Value::Float(value) if value.fract() == 0.0 && value.abs() < 9.0e15 =>
+            {
                 #[allow(clippy::cast_possible_truncation)]
                 Some(value as i64)
             }
@@ -235,7 +240,9 @@ impl Checker {
     pub fn fields<'n>(&mut self, node: &'n Node, path: &Path) -> Option<Fields<'n>> {
         match &node.value {
             Value::Map(entries) => Some(Fields::new(node.pos, path.clone(), entries)),
-            Value::List(items) if items.is_empty() => Some(Fields::new(node.pos, path.clone(), &[])),
+            Value::List(items) if items.is_empty() => {
+                Some(Fields::new(node.pos, path.clone(), &[]))
+            }
             _ => {
                 self.wrong_kind(node, path, "a table of keys");
                 None
@@ -304,7 +311,12 @@ impl<'n> Fields<'n> {
 fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
     candidates
         .iter()
-        .map(|candidate| (edit_distance(&word.to_lowercase(), &candidate.to_lowercase()), *candidate))
+        .map(|candidate| {
+            (
+                edit_distance(&word.to_lowercase(), &candidate.to_lowercase()),
+                *candidate,
+            )
+        })
         .filter(|(distance, candidate)| *distance <= 2.max(candidate.len() / 4))
         .min_by_key(|(distance, _)| *distance)
         .map(|(_, candidate)| candidate)
@@ -369,13 +381,19 @@ mod tests {
 
     #[test]
     fn paths_count_list_items_from_one() {
-        assert_eq!(Path::root().key("secrets").index(0).key("hosts").as_str(), "secrets[1].hosts");
+        assert_eq!(
+            Path::root().key("secrets").index(0).key("hosts").as_str(),
+            "secrets[1].hosts"
+        );
     }
 
     #[test]
     fn wrong_kinds_name_what_was_expected() {
         let mut checker = Checker::new("sandbox.lua");
-        assert_eq!(checker.int(&node(Value::Str("2".into())), &Path::root().key("cpus")), None);
+        assert_eq!(
+            checker.int(&node(Value::Str("2".into())), &Path::root().key("cpus")),
+            None
+        );
         assert_eq!(
             checker.into_problems()[0].to_string(),
             "sandbox.lua:3: cpus: expected an integer, found a string"

@@ -27,8 +27,12 @@ pub fn parse(file: &str, text: &str) -> Result<Node, Vec<Problem>> {
             Err(error) => {
                 let marker = error.marker();
                 problems.push(
-                    Problem::new(file, position(marker), format!("invalid YAML: {}", error.info()))
-                        .with_fix("correct the YAML syntax at this position"),
+                    Problem::new(
+                        file,
+                        position(marker),
+                        format!("invalid YAML: {}", error.info()),
+                    )
+                    .with_fix("correct the YAML syntax at this position"),
                 );
                 return Err(problems);
             }
@@ -40,10 +44,10 @@ pub fn parse(file: &str, text: &str) -> Result<Node, Vec<Problem>> {
             Event::DocumentStart => {
                 documents += 1;
                 if documents > 1 {
-                    problems.push(
-                        Problem::new(file, pos, "a second YAML document")
-                            .with_fix("keep the whole configuration in one document; remove `---`"),
-                    );
+                    problems
+                        .push(Problem::new(file, pos, "a second YAML document").with_fix(
+                            "keep the whole configuration in one document; remove `---`",
+                        ));
                 }
                 None
             }
@@ -152,7 +156,8 @@ fn refuse_anchor_and_tag(
 ) {
     if anchor != 0 {
         problems.push(
-            Problem::new(file, pos, "YAML anchors are not supported").with_fix("remove the `&` anchor"),
+            Problem::new(file, pos, "YAML anchors are not supported")
+                .with_fix("remove the `&` anchor"),
         );
     }
     if tagged {
@@ -239,7 +244,10 @@ mod tests {
     fn duplicate_keys_and_aliases_are_refused() {
         let problems = parse("x.yml", "a: &v 1\na: *v\n").unwrap_err();
         let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
-        assert!(text.iter().any(|p| p.contains("duplicate key a")), "{text:?}");
+        assert!(
+            text.iter().any(|p| p.contains("duplicate key a")),
+            "{text:?}"
+        );
         assert!(text.iter().any(|p| p.contains("aliases")), "{text:?}");
         assert!(text.iter().any(|p| p.contains("anchors")), "{text:?}");
     }

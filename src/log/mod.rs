@@ -1,1 +1,27 @@
-//! placeholder
+//! The session log on disk.
+//!
+//! A lane lives in `.perch/sessions/<lane>/` as a chain of segment files (`000001.jsonl`, …),
+//! each with a sidecar index (`000001.idx`) of fixed-size rows. One writer thread per lane owns
+//! the newest segment and its index; every other party sends it messages. Appends are written
+//! and flushed before they return, and fsynced (one fsync shared by every append waiting at the
+//! time) when the line itself says it precedes an irreversible effect.
+//!
+//! Opening reads the index and parses only the lines the index does not cover, so reopening a
+//! long lane costs little more than reading its index. The log is the truth: an index that does
+//! not match its log is rebuilt from the log.
+
+mod error;
+mod file;
+mod journal;
+mod lane;
+mod recover;
+mod segment;
+
+pub use error::LogError;
+pub use journal::{Journal, JournalItem};
+pub use lane::{
+    Appended, Clock, IndexStatus, LaneLog, LaneSnapshot, OpenReport, OpenSummary, TailRepair,
+    system_clock,
+};
+pub use recover::{RecoveryReport, ToolRerun, recover};
+pub use segment::{LaneReader, list_lanes};

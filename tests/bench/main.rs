@@ -1,1 +1,25 @@
-fn main(){}
+//! perch's benchmarks. Run with `cargo bench`; each prints its figures beside the target to
+//! beat. Targets are for a release build on the project's 2-core machine; a debug build (as CI
+//! runs it, once, as a smoke run) prints slower figures.
+#![allow(clippy::print_stdout)]
+
+mod log;
+
+fn main() {
+    let smoke = std::env::args().any(|arg| arg == "--smoke");
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    println!(
+        "perch benchmarks ({profile} build{})",
+        if smoke { ", smoke run" } else { "" }
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    runtime.block_on(log::group_commit(smoke));
+    runtime.block_on(log::reopen(smoke));
+}

@@ -48,34 +48,51 @@ pub fn check_agent(declarations: &[Declaration]) -> Result<(AgentConfig, Pos), V
         let table = table_argument(&mut checker, declaration, USAGE)?;
         let mut fields = checker.fields(table, &Path::root())?;
         let model = fields
-            .required(&mut checker, "model", "name a model from models.yml: model = \"provider/id\"")
+            .required(
+                &mut checker,
+                "model",
+                "name a model from models.yml: model = \"provider/id\"",
+            )
             .and_then(|node| {
                 let text = checker.str(node, &Path::root().key("model"))?;
                 match ModelRef::parse(text) {
                     Ok(model) => Some(model),
                     Err(reason) => {
-                        checker.report_fix(node.pos, &Path::root().key("model"), reason, "write it as provider/model-id");
+                        checker.report_fix(
+                            node.pos,
+                            &Path::root().key("model"),
+                            reason,
+                            "write it as provider/model-id",
+                        );
                         None
                     }
                 }
             });
         let thinking = match fields.optional("thinking") {
             None => Some(Thinking::Off),
-            Some(node) => checker.str(node, &Path::root().key("thinking")).and_then(|text| {
-                let parsed = Thinking::parse(text);
-                if parsed.is_none() {
-                    checker.report_fix(
-                        node.pos,
-                        &Path::root().key("thinking"),
-                        format!("unknown thinking level {text:?}"),
-                        format!("use one of {}", Thinking::NAMES.join(", ")),
-                    );
-                }
-                parsed
-            }),
+            Some(node) => checker
+                .str(node, &Path::root().key("thinking"))
+                .and_then(|text| {
+                    let parsed = Thinking::parse(text);
+                    if parsed.is_none() {
+                        checker.report_fix(
+                            node.pos,
+                            &Path::root().key("thinking"),
+                            format!("unknown thinking level {text:?}"),
+                            format!("use one of {}", Thinking::NAMES.join(", ")),
+                        );
+                    }
+                    parsed
+                }),
         };
         fields.finish(&mut checker, &["model", "thinking"]);
-        Some((AgentConfig { model: model?, thinking: thinking? }, declaration.pos))
+        Some((
+            AgentConfig {
+                model: model?,
+                thinking: thinking?,
+            },
+            declaration.pos,
+        ))
     });
     match config {
         Some(config) if !checker.has_problems() => Ok(config),

@@ -33,8 +33,12 @@ fn single<'d>(
     match declarations {
         [] => {
             checker.push(
-                Problem::new(checker.file(), Pos::default(), format!("{function} {{ ... }} is never called"))
-                    .with_fix(format!("declare it: {example}")),
+                Problem::new(
+                    checker.file(),
+                    Pos::default(),
+                    format!("{function} {{ ... }} is never called"),
+                )
+                .with_fix(format!("declare it: {example}")),
             );
             None
         }
@@ -45,7 +49,10 @@ fn single<'d>(
                     Problem::new(
                         checker.file(),
                         extra.pos,
-                        format!("{function} is called again (first call on line {})", first.pos.line),
+                        format!(
+                            "{function} is called again (first call on line {})",
+                            first.pos.line
+                        ),
                     )
                     .with_fix(format!("keep one {function} {{ ... }} call")),
                 );
@@ -56,7 +63,11 @@ fn single<'d>(
 }
 
 /// The single table argument of a declaration.
-fn table_argument<'d>(checker: &mut Checker, declaration: &'d Declaration, usage: &str) -> Option<&'d Node> {
+fn table_argument<'d>(
+    checker: &mut Checker,
+    declaration: &'d Declaration,
+    usage: &str,
+) -> Option<&'d Node> {
     match declaration.args.as_slice() {
         [table] => Some(table),
         _ => {
@@ -64,13 +75,60 @@ fn table_argument<'d>(checker: &mut Checker, declaration: &'d Declaration, usage
                 Problem::new(
                     checker.file(),
                     declaration.pos,
-                    format!("{} takes one table, got {} arguments", declaration.function, declaration.args.len()),
+                    format!(
+                        "{} takes one table, got {} arguments",
+                        declaration.function,
+                        declaration.args.len()
+                    ),
                 )
                 .with_fix(format!("write it as {usage}")),
             );
             None
         }
     }
+}
+
+/// The problem with `agent.lua` naming a model that `models.yml` does not list, if it does.
+pub fn model_problem(agent: &AgentConfig, agent_pos: Pos, models: &ModelsFile) -> Option<Problem> {
+    if models.model(&agent.model).is_some() {
+        return None;
+    }
+    let known: Vec<String> = models.all_refs().iter().map(ToString::to_string).collect();
+    let fix = if known.is_empty() {
+        "add the model to models.yml".to_owned()
+    } else {
+        format!("use one of {} or add it to models.yml", known.join(", "))
+    };
+    Some(
+        Problem::new(
+            "agent.lua",
+            agent_pos,
+            format!("model {} is not in models.yml", agent.model),
+        )
+        .with_path("model")
+        .with_fix(fix),
+    )
+}
+
+/// A problem for every tool whose name an earlier file (or declaration) already took.
+pub fn duplicate_tools(tools: &[(String, ToolDecl)]) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (index, (file, tool)) in tools.iter().enumerate() {
+        if let Some((first_file, _)) = tools[..index]
+            .iter()
+            .find(|(_, earlier)| earlier.name == tool.name)
+        {
+            problems.push(
+                Problem::new(
+                    file.clone(),
+                    tool.pos,
+                    format!("tool {} is already declared in {first_file}", tool.name),
+                )
+                .with_fix("give one of them another name"),
+            );
+        }
+    }
+    problems
 }
 
 /// The whole agent once every file checked out and the files agree.
@@ -92,31 +150,10 @@ impl Definition {
         tools: Vec<(String, ToolDecl)>,
         models: ModelsFile,
     ) -> Result<Definition, Vec<Problem>> {
-        let mut problems = Vec::new();
-        if models.model(&agent.model).is_none() {
-            let known: Vec<String> = models.all_refs().iter().map(ToString::to_string).collect();
-            let fix = if known.is_empty() {
-                "add the model to models.yml".to_owned()
-            } else {
-                format!("use one of {} or add it to models.yml", known.join(", "))
-            };
-            problems.push(
-                Problem::new("agent.lua", agent_pos, format!("model {} is not in models.yml", agent.model))
-                    .with_path("model")
-                    .with_fix(fix),
-            );
-        }
-        let mut seen: Vec<(&str, &str)> = Vec::new();
-        for (file, tool) in &tools {
-            if let Some((first_file, _)) = seen.iter().find(|(_, name)| *name == tool.name.as_str()) {
-                problems.push(
-                    Problem::new(file.clone(), tool.pos, format!("tool {} is already declared in {first_file}", tool.name))
-                        .with_fix("give one of them another name"),
-                );
-            } else {
-                seen.push((file, tool.name.as_str()));
-            }
-        }
+        let mut problems: Vec<Problem> = model_problem(&agent, agent_pos, &models)
+            .into_iter()
+            .collect();
+        problems.extend(duplicate_tools(&tools));
         if !problems.is_empty() {
             return Err(problems);
         }

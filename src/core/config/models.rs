@@ -32,7 +32,11 @@ pub enum Api {
 }
 
 impl Api {
-    const NAMES: [&'static str; 3] = ["openai-responses", "openai-completions", "anthropic-messages"];
+    const NAMES: [&'static str; 3] = [
+        "openai-responses",
+        "openai-completions",
+        "anthropic-messages",
+    ];
 
     pub fn as_str(self) -> &'static str {
         Api::NAMES[self as usize]
@@ -49,7 +53,10 @@ pub struct ModelSpec {
 
 impl ModelsFile {
     pub fn model(&self, model: &ModelRef) -> Option<(&Provider, &ModelSpec)> {
-        let (_, provider) = self.providers.iter().find(|(name, _)| *name == model.provider)?;
+        let (_, provider) = self
+            .providers
+            .iter()
+            .find(|(name, _)| *name == model.provider)?;
         let spec = provider.models.iter().find(|spec| spec.id == model.id)?;
         Some((provider, spec))
     }
@@ -88,13 +95,24 @@ fn read_file(checker: &mut Checker, tree: &Node) -> Vec<(ProviderName, Provider)
     let Some(mut fields) = checker.fields(tree, &root) else {
         return Vec::new();
     };
-    let providers_node = fields.required(checker, "providers", "list providers under a top-level providers: key");
+    let providers_node = fields.required(
+        checker,
+        "providers",
+        "list providers under a top-level providers: key",
+    );
     fields.finish(checker, &["providers"]);
     let Some(providers_node) = providers_node else {
         return Vec::new();
     };
     let Value::Map(entries) = &providers_node.value else {
-        checker.report(providers_node.pos, &root.key("providers"), format!("expected providers by name, found {}", providers_node.value.kind()));
+        checker.report(
+            providers_node.pos,
+            &root.key("providers"),
+            format!(
+                "expected providers by name, found {}",
+                providers_node.value.kind()
+            ),
+        );
         return Vec::new();
     };
     let mut providers = Vec::new();
@@ -121,7 +139,12 @@ fn read_provider(checker: &mut Checker, node: &Node, path: &Path) -> Option<Prov
         .and_then(|node| {
             let text = checker.str(node, &path.key("baseUrl"))?;
             if !(text.starts_with("https://") || text.starts_with("http://")) {
-                checker.report_fix(node.pos, &path.key("baseUrl"), format!("{text:?} is not an http(s) URL"), "write the full URL, for example https://api.openai.com/v1");
+                checker.report_fix(
+                    node.pos,
+                    &path.key("baseUrl"),
+                    format!("{text:?} is not an http(s) URL"),
+                    "write the full URL, for example https://api.openai.com/v1",
+                );
                 return None;
             }
             Some(text.trim_end_matches('/').to_owned())
@@ -137,7 +160,12 @@ fn read_provider(checker: &mut Checker, node: &Node, path: &Path) -> Option<Prov
                 _ => None,
             };
             if api.is_none() {
-                checker.report_fix(node.pos, &path.key("api"), format!("unknown api {text:?}"), format!("use one of {}", Api::NAMES.join(", ")));
+                checker.report_fix(
+                    node.pos,
+                    &path.key("api"),
+                    format!("unknown api {text:?}"),
+                    format!("use one of {}", Api::NAMES.join(", ")),
+                );
             }
             api
         });
@@ -146,7 +174,11 @@ fn read_provider(checker: &mut Checker, node: &Node, path: &Path) -> Option<Prov
         Some(node) => api_key(checker, node, &path.key("apiKey")).map(Some),
     };
     let models = fields
-        .required(checker, "models", "list the models: models: [{ id: ..., contextWindow: ..., maxTokens: ... }]")
+        .required(
+            checker,
+            "models",
+            "list the models: models: [{ id: ..., contextWindow: ..., maxTokens: ... }]",
+        )
         .map(|node| read_models(checker, node, &path.key("models")))
         .unwrap_or_default();
     fields.finish(checker, PROVIDER_KEYS);
@@ -160,7 +192,11 @@ fn read_provider(checker: &mut Checker, node: &Node, path: &Path) -> Option<Prov
 
 fn api_key(checker: &mut Checker, node: &Node, path: &Path) -> Option<EnvRef> {
     let Value::Str(text) = &node.value else {
-        checker.report(node.pos, path, format!("expected $ENV_VAR, found {}", node.value.kind()));
+        checker.report(
+            node.pos,
+            path,
+            format!("expected $ENV_VAR, found {}", node.value.kind()),
+        );
         return None;
     };
     let Some(name) = text.strip_prefix('$') else {
@@ -175,7 +211,12 @@ fn api_key(checker: &mut Checker, node: &Node, path: &Path) -> Option<EnvRef> {
     match EnvName::try_from(name) {
         Ok(name) => Some(EnvRef::new(name)),
         Err(_) => {
-            checker.report_fix(node.pos, path, "not an environment variable reference", format!("write $NAME, where NAME has {}", EnvName::RULE));
+            checker.report_fix(
+                node.pos,
+                path,
+                "not an environment variable reference",
+                format!("write $NAME, where NAME has {}", EnvName::RULE),
+            );
             None
         }
     }
@@ -196,10 +237,18 @@ fn read_models(checker: &mut Checker, node: &Node, path: &Path) -> Vec<ModelSpec
             .and_then(|node| checker.non_empty_str(node, &path.key("id")))
             .map(str::to_owned);
         let context_window = fields
-            .required(checker, "contextWindow", "contextWindow: the model's context size in tokens")
+            .required(
+                checker,
+                "contextWindow",
+                "contextWindow: the model's context size in tokens",
+            )
             .and_then(|node| checker.int_in(node, &path.key("contextWindow"), 1024..=100_000_000));
         let max_tokens = fields
-            .required(checker, "maxTokens", "maxTokens: the most tokens one reply may use")
+            .required(
+                checker,
+                "maxTokens",
+                "maxTokens: the most tokens one reply may use",
+            )
             .and_then(|node| checker.int_in(node, &path.key("maxTokens"), 1..=100_000_000));
         let reasoning = fields
             .optional("reasoning")
@@ -209,14 +258,24 @@ fn read_models(checker: &mut Checker, node: &Node, path: &Path) -> Vec<ModelSpec
         if let (Some(window), Some(max)) = (context_window, max_tokens)
             && max > window
         {
-            checker.report(item.pos, &path.key("maxTokens"), format!("maxTokens {max} exceeds contextWindow {window}"));
+            checker.report(
+                item.pos,
+                &path.key("maxTokens"),
+                format!("maxTokens {max} exceeds contextWindow {window}"),
+            );
         }
         if let Some(id) = &id
             && models.iter().any(|model| &model.id == id)
         {
-            checker.report_fix(item.pos, &path.key("id"), format!("model {id} is listed twice"), "keep one");
+            checker.report_fix(
+                item.pos,
+                &path.key("id"),
+                format!("model {id} is listed twice"),
+                "keep one",
+            );
         }
-        if let (Some(id), Some(context_window), Some(max_tokens)) = (id, context_window, max_tokens) {
+        if let (Some(id), Some(context_window), Some(max_tokens)) = (id, context_window, max_tokens)
+        {
             models.push(ModelSpec {
                 id,
                 context_window: u32::try_from(context_window).unwrap_or(u32::MAX),
@@ -240,7 +299,10 @@ mod tests {
         let model = ModelRef::parse("openai/gpt-5").unwrap();
         let (provider, spec) = file.model(&model).unwrap();
         assert_eq!(provider.api, Api::OpenAiResponses);
-        assert_eq!(provider.api_key.as_ref().unwrap().name().as_str(), "OPENAI_API_KEY");
+        assert_eq!(
+            provider.api_key.as_ref().unwrap().name().as_str(),
+            "OPENAI_API_KEY"
+        );
         assert_eq!(spec.context_window, 400_000);
     }
 
@@ -250,15 +312,22 @@ mod tests {
         let problems = check_models(&text).unwrap_err();
         assert_eq!(problems.len(), 1);
         let shown = problems[0].to_string();
-        assert!(shown.starts_with("models.yml:5:13: providers.openai.apiKey: a literal API key"), "{shown}");
+        assert!(
+            shown.starts_with("models.yml:5:13: providers.openai.apiKey: a literal API key"),
+            "{shown}"
+        );
         assert!(!shown.contains("sk-live"), "{shown}");
     }
 
     #[test]
     fn every_problem_is_reported_at_once_with_its_line() {
-        let text = "providers:\n  openai:\n    baseUrl: ftp://x\n    api: openai-chat\n    modles: []\n";
+        let text =
+            "providers:\n  openai:\n    baseUrl: ftp://x\n    api: openai-chat\n    modles: []\n";
         let problems = check_models(text).unwrap_err();
-        let lines: Vec<String> = problems.iter().map(|p| format!("{}:{}", p.pos.line, p.path)).collect();
+        let lines: Vec<String> = problems
+            .iter()
+            .map(|p| format!("{}:{}", p.pos.line, p.path))
+            .collect();
         assert_eq!(
             lines,
             vec![

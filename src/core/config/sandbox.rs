@@ -37,7 +37,15 @@ pub struct SecretGrant {
 }
 
 const USAGE: &str = "sandbox { image = \"perch:default\", cpus = 1, memory = 1024, allow = { } }";
-const KEYS: &[&str] = &["image", "cpus", "memory", "allow", "secrets", "env", "bootstrap"];
+const KEYS: &[&str] = &[
+    "image",
+    "cpus",
+    "memory",
+    "allow",
+    "secrets",
+    "env",
+    "bootstrap",
+];
 const SECRET_KEYS: &[&str] = &["env", "source", "placeholder", "hosts"];
 
 /// Checks the declarations `sandbox.lua` made.
@@ -111,7 +119,12 @@ fn hosts(checker: &mut Checker, node: &Node, path: &Path) -> Vec<HostName> {
     for (pos, item_path, text) in checker.str_list(node, path) {
         match HostName::try_from(text.as_str()) {
             Ok(host) if hosts.contains(&host) => {
-                checker.report_fix(pos, &item_path, format!("{host} is listed twice"), "remove one");
+                checker.report_fix(
+                    pos,
+                    &item_path,
+                    format!("{host} is listed twice"),
+                    "remove one",
+                );
             }
             Ok(host) => hosts.push(host),
             Err(_) => checker.report_fix(
@@ -125,7 +138,12 @@ fn hosts(checker: &mut Checker, node: &Node, path: &Path) -> Vec<HostName> {
     hosts
 }
 
-fn secrets(checker: &mut Checker, node: &Node, path: &Path, allow: &[HostName]) -> Vec<SecretGrant> {
+fn secrets(
+    checker: &mut Checker,
+    node: &Node,
+    path: &Path,
+    allow: &[HostName],
+) -> Vec<SecretGrant> {
     let Some(items) = checker.list(node, path) else {
         return Vec::new();
     };
@@ -136,10 +154,18 @@ fn secrets(checker: &mut Checker, node: &Node, path: &Path, allow: &[HostName]) 
             continue;
         };
         let env = fields
-            .required(checker, "env", "name the variable the guest sees: env = \"GITHUB_TOKEN\"")
+            .required(
+                checker,
+                "env",
+                "name the variable the guest sees: env = \"GITHUB_TOKEN\"",
+            )
             .and_then(|node| env_name(checker, node, &path.key("env")));
         let source = fields
-            .required(checker, "source", "name the host variable holding the value: source = env \"GITHUB_TOKEN\"")
+            .required(
+                checker,
+                "source",
+                "name the host variable holding the value: source = env \"GITHUB_TOKEN\"",
+            )
             .and_then(|node| match &node.value {
                 Value::Env(name) => EnvName::try_from(name.as_str()).ok().map(EnvRef::new),
                 Value::Str(_) => {
@@ -209,7 +235,12 @@ fn secrets(checker: &mut Checker, node: &Node, path: &Path, allow: &[HostName]) 
         if let Some(env) = &env
             && grants.iter().any(|grant| &grant.env == env)
         {
-            checker.report_fix(item.pos, &path.key("env"), format!("{env} is granted twice"), "keep one");
+            checker.report_fix(
+                item.pos,
+                &path.key("env"),
+                format!("{env} is granted twice"),
+                "keep one",
+            );
         }
         if let (Some(env), Some(source), Some(hosts)) = (env, source, secret_hosts) {
             grants.push(SecretGrant {
@@ -228,7 +259,12 @@ fn env_name(checker: &mut Checker, node: &Node, path: &Path) -> Option<EnvName> 
     match EnvName::try_from(text) {
         Ok(name) => Some(name),
         Err(_) => {
-            checker.report_fix(node.pos, path, format!("{text:?} is not a variable name"), EnvName::RULE);
+            checker.report_fix(
+                node.pos,
+                path,
+                format!("{text:?} is not a variable name"),
+                EnvName::RULE,
+            );
             None
         }
     }
@@ -257,7 +293,12 @@ fn plain_env(
             continue;
         };
         if secrets.iter().any(|grant| grant.env == name) {
-            checker.report_fix(key.pos, &item_path, format!("{name} is also a secret"), "set it in one place");
+            checker.report_fix(
+                key.pos,
+                &item_path,
+                format!("{name} is also a secret"),
+                "set it in one place",
+            );
             continue;
         }
         match &value.value {
@@ -274,7 +315,11 @@ fn plain_env(
                 "to lend a credential, declare it under secrets with the hosts it may reach",
             ),
             other => {
-                checker.report(value.pos, &item_path, format!("expected a string, found {}", other.kind()));
+                checker.report(
+                    value.pos,
+                    &item_path,
+                    format!("expected a string, found {}", other.kind()),
+                );
             }
         }
     }

@@ -115,7 +115,8 @@ impl ToolDecl {
     }
 }
 
-const USAGE: &str = "tool(\"name\", { description = \"...\", params = { }, run = function(args, ctx) ... end })";
+const USAGE: &str =
+    "tool(\"name\", { description = \"...\", params = { }, run = function(args, ctx) ... end })";
 const KEYS: &[&str] = &["description", "replay", "params", "run"];
 const PARAM_KEYS: &[&str] = &["name", "type", "description", "required", "default", "enum"];
 
@@ -124,7 +125,8 @@ pub fn check_tool(file: &str, declarations: &[Declaration]) -> Result<Vec<ToolDe
     let mut checker = Checker::new(file);
     if declarations.is_empty() {
         checker.push(
-            Problem::new(file, Pos::default(), "declares no tool").with_fix(format!("declare one: {USAGE}")),
+            Problem::new(file, Pos::default(), "declares no tool")
+                .with_fix(format!("declare one: {USAGE}")),
         );
     }
     let tools: Vec<ToolDecl> = declarations
@@ -142,51 +144,89 @@ fn check_one(checker: &mut Checker, declaration: &Declaration) -> Option<ToolDec
     let pos = declaration.pos;
     let [name_node, table] = declaration.args.as_slice() else {
         checker.push(
-            Problem::new(checker.file(), pos, format!("tool takes a name and a table, got {} arguments", declaration.args.len()))
-                .with_fix(format!("write it as {USAGE}")),
+            Problem::new(
+                checker.file(),
+                pos,
+                format!(
+                    "tool takes a name and a table, got {} arguments",
+                    declaration.args.len()
+                ),
+            )
+            .with_fix(format!("write it as {USAGE}")),
         );
         return None;
     };
-    let name = checker.str(name_node, &Path::root().key("name")).and_then(|text| {
-        if BUILTIN_TOOLS.contains(&text) {
-            checker.report_fix(pos, &Path::root(), format!("{text} is a built-in tool"), "choose another name");
-            return None;
-        }
-        match ToolName::try_from(text) {
-            Ok(name) => Some(name),
-            Err(_) => {
-                checker.report_fix(pos, &Path::root(), format!("{text:?} is not a tool name"), ToolName::RULE);
-                None
+    let name = checker
+        .str(name_node, &Path::root().key("name"))
+        .and_then(|text| {
+            if BUILTIN_TOOLS.contains(&text) {
+                checker.report_fix(
+                    pos,
+                    &Path::root(),
+                    format!("{text} is a built-in tool"),
+                    "choose another name",
+                );
+                return None;
             }
-        }
-    })?;
+            match ToolName::try_from(text) {
+                Ok(name) => Some(name),
+                Err(_) => {
+                    checker.report_fix(
+                        pos,
+                        &Path::root(),
+                        format!("{text:?} is not a tool name"),
+                        ToolName::RULE,
+                    );
+                    None
+                }
+            }
+        })?;
     let root = Path::root().key(name.as_str());
     let mut fields = checker.fields(table, &root)?;
     let description = fields
-        .required(checker, "description", "say what the tool does, for the model: description = \"...\"")
+        .required(
+            checker,
+            "description",
+            "say what the tool does, for the model: description = \"...\"",
+        )
         .and_then(|node| checker.non_empty_str(node, &root.key("description")))
         .map(str::to_owned);
     let replay = match fields.optional("replay") {
         None => Some(Replay::Never),
-        Some(node) => checker.str(node, &root.key("replay")).and_then(|text| match text {
-            "safe" => Some(Replay::Safe),
-            "never" => Some(Replay::Never),
-            _ => {
-                checker.report_fix(node.pos, &root.key("replay"), format!("unknown replay {text:?}"), "use \"safe\" or \"never\"");
-                None
-            }
-        }),
+        Some(node) => checker
+            .str(node, &root.key("replay"))
+            .and_then(|text| match text {
+                "safe" => Some(Replay::Safe),
+                "never" => Some(Replay::Never),
+                _ => {
+                    checker.report_fix(
+                        node.pos,
+                        &root.key("replay"),
+                        format!("unknown replay {text:?}"),
+                        "use \"safe\" or \"never\"",
+                    );
+                    None
+                }
+            }),
     };
     let params = fields
         .optional("params")
         .map(|node| params(checker, node, &root.key("params")))
         .unwrap_or_default();
     let run = fields
-        .required(checker, "run", "give the body: run = function(args, ctx) ... end")
+        .required(
+            checker,
+            "run",
+            "give the body: run = function(args, ctx) ... end",
+        )
         .and_then(|node| match node.value {
             Value::Function(id) => Some(id),
             ref other => {
-                checker.report(node.pos, &root.key("run"), format!("expected a function, found {}", other.kind()));
+                checker.report(
+                    node.pos,
+                    &root.key("run"),
+                    format!("expected a function, found {}", other.kind()),
+                );
                 None
             }
         });
@@ -238,7 +278,9 @@ fn params(checker: &mut Checker, node: &Node, path: &Path) -> Vec<Param> {
             .optional("required")
             .and_then(|node| checker.bool(node, &path.key("required")))
             .unwrap_or(false);
-        let default = fields.optional("default").and_then(|node| to_json(checker, node, &path.key("default")));
+        let default = fields
+            .optional("default")
+            .and_then(|node| to_json(checker, node, &path.key("default")));
         let choices = fields.optional("enum").and_then(|node| {
             let items = checker.list(node, &path.key("enum"))?;
             items
@@ -252,23 +294,55 @@ fn params(checker: &mut Checker, node: &Node, path: &Path) -> Vec<Param> {
             continue;
         };
         if params.iter().any(|param| param.name == name) {
-            checker.report_fix(item.pos, &path.key("name"), format!("parameter {name} is declared twice"), "keep one");
+            checker.report_fix(
+                item.pos,
+                &path.key("name"),
+                format!("parameter {name} is declared twice"),
+                "keep one",
+            );
         }
         if let Some(default) = &default {
             if !kind.admits(default) {
-                checker.report(item.pos, &path.key("default"), format!("default {default} is not of type {}", ParamType::NAMES[kind as usize]));
+                checker.report(
+                    item.pos,
+                    &path.key("default"),
+                    format!(
+                        "default {default} is not of type {}",
+                        ParamType::NAMES[kind as usize]
+                    ),
+                );
             }
             if required {
-                checker.report_fix(item.pos, &path, "a required parameter cannot have a default", "drop required or default");
+                checker.report_fix(
+                    item.pos,
+                    &path,
+                    "a required parameter cannot have a default",
+                    "drop required or default",
+                );
             }
             if let Some(choices) = &choices
                 && !choices.contains(default)
             {
-                checker.report(item.pos, &path.key("default"), format!("default {default} is not one of enum"));
+                checker.report(
+                    item.pos,
+                    &path.key("default"),
+                    format!("default {default} is not one of enum"),
+                );
             }
         }
-        for choice in choices.iter().flatten().filter(|choice| !kind.admits(choice)) {
-            checker.report(item.pos, &path.key("enum"), format!("{choice} is not of type {}", ParamType::NAMES[kind as usize]));
+        for choice in choices
+            .iter()
+            .flatten()
+            .filter(|choice| !kind.admits(choice))
+        {
+            checker.report(
+                item.pos,
+                &path.key("enum"),
+                format!(
+                    "{choice} is not of type {}",
+                    ParamType::NAMES[kind as usize]
+                ),
+            );
         }
         params.push(Param {
             name,
@@ -299,12 +373,19 @@ fn to_json(checker: &mut Checker, node: &Node, path: &Path) -> Option<serde_json
         Value::Map(entries) => {
             let mut object = serde_json::Map::new();
             for (key, value) in entries {
-                object.insert(key.name.clone(), to_json(checker, value, &path.key(&key.name))?);
+                object.insert(
+                    key.name.clone(),
+                    to_json(checker, value, &path.key(&key.name))?,
+                );
             }
             serde_json::Value::Object(object)
         }
         Value::Env(_) | Value::Function(_) => {
-            checker.report(node.pos, path, format!("{} cannot be a parameter value", node.value.kind()));
+            checker.report(
+                node.pos,
+                path,
+                format!("{} cannot be a parameter value", node.value.kind()),
+            );
             return None;
         }
     })

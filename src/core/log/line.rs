@@ -112,7 +112,10 @@ pub struct Entry {
 pub enum EntryBody {
     Message(Message),
     /// Custom data kept in the tree (summaries, notes from hooks).
-    Data { name: String, value: serde_json::Value },
+    Data {
+        name: String,
+        value: serde_json::Value,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -196,7 +199,9 @@ mod tests {
         let op = OperationId::from_bytes([1; 16]);
         let record = Line::Record(Record::OperationFinished {
             op,
-            outcome: Outcome::Failed { reason: "model unreachable".into() },
+            outcome: Outcome::Failed {
+                reason: "model unreachable".into(),
+            },
             at: at(),
         });
         let text = serde_json::to_string(&record).unwrap();
@@ -216,8 +221,16 @@ mod tests {
             }),
         });
         let text = serde_json::to_string(&entry).unwrap();
-        assert!(text.starts_with(r#"{"kind":"entry","id":"02020202"#), "{text}");
-        assert!(text.contains(r#""body":{"type":"message","role":"user","parts":[{"type":"text","text":"hi"}]}"#), "{text}");
+        assert!(
+            text.starts_with(r#"{"kind":"entry","id":"02020202"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#""body":{"type":"message","role":"user","parts":[{"type":"text","text":"hi"}]}"#
+            ),
+            "{text}"
+        );
         assert_eq!(serde_json::from_str::<Line>(&text).unwrap(), entry);
     }
 

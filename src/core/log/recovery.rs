@@ -23,7 +23,15 @@ pub struct PendingTool {
 impl PendingTool {
     pub fn from_record(record: &Record) -> Option<PendingTool> {
         match record {
-            Record::ToolStarted { op, call_id, tool, arguments, result, replay, .. } => Some(PendingTool {
+            Record::ToolStarted {
+                op,
+                call_id,
+                tool,
+                arguments,
+                result,
+                replay,
+                ..
+            } => Some(PendingTool {
                 op: *op,
                 call_id: call_id.clone(),
                 tool: tool.clone(),
@@ -68,11 +76,35 @@ pub fn plan_recovery(
         steps.push(RecoveryStep::Finish {
             op: *op,
             outcome: Outcome::Interrupted {
-                reason: "perch stopped before this operation finished; recovered on the next start".into(),
+                reason: "perch stopped before this operation finished; recovered on the next start"
+                    .into(),
             },
         });
     }
     steps
+}
+
+/// The result entry for a pending tool, under the id its `tool_started` record declared.
+pub fn tool_result(
+    tool: &PendingTool,
+    output: String,
+    is_error: bool,
+    parent: Option<EntryId>,
+    at: Timestamp,
+) -> Entry {
+    Entry {
+        id: tool.result,
+        parent,
+        at,
+        body: EntryBody::Message(Message {
+            role: Role::Tool,
+            parts: vec![Part::ToolResult {
+                call_id: tool.call_id.clone(),
+                output,
+                is_error,
+            }],
+        }),
+    }
 }
 
 /// The result entry written for a tool that was interrupted and may not be run again.
@@ -87,19 +119,7 @@ pub fn interrupted_result(tool: &PendingTool, parent: Option<EntryId>, at: Times
             tool.tool
         ),
     };
-    Entry {
-        id: tool.result,
-        parent,
-        at,
-        body: EntryBody::Message(Message {
-            role: Role::Tool,
-            parts: vec![Part::ToolResult {
-                call_id: tool.call_id.clone(),
-                output,
-                is_error: true,
-            }],
-        }),
-    }
+    tool_result(tool, output, true, parent, at)
 }
 
 #[cfg(test)]
@@ -143,14 +163,30 @@ mod tests {
                 RecoveryStep::Finish { .. } => "finish",
             })
             .collect();
-        assert_eq!(kinds, vec!["rerun", "interrupt", "interrupt", "interrupt", "interrupt", "finish"]);
+        assert_eq!(
+            kinds,
+            vec![
+                "rerun",
+                "interrupt",
+                "interrupt",
+                "interrupt",
+                "interrupt",
+                "finish"
+            ]
+        );
     }
 
     #[test]
     fn an_operation_with_nothing_pending_is_just_closed() {
         let op = OperationId::from_bytes([1; 16]);
         let steps = plan_recovery(&[(op, vec![])], |_| None);
-        assert!(matches!(steps.as_slice(), [RecoveryStep::Finish { outcome: Outcome::Interrupted { .. }, .. }]));
+        assert!(matches!(
+            steps.as_slice(),
+            [RecoveryStep::Finish {
+                outcome: Outcome::Interrupted { .. },
+                ..
+            }]
+        ));
         assert!(plan_recovery(&[], |_| None).is_empty());
     }
 }

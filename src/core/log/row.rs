@@ -12,13 +12,30 @@ use std::fmt;
 /// What the fold needs to know about one line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Summary {
-    Header { previous_leaf: Option<EntryId> },
-    Entry { id: EntryId, parent: Option<EntryId> },
-    OperationStarted { op: OperationId },
-    AttemptStarted { op: OperationId },
-    ToolStarted { op: OperationId, result: EntryId, replay: Replay },
-    OperationFinished { op: OperationId },
-    LeafSet { leaf: EntryId },
+    Header {
+        previous_leaf: Option<EntryId>,
+    },
+    Entry {
+        id: EntryId,
+        parent: Option<EntryId>,
+    },
+    OperationStarted {
+        op: OperationId,
+    },
+    AttemptStarted {
+        op: OperationId,
+    },
+    ToolStarted {
+        op: OperationId,
+        result: EntryId,
+        replay: Replay,
+    },
+    OperationFinished {
+        op: OperationId,
+    },
+    LeafSet {
+        leaf: EntryId,
+    },
     TailRepaired,
 }
 
@@ -35,7 +52,9 @@ impl Summary {
             Line::Record(record) => match record {
                 Record::OperationStarted { op, .. } => Summary::OperationStarted { op: *op },
                 Record::AttemptStarted { op, .. } => Summary::AttemptStarted { op: *op },
-                Record::ToolStarted { op, result, replay, .. } => Summary::ToolStarted {
+                Record::ToolStarted {
+                    op, result, replay, ..
+                } => Summary::ToolStarted {
                     op: *op,
                     result: *result,
                     replay: *replay,
@@ -88,11 +107,26 @@ impl Row {
 
     pub fn encode(&self) -> [u8; Row::SIZE] {
         let (tag, flag, a, b) = match self.summary {
-            Summary::Header { previous_leaf } => (1, u8::from(previous_leaf.is_some()), previous_leaf.map(|id| id.as_bytes()), None),
-            Summary::Entry { id, parent } => (2, u8::from(parent.is_some()), Some(id.as_bytes()), parent.map(|id| id.as_bytes())),
+            Summary::Header { previous_leaf } => (
+                1,
+                u8::from(previous_leaf.is_some()),
+                previous_leaf.map(|id| id.as_bytes()),
+                None,
+            ),
+            Summary::Entry { id, parent } => (
+                2,
+                u8::from(parent.is_some()),
+                Some(id.as_bytes()),
+                parent.map(|id| id.as_bytes()),
+            ),
             Summary::OperationStarted { op } => (3, 0, Some(op.as_bytes()), None),
             Summary::AttemptStarted { op } => (4, 0, Some(op.as_bytes()), None),
-            Summary::ToolStarted { op, result, replay } => (5, u8::from(replay == Replay::Safe), Some(op.as_bytes()), Some(result.as_bytes())),
+            Summary::ToolStarted { op, result, replay } => (
+                5,
+                u8::from(replay == Replay::Safe),
+                Some(op.as_bytes()),
+                Some(result.as_bytes()),
+            ),
             Summary::OperationFinished { op } => (6, 0, Some(op.as_bytes()), None),
             Summary::LeafSet { leaf } => (7, 0, Some(leaf.as_bytes()), None),
             Summary::TailRepaired => (8, 0, None, None),
@@ -131,15 +165,27 @@ impl Row {
                 id: EntryId::from_bytes(a),
                 parent: (flag == 1).then(|| EntryId::from_bytes(b)),
             },
-            3 => Summary::OperationStarted { op: OperationId::from_bytes(a) },
-            4 => Summary::AttemptStarted { op: OperationId::from_bytes(a) },
+            3 => Summary::OperationStarted {
+                op: OperationId::from_bytes(a),
+            },
+            4 => Summary::AttemptStarted {
+                op: OperationId::from_bytes(a),
+            },
             5 => Summary::ToolStarted {
                 op: OperationId::from_bytes(a),
                 result: EntryId::from_bytes(b),
-                replay: if flag == 1 { Replay::Safe } else { Replay::Never },
+                replay: if flag == 1 {
+                    Replay::Safe
+                } else {
+                    Replay::Never
+                },
             },
-            6 => Summary::OperationFinished { op: OperationId::from_bytes(a) },
-            7 => Summary::LeafSet { leaf: EntryId::from_bytes(a) },
+            6 => Summary::OperationFinished {
+                op: OperationId::from_bytes(a),
+            },
+            7 => Summary::LeafSet {
+                leaf: EntryId::from_bytes(a),
+            },
             8 => Summary::TailRepaired,
             tag => return Err(RowError(format!("unknown row tag {tag}"))),
         };
@@ -195,16 +241,42 @@ mod tests {
     #[test]
     fn rows_round_trip() {
         let summaries = [
-            Summary::Header { previous_leaf: None },
-            Summary::Header { previous_leaf: Some(EntryId::from_bytes([9; 16])) },
-            Summary::Entry { id: EntryId::from_bytes([1; 16]), parent: None },
-            Summary::Entry { id: EntryId::from_bytes([1; 16]), parent: Some(EntryId::from_bytes([2; 16])) },
-            Summary::OperationStarted { op: OperationId::from_bytes([3; 16]) },
-            Summary::AttemptStarted { op: OperationId::from_bytes([3; 16]) },
-            Summary::ToolStarted { op: OperationId::from_bytes([3; 16]), result: EntryId::from_bytes([4; 16]), replay: Replay::Safe },
-            Summary::ToolStarted { op: OperationId::from_bytes([3; 16]), result: EntryId::from_bytes([4; 16]), replay: Replay::Never },
-            Summary::OperationFinished { op: OperationId::from_bytes([3; 16]) },
-            Summary::LeafSet { leaf: EntryId::from_bytes([5; 16]) },
+            Summary::Header {
+                previous_leaf: None,
+            },
+            Summary::Header {
+                previous_leaf: Some(EntryId::from_bytes([9; 16])),
+            },
+            Summary::Entry {
+                id: EntryId::from_bytes([1; 16]),
+                parent: None,
+            },
+            Summary::Entry {
+                id: EntryId::from_bytes([1; 16]),
+                parent: Some(EntryId::from_bytes([2; 16])),
+            },
+            Summary::OperationStarted {
+                op: OperationId::from_bytes([3; 16]),
+            },
+            Summary::AttemptStarted {
+                op: OperationId::from_bytes([3; 16]),
+            },
+            Summary::ToolStarted {
+                op: OperationId::from_bytes([3; 16]),
+                result: EntryId::from_bytes([4; 16]),
+                replay: Replay::Safe,
+            },
+            Summary::ToolStarted {
+                op: OperationId::from_bytes([3; 16]),
+                result: EntryId::from_bytes([4; 16]),
+                replay: Replay::Never,
+            },
+            Summary::OperationFinished {
+                op: OperationId::from_bytes([3; 16]),
+            },
+            Summary::LeafSet {
+                leaf: EntryId::from_bytes([5; 16]),
+            },
             Summary::TailRepaired,
         ];
         for (index, summary) in summaries.into_iter().enumerate() {

@@ -4,7 +4,7 @@
 use super::row::Summary;
 use crate::config::Replay;
 use crate::id::{EntryId, OperationId};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 #[derive(Debug, Clone, Default)]
@@ -14,6 +14,7 @@ pub struct LaneState {
     leaf: Option<EntryId>,
     previous_leaf: Option<EntryId>,
     open: Vec<OpenOperation>,
+    declared: HashSet<EntryId>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -51,7 +52,10 @@ pub enum Violation {
     OperationAlreadyOpen(OperationId),
     OperationNotOpen(OperationId),
     ResultAlreadyDeclared(EntryId),
-    ResultsMissing { op: OperationId, results: Vec<EntryId> },
+    ResultsMissing {
+        op: OperationId,
+        results: Vec<EntryId>,
+    },
 }
 
 impl fmt::Display for Violation {
@@ -64,10 +68,16 @@ impl fmt::Display for Violation {
             Violation::UnknownLeaf(id) => write!(f, "leaf entry {id} does not exist"),
             Violation::OperationAlreadyOpen(op) => write!(f, "operation {op} is already open"),
             Violation::OperationNotOpen(op) => write!(f, "operation {op} is not open"),
-            Violation::ResultAlreadyDeclared(id) => write!(f, "result {id} is already declared or written"),
+            Violation::ResultAlreadyDeclared(id) => {
+                write!(f, "result {id} is already declared or written")
+            }
             Violation::ResultsMissing { op, results } => {
                 let ids: Vec<String> = results.iter().map(ToString::to_string).collect();
-                write!(f, "operation {op} cannot finish: results {} were declared and never written", ids.join(", "))
+                write!(
+                    f,
+                    "operation {op} cannot finish: results {} were declared and never written",
+                    ids.join(", ")
+                )
             }
         }
     }
@@ -103,13 +113,23 @@ impl LaneState {
     }
 
     /// The results an operation declared and never wrote, in declaration order.
-    pub fn missing_results<'s>(&'s self, operation: &'s OpenOperation) -> impl Iterator<Item = &'s DeclaredTool> + 's {
-        operation.tools.iter().filter(|tool| !self.entries.contains_key(&tool.result))
+    pub fn missing_results<'s>(
+        &'s self,
+        operation: &'s OpenOperation,
+    ) -> impl Iterator<Item = &'s DeclaredTool> + 's {
+        operation
+            .tools
+            .iter()
+            .filter(|tool| !self.entries.contains_key(&tool.result))
     }
 
     /// Refuses a line that would break an invariant. `known_elsewhere` answers for entries in
     /// earlier segments of the same lane.
-    pub fn check(&self, summary: &Summary, known_elsewhere: impl Fn(EntryId) -> bool) -> Result<(), Violation> {
+    pub fn check(
+        &self,
+        summary: &Summary,
+        known_elsewhere: impl Fn(EntryId) -> bool,
+    ) -> Result<(), Violation> {
         let known = |id: EntryId| self.entries.contains_key(&id) || known_elsewhere(id);
         match *summary {
             Summary::Header { .. } if self.lines > 0 => return Err(Violation::HeaderNotFirst),
@@ -130,21 +150,32 @@ impl LaneState {
             }
             Summary::LeafSet { leaf } if !known(leaf) => Err(Violation::UnknownLeaf(leaf)),
             Summary::LeafSet { .. } => Ok(()),
-            Summary::OperationStarted { op } if self.find(op).is_some() => Err(Violation::OperationAlreadyOpen(op)),
+            Summary::OperationStarted { op } if self.find(op).is_some() => {
+                Err(Violation::OperationAlreadyOpen(op))
+            }
             Summary::OperationStarted { .. } => Ok(()),
-            Summary::AttemptStarted { op } => self.find(op).map(|_| ()).ok_or(Violation::OperationNotOpen(op)),
+            Summary::AttemptStarted { op } => self
+                .find(op)
+                .map(|_| ())
+                .ok_or(Violation::OperationNotOpen(op)),
             Summary::ToolStarted { op, result, .. } => {
                 self.find(op).ok_or(Violation::OperationNotOpen(op))?;
-                let declared = self.open.iter().flat_map(|o| &o.tools).any(|tool| tool.result == result);
-                if declared || self.entries.contains_key(&result) {
+                if self.declared.contains(&result) || self.entries.contains_key(&result) {
                     return Err(Violation::ResultAlreadyDeclared(result));
                 }
                 Ok(())
             }
             Summary::OperationFinished { op } => {
                 let operation = self.find(op).ok_or(Violation::OperationNotOpen(op))?;
-                let results: Vec<EntryId> = self.missing_results(operation).map(|tool| tool.result).collect();
-                if results.is_empty() { Ok(()) } else { Err(Violation::ResultsMissing { op, results }) }
+                let results: Vec<EntryId> = self
+                    .missing_results(operation)
+                    .map(|tool| tool.result)
+                    .collect();
+                if results.is_empty() {
+                    Ok(())
+                } else {
+                    Err(Violation::ResultsMissing { op, results })
+                }
             }
         }
     }
@@ -160,13 +191,29 @@ impl LaneState {
                 self.leaf = Some(id);
             }
             Summary::LeafSet { leaf } => self.leaf = Some(leaf),
-            Summary::OperationStarted { op } => self.open.push(OpenOperation { op, line, tools: Vec::new() }),
+            Summary::OperationStarted { op } => self.open.push(OpenOperation {
+                op,
+                line,
+                tools: Vec::new(),
+            }),
             Summary::ToolStarted { op, result, replay } => {
                 if let Some(operation) = self.open.iter_mut().find(|o| o.op == op) {
-                    operation.tools.push(DeclaredTool { result, replay, line });
+                    operation.tools.push(DeclaredTool {
+                        result,
+                        replay,
+                        line,
+                    });
+                    self.declared.insert(result);
                 }
             }
-            Summary::OperationFinished { op } => self.open.retain(|o| o.op != op),
+            Summary::OperationFinished { op } => {
+                if let Some(index) = self.open.iter().position(|o| o.op == op) {
+                    let operation = self.open.remove(index);
+                    for tool in operation.tools {
+                        self.declared.remove(&tool.result);
+                    }
+                }
+            }
             Summary::AttemptStarted { .. } | Summary::TailRepaired => {}
         }
     }
@@ -217,22 +264,39 @@ mod tests {
         state
     }
 
-    const HEADER: Summary = Summary::Header { previous_leaf: None };
+    const HEADER: Summary = Summary::Header {
+        previous_leaf: None,
+    };
 
     #[test]
     fn branches_follow_parents_not_file_order() {
         let state = fold(&[
             HEADER,
-            Summary::Entry { id: id(1), parent: None },
-            Summary::Entry { id: id(2), parent: Some(id(1)) },
-            Summary::Entry { id: id(3), parent: Some(id(2)) },
-            Summary::Entry { id: id(4), parent: Some(id(1)) },
-            Summary::Entry { id: id(5), parent: Some(id(4)) },
+            Summary::Entry {
+                id: id(1),
+                parent: None,
+            },
+            Summary::Entry {
+                id: id(2),
+                parent: Some(id(1)),
+            },
+            Summary::Entry {
+                id: id(3),
+                parent: Some(id(2)),
+            },
+            Summary::Entry {
+                id: id(4),
+                parent: Some(id(1)),
+            },
+            Summary::Entry {
+                id: id(5),
+                parent: Some(id(4)),
+            },
         ]);
         assert_eq!(state.leaf(), Some(id(5)));
         assert_eq!(state.branch(id(5)), (vec![1, 4, 5], None));
         assert_eq!(state.branch(id(3)), (vec![1, 2, 3], None));
-        let mut moved = state.clone();
+        let mut moved = state;
         moved.apply(&Summary::LeafSet { leaf: id(3) });
         assert_eq!(moved.leaf(), Some(id(3)));
     }
@@ -242,10 +306,24 @@ mod tests {
         let state = fold(&[
             HEADER,
             Summary::OperationStarted { op: op(1) },
-            Summary::Entry { id: id(1), parent: None },
-            Summary::ToolStarted { op: op(1), result: id(2), replay: Replay::Safe },
-            Summary::Entry { id: id(2), parent: Some(id(1)) },
-            Summary::ToolStarted { op: op(1), result: id(3), replay: Replay::Never },
+            Summary::Entry {
+                id: id(1),
+                parent: None,
+            },
+            Summary::ToolStarted {
+                op: op(1),
+                result: id(2),
+                replay: Replay::Safe,
+            },
+            Summary::Entry {
+                id: id(2),
+                parent: Some(id(1)),
+            },
+            Summary::ToolStarted {
+                op: op(1),
+                result: id(3),
+                replay: Replay::Never,
+            },
         ]);
         let [operation] = state.open_operations() else {
             panic!("one open operation")
@@ -254,35 +332,69 @@ mod tests {
         assert_eq!(missing, vec![id(3)]);
         assert_eq!(
             state.check(&Summary::OperationFinished { op: op(1) }, |_| false),
-            Err(Violation::ResultsMissing { op: op(1), results: vec![id(3)] })
+            Err(Violation::ResultsMissing {
+                op: op(1),
+                results: vec![id(3)]
+            })
         );
     }
 
     #[test]
     fn appends_that_break_the_tree_are_refused() {
-        let state = fold(&[HEADER, Summary::Entry { id: id(1), parent: None }]);
-        let orphan = Summary::Entry { id: id(2), parent: Some(id(9)) };
-        assert_eq!(state.check(&orphan, |_| false), Err(Violation::UnknownParent(id(9))));
+        let state = fold(&[
+            HEADER,
+            Summary::Entry {
+                id: id(1),
+                parent: None,
+            },
+        ]);
+        let orphan = Summary::Entry {
+            id: id(2),
+            parent: Some(id(9)),
+        };
+        assert_eq!(
+            state.check(&orphan, |_| false),
+            Err(Violation::UnknownParent(id(9)))
+        );
         assert_eq!(state.check(&orphan, |other| other == id(9)), Ok(()));
         assert_eq!(
-            state.check(&Summary::Entry { id: id(1), parent: None }, |_| false),
+            state.check(
+                &Summary::Entry {
+                    id: id(1),
+                    parent: None
+                },
+                |_| false
+            ),
             Err(Violation::DuplicateEntry(id(1)))
         );
-        assert_eq!(state.check(&HEADER, |_| false), Err(Violation::HeaderNotFirst));
+        assert_eq!(
+            state.check(&HEADER, |_| false),
+            Err(Violation::HeaderNotFirst)
+        );
         assert_eq!(
             state.check(&Summary::OperationFinished { op: op(7) }, |_| false),
             Err(Violation::OperationNotOpen(op(7)))
         );
-        assert_eq!(LaneState::default().check(&Summary::TailRepaired, |_| false), Err(Violation::MissingHeader));
+        assert_eq!(
+            LaneState::default().check(&Summary::TailRepaired, |_| false),
+            Err(Violation::MissingHeader)
+        );
     }
 
     #[test]
     fn a_continued_segment_starts_from_the_previous_leaf() {
-        let state = fold(&[Summary::Header { previous_leaf: Some(id(7)) }]);
+        let state = fold(&[Summary::Header {
+            previous_leaf: Some(id(7)),
+        }]);
         assert_eq!(state.leaf(), Some(id(7)));
-        let state = fold(&[Summary::Header { previous_leaf: Some(id(7)) }]);
+        let state = fold(&[Summary::Header {
+            previous_leaf: Some(id(7)),
+        }]);
         let mut state = state;
-        let next = Summary::Entry { id: id(8), parent: Some(id(7)) };
+        let next = Summary::Entry {
+            id: id(8),
+            parent: Some(id(7)),
+        };
         state.check(&next, |other| other == id(7)).unwrap();
         state.apply(&next);
         assert_eq!(state.branch(id(8)), (vec![1], Some(id(7))));

@@ -1,0 +1,11 @@
+-- What this agent is, as configuration. instructions.md says it in prose.
+-- perch reads this directory and nothing outside it: no home-directory
+-- profile, no global model file.
+
+agent {
+  -- provider/model-id, as listed in models.yml.
+  model = "openai/gpt-5-mini",
+
+  -- How hard the model thinks before it answers: "off", "low", "medium" or "high".
+  thinking = "low",
+}

@@ -1,0 +1,140 @@
+//! Reading an agent's configuration: every file is read and checked, every problem in every
+//! file is reported together, and only then are the files checked against each other.
+
+use super::AgentDir;
+use crate::lua::{self, Limits};
+use perch_core::Problem;
+use perch_core::config::{
+    Definition, ToolDecl, check_agent, check_models, check_sandbox, check_tool, duplicate_tools,
+    model_problem,
+};
+use perch_core::problem::{Pos, Problems};
+use std::fs;
+use std::io;
+use std::path::Path;
+
+/// An agent directory whose configuration checked out.
+#[derive(Debug)]
+pub struct LoadedAgent {
+    pub dir: AgentDir,
+    pub definition: Definition,
+    /// The contents of `instructions.md`, if there is one.
+    pub instructions: Option<String>,
+}
+
+/// Loads and checks `agent.lua`, `sandbox.lua`, `models.yml` and `tools/*.lua`.
+pub fn load(dir: &AgentDir) -> Result<LoadedAgent, Problems> {
+    let root = dir.root();
+    let mut problems = Vec::new();
+
+    let agent = read(
+        root,
+        "agent.lua",
+        "run `perch init` to create it",
+        &mut problems,
+    )
+    .and_then(|source| evaluate("agent.lua", &source, "agent", &mut problems))
+    .and_then(|declarations| keep(check_agent(&declarations), &mut problems));
+    let sandbox = read(
+        root,
+        "sandbox.lua",
+        "run `perch init` to create it",
+        &mut problems,
+    )
+    .and_then(|source| evaluate("sandbox.lua", &source, "sandbox", &mut problems))
+    .and_then(|declarations| keep(check_sandbox(&declarations), &mut problems));
+    let models = read(
+        root,
+        "models.yml",
+        "run `perch init` to create it",
+        &mut problems,
+    )
+    .and_then(|text| keep(check_models(&text), &mut problems));
+    let tools = load_tools(root, &mut problems);
+    let instructions = fs::read_to_string(root.join("instructions.md")).ok();
+
+    if let (Some((agent, agent_pos)), Some(models)) = (&agent, &models) {
+        problems.extend(model_problem(agent, *agent_pos, models));
+    }
+    problems.extend(duplicate_tools(&tools));
+    let (Some((agent, agent_pos)), Some(sandbox), Some(models)) = (agent, sandbox, models) else {
+        return Err(Problems::from(problems).sorted());
+    };
+    if !problems.is_empty() {
+        return Err(Problems::from(problems).sorted());
+    }
+    match Definition::assemble(agent, agent_pos, sandbox, tools, models) {
+        Ok(definition) => Ok(LoadedAgent {
+            dir: dir.clone(),
+            definition,
+            instructions,
+        }),
+        Err(found) => Err(Problems::from(found).sorted()),
+    }
+}
+
+fn read(root: &Path, file: &str, fix: &str, problems: &mut Vec<Problem>) -> Option<String> {
+    match fs::read_to_string(root.join(file)) {
+        Ok(text) => Some(text),
+        Err(error) => {
+            let message = match error.kind() {
+                io::ErrorKind::NotFound => "is missing".to_owned(),
+                io::ErrorKind::InvalidData => "is not UTF-8 text".to_owned(),
+                _ => format!("cannot be read: {error}"),
+            };
+            problems.push(Problem::new(file, Pos::default(), message).with_fix(fix));
+            None
+        }
+    }
+}
+
+fn evaluate(
+    file: &str,
+    source: &str,
+    function: &str,
+    problems: &mut Vec<Problem>,
+) -> Option<Vec<perch_core::config::Declaration>> {
+    keep(
+        lua::evaluate(file, source, &[function], Limits::CONFIG)
+            .map(lua::Evaluation::into_declarations),
+        problems,
+    )
+}
+
+fn keep<T>(result: Result<T, Vec<Problem>>, problems: &mut Vec<Problem>) -> Option<T> {
+    result.map_err(|found| problems.extend(found)).ok()
+}
+
+/// The tools of every `tools/*.lua` file that checked out, in file name order. A missing
+/// `tools/` means no tools.
+fn load_tools(root: &Path, problems: &mut Vec<Problem>) -> Vec<(String, ToolDecl)> {
+    let listing = match fs::read_dir(root.join("tools")) {
+        Ok(listing) => listing,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Vec::new(),
+        Err(error) => {
+            problems.push(Problem::new(
+                "tools/",
+                Pos::default(),
+                format!("cannot be listed: {error}"),
+            ));
+            return Vec::new();
+        }
+    };
+    let mut files: Vec<String> = listing
+        .filter_map(Result::ok)
+        .filter_map(|item| item.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".lua"))
+        .collect();
+    files.sort();
+    let mut tools = Vec::new();
+    for name in files {
+        let file = format!("tools/{name}");
+        let declared = read(root, &file, "make it a readable text file", problems)
+            .and_then(|source| evaluate(&file, &source, "tool", problems))
+            .and_then(|declarations| keep(check_tool(&file, &declarations), problems));
+        for tool in declared.into_iter().flatten() {
+            tools.push((file.clone(), tool));
+        }
+    }
+    tools
+}

@@ -1,0 +1,129 @@
+//! `perch info`: what an agent is, for people and for scripts. Secret values never appear here:
+//! a secret is shown by the names of its variables and the hosts it may reach.
+
+use crate::agent::LoadedAgent;
+use perch_core::config::ToolDecl;
+use serde_json::json;
+use std::fmt::Write as _;
+
+/// The agent as one JSON object.
+pub fn to_json(agent: &LoadedAgent) -> serde_json::Value {
+    let definition = &agent.definition;
+    let (provider, model) = definition.model();
+    let sandbox = &definition.sandbox;
+    json!({
+        "root": agent.dir.root(),
+        "model": definition.agent.model.to_string(),
+        "thinking": definition.agent.thinking,
+        "provider": {
+            "name": definition.agent.model.provider,
+            "api": provider.api,
+            "baseUrl": provider.base_url,
+            "apiKey": provider.api_key.as_ref().map(|key| key.name().as_str()),
+        },
+        "contextWindow": model.context_window,
+        "maxTokens": model.max_tokens,
+        "reasoning": model.reasoning,
+        "sandbox": {
+            "image": sandbox.image,
+            "cpus": sandbox.cpus,
+            "memoryMiB": sandbox.memory,
+            "allow": sandbox.allow,
+            "secrets": sandbox.secrets.iter().map(|grant| json!({
+                "env": grant.env,
+                "source": grant.source.name(),
+                "hosts": grant.hosts,
+            })).collect::<Vec<_>>(),
+            "env": sandbox.env,
+            "bootstrap": sandbox.bootstrap,
+        },
+        "tools": definition.tools.iter().map(tool_json).collect::<Vec<_>>(),
+    })
+}
+
+fn tool_json(tool: &ToolDecl) -> serde_json::Value {
+    json!({
+        "name": tool.name,
+        "description": tool.description,
+        "replay": tool.replay,
+        "parameters": tool.json_schema(),
+    })
+}
+
+fn list_or_none<T: ToString>(items: &[T]) -> String {
+    if items.is_empty() {
+        "(none)".to_owned()
+    } else {
+        items
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The agent as aligned lines of text.
+pub fn to_text(agent: &LoadedAgent) -> String {
+    let definition = &agent.definition;
+    let (provider, model) = definition.model();
+    let sandbox = &definition.sandbox;
+    let mut out = String::new();
+    let mut row = |label: &str, value: String| {
+        let _ = writeln!(out, "{label:<10} {value}");
+    };
+    row("root", agent.dir.root().display().to_string());
+    let key = provider
+        .api_key
+        .as_ref()
+        .map_or_else(|| "no key".to_owned(), |key| format!("key from {key}"));
+    row(
+        "model",
+        format!(
+            "{} ({} at {}, {key})",
+            definition.agent.model,
+            provider.api.as_str(),
+            provider.base_url
+        ),
+    );
+    row("thinking", definition.agent.thinking.as_str().to_owned());
+    row(
+        "context",
+        format!(
+            "{} tokens, replies up to {} tokens",
+            model.context_window, model.max_tokens
+        ),
+    );
+    let cpus = if sandbox.cpus == 1 { "cpu" } else { "cpus" };
+    row(
+        "sandbox",
+        format!(
+            "{}, {} {cpus}, {} MiB",
+            sandbox.image, sandbox.cpus, sandbox.memory
+        ),
+    );
+    row("egress", list_or_none(&sandbox.allow));
+    let secrets: Vec<String> = sandbox
+        .secrets
+        .iter()
+        .map(|grant| {
+            format!(
+                "{} from {}, sent only to {}",
+                grant.env,
+                grant.source,
+                list_or_none(&grant.hosts)
+            )
+        })
+        .collect();
+    row("secrets", list_or_none(&secrets));
+    let env: Vec<&str> = sandbox.env.keys().map(|name| name.as_str()).collect();
+    row("env", list_or_none(&env));
+    row("bootstrap", list_or_none(&sandbox.bootstrap));
+    if definition.tools.is_empty() {
+        row("tools", "(none)".to_owned());
+    }
+    for (index, tool) in definition.tools.iter().enumerate() {
+        let label = if index == 0 { "tools" } else { "" };
+        row(label, format!("{}  {}", tool.name, tool.description));
+    }
+    out
+}

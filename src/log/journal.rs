@@ -1,0 +1,237 @@
+//! A segmented journal: an ordered durable queue whose consumed segments are deleted.
+
+use super::error::LogError;
+use super::file::{Appender, create_with_first_line, lock_exclusive, scan_lines, sync_parent};
+use super::lane::Clock;
+use super::segment::{segment_numbers, segment_path};
+use perch_core::Timestamp;
+use perch_core::journal::{JOURNAL_VERSION, JournalLine};
+use perch_core::log::Commit;
+use std::collections::BTreeSet;
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+
+/// An item waiting to be consumed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JournalItem {
+    pub seq: u64,
+    pub at: Timestamp,
+    pub body: serde_json::Value,
+}
+
+#[derive(Debug)]
+struct SegmentItems {
+    number: u32,
+    seqs: Vec<u64>,
+}
+
+/// One journal directory, owned by one task; a second opener gets [`LogError::Held`].
+#[derive(Debug)]
+pub struct Journal {
+    dir: PathBuf,
+    _lock: File,
+    segments: Vec<SegmentItems>,
+    current: Appender,
+    next_seq: u64,
+    unconsumed: BTreeSet<u64>,
+    max_segment_bytes: u64,
+    clock: Clock,
+}
+
+impl Journal {
+    /// Opens (or creates) the journal in `dir` and returns the items not yet consumed, oldest
+    /// first. A torn tail in the newest segment is cut off.
+    pub fn open(
+        dir: &Path,
+        max_segment_bytes: u64,
+        clock: Clock,
+    ) -> Result<(Journal, Vec<JournalItem>), LogError> {
+        fs::create_dir_all(dir).map_err(LogError::io(dir, "create"))?;
+        let lock = lock_exclusive(&dir.join("lock"))?;
+        let mut numbers = segment_numbers(dir)?;
+        if numbers.is_empty() {
+            create_segment(dir, 1, &clock)?;
+            numbers.push(1);
+        }
+        let newest = numbers[numbers.len() - 1];
+        let mut segments = Vec::new();
+        let mut items = Vec::new();
+        let mut consumed = BTreeSet::new();
+        let mut next_seq = 1;
+        let mut current_end = 0;
+        for &number in &numbers {
+            let path = segment_path(dir, number);
+            let file = File::open(&path).map_err(LogError::io(&path, "open"))?;
+            let len = file
+                .metadata()
+                .map_err(LogError::io(&path, "inspect"))?
+                .len();
+            let mut seqs = Vec::new();
+            let scan = scan_lines(&file, &path, 0, len, 1, |_, bytes| {
+                let line: JournalLine = serde_json::from_slice(&bytes[..bytes.len() - 1])
+                    .map_err(|error| format!("not a journal line: {error}"))?;
+                match line {
+                    JournalLine::Header { version, .. } if version != JOURNAL_VERSION => {
+                        return Err(format!(
+                            "journal version {version} is not {JOURNAL_VERSION}"
+                        ));
+                    }
+                    JournalLine::Header { .. } => {}
+                    JournalLine::Item { seq, at, body } => {
+                        if seq < next_seq {
+                            return Err(format!("item {seq} is out of order"));
+                        }
+                        next_seq = seq + 1;
+                        seqs.push(seq);
+                        items.push(JournalItem { seq, at, body });
+                    }
+                    JournalLine::Consumed { seqs, .. } => consumed.extend(seqs),
+                }
+                Ok(())
+            })?;
+            if let Some(bytes) = scan.torn {
+                if number != newest {
+                    return Err(LogError::Corrupt {
+                        path,
+                        line: 0,
+                        reason: format!("{bytes} bytes of an incomplete line in a closed segment"),
+                    });
+                }
+                let mut appender = Appender::open(&path, scan.end)?;
+                appender.truncate(scan.end)?;
+            }
+            current_end = scan.end;
+            segments.push(SegmentItems { number, seqs });
+        }
+        items.retain(|item| !consumed.contains(&item.seq));
+        let unconsumed = items.iter().map(|item| item.seq).collect();
+        let current = Appender::open(&segment_path(dir, newest), current_end)?;
+        let mut journal = Journal {
+            dir: dir.to_owned(),
+            _lock: lock,
+            segments,
+            current,
+            next_seq,
+            unconsumed,
+            max_segment_bytes,
+            clock,
+        };
+        journal.delete_consumed()?;
+        Ok((journal, items))
+    }
+
+    /// Appends items in order with one write and one fsync; returns their sequence numbers.
+    /// When this returns, the items survive a crash of the machine.
+    pub fn append(&mut self, bodies: &[serde_json::Value]) -> Result<Vec<u64>, LogError> {
+        if self.current.len() >= self.max_segment_bytes {
+            self.roll()?;
+        }
+        let mut bytes = Vec::new();
+        let mut seqs = Vec::with_capacity(bodies.len());
+        let at = self.clock.now();
+        for (offset, body) in bodies.iter().enumerate() {
+            let seq = self.next_seq + offset as u64;
+            let line = JournalLine::Item {
+                seq,
+                at,
+                body: body.clone(),
+            };
+            push_line(&mut bytes, &line);
+            seqs.push(seq);
+        }
+        self.current.append(&bytes, true)?;
+        self.next_seq += bodies.len() as u64;
+        self.unconsumed.extend(seqs.iter().copied());
+        if let Some(segment) = self.segments.last_mut() {
+            segment.seqs.extend(seqs.iter().copied());
+        }
+        Ok(seqs)
+    }
+
+    /// Marks items consumed and deletes the oldest segments whose items are all consumed.
+    pub fn consume(&mut self, seqs: &[u64]) -> Result<(), LogError> {
+        let fresh: Vec<u64> = seqs
+            .iter()
+            .copied()
+            .filter(|seq| self.unconsumed.contains(seq))
+            .collect();
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        let line = JournalLine::Consumed {
+            seqs: fresh.clone(),
+            at: self.clock.now(),
+        };
+        let mut bytes = Vec::new();
+        push_line(&mut bytes, &line);
+        self.current.append(&bytes, line.commit() == Commit::Sync)?;
+        for seq in fresh {
+            self.unconsumed.remove(&seq);
+        }
+        self.delete_consumed()
+    }
+
+    /// Items appended and not yet consumed.
+    pub fn depth(&self) -> usize {
+        self.unconsumed.len()
+    }
+
+    /// Segment files on disk.
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
+    fn roll(&mut self) -> Result<(), LogError> {
+        let number = self.segments.last().map_or(1, |segment| segment.number + 1);
+        create_segment(&self.dir, number, &self.clock)?;
+        let path = segment_path(&self.dir, number);
+        let len = fs::metadata(&path)
+            .map_err(LogError::io(&path, "inspect"))?
+            .len();
+        self.current = Appender::open(&path, len)?;
+        self.segments.push(SegmentItems {
+            number,
+            seqs: Vec::new(),
+        });
+        self.delete_consumed()
+    }
+
+    fn delete_consumed(&mut self) -> Result<(), LogError> {
+        let mut deleted = false;
+        while self.segments.len() > 1
+            && self.segments[0]
+                .seqs
+                .iter()
+                .all(|seq| !self.unconsumed.contains(seq))
+        {
+            let segment = self.segments.remove(0);
+            let path = segment_path(&self.dir, segment.number);
+            fs::remove_file(&path).map_err(LogError::io(&path, "delete the consumed segment"))?;
+            deleted = true;
+        }
+        if deleted {
+            sync_parent(&segment_path(&self.dir, 0))?;
+        }
+        Ok(())
+    }
+}
+
+fn push_line(bytes: &mut Vec<u8>, line: &JournalLine) {
+    let encoded =
+        serde_json::to_vec(line).expect("journal lines have string keys and always serialize");
+    bytes.extend_from_slice(&encoded);
+    bytes.push(b'\n');
+}
+
+fn create_segment(dir: &Path, number: u32, clock: &Clock) -> Result<(), LogError> {
+    let mut bytes = Vec::new();
+    push_line(
+        &mut bytes,
+        &JournalLine::Header {
+            version: JOURNAL_VERSION,
+            segment: number,
+            created: clock.now(),
+        },
+    );
+    create_with_first_line(&segment_path(dir, number), &bytes)
+}

@@ -1,0 +1,535 @@
+//! The writer of one lane: a thread that owns the newest segment, its index and the lane's
+//! lock, and a cloneable handle that talks to it.
+
+use super::error::LogError;
+use super::file::{Appender, create_with_first_line, lock_exclusive};
+use super::segment::{Chain, Segment, index_path, segment_numbers, segment_path};
+use perch_core::Timestamp;
+use perch_core::id::{EntryId, OperationId, SessionId};
+use perch_core::log::{
+    Commit, Entry, FORMAT_VERSION, Header, INDEX_HEADER_LEN, IndexHeader, Line, PendingTool,
+    Previous, Record, Row, Summary, Violation,
+};
+use perch_core::name::LaneName;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+/// Where the time written into records comes from; tests pass a fixed or stepping clock.
+#[derive(Clone)]
+pub struct Clock(Arc<dyn Fn() -> Timestamp + Send + Sync>);
+
+impl Clock {
+    pub fn new(now: impl Fn() -> Timestamp + Send + Sync + 'static) -> Clock {
+        Clock(Arc::new(now))
+    }
+
+    pub fn now(&self) -> Timestamp {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Clock")
+    }
+}
+
+/// The wall clock.
+pub fn system_clock() -> Clock {
+    Clock::new(chrono::Utc::now)
+}
+
+/// How many appends one write (and at most one fsync) may carry.
+const MAX_BATCH: usize = 1024;
+
+/// A handle to one lane's writer. Clones talk to the same writer.
+#[derive(Debug, Clone)]
+pub struct LaneLog {
+    lane: LaneName,
+    commands: mpsc::Sender<Command>,
+}
+
+/// What opening a lane found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenReport {
+    pub lane: LaneName,
+    pub segment: u32,
+    /// Lines in the newest segment, including any repair record written on open.
+    pub lines: u64,
+    pub created: bool,
+    pub repaired: Option<TailRepair>,
+    pub index: IndexStatus,
+}
+
+/// A torn last line that was cut off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TailRepair {
+    pub offset: u64,
+    pub truncated_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IndexStatus {
+    /// The index covered every line.
+    Current,
+    /// The index lagged the log by this many lines, which were parsed and indexed.
+    Extended { lines: u64 },
+    /// The index was missing or did not match; the whole log was parsed.
+    Rebuilt { reason: String },
+}
+
+/// Where an append landed and how durable it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// The line's 0-based position in its segment.
+    pub line: u64,
+    pub durability: Commit,
+}
+
+/// A lane's state, cheap to take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneSnapshot {
+    pub lane: LaneName,
+    pub segment: u32,
+    pub lines: u64,
+    pub leaf: Option<EntryId>,
+    pub open: Vec<OpenSummary>,
+}
+
+/// An operation that has not finished, and the results it declared and has not written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenSummary {
+    pub op: OperationId,
+    pub missing: Vec<EntryId>,
+}
+
+type Reply<T> = oneshot::Sender<Result<T, LogError>>;
+
+enum Command {
+    Append {
+        encoded: Encoded,
+        reply: Reply<Appended>,
+    },
+    Snapshot {
+        reply: oneshot::Sender<LaneSnapshot>,
+    },
+    Branch {
+        reply: Reply<Vec<Entry>>,
+    },
+    Read {
+        line: u64,
+        reply: Reply<Line>,
+    },
+    PendingTools {
+        reply: Reply<Vec<(OperationId, Vec<PendingTool>)>>,
+    },
+    Roll {
+        reply: Reply<u32>,
+    },
+    Close {
+        reply: oneshot::Sender<()>,
+    },
+}
+
+/// A line serialized by the caller, so producers share the encoding work.
+struct Encoded {
+    bytes: Vec<u8>,
+    summary: Summary,
+    commit: Commit,
+}
+
+impl Encoded {
+    fn new(line: &Line) -> Encoded {
+        let mut bytes =
+            serde_json::to_vec(line).expect("log lines have string keys and always serialize");
+        bytes.push(b'\n');
+        Encoded {
+            bytes,
+            summary: Summary::of(line),
+            commit: line.commit(),
+        }
+    }
+}
+
+fn stopped() -> LogError {
+    LogError::WriterStopped {
+        reason: "it has shut down".into(),
+    }
+}
+
+impl LaneLog {
+    /// Opens (or creates) the lane under `sessions`, taking its lock, cutting off a torn tail
+    /// and bringing its index up to date, then starts its writer thread. Blocking: call it
+    /// from a blocking context.
+    pub fn open(
+        sessions: &Path,
+        lane: &LaneName,
+        clock: Clock,
+    ) -> Result<(LaneLog, OpenReport), LogError> {
+        let dir = sessions.join(lane.as_str());
+        fs::create_dir_all(&dir).map_err(LogError::io(&dir, "create"))?;
+        let lock = lock_exclusive(&dir.join("lock"))?;
+        let numbers = segment_numbers(&dir)?;
+        let created = numbers.is_empty();
+        let number = match numbers.last() {
+            Some(&number) => number,
+            None => {
+                let header = Header {
+                    version: FORMAT_VERSION,
+                    session: SessionId::from_uuid(uuid::Uuid::now_v7()),
+                    lane: lane.clone(),
+                    segment: 1,
+                    created: clock.now(),
+                    previous: None,
+                };
+                create_segment(&dir, &header)?;
+                1
+            }
+        };
+        let loaded = Segment::load(&dir, number)?;
+        let segment = loaded.segment;
+        let good_end = loaded.torn.map_or_else(|| segment.end(), |(end, _)| end);
+        let mut log = Appender::open(&segment.path, good_end)?;
+        let repaired = match loaded.torn {
+            Some((offset, truncated_bytes)) => {
+                log.truncate(offset)?;
+                Some(TailRepair {
+                    offset,
+                    truncated_bytes,
+                })
+            }
+            None => None,
+        };
+        let index = write_index(&dir, &segment, loaded.index_rows_kept, &loaded.index)?;
+        let mut writer = Writer {
+            chain: Chain::new(dir, lane.clone(), segment),
+            log,
+            index: Some(index),
+            _lock: lock,
+            clock,
+            broken: None,
+            staged: Staged::default(),
+        };
+        if let Some(repair) = repaired {
+            let line = Line::Record(Record::TailRepaired {
+                truncated_bytes: repair.truncated_bytes,
+                offset: repair.offset,
+                at: writer.clock.now(),
+            });
+            let (reply, _) = oneshot::channel();
+            writer.stage(Encoded::new(&line), reply);
+            writer.commit_staged();
+            if let Some(reason) = writer.broken.take() {
+                return Err(LogError::WriterStopped { reason });
+            }
+        }
+        let report = OpenReport {
+            lane: lane.clone(),
+            segment: number,
+            lines: writer.chain.current.state.lines(),
+            created,
+            repaired,
+            index: loaded.index,
+        };
+        let (commands, receiver) = mpsc::channel(MAX_BATCH);
+        std::thread::Builder::new()
+            .name(format!("perch-log-{lane}"))
+            .spawn(move || writer.run(receiver))
+            .map_err(LogError::io(sessions, "start the writer thread for"))?;
+        Ok((
+            LaneLog {
+                lane: lane.clone(),
+                commands,
+            },
+            report,
+        ))
+    }
+
+    pub fn lane(&self) -> &LaneName {
+        &self.lane
+    }
+
+    /// Appends one line. When this returns `Ok`, the line is written to the operating system,
+    /// and fsynced too if the line's own [`Commit`] policy says so.
+    pub async fn append(&self, line: &Line) -> Result<Appended, LogError> {
+        let encoded = Encoded::new(line);
+        self.ask(|reply| Command::Append { encoded, reply }).await?
+    }
+
+    pub async fn snapshot(&self) -> Result<LaneSnapshot, LogError> {
+        self.ask(|reply| Command::Snapshot { reply }).await
+    }
+
+    /// The conversation from its root to the current leaf, across segments.
+    pub async fn branch(&self) -> Result<Vec<Entry>, LogError> {
+        self.ask(|reply| Command::Branch { reply }).await?
+    }
+
+    /// Line `line` (0-based) of the newest segment.
+    pub async fn read(&self, line: u64) -> Result<Line, LogError> {
+        self.ask(|reply| Command::Read { line, reply }).await?
+    }
+
+    /// For each open operation, the tools whose declared results were never written.
+    pub async fn pending_tools(&self) -> Result<Vec<(OperationId, Vec<PendingTool>)>, LogError> {
+        self.ask(|reply| Command::PendingTools { reply }).await?
+    }
+
+    /// Continues the lane in a new segment file whose header names this one. Refused while an
+    /// operation is open. Returns the new segment's number.
+    pub async fn roll(&self) -> Result<u32, LogError> {
+        self.ask(|reply| Command::Roll { reply }).await?
+    }
+
+    /// Writes everything queued before this call, stops the writer and releases the lane.
+    pub async fn close(self) -> Result<(), LogError> {
+        self.ask(|reply| Command::Close { reply }).await
+    }
+
+    async fn ask<T>(
+        &self,
+        command: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, LogError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(command(reply))
+            .await
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())
+    }
+}
+
+fn create_segment(dir: &Path, header: &Header) -> Result<(), LogError> {
+    let encoded = Encoded::new(&Line::Header(header.clone()));
+    create_with_first_line(&segment_path(dir, header.segment), &encoded.bytes)
+}
+
+/// Brings the index file in line with the segment's rows and opens it for appending.
+fn write_index(
+    dir: &Path,
+    segment: &Segment,
+    kept: usize,
+    status: &IndexStatus,
+) -> Result<Appender, LogError> {
+    let path = index_path(dir, segment.number);
+    let header = IndexHeader {
+        session: segment.header.session,
+        segment: segment.number,
+    };
+    let kept = if matches!(status, IndexStatus::Rebuilt { .. }) {
+        0
+    } else {
+        kept
+    };
+    let mut bytes = Vec::with_capacity(INDEX_HEADER_LEN + (segment.rows.len() - kept) * Row::SIZE);
+    if kept == 0 {
+        bytes.extend_from_slice(&header.encode());
+        let temporary = path.with_extension("idx.tmp");
+        for row in &segment.rows {
+            bytes.extend_from_slice(&row.encode());
+        }
+        let mut file = File::create(&temporary).map_err(LogError::io(&temporary, "create"))?;
+        file.write_all(&bytes)
+            .map_err(LogError::io(&temporary, "write"))?;
+        fs::rename(&temporary, &path).map_err(LogError::io(&path, "rename into place"))?;
+    } else {
+        let file = OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(LogError::io(&path, "open"))?;
+        file.set_len((INDEX_HEADER_LEN + kept * Row::SIZE) as u64)
+            .map_err(LogError::io(&path, "truncate"))?;
+        let mut appender = Appender::open(&path, (INDEX_HEADER_LEN + kept * Row::SIZE) as u64)?;
+        for row in &segment.rows[kept..] {
+            bytes.extend_from_slice(&row.encode());
+        }
+        appender.append(&bytes, false)?;
+        return Ok(appender);
+    }
+    Appender::open(&path, bytes.len() as u64)
+}
+
+#[derive(Default)]
+struct Staged {
+    bytes: Vec<u8>,
+    rows: Vec<u8>,
+    sync: bool,
+    replies: Vec<(Reply<Appended>, u64)>,
+}
+
+struct Writer {
+    chain: Chain,
+    log: Appender,
+    index: Option<Appender>,
+    _lock: File,
+    clock: Clock,
+    broken: Option<String>,
+    staged: Staged,
+}
+
+impl Writer {
+    fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        while let Some(first) = commands.blocking_recv() {
+            batch.push(first);
+            while batch.len() < MAX_BATCH {
+                match commands.try_recv() {
+                    Ok(command) => batch.push(command),
+                    Err(_) => break,
+                }
+            }
+            for command in batch.drain(..) {
+                match command {
+                    Command::Append { encoded, reply } => self.stage(encoded, reply),
+                    Command::Close { reply } => {
+                        self.commit_staged();
+                        drop(self);
+                        let _ = reply.send(());
+                        return;
+                    }
+                    other => {
+                        self.commit_staged();
+                        self.answer(other);
+                    }
+                }
+            }
+            self.commit_staged();
+        }
+    }
+
+    /// Checks one line against the lane's invariants and queues it for the next write.
+    fn stage(&mut self, encoded: Encoded, reply: Reply<Appended>) {
+        if let Some(reason) = &self.broken {
+            let _ = reply.send(Err(LogError::WriterStopped {
+                reason: reason.clone(),
+            }));
+            return;
+        }
+        if let Err(violation) = self.check(&encoded.summary) {
+            let _ = reply.send(Err(violation));
+            return;
+        }
+        let offset = self.log.len() + self.staged.bytes.len() as u64;
+        let row = Row::new(offset, &encoded.bytes, encoded.summary);
+        let line = self.chain.current.state.lines();
+        self.chain.current.push(row);
+        self.staged.bytes.extend_from_slice(&encoded.bytes);
+        self.staged.rows.extend_from_slice(&row.encode());
+        self.staged.sync |= encoded.commit == Commit::Sync;
+        self.staged.replies.push((reply, line));
+    }
+
+    fn check(&mut self, summary: &Summary) -> Result<(), LogError> {
+        match self.chain.current.state.check(summary, |_| false) {
+            Ok(()) => Ok(()),
+            Err(Violation::UnknownParent(id) | Violation::UnknownLeaf(id))
+                if self.chain.knows(id)? =>
+            {
+                self.chain
+                    .current
+                    .state
+                    .check(summary, |other| other == id)
+                    .map_err(LogError::Refused)
+            }
+            Err(violation) => Err(LogError::Refused(violation)),
+        }
+    }
+
+    /// Writes every staged line in one write, fsyncs once if any of them needs it, then
+    /// answers their callers.
+    fn commit_staged(&mut self) {
+        if self.staged.replies.is_empty() {
+            return;
+        }
+        let staged = std::mem::take(&mut self.staged);
+        let durability = if staged.sync {
+            Commit::Sync
+        } else {
+            Commit::Flush
+        };
+        match self.log.append(&staged.bytes, staged.sync) {
+            Ok(()) => {
+                if let Some(index) = &mut self.index
+                    && index.append(&staged.rows, false).is_err()
+                {
+                    let _ = fs::remove_file(index.path());
+                    self.index = None;
+                }
+                for (reply, line) in staged.replies {
+                    let _ = reply.send(Ok(Appended { line, durability }));
+                }
+            }
+            Err(error) => {
+                let reason = error.to_string();
+                self.broken = Some(reason.clone());
+                for (reply, _) in staged.replies {
+                    let _ = reply.send(Err(LogError::WriterStopped {
+                        reason: reason.clone(),
+                    }));
+                }
+            }
+        }
+    }
+
+    fn answer(&mut self, command: Command) {
+        match command {
+            Command::Snapshot { reply } => {
+                let _ = reply.send(self.chain.snapshot());
+            }
+            Command::Branch { reply } => {
+                let _ = reply.send(self.chain.branch());
+            }
+            Command::Read { line, reply } => {
+                let _ = reply.send(self.chain.current.read(line));
+            }
+            Command::PendingTools { reply } => {
+                let _ = reply.send(self.chain.pending_tools());
+            }
+            Command::Roll { reply } => {
+                let _ = reply.send(self.roll());
+            }
+            Command::Append { .. } | Command::Close { .. } => {}
+        }
+    }
+
+    fn roll(&mut self) -> Result<u32, LogError> {
+        if let Some(reason) = &self.broken {
+            return Err(LogError::WriterStopped {
+                reason: reason.clone(),
+            });
+        }
+        let current = &self.chain.current;
+        let open = current.state.open_operations().len();
+        if open > 0 {
+            return Err(LogError::OperationsOpen { count: open });
+        }
+        let number = current.number + 1;
+        let file = current
+            .path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .unwrap_or_default()
+            .to_owned();
+        let header = Header {
+            version: FORMAT_VERSION,
+            session: current.header.session,
+            lane: self.chain.lane.clone(),
+            segment: number,
+            created: self.clock.now(),
+            previous: Some(Previous {
+                file,
+                leaf: current.state.leaf(),
+            }),
+        };
+        create_segment(&self.chain.dir, &header)?;
+        let loaded = Segment::load(&self.chain.dir, number)?;
+        let index = write_index(&self.chain.dir, &loaded.segment, 0, &loaded.index)?;
+        self.log = Appender::open(&loaded.segment.path, loaded.segment.end())?;
+        self.index = Some(index);
+        self.chain.advance(loaded.segment);
+        Ok(number)
+    }
+}

@@ -1,0 +1,255 @@
+use super::support::{new_agent, perch, stderr, write};
+use perch::agent::{self, AgentDir};
+
+/// Loads the agent in `dir` and returns its problems, rendered.
+fn problems(dir: &std::path::Path) -> Vec<String> {
+    match agent::load(&AgentDir::open(dir).unwrap()) {
+        Ok(_) => Vec::new(),
+        Err(problems) => problems.iter().map(ToString::to_string).collect(),
+    }
+}
+
+fn problems_with(file: &str, text: &str) -> Vec<String> {
+    let dir = new_agent();
+    problems_in(dir.path(), file, text)
+}
+
+fn problems_in(dir: &std::path::Path, file: &str, text: &str) -> Vec<String> {
+    write(dir, file, text);
+    problems(dir)
+}
+
+fn assert_one(problems: &[String], expected_start: &str) {
+    assert_eq!(problems.len(), 1, "{problems:#?}");
+    assert!(
+        problems[0].starts_with(expected_start),
+        "expected {expected_start:?}, got:\n{}",
+        problems[0]
+    );
+}
+
+#[test]
+fn the_starter_agent_has_no_problems() {
+    let dir = new_agent();
+    assert_eq!(problems(dir.path()), Vec::<String>::new());
+}
+
+#[test]
+fn lua_syntax_errors_name_their_line() {
+    let found = problems_with(
+        "agent.lua",
+        "agent {\n  model = \"openai/gpt-5-mini\"\n  thinking = \"low\",\n}\n",
+    );
+    assert_one(&found, "agent.lua:3: ");
+}
+
+#[test]
+fn lua_runtime_errors_name_their_line_without_a_traceback() {
+    let found = problems_with(
+        "sandbox.lua",
+        "local cpus = 2\n\nsandbox { cpus = cpus + nil }\n",
+    );
+    assert_one(&found, "sandbox.lua:3: ");
+    assert!(!found[0].contains("traceback"), "{}", found[0]);
+}
+
+#[test]
+fn unknown_keys_and_wrong_types_name_the_declaring_line_and_key() {
+    let found = problems_with(
+        "agent.lua",
+        "\n\nagent {\n  model = \"openai/gpt-5-mini\",\n  thinkin = \"low\",\n}\n",
+    );
+    assert_one(
+        &found,
+        "agent.lua:3: thinkin: unknown key\n  fix: did you mean thinking?",
+    );
+    let found = problems_with("sandbox.lua", "sandbox {\n  memory = \"lots\",\n}\n");
+    assert_one(
+        &found,
+        "sandbox.lua:1: memory: expected an integer, found a string",
+    );
+}
+
+#[test]
+fn missing_and_repeated_declarations_are_reported() {
+    let found = problems_with("agent.lua", "-- nothing here\n");
+    assert_one(&found, "agent.lua: agent { ... } is never called");
+    let found = problems_with("sandbox.lua", "sandbox {}\nsandbox {}\n");
+    assert_one(
+        &found,
+        "sandbox.lua:2: sandbox is called again (first call on line 1)",
+    );
+}
+
+#[test]
+fn an_unscoped_secret_is_refused_at_load() {
+    let found = problems_with(
+        "sandbox.lua",
+        "sandbox {\n  allow = { \"api.github.com\" },\n  secrets = {\n    { env = \"GITHUB_TOKEN\", source = env \"GITHUB_TOKEN\" },\n  },\n}\n",
+    );
+    assert_one(&found, "sandbox.lua:1: secrets[1]: missing hosts");
+}
+
+#[test]
+fn a_secret_for_a_host_the_guest_cannot_reach_is_refused() {
+    let found = problems_with(
+        "sandbox.lua",
+        "sandbox {\n  secrets = { { env = \"T\", source = env \"T\", hosts = { \"api.github.com\" } } },\n}\n",
+    );
+    assert_one(
+        &found,
+        "sandbox.lua:1: secrets[1].hosts: api.github.com is not in allow",
+    );
+}
+
+#[test]
+fn a_literal_secret_value_is_refused_and_not_echoed() {
+    let value = "ghp_LiteralTokenValue123";
+    let found = problems_with(
+        "sandbox.lua",
+        &format!(
+            "sandbox {{\n  allow = {{ \"api.github.com\" }},\n  secrets = {{ {{ env = \"T\", source = \"{value}\", hosts = {{ \"api.github.com\" }} }} }},\n}}\n"
+        ),
+    );
+    assert_one(
+        &found,
+        "sandbox.lua:1: secrets[1].source: a literal secret value is not allowed here",
+    );
+    assert!(!found[0].contains(value));
+}
+
+#[test]
+fn a_literal_api_key_is_refused_and_not_echoed() {
+    let dir = new_agent();
+    let models = std::fs::read_to_string(dir.path().join("models.yml")).unwrap();
+    write(
+        dir.path(),
+        "models.yml",
+        &models.replace("$OPENAI_API_KEY", "sk-proj-LITERALKEY42"),
+    );
+    let output = perch(&["info", dir.path().to_str().unwrap()], &[]);
+    assert!(!output.status.success());
+    let shown = stderr(&output);
+    assert!(
+        shown.contains(
+            "error: models.yml:10:13: providers.openai.apiKey: a literal API key is not allowed"
+        ),
+        "{shown}"
+    );
+    assert!(!shown.contains("LITERALKEY42"), "{shown}");
+}
+
+#[test]
+fn yaml_errors_name_line_and_column() {
+    let found = problems_with(
+        "models.yml",
+        "providers:\n  openai:\n    baseUrl: [https://x\n",
+    );
+    assert_one(&found, "models.yml:4:");
+    let found = problems_with(
+        "models.yml",
+        "providers:\n  openai:\n    baseUrl: https://api.openai.com/v1\n    api: openai-responses\n    models:\n      - id: gpt-5-mini\n        contextWindow: 400000\n        maxTokens: 32000\n        temprature: 0.2\n",
+    );
+    assert_one(
+        &found,
+        "models.yml:9:9: providers.openai.models[1].temprature: unknown key",
+    );
+}
+
+#[test]
+fn the_model_must_exist_in_models_yml() {
+    let found = problems_with("agent.lua", "agent {\n  model = \"openai/gpt-9\",\n}\n");
+    assert_one(
+        &found,
+        "agent.lua:1: model: model openai/gpt-9 is not in models.yml",
+    );
+    assert!(
+        found[0].contains("use one of openai/gpt-5-mini, anthropic/claude-sonnet-4-5"),
+        "{}",
+        found[0]
+    );
+}
+
+#[test]
+fn an_endless_loop_in_a_config_file_is_stopped() {
+    let found = problems_with(
+        "tools/spin.lua",
+        "tool(\"spin\", { description = \"x\", run = function() end })\n\nwhile true do end\n",
+    );
+    assert_one(&found, "tools/spin.lua:3: stopped after");
+}
+
+#[test]
+fn config_files_cannot_reach_the_host() {
+    for (line, code) in [
+        "io.open('/etc/passwd')",
+        "os.execute('true')",
+        "require('os')",
+        "dofile('/etc/passwd')",
+        "debug.getinfo(1)",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let text = format!(
+            "{}{code}\nagent {{ model = \"openai/gpt-5-mini\" }}\n",
+            "\n".repeat(line)
+        );
+        let found = problems_with("agent.lua", &text);
+        assert_one(&found, &format!("agent.lua:{}: ", line + 1));
+    }
+}
+
+#[test]
+fn tool_declarations_are_checked() {
+    let dir = new_agent();
+    write(
+        dir.path(),
+        "tools/zz_again.lua",
+        "tool(\"workspace_summary\", { description = \"again\", run = function() end })\n",
+    );
+    let found = problems_in(
+        dir.path(),
+        "tools/more.lua",
+        r#"tool("bash", { description = "mine", run = function() end })
+
+tool("fetch", {
+  description = "Fetch a page",
+  params = { { name = "url", type = "url" }, { name = "n", type = "integer", default = "five" } },
+  run = function() end,
+})
+"#,
+    );
+    let expected = [
+        "tools/more.lua:1: bash is a built-in tool",
+        "tools/more.lua:3: fetch.params[1].type: unknown type \"url\"",
+        "tools/more.lua:3: fetch.params[2].default: default \"five\" is not of type integer",
+        "tools/zz_again.lua:1: tool workspace_summary is already declared in tools/example.lua",
+    ];
+    assert_eq!(found.len(), expected.len(), "{found:#?}");
+    for (problem, start) in found.iter().zip(expected) {
+        assert!(
+            problem.starts_with(start),
+            "{problem} does not start with {start}"
+        );
+    }
+}
+
+#[test]
+fn problems_in_several_files_are_reported_together() {
+    let dir = new_agent();
+    write(
+        dir.path(),
+        "agent.lua",
+        "agent { model = \"openai/gpt-5-mini\", thinking = \"lots\" }\n",
+    );
+    write(dir.path(), "sandbox.lua", "sandbox { cpus = 0 }\n");
+    write(dir.path(), "models.yml", "providers: {}\nextra: 1\n");
+    let found = problems(dir.path());
+    let files: Vec<&str> = found.iter().map(|p| p.split(':').next().unwrap()).collect();
+    assert_eq!(
+        files,
+        ["agent.lua", "models.yml", "sandbox.lua"],
+        "{found:#?}"
+    );
+}

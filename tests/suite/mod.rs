@@ -1,0 +1,6 @@
+mod agent_dir;
+mod catalog;
+mod config;
+mod journal;
+mod log;
+mod support;
