@@ -128,6 +128,7 @@ impl Journal {
         }
         let mut bytes = Vec::new();
         let mut seqs = Vec::with_capacity(bodies.len());
+        let mut sync = false;
         let at = self.clock.now();
         for (offset, body) in bodies.iter().enumerate() {
             let seq = self.next_seq + offset as u64;
@@ -136,10 +137,11 @@ impl Journal {
                 at,
                 body: body.clone(),
             };
+            sync |= line.commit() == Commit::Sync;
             push_line(&mut bytes, &line);
             seqs.push(seq);
         }
-        self.current.append(&bytes, true)?;
+        self.current.append(&bytes, sync)?;
         self.next_seq += bodies.len() as u64;
         self.unconsumed.extend(seqs.iter().copied());
         if let Some(segment) = self.segments.last_mut() {
