@@ -24,4 +24,4 @@ pub use lane::{
     system_clock,
 };
 pub use recover::{RecoveryReport, ToolRerun, recover};
-pub use segment::{LaneReader, list_lanes};
+pub use segment::LaneReader;

@@ -45,28 +45,6 @@ pub(crate) fn segment_numbers(dir: &Path) -> Result<Vec<u32>, LogError> {
     Ok(numbers)
 }
 
-/// The lanes that have a directory under `sessions`.
-pub fn list_lanes(sessions: &Path) -> Result<Vec<LaneName>, LogError> {
-    let mut lanes = Vec::new();
-    let listing = match fs::read_dir(sessions) {
-        Ok(listing) => listing,
-        Err(error) if error.kind() == ErrorKind::NotFound => return Ok(lanes),
-        Err(error) => return Err(LogError::io(sessions, "list")(error)),
-    };
-    for item in listing {
-        let item = item.map_err(LogError::io(sessions, "list"))?;
-        if let Some(lane) = item
-            .file_name()
-            .to_str()
-            .and_then(|name| LaneName::try_from(name).ok())
-        {
-            lanes.push(lane);
-        }
-    }
-    lanes.sort();
-    Ok(lanes)
-}
-
 /// One segment file, its rows and the state they fold to.
 #[derive(Debug)]
 pub(crate) struct Segment {

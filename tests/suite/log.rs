@@ -492,3 +492,75 @@ async fn a_lagging_or_foreign_index_is_caught_up_or_rebuilt() {
     log.close().await.unwrap();
     assert_eq!(fs::read(&idx).unwrap(), bytes);
 }
+
+/// Run by `a_killed_writer_leaves_every_acknowledged_line`: appends until it is killed, saying
+/// which lines were acknowledged.
+#[tokio::test]
+#[ignore = "a child process of a_killed_writer_leaves_every_acknowledged_line"]
+async fn crash_child() {
+    use std::io::Write;
+    let sessions = std::env::var("PERCH_CRASH_SESSIONS").unwrap();
+    let (log, _) = LaneLog::open(Path::new(&sessions), &lane(), clock()).unwrap();
+    let mut parent = None;
+    for n in 1u32.. {
+        let entry = EntryId::from_uuid(uuid::Uuid::from_u128(u128::from(n)));
+        let body = format!("message {n} {}", "x".repeat((n as usize * 37) % 3000));
+        log.append(&text(entry, parent, Role::User, &body))
+            .await
+            .unwrap();
+        parent = Some(entry);
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "acked {n}").unwrap();
+        out.flush().unwrap();
+    }
+}
+
+#[test]
+fn a_killed_writer_leaves_every_acknowledged_line() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "suite::log::crash_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("PERCH_CRASH_SESSIONS", dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut acknowledged = 0;
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        if let Some(n) = line.unwrap().strip_prefix("acked ") {
+            acknowledged = n.parse::<u32>().unwrap();
+        }
+        if acknowledged >= 300 {
+            break;
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(acknowledged >= 300, "the child stopped early");
+
+    let (log, _) = LaneLog::open(dir.path(), &lane(), clock()).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let branch = runtime.block_on(log.branch()).unwrap();
+    assert!(
+        branch.len() as u32 >= acknowledged,
+        "{} < {acknowledged}",
+        branch.len()
+    );
+    for (index, entry) in branch.iter().enumerate() {
+        assert_eq!(
+            entry.id,
+            EntryId::from_uuid(uuid::Uuid::from_u128(index as u128 + 1))
+        );
+    }
+    runtime.block_on(log.close()).unwrap();
+}

@@ -70,6 +70,10 @@ impl ParamType {
         })
     }
 
+    fn as_str(self) -> &'static str {
+        ParamType::NAMES[self as usize]
+    }
+
     fn admits(self, value: &serde_json::Value) -> bool {
         match self {
             ParamType::String => value.is_string(),
@@ -306,10 +310,7 @@ fn params(checker: &mut Checker, node: &Node, path: &Path) -> Vec<Param> {
                 checker.report(
                     item.pos,
                     &path.key("default"),
-                    format!(
-                        "default {default} is not of type {}",
-                        ParamType::NAMES[kind as usize]
-                    ),
+                    format!("default {default} is not of type {}", kind.as_str()),
                 );
             }
             if required {
@@ -338,10 +339,7 @@ fn params(checker: &mut Checker, node: &Node, path: &Path) -> Vec<Param> {
             checker.report(
                 item.pos,
                 &path.key("enum"),
-                format!(
-                    "{choice} is not of type {}",
-                    ParamType::NAMES[kind as usize]
-                ),
+                format!("{choice} is not of type {}", kind.as_str()),
             );
         }
         params.push(Param {
