@@ -1,5 +1,5 @@
-//! Reading an agent's configuration: every file is read and checked, every problem in every
-//! file is reported together, and only then are the files checked against each other.
+//! Reading an agent's configuration: every file is read and checked, the files that loaded are
+//! checked against each other, and every problem found anywhere is reported together.
 
 use super::AgentDir;
 use crate::lua::{self, Limits};
@@ -27,22 +27,10 @@ pub fn load(dir: &AgentDir) -> Result<LoadedAgent, Problems> {
     let root = dir.root();
     let mut problems = Vec::new();
 
-    let agent = read(
-        root,
-        "agent.lua",
-        "run `perch init` to create it",
-        &mut problems,
-    )
-    .and_then(|source| evaluate("agent.lua", &source, "agent", &mut problems))
-    .and_then(|declarations| keep(check_agent(&declarations), &mut problems));
-    let sandbox = read(
-        root,
-        "sandbox.lua",
-        "run `perch init` to create it",
-        &mut problems,
-    )
-    .and_then(|source| evaluate("sandbox.lua", &source, "sandbox", &mut problems))
-    .and_then(|declarations| keep(check_sandbox(&declarations), &mut problems));
+    let agent = lua_file(root, "agent.lua", "agent", &mut problems)
+        .and_then(|declarations| keep(check_agent(&declarations), &mut problems));
+    let sandbox = lua_file(root, "sandbox.lua", "sandbox", &mut problems)
+        .and_then(|declarations| keep(check_sandbox(&declarations), &mut problems));
     let models = read(
         root,
         "models.yml",
@@ -71,6 +59,17 @@ pub fn load(dir: &AgentDir) -> Result<LoadedAgent, Problems> {
         }),
         Err(found) => Err(Problems::from(found).sorted()),
     }
+}
+
+/// Runs one of the agent's own Lua files, which `perch init` creates.
+fn lua_file(
+    root: &Path,
+    file: &str,
+    function: &str,
+    problems: &mut Vec<Problem>,
+) -> Option<Vec<perch_core::config::Declaration>> {
+    read(root, file, "run `perch init` to create it", problems)
+        .and_then(|source| evaluate(file, &source, function, problems))
 }
 
 fn read(root: &Path, file: &str, fix: &str, problems: &mut Vec<Problem>) -> Option<String> {
