@@ -4,6 +4,8 @@
 //! This is the only module that names `mlua`. The state it builds cannot touch files, processes,
 //! the environment or stdout, cannot load bytecode, and stops when it exceeds its [`Limits`].
 
+use crate::sandbox::{Command, GUEST_WORKSPACE, Machine};
+use mlua::LuaSerdeExt;
 use mlua::chunk::ChunkMode;
 use mlua::debug::Debug as HookDebug;
 use mlua::{
@@ -18,6 +20,7 @@ use std::ffi::c_void;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use tokio_util::sync::CancellationToken;
 
 /// Resource limits for one Lua state.
 #[derive(Debug, Clone, Copy)]
@@ -37,16 +40,25 @@ impl Limits {
     };
 }
 
+impl Limits {
+    /// The limits for one call of a tool's function; the instruction count starts afresh for
+    /// every call, the memory limit covers the whole state.
+    pub const TOOL_CALL: Limits = Limits {
+        memory_bytes: 64 << 20,
+        instructions: 100_000_000,
+    };
+}
+
 /// A Lua file after it ran: the declarations it made, and the state that holds their functions.
 pub struct Evaluation {
-    #[expect(
-        dead_code,
-        reason = "the declared functions run in this state; running them comes later"
-    )]
+    file: String,
     lua: Lua,
     /// Indexed by [`FunctionId`].
     functions: Vec<Function>,
     declarations: Vec<Declaration>,
+    budget: Arc<InstructionBudget>,
+    /// One call at a time per state, so that each call has its own instruction budget.
+    calls: tokio::sync::Mutex<()>,
 }
 
 impl Evaluation {
@@ -122,9 +134,12 @@ pub fn evaluate(
         return Err(problems);
     }
     Ok(Evaluation {
+        file: file.to_owned(),
         lua,
         functions,
         declarations,
+        budget,
+        calls: tokio::sync::Mutex::new(()),
     })
 }
 
@@ -623,7 +638,7 @@ impl Conversion<'_> {
 
 /// Counts the instructions a state runs and stops it when they pass the limit.
 struct InstructionBudget {
-    limit: u64,
+    limit: AtomicU64,
     used: AtomicU64,
     exhausted: AtomicBool,
     /// The line running when the limit was passed; 0 when unknown.
@@ -636,7 +651,7 @@ impl InstructionBudget {
 
     fn new(limit: u64) -> Self {
         InstructionBudget {
-            limit,
+            limit: AtomicU64::new(limit),
             used: AtomicU64::new(0),
             exhausted: AtomicBool::new(false),
             stopped_on_line: AtomicU32::new(0),
@@ -666,7 +681,7 @@ impl InstructionBudget {
             .used
             .fetch_add(u64::from(instructions), Ordering::Relaxed)
             .saturating_add(u64::from(instructions));
-        if used <= self.limit && !self.is_exhausted() {
+        if used <= self.limit.load(Ordering::Relaxed) && !self.is_exhausted() {
             return Ok(VmState::Continue);
         }
         if !self.exhausted.swap(true, Ordering::Relaxed) {
@@ -682,6 +697,15 @@ impl InstructionBudget {
         Err(mlua::Error::runtime(self.message()))
     }
 
+    /// A fresh budget of `limit` instructions for the next call.
+    fn renew(self: &Arc<Self>, lua: &Lua, limit: u64) -> mlua::Result<()> {
+        self.limit.store(limit, Ordering::Relaxed);
+        self.used.store(0, Ordering::Relaxed);
+        self.exhausted.store(false, Ordering::Relaxed);
+        self.stopped_on_line.store(0, Ordering::Relaxed);
+        self.install(lua)
+    }
+
     fn is_exhausted(&self) -> bool {
         self.exhausted.load(Ordering::Relaxed)
     }
@@ -689,7 +713,7 @@ impl InstructionBudget {
     fn message(&self) -> String {
         format!(
             "stopped after {} Lua instructions (an endless loop?)",
-            self.limit
+            self.limit.load(Ordering::Relaxed)
         )
     }
 
@@ -779,6 +803,98 @@ fn names_file(prefix: &str, file: &str) -> bool {
         || prefix
             .strip_prefix("...")
             .is_some_and(|tail| !tail.is_empty() && file.ends_with(tail))
+}
+
+/// What a tool's function can reach through its `ctx` argument.
+#[derive(Debug, Clone)]
+pub struct ToolContext {
+    pub machine: Machine,
+    pub cancel: CancellationToken,
+}
+
+impl Evaluation {
+    /// Calls `function`, declared by this file as a tool's `run`, as `run(args, ctx)`.
+    ///
+    /// `ctx.sh(line)` runs a shell line in the agent's sandbox and returns its stdout (followed
+    /// by its stderr when there is any) and its exit code; `ctx.workdir` is the guest's working
+    /// directory; `ctx.shellescape(s)` quotes `s` for a shell line. A string result is returned
+    /// as it is, `nil` as an empty string, anything else as JSON. A Lua error, the instruction
+    /// limit and the memory limit become an error naming the file and line.
+    pub async fn call_tool(
+        &self,
+        function: FunctionId,
+        arguments: &serde_json::Value,
+        context: ToolContext,
+    ) -> Result<serde_json::Value, String> {
+        let _one_at_a_time = self.calls.lock().await;
+        let limits = Limits::TOOL_CALL;
+        let file = self.file.as_str();
+        let function = self
+            .functions
+            .get(function.0)
+            .cloned()
+            .ok_or_else(|| format!("{file}: the tool's function is missing"))?;
+        let prepared = (|| {
+            self.budget.renew(&self.lua, limits.instructions)?;
+            let arguments = self.lua.to_value(arguments)?;
+            let ctx = tool_context_table(&self.lua, context.clone())?;
+            Ok::<_, mlua::Error>((arguments, ctx))
+        })();
+        let (arguments, ctx) =
+            prepared.map_err(|error| format!("{file}: cannot prepare the call: {error}"))?;
+        let returned = function.call_async::<LuaValue>((arguments, ctx)).await;
+        if self.budget.is_exhausted() {
+            return Err(self.budget.problem(file).to_string());
+        }
+        if context.cancel.is_cancelled() {
+            return Err(format!("{file}: cancelled"));
+        }
+        let value =
+            returned.map_err(|error| problem_from_error(file, &error, limits).to_string())?;
+        match value {
+            LuaValue::Nil => Ok(serde_json::Value::String(String::new())),
+            LuaValue::String(text) => Ok(serde_json::Value::String(text.to_string_lossy())),
+            other => self
+                .lua
+                .from_value::<serde_json::Value>(other)
+                .map_err(|error| {
+                    format!("{file}: the tool returned a value that is not JSON: {error}")
+                }),
+        }
+    }
+}
+
+fn tool_context_table(lua: &Lua, context: ToolContext) -> mlua::Result<Table> {
+    let ctx = lua.create_table()?;
+    ctx.raw_set("workdir", GUEST_WORKSPACE)?;
+    ctx.raw_set(
+        "shellescape",
+        lua.create_function(|_, text: String| Ok(shell_quote(&text)))?,
+    )?;
+    let sh = lua.create_async_function(move |_, line: String| {
+        let ToolContext { machine, cancel } = context.clone();
+        async move {
+            let output = machine
+                .run(Command::shell(line), cancel.clone())
+                .await
+                .map_err(|error| mlua::Error::runtime(error.to_string()))?;
+            if cancel.is_cancelled() {
+                return Err(mlua::Error::runtime("cancelled"));
+            }
+            let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+            if !output.stderr.is_empty() {
+                text.push_str(&String::from_utf8_lossy(&output.stderr));
+            }
+            Ok((text, output.end.code()))
+        }
+    })?;
+    ctx.raw_set("sh", sh)?;
+    Ok(ctx)
+}
+
+/// `text` as one word for a POSIX shell.
+fn shell_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "'\\''"))
 }
 
 #[cfg(test)]

@@ -3,10 +3,13 @@
 
 use clap::{Parser, Subcommand};
 use perch::agent::{self, AgentDir, InitStatus};
-use perch::{doctor, info};
-use std::io::{self, Write};
-use std::path::PathBuf;
+use perch::sandbox::{self, End, Machine, MachineSetup};
+use perch::{doctor, image, info, tools};
+use perch_core::image::Flavour;
+use std::io::{self, IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use tokio_util::sync::CancellationToken;
 
 /// perch hosts one AI agent per directory, headless, with every command the model authors
 /// running inside a microVM.
@@ -35,8 +38,62 @@ enum Command {
         json: bool,
     },
     /// Check that this machine can run perch's microVMs: KVM, hardware virtualization, the
-    /// microsandbox runtime, the cache directory.
-    Doctor,
+    /// microsandbox runtime, the cache directory and the image. Quick and local: nothing is
+    /// booted or downloaded. PERCH_ASSUME_KVM=1 turns a failed virtualization check into a
+    /// warning.
+    Doctor {
+        /// An agent directory: check the image its sandbox.lua names instead of perch:default
+        dir: Option<PathBuf>,
+    },
+    /// perch's own image, perch:default
+    Image {
+        #[command(subcommand)]
+        command: ImageCommand,
+    },
+    /// Run a command in the agent's sandbox, through `sh -lc` in /workspace, and exit with its
+    /// status. The words after `--` are joined with spaces into one shell line, as ssh does.
+    /// Standard input is passed on when it is not a terminal. Ctrl-C cancels (exit 130).
+    Exec {
+        /// The agent directory [default: the current directory]
+        dir: Option<PathBuf>,
+        /// The command line
+        #[arg(last = true, required = true, num_args = 1..)]
+        command: Vec<String>,
+    },
+    /// List the agent's tools, or run one with JSON arguments and print its result.
+    Tool {
+        /// The agent directory [default: the current directory]
+        dir: Option<PathBuf>,
+        /// The tool to run; without it, the tools are listed
+        name: Option<String>,
+        /// The arguments, as one JSON object
+        #[arg(long, value_name = "JSON")]
+        args: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ImageCommand {
+    /// Build perch:default offline from this host's Debian mirror and load it into
+    /// microsandbox: debootstrap (minbase) makes the root filesystem, which is packed as an OCI
+    /// archive under $PERCH_CACHE/images/. A build for the same recipe is reused. Needs root
+    /// and debootstrap.
+    Build {
+        /// Minbase alone, without git, ripgrep, fd-find, jq, curl, ca-certificates,
+        /// build-essential and python3 (for tests and small machines)
+        #[arg(long)]
+        minimal: bool,
+        /// The Debian archive to build from [default: the first Debian mirror in apt's sources
+        /// that is not a security mirror]
+        #[arg(long, value_name = "URL")]
+        mirror: Option<String>,
+        /// The release to build [default: VERSION_CODENAME in /etc/os-release]
+        #[arg(long, value_name = "NAME")]
+        suite: Option<String>,
+        /// Build the root filesystem and the archive again even if they exist
+        #[arg(long)]
+        rebuild: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -44,7 +101,31 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Init { dir } => init(dir.unwrap_or_else(|| PathBuf::from("."))),
         Command::Info { dir, json } => show_info(dir.unwrap_or_else(|| PathBuf::from(".")), json),
-        Command::Doctor => run_doctor(),
+        Command::Doctor { dir } => run_doctor(dir),
+        Command::Image {
+            command:
+                ImageCommand::Build {
+                    minimal,
+                    mirror,
+                    suite,
+                    rebuild,
+                },
+        } => build_image(image::BuildOptions {
+            flavour: if minimal {
+                Flavour::Minimal
+            } else {
+                Flavour::Default
+            },
+            mirror,
+            suite,
+            rebuild,
+        }),
+        Command::Exec { dir, command } => exec(dir.unwrap_or_else(|| PathBuf::from(".")), &command),
+        Command::Tool { dir, name, args } => tool(
+            dir.unwrap_or_else(|| PathBuf::from(".")),
+            name.as_deref(),
+            args.as_deref(),
+        ),
     };
     match result {
         Ok(code) => code,
@@ -115,8 +196,8 @@ fn show_info(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn run_doctor() -> Result<ExitCode, String> {
-    let checks = doctor::run(&doctor::Places::from_environment());
+fn run_doctor(dir: Option<PathBuf>) -> Result<ExitCode, String> {
+    let checks = doctor::run(&doctor::Places::from_environment(), dir.as_deref());
     let mut out = String::new();
     for check in &checks {
         out.push_str(&format!("{check}\n"));
@@ -129,5 +210,146 @@ fn run_doctor() -> Result<ExitCode, String> {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    })
+}
+
+fn build_image(options: image::BuildOptions) -> Result<ExitCode, String> {
+    let started = std::time::Instant::now();
+    let cache = doctor::Places::from_environment().cache;
+    let mut progress = |line: &str| {
+        let _ = emit(&format!("image: {line}\n"));
+    };
+    let prepared = image::prepare(&cache, &image::Host::system(), &options, &mut progress)
+        .map_err(|error| error.to_string())?;
+    progress(&format!(
+        "loading {} into microsandbox as {} ...",
+        prepared.dir.archive().display(),
+        perch_core::image::DEFAULT_REFERENCE
+    ));
+    let loading = std::time::Instant::now();
+    let image = runtime()?
+        .block_on(image::install(&cache, &prepared))
+        .map_err(|error| error.to_string())?;
+    progress(&format!(
+        "loaded in {:.1} s; {} is ready (recorded in {})",
+        loading.elapsed().as_secs_f64(),
+        image.reference(),
+        image::default_record(&cache).display()
+    ));
+    progress(&format!("done in {:.0} s", started.elapsed().as_secs_f64()));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn load_agent(dir: &Path) -> Result<Result<agent::LoadedAgent, ExitCode>, String> {
+    let agent_dir = AgentDir::open(dir).map_err(|error| error.to_string())?;
+    match agent::load(&agent_dir) {
+        Ok(loaded) => Ok(Ok(loaded)),
+        Err(problems) => {
+            for problem in problems.iter() {
+                eprintln!("error: {problem}");
+            }
+            let count = problems.len();
+            let noun = if count == 1 { "problem" } else { "problems" };
+            eprintln!("{count} {noun} in {}", agent_dir.root().display());
+            Ok(Err(ExitCode::FAILURE))
+        }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| format!("cannot start the async runtime: {error}"))
+}
+
+/// A token cancelled by the first Ctrl-C.
+fn cancel_on_interrupt() -> CancellationToken {
+    let cancel = CancellationToken::new();
+    let on_interrupt = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            on_interrupt.cancel();
+        }
+    });
+    cancel
+}
+
+fn machine(agent: &agent::LoadedAgent) -> Result<Machine, String> {
+    sandbox::machine_for(agent, &MachineSetup::from_environment(), |name| {
+        std::env::var(name).ok()
+    })
+    .map_err(|error| error.to_string())
+}
+
+fn exec(dir: PathBuf, words: &[String]) -> Result<ExitCode, String> {
+    let agent = match load_agent(&dir)? {
+        Ok(agent) => agent,
+        Err(code) => return Ok(code),
+    };
+    let mut stdin = None;
+    if !io::stdin().is_terminal() {
+        let mut bytes = Vec::new();
+        io::stdin()
+            .read_to_end(&mut bytes)
+            .map_err(|error| format!("cannot read standard input: {error}"))?;
+        stdin = Some(bytes);
+    }
+    runtime()?.block_on(async {
+        let machine = machine(&agent)?;
+        let mut command = sandbox::Command::argv(["/bin/sh", "-lc", &words.join(" ")]);
+        command.stdin = stdin;
+        let result = machine.run(command, cancel_on_interrupt()).await;
+        let stopped = machine.stop().await;
+        let output = result.map_err(|error| error.to_string())?;
+        io::stdout()
+            .write_all(&output.stdout)
+            .and_then(|()| io::stdout().flush())
+            .ok();
+        io::stderr().write_all(&output.stderr).ok();
+        if !matches!(output.end, End::Exited(_)) {
+            eprintln!("perch: the command was {}", output.end);
+        }
+        stopped.map_err(|error| error.to_string())?;
+        Ok(ExitCode::from(u8::try_from(output.end.code()).unwrap_or(1)))
+    })
+}
+
+fn tool(dir: PathBuf, name: Option<&str>, args: Option<&str>) -> Result<ExitCode, String> {
+    let agent = match load_agent(&dir)? {
+        Ok(agent) => agent,
+        Err(code) => return Ok(code),
+    };
+    let Some(name) = name else {
+        let mut out = String::new();
+        for tool in &agent.definition.tools {
+            out.push_str(&format!("{}  {}\n", tool.name, tool.description));
+            let schema = tool.json_schema();
+            out.push_str(&format!("    arguments: {}\n", schema["properties"]));
+        }
+        if out.is_empty() {
+            out.push_str("no tools: add one in tools/*.lua\n");
+        }
+        emit(&out)?;
+        return Ok(ExitCode::SUCCESS);
+    };
+    let arguments: serde_json::Value = match args {
+        Some(text) => {
+            serde_json::from_str(text).map_err(|error| format!("--args is not JSON: {error}"))?
+        }
+        None => serde_json::Value::Object(serde_json::Map::new()),
+    };
+    runtime()?.block_on(async {
+        let machine = machine(&agent)?;
+        let result =
+            tools::run_tool(&agent, &machine, name, &arguments, cancel_on_interrupt()).await;
+        let stopped = machine.stop().await;
+        let text = result?;
+        emit(&text)?;
+        if !text.ends_with('\n') {
+            emit("\n")?;
+        }
+        stopped.map_err(|error| error.to_string())?;
+        Ok(ExitCode::SUCCESS)
     })
 }

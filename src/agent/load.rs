@@ -9,9 +9,11 @@ use perch_core::config::{
     model_problem,
 };
 use perch_core::problem::{Pos, Problems};
+use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::Path;
+use std::sync::Arc;
 
 /// An agent directory whose configuration checked out.
 #[derive(Debug)]
@@ -20,6 +22,8 @@ pub struct LoadedAgent {
     pub definition: Definition,
     /// The contents of `instructions.md`, if there is one.
     pub instructions: Option<String>,
+    /// The Lua state of the file that declared each tool, by tool name.
+    pub tool_code: BTreeMap<String, Arc<lua::Evaluation>>,
 }
 
 /// Loads and checks `agent.lua`, `sandbox.lua`, `models.yml` and `tools/*.lua`.
@@ -38,7 +42,7 @@ pub fn load(dir: &AgentDir) -> Result<LoadedAgent, Problems> {
         &mut problems,
     )
     .and_then(|text| keep(check_models(&text), &mut problems));
-    let tools = load_tools(root, &mut problems);
+    let (tools, tool_code) = load_tools(root, &mut problems);
     let instructions = fs::read_to_string(root.join("instructions.md")).ok();
 
     if let (Some((agent, agent_pos)), Some(models)) = (&agent, &models) {
@@ -56,6 +60,7 @@ pub fn load(dir: &AgentDir) -> Result<LoadedAgent, Problems> {
             dir: dir.clone(),
             definition,
             instructions,
+            tool_code,
         }),
         Err(found) => Err(Problems::from(found).sorted()),
     }
@@ -106,17 +111,18 @@ fn keep<T>(result: Result<T, Vec<Problem>>, problems: &mut Vec<Problem>) -> Opti
 
 /// The tools of every `tools/*.lua` file that checked out, in file name order. A missing
 /// `tools/` means no tools.
-fn load_tools(root: &Path, problems: &mut Vec<Problem>) -> Vec<(String, ToolDecl)> {
+fn load_tools(root: &Path, problems: &mut Vec<Problem>) -> (Vec<(String, ToolDecl)>, ToolCode) {
+    let mut code = ToolCode::new();
     let listing = match fs::read_dir(root.join("tools")) {
         Ok(listing) => listing,
-        Err(error) if error.kind() == io::ErrorKind::NotFound => return Vec::new(),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return (Vec::new(), code),
         Err(error) => {
             problems.push(Problem::new(
                 "tools/",
                 Pos::default(),
                 format!("cannot be listed: {error}"),
             ));
-            return Vec::new();
+            return (Vec::new(), code);
         }
     };
     let mut files: Vec<String> = listing
@@ -128,12 +134,24 @@ fn load_tools(root: &Path, problems: &mut Vec<Problem>) -> Vec<(String, ToolDecl
     let mut tools = Vec::new();
     for name in files {
         let file = format!("tools/{name}");
-        let declared = read(root, &file, "make it a readable text file", problems)
-            .and_then(|source| evaluate(&file, &source, "tool", problems))
-            .and_then(|declarations| keep(check_tool(&file, &declarations), problems));
+        let Some(evaluation) = read(root, &file, "make it a readable text file", problems)
+            .and_then(|source| {
+                keep(
+                    lua::evaluate(&file, &source, &["tool"], Limits::CONFIG),
+                    problems,
+                )
+            })
+            .map(Arc::new)
+        else {
+            continue;
+        };
+        let declared = keep(check_tool(&file, evaluation.declarations()), problems);
         for tool in declared.into_iter().flatten() {
+            code.insert(tool.name.to_string(), Arc::clone(&evaluation));
             tools.push((file.clone(), tool));
         }
     }
-    tools
+    (tools, code)
 }
+
+type ToolCode = BTreeMap<String, Arc<lua::Evaluation>>;

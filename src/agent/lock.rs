@@ -2,7 +2,7 @@ use super::AgentDir;
 use std::fs::{self, DirBuilder, File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::DirBuilderExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::{fmt, io};
 
 /// Exclusive ownership of an agent directory, held by a long-running command (`perch run`,
@@ -46,8 +46,12 @@ impl OwnerLock {
     /// Takes `.perch/lock`, creating `.perch/` (mode 0700) if needed. Fails at once if another
     /// process or task holds it.
     pub fn acquire(agent: &AgentDir) -> Result<OwnerLock, LockError> {
-        let dir = agent.state_dir();
-        let path = dir.join("lock");
+        OwnerLock::acquire_file(&agent.state_dir(), "lock")
+    }
+
+    /// Takes the lock file `name` in `dir`, creating `dir` (mode 0700) if needed.
+    pub fn acquire_file(dir: &Path, name: &str) -> Result<OwnerLock, LockError> {
+        let path = dir.join(name);
         let io_error = |source| LockError::Io {
             path: path.clone(),
             source,
@@ -55,7 +59,7 @@ impl OwnerLock {
         DirBuilder::new()
             .recursive(true)
             .mode(0o700)
-            .create(&dir)
+            .create(dir)
             .map_err(io_error)?;
         let mut file = OpenOptions::new()
             .create(true)

@@ -7,9 +7,11 @@
 
 pub mod config;
 pub mod id;
+pub mod image;
 pub mod journal;
 pub mod log;
 pub mod name;
+pub mod output;
 pub mod problem;
 pub mod secret;
 pub mod tree;

@@ -59,6 +59,7 @@ impl std::error::Error for MissingEnv {}
 
 /// A secret value. `Debug` prints `Secret(<redacted>)`; there is no `Display`, no `Serialize`
 /// and no `PartialEq`, so the value leaves only through [`Secret::expose`].
+#[derive(Clone)]
 pub struct Secret(String);
 
 impl Secret {

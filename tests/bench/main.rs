@@ -4,6 +4,7 @@
 #![allow(clippy::print_stdout)]
 
 mod log;
+mod sandbox;
 
 fn main() {
     let smoke = std::env::args().any(|arg| arg == "--smoke");
@@ -22,4 +23,5 @@ fn main() {
         .expect("a tokio runtime");
     runtime.block_on(log::group_commit(smoke));
     runtime.block_on(log::reopen(smoke));
+    runtime.block_on(sandbox::warm_exec(smoke));
 }

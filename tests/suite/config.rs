@@ -253,3 +253,19 @@ fn problems_in_several_files_are_reported_together() {
         "{found:#?}"
     );
 }
+
+#[test]
+fn a_rootfs_path_is_not_an_image() {
+    for image in ["/srv/rootfs", "./rootfs", "disk.qcow2"] {
+        let found = problems_with(
+            "sandbox.lua",
+            &format!("sandbox {{\n  image = {image:?},\n}}\n"),
+        );
+        assert_one(&found, "sandbox.lua:1: image:");
+        assert!(found[0].contains("is a path, not an image"), "{found:?}");
+        assert!(
+            found[0].contains("fix: use image = \"perch:default\""),
+            "{found:?}"
+        );
+    }
+}

@@ -499,7 +499,9 @@ async fn a_lagging_or_foreign_index_is_caught_up_or_rebuilt() {
 #[ignore = "a child process of a_killed_writer_leaves_every_acknowledged_line"]
 async fn crash_child() {
     use std::io::Write;
-    let sessions = std::env::var("PERCH_CRASH_SESSIONS").unwrap();
+    let Ok(sessions) = std::env::var("PERCH_CRASH_SESSIONS") else {
+        return;
+    };
     let (log, _) = LaneLog::open(Path::new(&sessions), &lane(), clock()).unwrap();
     let mut parent = None;
     for n in 1u32.. {

@@ -1,6 +1,10 @@
 mod agent_dir;
 mod catalog;
 mod config;
+mod doctor;
+mod image;
 mod journal;
 mod log;
+mod sandbox;
 mod support;
+mod tools;

@@ -36,6 +36,39 @@ pub struct SecretGrant {
     pub hosts: Vec<HostName>,
 }
 
+impl SandboxPolicy {
+    /// What a machine is made of: when any of it changes, a stopped machine must be recreated
+    /// rather than restarted, because a restarted machine keeps the configuration it was created
+    /// with (a tightened allowlist must never be silently ignored). `image` identifies the exact
+    /// image, not just its name. Plain `env` and secret values are not part of it: they are
+    /// applied to every command and resolved at every boot.
+    pub fn fingerprint(&self, image: &str) -> serde_json::Value {
+        let mut allow: Vec<&str> = self.allow.iter().map(HostName::as_str).collect();
+        allow.sort_unstable();
+        let secrets: Vec<serde_json::Value> = self
+            .secrets
+            .iter()
+            .map(|secret| {
+                let mut hosts: Vec<&str> = secret.hosts.iter().map(HostName::as_str).collect();
+                hosts.sort_unstable();
+                serde_json::json!({
+                    "env": secret.env.as_str(),
+                    "placeholder": secret.placeholder,
+                    "hosts": hosts,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "image": image,
+            "bootstrap": self.bootstrap,
+            "cpus": self.cpus,
+            "memory": self.memory,
+            "allow": allow,
+            "secrets": secrets,
+        })
+    }
+}
+
 const USAGE: &str = "sandbox { image = \"perch:default\", cpus = 1, memory = 1024, allow = { } }";
 const KEYS: &[&str] = &[
     "image",
@@ -68,7 +101,19 @@ fn read_policy(checker: &mut Checker, fields: &mut Fields<'_>) -> SandboxPolicy 
     let root = Path::root();
     let image = fields
         .optional("image")
-        .and_then(|node| checker.non_empty_str(node, &root.key("image")))
+        .and_then(|node| {
+            let image = checker.non_empty_str(node, &root.key("image"))?;
+            if is_path(image) {
+                checker.report_fix(
+                    node.pos,
+                    &root.key("image"),
+                    format!("{image:?} is a path, not an image: perch never boots a root filesystem directory or disk file, because every agent's writes would land in it"),
+                    "use image = \"perch:default\" (built by `perch image build`) or an OCI reference such as \"debian:bookworm\"",
+                );
+                return None;
+            }
+            Some(image)
+        })
         .unwrap_or(DEFAULT_IMAGE)
         .to_owned();
     let cpus = fields
@@ -112,6 +157,16 @@ fn read_policy(checker: &mut Checker, fields: &mut Fields<'_>) -> SandboxPolicy 
         env,
         bootstrap,
     }
+}
+
+/// What microsandbox would take for a root filesystem on the host rather than an image.
+fn is_path(image: &str) -> bool {
+    image.starts_with('/')
+        || image.starts_with("./")
+        || image.starts_with("../")
+        || [".img", ".raw", ".qcow2"]
+            .iter()
+            .any(|suffix| image.ends_with(suffix))
 }
 
 fn hosts(checker: &mut Checker, node: &Node, path: &Path) -> Vec<HostName> {

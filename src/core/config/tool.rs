@@ -87,6 +87,76 @@ impl ParamType {
 }
 
 impl ToolDecl {
+    /// Checks a call's arguments against the declared parameters and fills in declared
+    /// defaults. Every problem is named at once: a missing required argument, a wrong type, a
+    /// value outside `enum`, an argument the tool does not declare.
+    pub fn prepare_arguments(
+        &self,
+        arguments: &serde_json::Value,
+    ) -> Result<serde_json::Value, String> {
+        let empty = serde_json::Map::new();
+        let given = match arguments {
+            serde_json::Value::Object(map) => map,
+            serde_json::Value::Null => &empty,
+            other => {
+                return Err(format!(
+                    "tool {}: arguments must be a JSON object, not {other}",
+                    self.name
+                ));
+            }
+        };
+        let mut prepared = serde_json::Map::new();
+        let mut problems = Vec::new();
+        for param in &self.params {
+            match given.get(&param.name).filter(|value| !value.is_null()) {
+                Some(value) if !param.kind.admits(value) => problems.push(format!(
+                    "`{}` must be {}, not {value}",
+                    param.name,
+                    param.kind.as_str()
+                )),
+                Some(value)
+                    if param
+                        .choices
+                        .as_ref()
+                        .is_some_and(|choices| !choices.contains(value)) =>
+                {
+                    problems.push(format!(
+                        "`{}` must be one of {}, not {value}",
+                        param.name,
+                        json!(param.choices)
+                    ));
+                }
+                Some(value) => {
+                    prepared.insert(param.name.clone(), value.clone());
+                }
+                None => match &param.default {
+                    Some(default) => {
+                        prepared.insert(param.name.clone(), default.clone());
+                    }
+                    None if param.required => {
+                        problems.push(format!("`{}` is required", param.name));
+                    }
+                    None => {}
+                },
+            }
+        }
+        for name in given.keys() {
+            if !self.params.iter().any(|param| &param.name == name) {
+                problems.push(format!("`{name}` is not a parameter of this tool"));
+            }
+        }
+        if problems.is_empty() {
+            Ok(serde_json::Value::Object(prepared))
+        } else {
+            Err(format!(
+                "tool {}: {}; it takes {}",
+                self.name,
+                problems.join(", "),
+                self.json_schema()["properties"]
+            ))
+        }
+    }
+
     /// The JSON schema of the arguments, as the model will see it.
     pub fn json_schema(&self) -> serde_json::Value {
         let mut properties = serde_json::Map::new();

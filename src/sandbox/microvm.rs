@@ -1,0 +1,805 @@
+//! The microVM backend: the [`Sandbox`] contract in a microsandbox microVM, and the only module
+//! in perch that names a microsandbox type.
+//!
+//! One machine per agent, named `spec.name`, booted from an OCI image (perch's own image,
+//! loaded with [`load_image`], or a registry reference). The guest sees the agent's workspace
+//! read-write at [`GUEST_WORKSPACE`] and no other host directory. Its network is the allowlist
+//! built by `network_policy`; secrets reach it only as placeholders, which microsandbox's
+//! network boundary swaps for the real value on the way to the secret's hosts.
+//!
+//! The machine is attached to this process: microsandbox stops it when perch exits, keeping its
+//! disk. [`Boot::Resume`] restarts the stored machine from microsandbox's persisted
+//! configuration, so cpus, memory and the allowlist are those it was created with; anything
+//! that must change with the spec needs [`Boot::Fresh`]. Plain `env` is applied to every command
+//! instead, so it is always current. Secrets are recorded as the name of their host variable,
+//! never the value: microsandbox reads the variable in this process each time the machine
+//! starts, so a rotated value takes effect at the next boot and nothing at rest holds it.
+
+use super::{
+    Boot, BoxFuture, Command, End, GUEST_WORKSPACE, ImageRef, Output, Sandbox, SandboxError, Spec,
+};
+use microsandbox::protocol::exec::{ExecFailed, ExecFailureKind};
+use microsandbox::sandbox::{
+    NetworkConfig, NetworkPolicy, PullPolicy, SandboxBuilder, SandboxStatus, SecretBuilder,
+    SecretSource,
+};
+use microsandbox::{ExecEvent, ExecHandle, Image, MicrosandboxError};
+use perch_core::name::{EnvName, HostName};
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+/// The name under which the guest reaches the host. microsandbox resolves it to the
+/// per-sandbox gateway, which is `DestinationGroup::Host` in its policy vocabulary.
+pub const HOST_ALIAS: &str = "host.microsandbox.internal";
+
+/// How long a graceful stop may take before the machine is killed (its disk stays).
+const STOP_GRACE: Duration = Duration::from_secs(20);
+
+/// How long output is still collected after perch killed a command.
+const KILL_GRACE: Duration = Duration::from_secs(5);
+
+/// A microsandbox microVM behind the [`Sandbox`] contract.
+pub struct Microvm {
+    spec: Spec,
+    machine: Mutex<Option<microsandbox::Sandbox>>,
+}
+
+impl Microvm {
+    /// Nothing boots until [`Sandbox::up`].
+    pub fn new(spec: Spec) -> Microvm {
+        Microvm {
+            spec,
+            machine: Mutex::new(None),
+        }
+    }
+
+    async fn boot(&self, boot: Boot) -> Result<(), SandboxError> {
+        let mut machine = self.machine.lock().await;
+        match boot {
+            Boot::Resume => {
+                if let Some(current) = machine.take() {
+                    if matches!(current.status().await, Ok(SandboxStatus::Running)) {
+                        *machine = Some(current);
+                        return Ok(());
+                    }
+                    // Our handle outlived its machine (it crashed or is going down): let it
+                    // finish, then restart the stored machine like any other stopped one.
+                    let _ = self.halt(&current).await;
+                }
+                let started = match microsandbox::Sandbox::start(&self.spec.name).await {
+                    Ok(started) => started,
+                    Err(MicrosandboxError::SandboxNotFound(_)) => self.create(false).await?,
+                    Err(error) => return Err(self.failure("boot", &error)),
+                };
+                *machine = Some(started);
+            }
+            Boot::Fresh => {
+                if let Some(current) = machine.take()
+                    && let Err(error) = self.halt(&current).await
+                {
+                    *machine = Some(current);
+                    return Err(error);
+                }
+                *machine = Some(self.create(true).await?);
+            }
+        }
+        Ok(())
+    }
+
+    async fn create(&self, replace: bool) -> Result<microsandbox::Sandbox, SandboxError> {
+        let builder = self.builder(replace)?;
+        builder.create().await.map_err(|error| match error {
+            MicrosandboxError::SandboxAlreadyExists(_) if !replace => SandboxError::Failed {
+                action: "boot",
+                reason: format!(
+                    "{}; microsandbox keeps state under this name that it cannot start, and a fresh boot replaces it",
+                    self.redact(error.to_string())
+                ),
+            },
+            error => self.failure("boot", &error),
+        })
+    }
+
+    /// The whole machine configuration; the network part comes from [`guest_network`].
+    fn builder(&self, replace: bool) -> Result<SandboxBuilder, SandboxError> {
+        let spec = &self.spec;
+        let NetworkConfig {
+            policy, secrets, ..
+        } = guest_network(spec)?;
+        let workspace = spec.workspace.clone();
+        let mut builder = microsandbox::Sandbox::builder(spec.name.as_str())
+            .cpus(spec.cpus)
+            .memory(spec.memory)
+            .ephemeral(false)
+            .volume(GUEST_WORKSPACE, move |mount| mount.bind(workspace))
+            .workdir(GUEST_WORKSPACE)
+            .network(move |network| {
+                network
+                    .policy(policy)
+                    .dns(|dns| dns.rebind_protection(true))
+                    .strict(true)
+            });
+        for entry in secrets.secrets {
+            builder = builder.secret_entry(entry);
+        }
+        // `oci` rather than `image`: a reference that looks like a path must never become a
+        // host directory bind-mounted as the guest's root.
+        builder = match &spec.image {
+            ImageRef::Local { reference, .. } => builder
+                .image_with(|image| image.oci(reference.as_str()))
+                .pull_policy(PullPolicy::Never),
+            ImageRef::Registry(reference) => {
+                builder.image_with(|image| image.oci(reference.as_str()))
+            }
+        };
+        if replace {
+            builder = builder.replace();
+        }
+        Ok(builder)
+    }
+
+    /// Stops `machine` gracefully, or kills it after [`STOP_GRACE`]; either way its disk stays.
+    async fn halt(&self, machine: &microsandbox::Sandbox) -> Result<(), SandboxError> {
+        if matches!(
+            machine.status().await,
+            Ok(SandboxStatus::Stopped | SandboxStatus::Crashed | SandboxStatus::Created)
+        ) {
+            return Ok(());
+        }
+        let Err(stop) = machine.stop_with_timeout(STOP_GRACE).await else {
+            return Ok(());
+        };
+        machine.kill().await.map_err(|kill| SandboxError::Failed {
+            action: "stop",
+            reason: self.redact(format!("{stop}; killing it after that failed too: {kill}")),
+        })
+    }
+
+    async fn halt_held(&self) -> Result<(), SandboxError> {
+        let mut machine = self.machine.lock().await;
+        let Some(current) = machine.take() else {
+            return Ok(());
+        };
+        if let Err(error) = self.halt(&current).await {
+            *machine = Some(current);
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    async fn execute(
+        &self,
+        command: Command,
+        cancel: CancellationToken,
+    ) -> Result<Output, SandboxError> {
+        let failed = |reason: String| SandboxError::Failed {
+            action: "run a command in",
+            reason,
+        };
+        let machine = self
+            .machine
+            .lock()
+            .await
+            .clone()
+            .ok_or_else(|| failed("the sandbox is not up".into()))?;
+        let argv = command.to_argv();
+        let Some((program, args)) = argv.split_first() else {
+            return Err(failed("the command is empty".into()));
+        };
+        if cancel.is_cancelled() {
+            return Ok(Output {
+                stdout: Vec::new(),
+                stderr: Vec::new(),
+                end: End::Cancelled,
+            });
+        }
+        let env = exec_env(&self.spec.env, &command.env);
+        let stdin = command.stdin;
+        let mut handle = machine
+            .exec_stream_with(program.as_str(), |options| {
+                let options = options.args(args).envs(env).cwd(GUEST_WORKSPACE);
+                match stdin {
+                    Some(bytes) => options.stdin_bytes(bytes),
+                    None => options.stdin_null(),
+                }
+            })
+            .await
+            .map_err(|error| self.failure("run a command in", &error))?;
+
+        let mut collected = Collected::default();
+        let deadline = async {
+            match command.timeout {
+                Some(limit) => tokio::time::sleep(limit).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(deadline);
+        let interrupted = loop {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => break End::Cancelled,
+                () = &mut deadline => break End::TimedOut(command.timeout.unwrap_or_default()),
+                event = handle.recv() => match event {
+                    Some(event) => {
+                        if let Some(end) = collected.take(event).map_err(failed)? {
+                            return Ok(collected.into_output(end));
+                        }
+                    }
+                    None => return Err(failed(
+                        "the command's session ended without an exit status (did the sandbox stop?)".into(),
+                    )),
+                },
+            }
+        };
+        // agentd signals the command's whole process group; the machine stays up.
+        let _ = handle.kill().await;
+        let _ = tokio::time::timeout(KILL_GRACE, collected.drain(&mut handle)).await;
+        Ok(collected.into_output(interrupted))
+    }
+
+    /// Maps a microsandbox error, with every secret value of this spec cut out of its text.
+    fn failure(&self, action: &'static str, error: &MicrosandboxError) -> SandboxError {
+        match error {
+            MicrosandboxError::RuntimeNotInstalled(_)
+            | MicrosandboxError::RuntimeIncomplete(_)
+            | MicrosandboxError::LibkrunfwNotFound(_) => SandboxError::Unavailable {
+                what: self.redact(error.to_string()),
+                fix: "install the microsandbox 0.7.11 runtime (msb and libkrunfw) under $MSB_HOME or ~/.microsandbox".into(),
+            },
+            MicrosandboxError::ImageNotFound(_) if matches!(self.spec.image, ImageRef::Local { .. }) => {
+                SandboxError::Unavailable {
+                    what: self.redact(error.to_string()),
+                    fix: "run `perch image build`".into(),
+                }
+            }
+            MicrosandboxError::SandboxStillRunning(_) => SandboxError::Held {
+                name: self.spec.name.clone(),
+                owner: self.redact(format!("microsandbox says: {error}")),
+            },
+            _ => SandboxError::Failed {
+                action,
+                reason: self.redact(error.to_string()),
+            },
+        }
+    }
+
+    /// microsandbox's messages are not known to leave secret values out (a serialization error
+    /// may quote its input), so every value is cut out before the text leaves this module.
+    fn redact(&self, text: String) -> String {
+        self.spec
+            .secrets
+            .iter()
+            .map(|secret| secret.value.expose())
+            .filter(|value| !value.is_empty())
+            .fold(text, |text, value| text.replace(value, "<redacted>"))
+    }
+}
+
+impl fmt::Debug for Microvm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let machine = match self.machine.try_lock() {
+            Ok(machine) if machine.is_some() => "held",
+            Ok(_) => "none",
+            Err(_) => "busy",
+        };
+        f.debug_struct("Microvm")
+            .field("spec", &self.spec)
+            .field("machine", &machine)
+            .finish()
+    }
+}
+
+impl Sandbox for Microvm {
+    fn up(&self, boot: Boot) -> BoxFuture<'_, Result<(), SandboxError>> {
+        Box::pin(self.boot(boot))
+    }
+
+    fn run(
+        &self,
+        command: Command,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'_, Result<Output, SandboxError>> {
+        Box::pin(self.execute(command, cancel))
+    }
+
+    fn stop(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
+        Box::pin(self.halt_held())
+    }
+}
+
+/// Loads a `docker save` tarball or an OCI image-layout archive into microsandbox's image cache
+/// under `reference`, for [`ImageRef::Local`].
+pub async fn load_image(archive: &Path, reference: &str) -> Result<(), SandboxError> {
+    let failed = |reason: String| SandboxError::Failed {
+        action: "load the image for",
+        reason,
+    };
+    let loaded = Image::load(archive, vec![reference.to_owned()])
+        .await
+        .map_err(|error| failed(format!("{}: {error}", archive.display())))?;
+    if loaded.iter().any(|image| image.reference() == reference) {
+        Ok(())
+    } else {
+        Err(failed(format!(
+            "{} loaded, but not under the name {reference}",
+            archive.display()
+        )))
+    }
+}
+
+/// Whether microsandbox's image database lists `reference` (one database read; the cached
+/// layer files themselves are not checked).
+pub async fn image_loaded(reference: &str) -> Result<bool, SandboxError> {
+    match Image::get(reference).await {
+        Ok(_) => Ok(true),
+        Err(MicrosandboxError::ImageNotFound(_)) => Ok(false),
+        Err(error) => Err(SandboxError::Failed {
+            action: "check the image of",
+            reason: error.to_string(),
+        }),
+    }
+}
+
+/// The placeholder microsandbox chooses when none is given: `$MSB_<ENV>`. perch always passes
+/// its own ([`super::ResolvedSecret::placeholder`]), so the guest sees exactly that; this is a
+/// default for callers that have none.
+pub fn default_placeholder(env: &EnvName) -> String {
+    format!("$MSB_{env}")
+}
+
+/// The egress policy for `allow`. microsandbox evaluates rules first match wins, then the
+/// default; the rules are, in order:
+///
+/// 1. allow TCP and UDP port 53 to the gateway (`Group(Host)`): DNS through microsandbox's
+///    forwarder, for any name (microsandbox judges a DNS query only by gateway rules like
+///    this one and by name rules).
+/// 2. deny `Group(Loopback)`, `Group(Private)` (RFC 1918, ULA, CGN), `Group(LinkLocal)`,
+///    `Group(Metadata)` (169.254.169.254), `Group(Multicast)`, and `Cidr(0.0.0.0/8)`,
+///    `Cidr(::/128)`. These come before every name rule, so a listed name that resolves to
+///    such an address is still refused. They also make the forwarder's rebind protection
+///    answer NXDOMAIN for such answers.
+/// 3. allow `Group(Host)` when [`HOST_ALIAS`] is listed, deny it otherwise. The deny matters:
+///    a public name whose DNS points at the gateway would otherwise reach the host.
+/// 4. allow `Domain(name)` for each listed name, and `DomainSuffix(suffix)` for each
+///    `*.suffix`. microsandbox's suffix also matches the apex `suffix` itself. A name rule
+///    matches a connection only when the guest resolved that name to the destination address
+///    through the forwarder (and, with TLS, the SNI agrees).
+///
+/// Both defaults are deny: everything else, including ICMP and inbound connections, is refused.
+fn network_policy(allow: &[HostName]) -> Result<NetworkPolicy, String> {
+    let host = allow.iter().any(|name| name.as_str() == HOST_ALIAS);
+    let mut names = Vec::new();
+    let mut suffixes = Vec::new();
+    for name in allow
+        .iter()
+        .map(HostName::as_str)
+        .filter(|name| *name != HOST_ALIAS)
+    {
+        match name.strip_prefix("*.") {
+            Some(suffix) => suffixes.push(suffix.to_owned()),
+            None => names.push(name.to_owned()),
+        }
+    }
+    NetworkPolicy::builder()
+        .default_deny()
+        .egress(|rule| rule.tcp().udp().port(53).allow_host())
+        .egress(|rule| {
+            rule.deny_loopback()
+                .deny_private()
+                .deny_link_local()
+                .deny_meta()
+                .deny_multicast()
+                .deny()
+                .cidr("0.0.0.0/8")
+                .deny()
+                .cidr("::/128")
+        })
+        .egress(|rule| {
+            if host {
+                rule.allow_host()
+            } else {
+                rule.deny_host()
+            }
+        })
+        .egress(move |rule| rule.allow_domains(names).allow_domain_suffixes(suffixes))
+        .build()
+        .map_err(|error| format!("cannot build the network policy: {error}"))
+}
+
+/// The guest's network policy ([`network_policy`]) and secrets, built without touching
+/// microsandbox's state so that tests can read them; [`Microvm::builder`] applies both.
+///
+/// Each [`super::ResolvedSecret`] becomes a microsandbox secret: the guest sees the spec's
+/// placeholder in env var `env`; the value is substituted (in request headers, microsandbox's
+/// default) only in requests to `hosts` over intercepted TLS whose SNI and DNS resolution
+/// agree. [`HOST_ALIAS`] is the one host that may get it over plain HTTP: a second entry with
+/// the same env and placeholder covers it (microsandbox merges duplicate declarations of a
+/// placeholder), so plain HTTP stays refused for every other host. Adding any secret turns
+/// microsandbox's TLS interception on. The value leaves [`perch_core::secret::Secret`] only in
+/// the `.value(...)` call here.
+fn guest_network(spec: &Spec) -> Result<NetworkConfig, SandboxError> {
+    let policy = network_policy(&spec.allow).map_err(|reason| SandboxError::Failed {
+        action: "configure",
+        reason,
+    })?;
+    let mut network = NetworkConfig {
+        policy,
+        ..NetworkConfig::default()
+    };
+    for secret in &spec.secrets {
+        if secret.hosts.is_empty() {
+            return Err(SandboxError::Failed {
+                action: "configure",
+                reason: format!("the secret {} names no host it may be sent to", secret.env),
+            });
+        }
+        let entry = || {
+            SecretBuilder::new()
+                .env(secret.env.as_str())
+                .source(SecretSource::env(secret.source.as_str()))
+                .placeholder(secret.placeholder.as_str())
+        };
+        let tls_hosts: Vec<&str> = secret
+            .hosts
+            .iter()
+            .map(HostName::as_str)
+            .filter(|host| *host != HOST_ALIAS)
+            .collect();
+        if !tls_hosts.is_empty() {
+            let tls = tls_hosts
+                .iter()
+                .fold(entry().require_tls_identity(true), |entry, host| {
+                    entry.allow(host)
+                });
+            network.secrets.secrets.push(tls.build());
+        }
+        if secret.hosts.iter().any(|host| host.as_str() == HOST_ALIAS) {
+            let plain = entry().allow(HOST_ALIAS).require_tls_identity(false);
+            network.secrets.secrets.push(plain.build());
+        }
+    }
+    network
+        .secrets
+        .validate()
+        .map_err(|error| SandboxError::Failed {
+            action: "configure",
+            reason: error.to_string(),
+        })?;
+    Ok(network)
+}
+
+/// The spec's plain environment with the command's on top; a later value for a name replaces
+/// an earlier one in place (the guest would otherwise see the first of two entries).
+fn exec_env(spec: &[(EnvName, String)], command: &[(String, String)]) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = Vec::new();
+    let pairs = spec
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_str()))
+        .chain(
+            command
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_str())),
+        );
+    for (name, value) in pairs {
+        match env.iter_mut().find(|(existing, _)| existing == name) {
+            Some(entry) => entry.1 = value.to_owned(),
+            None => env.push((name.to_owned(), value.to_owned())),
+        }
+    }
+    env
+}
+
+/// Output of one command as its events arrive.
+#[derive(Debug, Default)]
+struct Collected {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+impl Collected {
+    /// Records one event; `Some` once the command has ended. agentd reports a command killed
+    /// by a signal as exit code -1 without the signal's number, so that arrives as
+    /// `End::Exited(-1)`.
+    fn take(&mut self, event: ExecEvent) -> Result<Option<End>, String> {
+        match event {
+            ExecEvent::Stdout(bytes) => self.stdout.extend_from_slice(&bytes),
+            ExecEvent::Stderr(bytes) => self.stderr.extend_from_slice(&bytes),
+            ExecEvent::Exited { code } => return Ok(Some(End::Exited(code))),
+            ExecEvent::Failed(failure) => return self.spawn_failed(&failure).map(Some),
+            ExecEvent::Started { .. } | ExecEvent::StdinError(_) => {}
+        }
+        Ok(None)
+    }
+
+    /// A program that cannot be started ends as a shell would end it: 127 when it does not
+    /// exist, 126 when it cannot be executed, with agentd's message on stderr.
+    fn spawn_failed(&mut self, failure: &ExecFailed) -> Result<End, String> {
+        let code = match failure.kind {
+            ExecFailureKind::NotFound => 127,
+            ExecFailureKind::PermissionDenied | ExecFailureKind::NotExecutable => 126,
+            _ => return Err(format!("the command could not start: {}", failure.message)),
+        };
+        self.stderr
+            .extend_from_slice(format!("perch: {}\n", failure.message).as_bytes());
+        Ok(End::Exited(code))
+    }
+
+    async fn drain(&mut self, handle: &mut ExecHandle) {
+        while let Some(event) = handle.recv().await {
+            if !matches!(self.take(event), Ok(None)) {
+                break;
+            }
+        }
+    }
+
+    fn into_output(self, end: End) -> Output {
+        Output {
+            stdout: self.stdout,
+            stderr: self.stderr,
+            end,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::ResolvedSecret;
+    use microsandbox::sandbox::HostPattern;
+    use serde_json::Value;
+
+    fn hosts(names: &[&str]) -> Vec<HostName> {
+        names
+            .iter()
+            .map(|name| HostName::try_from(*name).unwrap())
+            .collect()
+    }
+
+    /// Each egress rule as `action destination protocols ports`.
+    fn rules(policy: &NetworkPolicy) -> Vec<String> {
+        let json = serde_json::to_value(policy).unwrap();
+        assert_eq!(json["default_egress"], "deny");
+        assert_eq!(json["default_ingress"], "deny");
+        json["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|rule| {
+                assert_eq!(rule["direction"], "egress");
+                let destination = match &rule["destination"] {
+                    Value::Object(map) => map
+                        .iter()
+                        .map(|(kind, value)| format!("{kind}:{}", value.as_str().unwrap()))
+                        .collect::<String>(),
+                    other => other.to_string(),
+                };
+                let protocols: Vec<&str> = rule["protocols"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|protocol| protocol.as_str().unwrap())
+                    .collect();
+                let ports: Vec<String> = rule["ports"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|range| format!("{}-{}", range["start"], range["end"]))
+                    .collect();
+                format!(
+                    "{} {destination} {} {}",
+                    rule["action"].as_str().unwrap(),
+                    protocols.join(","),
+                    ports.join(",")
+                )
+                .trim_end()
+                .to_owned()
+            })
+            .collect()
+    }
+
+    const GUARDS: [&str; 7] = [
+        "deny group:loopback",
+        "deny group:private",
+        "deny group:link_local",
+        "deny group:metadata",
+        "deny group:multicast",
+        "deny cidr:0.0.0.0/8",
+        "deny cidr:::/128",
+    ];
+
+    #[test]
+    fn the_policy_denies_private_ranges_before_any_listed_name() {
+        let policy =
+            network_policy(&hosts(&["api.github.com", "*.githubusercontent.com"])).unwrap();
+        let mut expected = vec!["allow group:host tcp,udp 53-53".to_owned()];
+        expected.extend(GUARDS.map(str::to_owned));
+        expected.extend([
+            "deny group:host".to_owned(),
+            "allow domain:api.github.com".to_owned(),
+            "allow domain_suffix:githubusercontent.com".to_owned(),
+        ]);
+        assert_eq!(rules(&policy), expected);
+    }
+
+    #[test]
+    fn the_host_is_reachable_only_when_its_alias_is_listed() {
+        let policy = network_policy(&hosts(&[HOST_ALIAS, "pypi.org"])).unwrap();
+        let rules = rules(&policy);
+        assert!(rules.contains(&"allow group:host".to_owned()), "{rules:?}");
+        assert!(!rules.contains(&"deny group:host".to_owned()), "{rules:?}");
+        assert!(
+            !rules.iter().any(|rule| rule.contains(HOST_ALIAS)),
+            "{rules:?}"
+        );
+        assert_eq!(
+            rules.last().map(String::as_str),
+            Some("allow domain:pypi.org")
+        );
+    }
+
+    #[test]
+    fn an_empty_allowlist_leaves_only_dns() {
+        let rules = rules(&network_policy(&[]).unwrap());
+        assert_eq!(
+            rules.first().map(String::as_str),
+            Some("allow group:host tcp,udp 53-53")
+        );
+        assert!(
+            rules.iter().skip(1).all(|rule| rule.starts_with("deny ")),
+            "{rules:?}"
+        );
+    }
+
+    #[test]
+    fn command_env_replaces_spec_env_in_place() {
+        let spec = vec![
+            (EnvName::try_from("LANG").unwrap(), "C.UTF-8".to_owned()),
+            (EnvName::try_from("MODE").unwrap(), "spec".to_owned()),
+        ];
+        let command = vec![
+            ("MODE".to_owned(), "command".to_owned()),
+            ("EXTRA".to_owned(), "1".to_owned()),
+            ("EXTRA".to_owned(), "2".to_owned()),
+        ];
+        assert_eq!(
+            exec_env(&spec, &command),
+            vec![
+                ("LANG".to_owned(), "C.UTF-8".to_owned()),
+                ("MODE".to_owned(), "command".to_owned()),
+                ("EXTRA".to_owned(), "2".to_owned()),
+            ]
+        );
+    }
+
+    #[test]
+    fn spawn_failures_end_like_a_shell_with_the_reason_on_stderr() {
+        let failure = |kind| {
+            ExecEvent::Failed(ExecFailed {
+                kind,
+                errno: Some(2),
+                errno_name: Some("ENOENT".into()),
+                message: "spawn \"nope\": No such file or directory".into(),
+                stage: Some("execvp".into()),
+            })
+        };
+        let mut collected = Collected::default();
+        assert_eq!(
+            collected.take(failure(ExecFailureKind::NotFound)),
+            Ok(Some(End::Exited(127)))
+        );
+        assert!(String::from_utf8_lossy(&collected.stderr).contains("nope"));
+        assert_eq!(
+            Collected::default().take(failure(ExecFailureKind::NotExecutable)),
+            Ok(Some(End::Exited(126)))
+        );
+        assert!(
+            Collected::default()
+                .take(failure(ExecFailureKind::BadCwd))
+                .is_err()
+        );
+    }
+
+    const VALUE: &str = "sk-very-secret-value";
+
+    fn spec(allow: &[&str], secret_hosts: &[&str]) -> Spec {
+        let env = EnvName::try_from("GITHUB_TOKEN").unwrap();
+        let value = perch_core::secret::EnvRef::new(env.clone())
+            .resolve(|_| Some(VALUE.into()))
+            .unwrap();
+        Spec {
+            name: "perch-test".into(),
+            image: ImageRef::Local {
+                reference: "perch:default".into(),
+                rootfs: "/nonexistent".into(),
+            },
+            cpus: 1,
+            memory: 512,
+            workspace: "/nonexistent/workspace".into(),
+            allow: hosts(allow),
+            secrets: vec![ResolvedSecret {
+                env: env.clone(),
+                source: env,
+                placeholder: "perch-github-token".into(),
+                value,
+                hosts: hosts(secret_hosts),
+            }],
+            env: Vec::new(),
+            state: "/nonexistent/state".into(),
+        }
+    }
+
+    #[test]
+    fn secrets_need_tls_except_towards_the_host_alias() {
+        let spec = spec(
+            &["api.github.com", HOST_ALIAS],
+            &["api.github.com", HOST_ALIAS],
+        );
+        let network = guest_network(&spec).unwrap();
+        let entries = &network.secrets.secrets;
+        assert_eq!(entries.len(), 2);
+        for entry in entries {
+            assert_eq!(entry.env_var, "GITHUB_TOKEN");
+            assert_eq!(entry.placeholder, "perch-github-token");
+            assert_eq!(entry.value.as_str(), "", "no value at rest");
+            assert_eq!(
+                entry.source,
+                Some(SecretSource::env("GITHUB_TOKEN")),
+                "read from the host variable at boot"
+            );
+        }
+        assert_eq!(
+            entries[0].allowed_hosts,
+            vec![HostPattern::Exact("api.github.com".into())]
+        );
+        assert!(entries[0].require_tls_identity);
+        assert_eq!(
+            entries[1].allowed_hosts,
+            vec![HostPattern::Exact(HOST_ALIAS.into())]
+        );
+        assert!(!entries[1].require_tls_identity);
+        assert_eq!(rules(&network.policy).len(), 10);
+    }
+
+    #[test]
+    fn wildcard_secret_hosts_stay_wildcards_and_need_tls() {
+        let network = guest_network(&spec(&["*.example.com"], &["*.example.com"])).unwrap();
+        let entries = &network.secrets.secrets;
+        assert_eq!(entries.len(), 1);
+        assert_eq!(
+            entries[0].allowed_hosts,
+            vec![HostPattern::Wildcard("*.example.com".into())]
+        );
+        assert!(entries[0].require_tls_identity);
+    }
+
+    #[test]
+    fn a_secret_without_hosts_is_refused_not_a_panic() {
+        assert!(guest_network(&spec(&["pypi.org"], &[])).is_err());
+    }
+
+    #[test]
+    fn secret_values_never_show() {
+        let spec = spec(&["api.github.com"], &["api.github.com"]);
+        let network = guest_network(&spec).unwrap();
+        let microvm = Microvm::new(spec);
+        let shown = format!("{microvm:?} {network:?}");
+        assert!(!shown.contains(VALUE), "{shown}");
+        let error = SandboxError::Failed {
+            action: "boot",
+            reason: microvm.redact(format!("json error: unexpected \"{VALUE}\"")),
+        };
+        assert!(!error.to_string().contains(VALUE), "{error}");
+        assert!(error.to_string().contains("<redacted>"));
+    }
+
+    #[test]
+    fn default_placeholders_follow_microsandbox() {
+        assert_eq!(
+            default_placeholder(&EnvName::try_from("GITHUB_TOKEN").unwrap()),
+            "$MSB_GITHUB_TOKEN"
+        );
+    }
+}

@@ -1,0 +1,64 @@
+//! Running the agent's Lua tools: arguments checked against the declaration (defaults filled
+//! in) before the tool runs, its function called with a `ctx` that reaches the sandbox, and the
+//! result shaped for the model.
+
+use crate::agent::LoadedAgent;
+use crate::lua::ToolContext;
+use crate::sandbox::{self, Machine};
+use perch_core::config::ToolDecl;
+use tokio_util::sync::CancellationToken;
+
+/// Runs the tool `name` with `arguments` (a JSON object). The error is text for the model and
+/// the operator: which tool, which file and line, what went wrong.
+pub async fn run_tool(
+    agent: &LoadedAgent,
+    machine: &Machine,
+    name: &str,
+    arguments: &serde_json::Value,
+    cancel: CancellationToken,
+) -> Result<String, String> {
+    let (decl, code) = find(agent, name)?;
+    let arguments = decl.prepare_arguments(arguments)?;
+    let context = ToolContext {
+        machine: machine.clone(),
+        cancel,
+    };
+    let value = code.call_tool(decl.run, &arguments, context).await?;
+    let text = match value {
+        serde_json::Value::String(text) => text,
+        other => serde_json::to_string_pretty(&other).map_err(|error| error.to_string())?,
+    };
+    sandbox::for_model(machine, text)
+        .await
+        .map_err(|error| error.to_string())
+}
+
+fn find<'a>(
+    agent: &'a LoadedAgent,
+    name: &str,
+) -> Result<(&'a ToolDecl, &'a crate::lua::Evaluation), String> {
+    let decl = agent
+        .definition
+        .tools
+        .iter()
+        .find(|tool| tool.name.as_str() == name);
+    match (decl, agent.tool_code.get(name)) {
+        (Some(decl), Some(code)) => Ok((decl, code)),
+        _ => {
+            let known: Vec<&str> = agent
+                .definition
+                .tools
+                .iter()
+                .map(|tool| tool.name.as_str())
+                .collect();
+            Err(format!(
+                "there is no tool {name:?}; the agent's tools are: {}",
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            ))
+        }
+    }
+}
