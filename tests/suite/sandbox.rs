@@ -225,7 +225,6 @@ async fn journey(backend: Backend) {
             cancel.cancel();
         })
     };
-    let begun = Instant::now();
     let output = machine
         .run(
             Command::shell("touch started; sleep 300; echo not cancelled"),
@@ -236,7 +235,6 @@ async fn journey(backend: Backend) {
     canceller.await.unwrap();
     assert_eq!(output.end, End::Cancelled);
     assert_eq!(output.end.code(), 130);
-    assert!(begun.elapsed() < Duration::from_secs(60));
     assert!(!text(&output.stdout).contains("not cancelled"));
     let output = machine
         .run(
@@ -475,4 +473,27 @@ fn a_killed_perch_leaves_no_guest_process() {
     child.wait().unwrap();
     wait_until_no_process_mentions("4242.75");
     wait_until_no_process_mentions(&agent_dir.path().join(".perch").display().to_string());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_kvm_the_microvm_is_refused_at_once_with_the_fix() {
+    let agent_dir = new_agent();
+    let agent = load(agent_dir.path());
+    let missing = tempfile::tempdir().unwrap();
+    let mut setup = setup(Backend::Microvm);
+    setup.places.kvm = missing.path().join("kvm");
+    let error = sandbox::machine_for(&agent, &setup, lookup).unwrap_err();
+    assert!(
+        matches!(error, SandboxError::Unavailable { .. }),
+        "{error:?}"
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains("/kvm") && message.contains("fix:"),
+        "{message}"
+    );
+    assert!(
+        !agent_dir.path().join(".perch/sandbox").exists(),
+        "nothing was started"
+    );
 }
