@@ -3,10 +3,20 @@
 //! live in `perch-core`.
 
 pub mod agent;
+pub mod builtin;
+pub mod chat;
 pub mod doctor;
+pub mod failpoint;
 pub mod image;
 pub mod info;
+pub mod lane;
 pub mod log;
 pub mod lua;
+pub mod model;
+pub mod prompt;
+pub mod runtime;
 pub mod sandbox;
+pub mod skills;
+pub mod toolbox;
 pub mod tools;
+pub mod workspace;

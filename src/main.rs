@@ -3,9 +3,16 @@
 
 use clap::{Parser, Subcommand};
 use perch::agent::{self, AgentDir, InitStatus};
+use perch::lane::{Lane, RunLimits};
+use perch::log::system_clock;
+use perch::model;
+use perch::runtime::Runtime;
 use perch::sandbox::{self, End, Machine, MachineSetup};
 use perch::{doctor, image, info, tools};
 use perch_core::image::Flavour;
+use perch_core::log::Outcome;
+use perch_core::name::LaneName;
+use perch_core::prompt::Origin;
 use std::io::{self, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -59,6 +66,22 @@ enum Command {
         /// The command line
         #[arg(last = true, required = true, num_args = 1..)]
         command: Vec<String>,
+    },
+    /// Talk to the agent from the terminal. Each line is one message, through the same durable
+    /// lane a chat message takes; the reply streams back. The conversation (lane `terminal`)
+    /// persists in .perch/ and continues on the next start. Ctrl-C aborts the reply in progress.
+    Chat {
+        /// The agent directory [default: the current directory]
+        dir: Option<PathBuf>,
+    },
+    /// Summarise a lane's conversation into one entry, so the next run starts from it. The
+    /// history stays in the log.
+    Compact {
+        /// The agent directory [default: the current directory]
+        dir: Option<PathBuf>,
+        /// The lane to compact
+        #[arg(long, default_value = "terminal")]
+        lane: String,
     },
     /// List the agent's tools, or run one with JSON arguments and print its result.
     Tool {
@@ -120,6 +143,8 @@ fn main() -> ExitCode {
             suite,
             rebuild,
         }),
+        Command::Chat { dir } => chat(dir.unwrap_or_else(|| PathBuf::from("."))),
+        Command::Compact { dir, lane } => compact(dir.unwrap_or_else(|| PathBuf::from(".")), &lane),
         Command::Exec { dir, command } => exec(dir.unwrap_or_else(|| PathBuf::from(".")), &command),
         Command::Tool { dir, name, args } => tool(
             dir.unwrap_or_else(|| PathBuf::from(".")),
@@ -351,5 +376,91 @@ fn tool(dir: PathBuf, name: Option<&str>, args: Option<&str>) -> Result<ExitCode
         }
         stopped.map_err(|error| error.to_string())?;
         Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// The agent's runtime and its terminal lane, opened and recovered.
+async fn open_terminal(agent: agent::LoadedAgent, lane: &str) -> Result<(Runtime, Lane), String> {
+    let lookup = |name: &str| std::env::var(name).ok();
+    let endpoint = model::endpoint_for(&agent, lookup)?;
+    let runtime = Runtime::start(
+        agent,
+        &MachineSetup::from_environment(),
+        model::connect(endpoint),
+        system_clock(),
+        lookup,
+    )?;
+    let origin = Origin::terminal();
+    for problem in runtime.prompt_problems(&origin) {
+        eprintln!("warning: {problem}");
+    }
+    let name = LaneName::try_from(lane).map_err(|error| format!("--lane: {error}"))?;
+    let (lane, report) = runtime
+        .open_lane(&name, origin, RunLimits::default())
+        .await
+        .map_err(|error| error.to_string())?;
+    if report.operations_closed > 0 {
+        eprintln!(
+            "recovered lane {name}: {} unfinished operation(s) closed, {} tool(s) run again, {} tool(s) marked interrupted",
+            report.operations_closed, report.tools_rerun, report.tools_interrupted
+        );
+    }
+    Ok((runtime, lane))
+}
+
+fn chat(dir: PathBuf) -> Result<ExitCode, String> {
+    let agent = match load_agent(&dir)? {
+        Ok(agent) => agent,
+        Err(code) => return Ok(code),
+    };
+    runtime()?.block_on(async {
+        let (runtime, lane) = open_terminal(agent, "terminal").await?;
+        let on_interrupt = lane.clone();
+        tokio::spawn(async move {
+            while tokio::signal::ctrl_c().await.is_ok() {
+                let _ = on_interrupt.abort();
+            }
+        });
+        let interactive = io::stdin().is_terminal();
+        let mut screen = perch::chat::Screen {
+            out: io::stdout(),
+            notes: io::stderr(),
+        };
+        let result = perch::chat::chat(
+            &lane,
+            tokio::io::BufReader::new(tokio::io::stdin()),
+            &mut screen,
+            interactive.then_some("> "),
+        )
+        .await;
+        let closed = lane.close().await;
+        let stopped = runtime.machine().stop().await;
+        result?;
+        closed.map_err(|error| error.to_string())?;
+        stopped.map_err(|error| error.to_string())?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+fn compact(dir: PathBuf, lane_name: &str) -> Result<ExitCode, String> {
+    let agent = match load_agent(&dir)? {
+        Ok(agent) => agent,
+        Err(code) => return Ok(code),
+    };
+    runtime()?.block_on(async {
+        let (runtime, lane) = open_terminal(agent, lane_name).await?;
+        let finished = lane.compact(None).await.map_err(|error| error.to_string());
+        let closed = lane.close().await;
+        let stopped = runtime.machine().stop().await;
+        let finished = finished?;
+        closed.map_err(|error| error.to_string())?;
+        stopped.map_err(|error| error.to_string())?;
+        match finished.outcome {
+            Outcome::Completed => {
+                emit(&format!("compacted lane {lane_name}:\n{}\n", finished.text))?;
+                Ok(ExitCode::SUCCESS)
+            }
+            other => Err(format!("compaction did not complete: {other:?}")),
+        }
     })
 }

@@ -8,6 +8,8 @@ use crate::sandbox::{self, Machine};
 use perch_core::config::ToolDecl;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::toolbox::{ToolOutcome, Toolbox};
+
 /// Runs the tool `name` with `arguments` (a JSON object). The error is text for the model and
 /// the operator: which tool, which file and line, what went wrong.
 pub async fn run_tool(

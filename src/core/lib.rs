@@ -5,7 +5,10 @@
 //! recovery plan. Nothing here touches files, the network, the environment or the clock;
 //! callers pass the time in. The I/O shell is the `perch` package.
 
+pub mod builtin;
 pub mod config;
+pub mod conversation;
+pub mod edit;
 pub mod id;
 pub mod image;
 pub mod journal;
@@ -13,7 +16,10 @@ pub mod log;
 pub mod name;
 pub mod output;
 pub mod problem;
+pub mod prompt;
 pub mod secret;
+pub mod skill;
+pub mod sse;
 pub mod tree;
 pub mod yaml;
 

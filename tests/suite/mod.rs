@@ -1,10 +1,15 @@
 mod agent_dir;
+mod builtin;
 mod catalog;
 mod config;
 mod doctor;
+mod fake_model;
 mod image;
 mod journal;
+mod lane;
 mod log;
+mod model;
+mod prompt;
 mod sandbox;
 mod support;
 mod tools;

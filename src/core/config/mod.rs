@@ -9,7 +9,10 @@ mod tool;
 pub use agent::{AgentConfig, Thinking, check_agent};
 pub use models::{Api, ModelSpec, ModelsFile, Provider, check_models};
 pub use sandbox::{DEFAULT_IMAGE, SandboxPolicy, SecretGrant, check_sandbox};
-pub use tool::{BUILTIN_TOOLS, Param, ParamType, Replay, ToolDecl, check_tool};
+pub use tool::{
+    BUILTIN_TOOLS, Param, ParamType, Replay, ToolDecl, arguments_schema, check_tool,
+    prepare_arguments,
+};
 
 use crate::problem::{Pos, Problem};
 use crate::tree::{Checker, Node};

@@ -88,105 +88,117 @@ impl ParamType {
 
 impl ToolDecl {
     /// Checks a call's arguments against the declared parameters and fills in declared
-    /// defaults. Every problem is named at once: a missing required argument, a wrong type, a
-    /// value outside `enum`, an argument the tool does not declare.
+    /// defaults; see [`prepare_arguments`].
     pub fn prepare_arguments(
         &self,
         arguments: &serde_json::Value,
     ) -> Result<serde_json::Value, String> {
-        let empty = serde_json::Map::new();
-        let given = match arguments {
-            serde_json::Value::Object(map) => map,
-            serde_json::Value::Null => &empty,
-            other => {
-                return Err(format!(
-                    "tool {}: arguments must be a JSON object, not {other}",
-                    self.name
-                ));
-            }
-        };
-        let mut prepared = serde_json::Map::new();
-        let mut problems = Vec::new();
-        for param in &self.params {
-            match given.get(&param.name).filter(|value| !value.is_null()) {
-                Some(value) if !param.kind.admits(value) => problems.push(format!(
-                    "`{}` must be {}, not {value}",
-                    param.name,
-                    param.kind.as_str()
-                )),
-                Some(value)
-                    if param
-                        .choices
-                        .as_ref()
-                        .is_some_and(|choices| !choices.contains(value)) =>
-                {
-                    problems.push(format!(
-                        "`{}` must be one of {}, not {value}",
-                        param.name,
-                        json!(param.choices)
-                    ));
-                }
-                Some(value) => {
-                    prepared.insert(param.name.clone(), value.clone());
-                }
-                None => match &param.default {
-                    Some(default) => {
-                        prepared.insert(param.name.clone(), default.clone());
-                    }
-                    None if param.required => {
-                        problems.push(format!("`{}` is required", param.name));
-                    }
-                    None => {}
-                },
-            }
-        }
-        for name in given.keys() {
-            if !self.params.iter().any(|param| &param.name == name) {
-                problems.push(format!("`{name}` is not a parameter of this tool"));
-            }
-        }
-        if problems.is_empty() {
-            Ok(serde_json::Value::Object(prepared))
-        } else {
-            Err(format!(
-                "tool {}: {}; it takes {}",
-                self.name,
-                problems.join(", "),
-                self.json_schema()["properties"]
-            ))
-        }
+        prepare_arguments(self.name.as_str(), &self.params, arguments)
     }
 
     /// The JSON schema of the arguments, as the model will see it.
     pub fn json_schema(&self) -> serde_json::Value {
-        let mut properties = serde_json::Map::new();
-        for param in &self.params {
-            let mut property = serde_json::Map::new();
-            property.insert("type".into(), json!(param.kind));
-            if let Some(description) = &param.description {
-                property.insert("description".into(), json!(description));
-            }
-            if let Some(choices) = &param.choices {
-                property.insert("enum".into(), json!(choices));
-            }
-            if let Some(default) = &param.default {
-                property.insert("default".into(), default.clone());
-            }
-            properties.insert(param.name.clone(), serde_json::Value::Object(property));
-        }
-        let required: Vec<&str> = self
-            .params
-            .iter()
-            .filter(|param| param.required)
-            .map(|param| param.name.as_str())
-            .collect();
-        json!({
-            "type": "object",
-            "properties": properties,
-            "required": required,
-            "additionalProperties": false,
-        })
+        arguments_schema(&self.params)
     }
+}
+
+/// Checks a call's arguments against the parameters of the tool `tool` and fills in declared
+/// defaults. Every problem is named at once: a missing required argument, a wrong type, a
+/// value outside `enum`, an argument the tool does not declare.
+pub fn prepare_arguments(
+    tool: &str,
+    params: &[Param],
+    arguments: &serde_json::Value,
+) -> Result<serde_json::Value, String> {
+    let empty = serde_json::Map::new();
+    let given = match arguments {
+        serde_json::Value::Object(map) => map,
+        serde_json::Value::Null => &empty,
+        other => {
+            return Err(format!(
+                "tool {tool}: arguments must be a JSON object, not {other}"
+            ));
+        }
+    };
+    let mut prepared = serde_json::Map::new();
+    let mut problems = Vec::new();
+    for param in params {
+        match given.get(&param.name).filter(|value| !value.is_null()) {
+            Some(value) if !param.kind.admits(value) => problems.push(format!(
+                "`{}` must be {}, not {value}",
+                param.name,
+                param.kind.as_str()
+            )),
+            Some(value)
+                if param
+                    .choices
+                    .as_ref()
+                    .is_some_and(|choices| !choices.contains(value)) =>
+            {
+                problems.push(format!(
+                    "`{}` must be one of {}, not {value}",
+                    param.name,
+                    json!(param.choices)
+                ));
+            }
+            Some(value) => {
+                prepared.insert(param.name.clone(), value.clone());
+            }
+            None => match &param.default {
+                Some(default) => {
+                    prepared.insert(param.name.clone(), default.clone());
+                }
+                None if param.required => {
+                    problems.push(format!("`{}` is required", param.name));
+                }
+                None => {}
+            },
+        }
+    }
+    for name in given.keys() {
+        if !params.iter().any(|param| &param.name == name) {
+            problems.push(format!("`{name}` is not a parameter of this tool"));
+        }
+    }
+    if problems.is_empty() {
+        Ok(serde_json::Value::Object(prepared))
+    } else {
+        Err(format!(
+            "tool {tool}: {}; it takes {}",
+            problems.join(", "),
+            arguments_schema(params)["properties"]
+        ))
+    }
+}
+
+/// The JSON schema of an arguments object with these parameters, as the model will see it.
+pub fn arguments_schema(params: &[Param]) -> serde_json::Value {
+    let mut properties = serde_json::Map::new();
+    for param in params {
+        let mut property = serde_json::Map::new();
+        property.insert("type".into(), json!(param.kind));
+        if let Some(description) = &param.description {
+            property.insert("description".into(), json!(description));
+        }
+        if let Some(choices) = &param.choices {
+            property.insert("enum".into(), json!(choices));
+        }
+        if let Some(default) = &param.default {
+            property.insert("default".into(), default.clone());
+        }
+        properties.insert(param.name.clone(), serde_json::Value::Object(property));
+    }
+    let required: Vec<&str> = params
+        .iter()
+        .filter(|param| param.required)
+        .map(|param| param.name.as_str())
+        .collect();
+    json!({
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": false,
+    })
 }
 
 const USAGE: &str =

@@ -85,7 +85,10 @@ pub enum Record {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Intent {
+    /// Answer the consumed input: model turns and tool calls until the model is done.
     Run,
+    /// Summarise the branch into one entry and move the leaf to it.
+    Compact,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,171 @@
+//! From a lane's branch to the conversation a model sees, and the summary entry compaction
+//! writes.
+
+use crate::Timestamp;
+use crate::id::EntryId;
+use crate::log::{Entry, EntryBody, Message, Part, Role};
+
+/// The `Data` name of a compaction summary.
+pub const SUMMARY: &str = "summary";
+
+/// The messages of `branch` (root first) as the model sees them. A summary entry becomes a user
+/// message saying what it is; other data entries are left out; consecutive tool results merge
+/// into one tool message, as the APIs expect after an assistant message with several calls.
+pub fn messages(branch: &[Entry]) -> Vec<Message> {
+    let mut messages: Vec<Message> = Vec::new();
+    for entry in branch {
+        let message = match &entry.body {
+            EntryBody::Message(message) => message.clone(),
+            EntryBody::Data { name, value } if name == SUMMARY => Message {
+                role: Role::User,
+                parts: vec![Part::Text {
+                    text: format!(
+                        "[A summary of the earlier conversation, which was compacted]\n{}",
+                        value["text"].as_str().unwrap_or_default()
+                    ),
+                }],
+            },
+            EntryBody::Data { .. } => continue,
+        };
+        match messages.last_mut() {
+            Some(last) if last.role == Role::Tool && message.role == Role::Tool => {
+                last.parts.extend(message.parts);
+            }
+            _ => messages.push(message),
+        }
+    }
+    messages
+}
+
+/// A rough token count (four characters a token), to decide when to compact.
+pub fn estimate_tokens(system: &str, messages: &[Message]) -> u64 {
+    let characters: usize = system.len()
+        + messages
+            .iter()
+            .flat_map(|message| &message.parts)
+            .map(|part| match part {
+                Part::Text { text } | Part::Reasoning { text } => text.len(),
+                Part::ToolCall {
+                    name, arguments, ..
+                } => name.len() + arguments.to_string().len(),
+                Part::ToolResult { output, .. } => output.len(),
+            })
+            .sum::<usize>();
+    u64::try_from(characters / 4).unwrap_or(u64::MAX)
+}
+
+/// The entry that replaces a branch: a new root holding the summary and naming the leaf it
+/// summarised, so the history stays in the log, off the branch.
+pub fn summary_entry(id: EntryId, text: &str, summarised: Option<EntryId>, at: Timestamp) -> Entry {
+    Entry {
+        id,
+        parent: None,
+        at,
+        body: EntryBody::Data {
+            name: SUMMARY.to_owned(),
+            value: serde_json::json!({ "text": text, "summarised": summarised }),
+        },
+    }
+}
+
+/// The tool calls of an assistant message.
+pub fn tool_calls(message: &Message) -> Vec<(String, String, serde_json::Value)> {
+    message
+        .parts
+        .iter()
+        .filter_map(|part| match part {
+            Part::ToolCall {
+                call_id,
+                name,
+                arguments,
+            } => Some((call_id.clone(), name.clone(), arguments.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Tool calls on `branch` (root first) that no later tool result answers, with their tool names.
+pub fn unanswered_calls(branch: &[Entry]) -> Vec<(String, String)> {
+    let mut waiting: Vec<(String, String)> = Vec::new();
+    for entry in branch {
+        let EntryBody::Message(message) = &entry.body else {
+            continue;
+        };
+        for part in &message.parts {
+            match part {
+                Part::ToolCall { call_id, name, .. } => {
+                    waiting.push((call_id.clone(), name.clone()));
+                }
+                Part::ToolResult { call_id, .. } => {
+                    waiting.retain(|(waiting_id, _)| waiting_id != call_id);
+                }
+                Part::Text { .. } | Part::Reasoning { .. } => {}
+            }
+        }
+    }
+    waiting
+}
+
+/// The text of a message, its text parts joined.
+pub fn text_of(message: &Message) -> String {
+    message
+        .parts
+        .iter()
+        .filter_map(|part| match part {
+            Part::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn at() -> Timestamp {
+        chrono::Utc.with_ymd_and_hms(2026, 11, 30, 6, 0, 0).unwrap()
+    }
+
+    fn entry(n: u8, body: EntryBody) -> Entry {
+        Entry {
+            id: EntryId::from_bytes([n; 16]),
+            parent: None,
+            at: at(),
+            body,
+        }
+    }
+
+    fn result(call: &str) -> EntryBody {
+        EntryBody::Message(Message {
+            role: Role::Tool,
+            parts: vec![Part::ToolResult {
+                call_id: call.into(),
+                output: "ok".into(),
+                is_error: false,
+            }],
+        })
+    }
+
+    #[test]
+    fn tool_results_merge_and_summaries_become_user_text() {
+        let branch = vec![
+            summary_entry(EntryId::from_bytes([1; 16]), "we talked", None, at()),
+            entry(
+                2,
+                EntryBody::Data {
+                    name: "note".into(),
+                    value: serde_json::json!(1),
+                },
+            ),
+            entry(3, result("a")),
+            entry(4, result("b")),
+        ];
+        let messages = messages(&branch);
+        assert_eq!(messages.len(), 2);
+        assert!(text_of(&messages[0]).ends_with("we talked"));
+        assert_eq!(messages[1].role, Role::Tool);
+        assert_eq!(messages[1].parts.len(), 2);
+    }
+}

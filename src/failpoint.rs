@@ -1,0 +1,17 @@
+//! Failpoints: named places where a test build can make perch die on the spot, to prove that
+//! recovery handles a crash at every step. `PERCH_FAILPOINT=after:tool_started` aborts the
+//! process right after that record is written. Compiled in only with the `sandbox-double`
+//! feature (test builds); in every other build [`hit`] does nothing.
+
+/// Aborts the process if `PERCH_FAILPOINT` names `point`.
+#[cfg(feature = "sandbox-double")]
+pub fn hit(point: &str) {
+    if std::env::var("PERCH_FAILPOINT").is_ok_and(|wanted| wanted == point) {
+        std::process::abort();
+    }
+}
+
+/// Failpoints are compiled out of this build.
+#[cfg(not(feature = "sandbox-double"))]
+#[inline(always)]
+pub fn hit(_point: &str) {}

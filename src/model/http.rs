@@ -1,0 +1,436 @@
+//! The only module that names the HTTP client crate (reqwest): one JSON POST whose response is
+//! read as a stream of byte chunks, with every failure turned into a [`ModelErrorKind`].
+//!
+//! The API key is handed in as a [`Secret`] and exposed only into the one header it belongs in.
+//! Error text from the server is cut short and has the key removed before anything keeps it.
+
+use super::ModelErrorKind;
+use perch_core::secret::Secret;
+use std::time::Duration;
+
+/// How the API key travels.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Auth<'a> {
+    /// A local server that needs no key.
+    None,
+    /// `Authorization: Bearer <key>` (OpenAI's APIs and the servers compatible with them).
+    Bearer(&'a Secret),
+    /// `x-api-key: <key>` and `anthropic-version` (Anthropic's Messages API).
+    Anthropic(&'a Secret),
+}
+
+impl Auth<'_> {
+    fn secret(&self) -> Option<&Secret> {
+        match self {
+            Auth::None => None,
+            Auth::Bearer(secret) | Auth::Anthropic(secret) => Some(secret),
+        }
+    }
+}
+
+/// The `anthropic-version` header every Messages API request carries.
+pub(crate) const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// The most characters of a server's error text kept in an error.
+const MESSAGE_LIMIT: usize = 400;
+/// The most bytes of an error response body read.
+const ERROR_BODY_LIMIT: usize = 64 * 1024;
+
+/// The HTTP clients shared by every request an endpoint makes: one that honours the proxy
+/// settings in the environment, and one for servers on this machine, which no proxy can reach.
+#[derive(Debug)]
+pub(crate) struct Http {
+    client: Result<reqwest::Client, String>,
+    direct: Result<reqwest::Client, String>,
+}
+
+impl Http {
+    pub(crate) fn new() -> Http {
+        let build = |builder: reqwest::ClientBuilder| {
+            builder
+                .build()
+                .map_err(|error| format!("cannot set up the HTTP client: {}", describe(&error)))
+        };
+        Http {
+            client: build(reqwest::Client::builder()),
+            direct: build(reqwest::Client::builder().no_proxy()),
+        }
+    }
+
+    /// POSTs `body` (JSON) to `url` and returns the response body as a stream, once the status
+    /// says it is a reply; an error status becomes the matching [`ModelErrorKind`].
+    pub(crate) async fn post(
+        &self,
+        url: &str,
+        auth: Auth<'_>,
+        body: Vec<u8>,
+    ) -> Result<ByteStream, ModelErrorKind> {
+        let client = if is_loopback(url) {
+            &self.direct
+        } else {
+            &self.client
+        };
+        let client = client
+            .as_ref()
+            .map_err(|detail| ModelErrorKind::Disconnected {
+                detail: detail.clone(),
+            })?;
+        let mut request = client
+            .post(url)
+            .header("content-type", "application/json")
+            .header("accept", "text/event-stream")
+            .body(body);
+        request = match auth {
+            Auth::None => request,
+            Auth::Bearer(secret) => {
+                request.header("authorization", format!("Bearer {}", secret.expose()))
+            }
+            Auth::Anthropic(secret) => request
+                .header("x-api-key", secret.expose())
+                .header("anthropic-version", ANTHROPIC_VERSION),
+        };
+        let secret = auth.secret();
+        let mut response = request
+            .send()
+            .await
+            .map_err(|error| send_error(&error, secret))?;
+        let status = response.status().as_u16();
+        if (200..300).contains(&status) {
+            let content_type = header(&response, "content-type");
+            if let Some(content_type) = content_type
+                && !content_type.contains("event-stream")
+            {
+                let text = read_error_body(&mut response).await;
+                return Err(ModelErrorKind::Garbage {
+                    detail: redact(
+                        &format!(
+                            "expected an event stream, got {content_type}: {}",
+                            excerpt(&text)
+                        ),
+                        secret,
+                    ),
+                });
+            }
+            return Ok(ByteStream {
+                response,
+                secret: secret.cloned(),
+            });
+        }
+        let retry_after = retry_after(
+            header(&response, "retry-after-ms").as_deref(),
+            header(&response, "retry-after").as_deref(),
+            chrono::Utc::now(),
+        );
+        let text = read_error_body(&mut response).await;
+        Err(status_error(status, retry_after, &text, secret))
+    }
+}
+
+/// A reply's body, chunk by chunk as it arrives.
+#[derive(Debug)]
+pub(crate) struct ByteStream {
+    response: reqwest::Response,
+    secret: Option<Secret>,
+}
+
+impl ByteStream {
+    /// The next chunk, or `None` at the end of the body.
+    pub(crate) async fn next(&mut self) -> Result<Option<Vec<u8>>, ModelErrorKind> {
+        match self.response.chunk().await {
+            Ok(chunk) => Ok(chunk.map(|bytes| bytes.to_vec())),
+            Err(error) if error.is_timeout() => Err(ModelErrorKind::Timeout),
+            Err(error) => Err(ModelErrorKind::Disconnected {
+                detail: redact(
+                    &format!("the reply broke off: {}", describe(&error)),
+                    self.secret.as_ref(),
+                ),
+            }),
+        }
+    }
+}
+
+fn is_loopback(url: &str) -> bool {
+    let Some(host) = reqwest::Url::parse(url)
+        .ok()
+        .and_then(|url| url.host_str().map(str::to_owned))
+    else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|address| address.is_loopback())
+}
+
+fn header(response: &reqwest::Response, name: &str) -> Option<String> {
+    response
+        .headers()
+        .get(name)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned)
+}
+
+async fn read_error_body(response: &mut reqwest::Response) -> String {
+    let mut bytes = Vec::new();
+    while bytes.len() < ERROR_BODY_LIMIT {
+        match response.chunk().await {
+            Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    bytes.truncate(ERROR_BODY_LIMIT);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+fn send_error(error: &reqwest::Error, secret: Option<&Secret>) -> ModelErrorKind {
+    if error.is_timeout() {
+        return ModelErrorKind::Timeout;
+    }
+    let what = if error.is_connect() {
+        "cannot connect"
+    } else {
+        "the request failed"
+    };
+    ModelErrorKind::Disconnected {
+        detail: redact(&format!("{what}: {}", describe(error)), secret),
+    }
+}
+
+/// The error and its causes on one line, without the URL.
+fn describe(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// The kind of error an HTTP status and its body mean.
+pub(crate) fn status_error(
+    status: u16,
+    retry_after: Option<Duration>,
+    body: &str,
+    secret: Option<&Secret>,
+) -> ModelErrorKind {
+    let (message, code) = error_message(body);
+    let message = redact(
+        &if message.is_empty() {
+            format!("HTTP {status}")
+        } else {
+            message
+        },
+        secret,
+    );
+    match status {
+        429 if code.as_deref() == Some("insufficient_quota") => {
+            ModelErrorKind::Rejected { status, message }
+        }
+        429 => ModelErrorKind::RateLimited { retry_after },
+        408 => ModelErrorKind::Timeout,
+        500..=599 => ModelErrorKind::Server { status, message },
+        400..=499 => ModelErrorKind::Rejected { status, message },
+        _ => ModelErrorKind::Garbage {
+            detail: format!("unexpected HTTP status {status}: {message}"),
+        },
+    }
+}
+
+/// The human part of an API's error body (`{"error": {"message": ...}}` for OpenAI's APIs,
+/// `{"type": "error", "error": {"type": ..., "message": ...}}` for Anthropic's), shortened; and
+/// its machine-readable code, when it has one.
+fn error_message(body: &str) -> (String, Option<String>) {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(body) else {
+        return (excerpt(body), None);
+    };
+    let error = value.get("error").unwrap_or(&value);
+    let text = |value: &serde_json::Value, key: &str| {
+        value
+            .get(key)
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
+    };
+    let message = text(error, "message")
+        .or_else(|| error.as_str().map(str::to_owned))
+        .or_else(|| text(&value, "message"))
+        .or_else(|| text(&value, "detail"))
+        .unwrap_or_else(|| body.to_owned());
+    let code = text(error, "code").or_else(|| text(error, "type"));
+    let message = match &code {
+        Some(code) if !message.contains(code.as_str()) => format!("{message} ({code})"),
+        _ => message,
+    };
+    (excerpt(&message), code)
+}
+
+/// `text` trimmed and cut to at most [`MESSAGE_LIMIT`] characters.
+pub(crate) fn excerpt(text: &str) -> String {
+    let text = text.trim();
+    match text.char_indices().nth(MESSAGE_LIMIT) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
+    }
+}
+
+/// `text` with every occurrence of the key replaced.
+pub(crate) fn redact(text: &str, secret: Option<&Secret>) -> String {
+    match secret.map(Secret::expose) {
+        Some(key) if !key.is_empty() => text.replace(key, "<redacted>"),
+        _ => text.to_owned(),
+    }
+}
+
+/// How long the server asked us to wait: `retry-after-ms` (milliseconds, sent by OpenAI) or
+/// `Retry-After` (seconds, or an HTTP date compared with `now`).
+pub(crate) fn retry_after(
+    millis: Option<&str>,
+    header: Option<&str>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<Duration> {
+    if let Some(millis) = millis.and_then(|text| text.trim().parse::<f64>().ok())
+        && millis.is_finite()
+        && millis >= 0.0
+    {
+        return Some(Duration::from_secs_f64(millis / 1000.0));
+    }
+    let header = header?.trim();
+    if let Ok(seconds) = header.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    if let Ok(seconds) = header.parse::<f64>()
+        && seconds.is_finite()
+        && seconds >= 0.0
+    {
+        return Some(Duration::from_secs_f64(seconds));
+    }
+    let date = chrono::DateTime::parse_from_rfc2822(header).ok()?;
+    let wait = date.with_timezone(&chrono::Utc) - now;
+    Some(wait.to_std().unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+    use perch_core::name::EnvName;
+    use perch_core::secret::EnvRef;
+
+    fn key() -> Secret {
+        EnvRef::new(EnvName::try_from("KEY").unwrap())
+            .resolve(|_| Some("sk-test-0123456789".into()))
+            .unwrap()
+    }
+
+    #[test]
+    fn retry_after_in_seconds_milliseconds_or_a_date() {
+        let now = chrono::Utc
+            .with_ymd_and_hms(2015, 10, 21, 7, 27, 30)
+            .unwrap();
+        assert_eq!(
+            retry_after(None, Some("7"), now),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(
+            retry_after(None, Some(" 1.5 "), now),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(
+            retry_after(Some("250"), Some("7"), now),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(
+            retry_after(None, Some("Wed, 21 Oct 2015 07:28:00 GMT"), now),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            retry_after(None, Some("Wed, 21 Oct 2015 07:00:00 GMT"), now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(retry_after(None, Some("soon"), now), None);
+        assert_eq!(retry_after(None, None, now), None);
+    }
+
+    #[test]
+    fn statuses_become_kinds() {
+        let openai = r#"{"error":{"message":"Rate limit reached","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
+        assert_eq!(
+            status_error(429, Some(Duration::from_secs(2)), openai, None),
+            ModelErrorKind::RateLimited {
+                retry_after: Some(Duration::from_secs(2))
+            }
+        );
+        let quota = r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
+        assert_eq!(
+            status_error(429, None, quota, None),
+            ModelErrorKind::Rejected {
+                status: 429,
+                message: "You exceeded your current quota (insufficient_quota)".into()
+            }
+        );
+        let anthropic = r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"},"request_id":"req_1"}"#;
+        assert_eq!(
+            status_error(529, None, anthropic, None),
+            ModelErrorKind::Server {
+                status: 529,
+                message: "Overloaded (overloaded_error)".into()
+            }
+        );
+        assert_eq!(
+            status_error(502, None, "<html>Bad gateway</html>", None),
+            ModelErrorKind::Server {
+                status: 502,
+                message: "<html>Bad gateway</html>".into()
+            }
+        );
+        assert_eq!(
+            status_error(404, None, "", None),
+            ModelErrorKind::Rejected {
+                status: 404,
+                message: "HTTP 404".into()
+            }
+        );
+    }
+
+    #[test]
+    fn the_key_never_survives_in_an_error() {
+        let body = r#"{"error":{"message":"Incorrect API key provided: sk-test-0123456789.","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}"#;
+        let kind = status_error(401, None, body, Some(&key()));
+        let ModelErrorKind::Rejected {
+            status: 401,
+            message,
+        } = kind
+        else {
+            panic!("{kind:?}");
+        };
+        assert!(!message.contains("sk-test-0123456789"), "{message}");
+        assert!(
+            message.contains("Incorrect API key provided: <redacted>"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn servers_on_this_machine_bypass_proxies() {
+        assert!(is_loopback("http://127.0.0.1:8080/v1/responses"));
+        assert!(is_loopback("http://localhost:11434/v1/chat/completions"));
+        assert!(is_loopback("http://[::1]:8000/v1/messages"));
+        assert!(!is_loopback("https://api.openai.com/v1/responses"));
+        assert!(!is_loopback("http://10.0.0.2:8000/v1"));
+    }
+
+    #[test]
+    fn long_messages_are_cut() {
+        let long = "x".repeat(5000);
+        let ModelErrorKind::Server { message, .. } = status_error(500, None, &long, None) else {
+            panic!();
+        };
+        assert_eq!(message.chars().count(), MESSAGE_LIMIT + 1);
+        assert!(message.ends_with('…'));
+    }
+}

@@ -1,0 +1,115 @@
+//! Shared fixtures for the wire APIs' unit tests.
+
+use super::draft::Decoder;
+use super::{Endpoint, ModelErrorKind, ModelReply, ModelRequest, StreamEvent};
+use perch_core::config::{Api, ModelSpec, Thinking};
+use perch_core::log::{Message, Part, Role};
+use perch_core::sse::SseEvent;
+use serde_json::json;
+use std::time::Duration;
+
+pub(crate) fn endpoint(api: Api, reasoning: bool) -> Endpoint {
+    Endpoint {
+        provider: "test".into(),
+        api,
+        base_url: "http://127.0.0.1:9/v1".into(),
+        api_key: None,
+        model: ModelSpec {
+            id: "test-model".into(),
+            context_window: 128_000,
+            max_tokens: 4096,
+            reasoning,
+        },
+        timeout: Duration::from_secs(5),
+    }
+}
+
+pub(crate) fn request(messages: Vec<Message>) -> ModelRequest {
+    ModelRequest {
+        system: "Be brief.".into(),
+        messages,
+        tools: Vec::new(),
+        thinking: Thinking::Off,
+    }
+}
+
+fn text(text: &str) -> Part {
+    Part::Text { text: text.into() }
+}
+
+/// A user asks, the assistant thinks and calls two tools, both answer (one with an error), the
+/// assistant replies, the user thanks it.
+pub(crate) fn history() -> Vec<Message> {
+    vec![
+        Message {
+            role: Role::User,
+            parts: vec![text("list files")],
+        },
+        Message {
+            role: Role::Assistant,
+            parts: vec![
+                Part::Reasoning {
+                    text: "I should look.".into(),
+                },
+                text("Looking."),
+                Part::ToolCall {
+                    call_id: "call_1".into(),
+                    name: "bash".into(),
+                    arguments: json!({"cmd": "ls"}),
+                },
+                Part::ToolCall {
+                    call_id: "call_2".into(),
+                    name: "bash".into(),
+                    arguments: json!({"cmd": "pwd"}),
+                },
+            ],
+        },
+        Message {
+            role: Role::Tool,
+            parts: vec![
+                Part::ToolResult {
+                    call_id: "call_1".into(),
+                    output: "a.txt".into(),
+                    is_error: false,
+                },
+                Part::ToolResult {
+                    call_id: "call_2".into(),
+                    output: "no such dir".into(),
+                    is_error: true,
+                },
+            ],
+        },
+        Message {
+            role: Role::Assistant,
+            parts: vec![
+                Part::Reasoning {
+                    text: "Answer now.".into(),
+                },
+                text("Done."),
+            ],
+        },
+        Message {
+            role: Role::User,
+            parts: vec![text("thanks")],
+        },
+    ]
+}
+
+/// Feeds each data string as one event; stops at the first reply or error.
+pub(crate) fn feed(
+    decoder: &mut dyn Decoder,
+    data: &[String],
+) -> Result<(Option<ModelReply>, Vec<StreamEvent>), ModelErrorKind> {
+    let mut out = Vec::new();
+    for data in data {
+        let event = SseEvent {
+            event: None,
+            data: data.clone(),
+            id: None,
+        };
+        if let Some(reply) = decoder.event(&event, &mut out)? {
+            return Ok((Some(reply), out));
+        }
+    }
+    Ok((None, out))
+}

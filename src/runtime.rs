@@ -1,0 +1,85 @@
+//! An agent ready to run: it owns the agent directory (its lock), its machine, its tools and its
+//! model, and opens lanes over them.
+
+use crate::agent::{LoadedAgent, OwnerLock};
+use crate::lane::{Lane, LaneError, LaneSetup, RunLimits};
+use crate::log::{Clock, RecoveryReport};
+use crate::model::Model;
+use crate::prompt;
+use crate::sandbox::{self, Machine, MachineSetup};
+use crate::tools::Toolbox;
+use perch_core::Problem;
+use perch_core::name::LaneName;
+use perch_core::prompt::Origin;
+use std::sync::Arc;
+
+/// The running form of one agent directory.
+#[derive(Debug)]
+pub struct Runtime {
+    agent: Arc<LoadedAgent>,
+    machine: Machine,
+    toolbox: Arc<Toolbox>,
+    model: Arc<dyn Model>,
+    clock: Clock,
+    _owner: OwnerLock,
+}
+
+impl Runtime {
+    /// Takes the agent directory's lock, then builds its machine (nothing boots yet).
+    pub fn start(
+        agent: LoadedAgent,
+        machine_setup: &MachineSetup,
+        model: Arc<dyn Model>,
+        clock: Clock,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Runtime, String> {
+        let owner = OwnerLock::acquire(&agent.dir).map_err(|error| error.to_string())?;
+        let machine = sandbox::machine_for(&agent, machine_setup, lookup)
+            .map_err(|error| error.to_string())?;
+        let agent = Arc::new(agent);
+        let toolbox = Arc::new(Toolbox::new(Arc::clone(&agent), machine.clone()));
+        Ok(Runtime {
+            agent,
+            machine,
+            toolbox,
+            model,
+            clock,
+            _owner: owner,
+        })
+    }
+
+    pub fn agent(&self) -> &LoadedAgent {
+        &self.agent
+    }
+
+    pub fn machine(&self) -> &Machine {
+        &self.machine
+    }
+
+    /// Problems in the files the system prompt is made of (a broken skill, a symlinked
+    /// AGENTS.md): reported, and left out of the prompt.
+    pub fn prompt_problems(&self, origin: &Origin) -> Vec<Problem> {
+        prompt::system_prompt(&self.agent, Some(origin.clone())).1
+    }
+
+    /// Opens the lane `name` for conversations from `origin`, recovering what a crash left.
+    pub async fn open_lane(
+        &self,
+        name: &LaneName,
+        origin: Origin,
+        limits: RunLimits,
+    ) -> Result<(Lane, RecoveryReport), LaneError> {
+        let agent = Arc::clone(&self.agent);
+        let (_, spec) = self.agent.definition.model();
+        let setup = LaneSetup {
+            model: Arc::clone(&self.model),
+            toolbox: Arc::clone(&self.toolbox),
+            system_prompt: Arc::new(move || prompt::system_prompt(&agent, Some(origin.clone())).0),
+            thinking: self.agent.definition.agent.thinking,
+            context_window: u64::from(spec.context_window),
+            limits,
+            clock: self.clock.clone(),
+        };
+        Lane::open(&self.agent.dir.sessions_dir(), name, setup).await
+    }
+}

@@ -1,0 +1,362 @@
+//! Reading workspace files on the host, for perch's own use: the files of the system prompt and
+//! the skills. The guest can change anything under `workspace/`, including replacing a file or
+//! a directory with a symlink to a host path, so a path is walked one component at a time from
+//! directories held open (`openat`), never followed through a symlink, and a file is opened
+//! only if it is a regular file, the same one that was checked. Each file is read up to
+//! [`WORKSPACE_FILE_LIMIT`] bytes.
+
+use nix::dir::{Dir, Type};
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag, openat};
+use nix::sys::stat::{Mode, SFlag, fstatat};
+use perch_core::Problem;
+use perch_core::problem::Pos;
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+
+/// The most bytes of one workspace file perch reads on the host.
+pub const WORKSPACE_FILE_LIMIT: u64 = 64 * 1024;
+
+/// A workspace file's text, or its first [`WORKSPACE_FILE_LIMIT`] bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkspaceText {
+    pub text: String,
+    /// The file's size in bytes, when it was longer than the limit.
+    pub cut_from: Option<u64>,
+}
+
+/// What a directory entry is, as the directory says (a symlink is never followed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    Directory,
+    File,
+    Symlink,
+    Other,
+}
+
+/// A directory of the workspace, held open: everything under it is reached through it, so the
+/// guest swapping a directory on its path for a symlink afterwards changes nothing.
+#[derive(Debug)]
+pub struct WorkspaceDir {
+    fd: OwnedFd,
+    /// Relative to the workspace, for problems.
+    relative: PathBuf,
+}
+
+const DIRECTORY: OFlag = OFlag::O_RDONLY
+    .union(OFlag::O_DIRECTORY)
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_CLOEXEC);
+const FILE: OFlag = OFlag::O_RDONLY
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_NONBLOCK)
+    .union(OFlag::O_NOCTTY)
+    .union(OFlag::O_CLOEXEC);
+
+/// Reads `relative` (a plain relative path such as `skills/x/SKILL.md`) under `workspace`.
+/// `Ok(None)` when it does not exist. A symlink anywhere along the path, something other than
+/// a regular file, or text that is not UTF-8 is a problem naming `workspace/<relative>`.
+pub fn read_workspace_file(
+    workspace: &Path,
+    relative: &Path,
+) -> Result<Option<WorkspaceText>, Problem> {
+    let (Some(parent), Some(name)) = (relative.parent(), relative.file_name()) else {
+        return Err(problem(
+            relative,
+            "is not a plain path inside the workspace",
+            "name the file by a relative path without `..`",
+        ));
+    };
+    match WorkspaceDir::open(workspace, parent) {
+        Ok(Some(dir)) => dir.read_file(name),
+        Ok(None) => Ok(None),
+        Err(found) => Err(Problem {
+            message: format!("is under {}, which {}", found.file, found.message),
+            file: label(relative),
+            ..found
+        }),
+    }
+}
+
+impl WorkspaceDir {
+    /// Opens `relative` (empty for the workspace itself), a directory under `workspace`.
+    /// `Ok(None)` when it does not exist or is not a directory.
+    pub fn open(workspace: &Path, relative: &Path) -> Result<Option<WorkspaceDir>, Problem> {
+        let fd = match nix::fcntl::open(
+            workspace,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT | Errno::ENOTDIR) => return Ok(None),
+            Err(error) => return Err(unreadable(relative, error)),
+        };
+        let mut dir = WorkspaceDir {
+            fd,
+            relative: PathBuf::new(),
+        };
+        for component in relative.components() {
+            let Component::Normal(name) = component else {
+                return Err(problem(
+                    relative,
+                    "is not a plain path inside the workspace",
+                    "name the file by a relative path without `..`",
+                ));
+            };
+            match dir.subdir(name)? {
+                Some(next) => dir = next,
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(dir))
+    }
+
+    /// Where this directory is, relative to the workspace.
+    pub fn relative(&self) -> &Path {
+        &self.relative
+    }
+
+    /// The directory `name` in this one; `Ok(None)` when there is none. A symlink is refused.
+    pub fn subdir(&self, name: &OsStr) -> Result<Option<WorkspaceDir>, Problem> {
+        let relative = self.relative.join(name);
+        match openat(&self.fd, name, DIRECTORY, Mode::empty()) {
+            Ok(fd) => Ok(Some(WorkspaceDir { fd, relative })),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(Errno::ENOTDIR | Errno::ELOOP) => match self.kind(name) {
+                Some(EntryKind::Symlink) => Err(symlink(&relative)),
+                _ => Ok(None),
+            },
+            Err(error) => Err(unreadable(&relative, error)),
+        }
+    }
+
+    /// The entries of this directory (the first `limit` it lists), in name order, and whether
+    /// that was all of them.
+    pub fn entries(&self, limit: usize) -> Result<(Vec<(OsString, EntryKind)>, bool), Problem> {
+        let mut listing = Dir::openat(
+            &self.fd,
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|error| unreadable(&self.relative, error))?;
+        let mut entries = Vec::new();
+        let mut complete = true;
+        for entry in listing.iter() {
+            let entry = entry.map_err(|error| unreadable(&self.relative, error))?;
+            let name = OsStr::from_bytes(entry.file_name().to_bytes());
+            if name == "." || name == ".." {
+                continue;
+            }
+            if entries.len() == limit {
+                complete = false;
+                break;
+            }
+            let kind = match entry.file_type() {
+                Some(Type::Directory) => EntryKind::Directory,
+                Some(Type::File) => EntryKind::File,
+                Some(Type::Symlink) => EntryKind::Symlink,
+                Some(_) => EntryKind::Other,
+                None => self.kind(name).unwrap_or(EntryKind::Other),
+            };
+            entries.push((name.to_owned(), kind));
+        }
+        entries.sort_by(|(a, _), (b, _)| a.cmp(b));
+        Ok((entries, complete))
+    }
+
+    /// Reads the file `name` in this directory; see [`read_workspace_file`].
+    pub fn read_file(&self, name: &OsStr) -> Result<Option<WorkspaceText>, Problem> {
+        let relative = self.relative.join(name);
+        let checked = match fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(checked) => checked,
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(error) => return Err(unreadable(&relative, error)),
+        };
+        match kind_of_mode(checked.st_mode) {
+            EntryKind::File => {}
+            EntryKind::Symlink => return Err(symlink(&relative)),
+            EntryKind::Directory | EntryKind::Other => {
+                return Err(problem(
+                    &relative,
+                    "is not a regular file",
+                    "make it a regular file",
+                ));
+            }
+        }
+        let file = match openat(&self.fd, name, FILE, Mode::empty()) {
+            Ok(fd) => File::from(fd),
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(Errno::ELOOP) => return Err(symlink(&relative)),
+            Err(error) => return Err(unreadable(&relative, error)),
+        };
+        let read = file.metadata().and_then(|opened| {
+            if !opened.is_file() || opened.dev() != checked.st_dev || opened.ino() != checked.st_ino
+            {
+                return Err(io::Error::other(
+                    "it was replaced while perch was reading it",
+                ));
+            }
+            let mut bytes = Vec::new();
+            file.take(WORKSPACE_FILE_LIMIT + 1)
+                .read_to_end(&mut bytes)?;
+            Ok((bytes, opened.len()))
+        });
+        let (mut bytes, size) = read.map_err(|error| {
+            problem(
+                &relative,
+                &format!("cannot be read: {error}"),
+                "check that it is a regular file that perch may read",
+            )
+        })?;
+        let cut_from = (bytes.len() as u64 > WORKSPACE_FILE_LIMIT).then_some(size);
+        if cut_from.is_some() {
+            bytes.truncate(usize::try_from(WORKSPACE_FILE_LIMIT).unwrap_or(usize::MAX));
+            if let Err(error) = std::str::from_utf8(&bytes)
+                && error.error_len().is_none()
+            {
+                bytes.truncate(error.valid_up_to());
+            }
+        }
+        match String::from_utf8(bytes) {
+            Ok(text) => Ok(Some(WorkspaceText { text, cut_from })),
+            Err(_) => Err(problem(&relative, "is not UTF-8 text", "save it as UTF-8")),
+        }
+    }
+
+    fn kind(&self, name: &OsStr) -> Option<EntryKind> {
+        fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .ok()
+            .map(|stat| kind_of_mode(stat.st_mode))
+    }
+}
+
+fn kind_of_mode(mode: u32) -> EntryKind {
+    match SFlag::from_bits_truncate(mode) & SFlag::S_IFMT {
+        SFlag::S_IFDIR => EntryKind::Directory,
+        SFlag::S_IFREG => EntryKind::File,
+        SFlag::S_IFLNK => EntryKind::Symlink,
+        _ => EntryKind::Other,
+    }
+}
+
+fn label(relative: &Path) -> String {
+    if relative.as_os_str().is_empty() {
+        "workspace/".to_owned()
+    } else {
+        format!("workspace/{}", relative.display())
+    }
+}
+
+fn problem(relative: &Path, message: &str, fix: &str) -> Problem {
+    Problem::new(label(relative), Pos::default(), message).with_fix(fix)
+}
+
+fn symlink(relative: &Path) -> Problem {
+    problem(
+        relative,
+        "is a symlink; perch reads workspace files on the host and never follows a symlink there",
+        "replace the symlink with the file or directory itself",
+    )
+}
+
+fn unreadable(relative: &Path, error: Errno) -> Problem {
+    problem(
+        relative,
+        &format!("cannot be read: {}", io::Error::from(error)),
+        "check its permissions",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    #[test]
+    fn symlinks_anywhere_on_the_path_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let workspace = dir.path().join("workspace");
+        fs::create_dir_all(workspace.join("real")).unwrap();
+        fs::write(dir.path().join("host.txt"), "host secret").unwrap();
+        fs::write(workspace.join("real/file.md"), "fine").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("host.txt"), workspace.join("link.md")).unwrap();
+        std::os::unix::fs::symlink(workspace.join("real"), workspace.join("alias")).unwrap();
+        assert_eq!(
+            read_workspace_file(&workspace, Path::new("real/file.md")),
+            Ok(Some(WorkspaceText {
+                text: "fine".into(),
+                cut_from: None
+            }))
+        );
+        let refused = read_workspace_file(&workspace, Path::new("link.md")).unwrap_err();
+        assert_eq!(refused.file, "workspace/link.md");
+        assert!(
+            refused.message.starts_with("is a symlink; perch reads"),
+            "{refused}"
+        );
+        let refused = read_workspace_file(&workspace, Path::new("alias/file.md")).unwrap_err();
+        assert_eq!(refused.file, "workspace/alias/file.md");
+        assert!(
+            refused
+                .message
+                .starts_with("is under workspace/alias, which is a symlink; perch reads"),
+            "{refused}"
+        );
+        assert_eq!(
+            read_workspace_file(&workspace, Path::new("missing.md")),
+            Ok(None)
+        );
+        assert_eq!(
+            read_workspace_file(&workspace, Path::new("real/file.md/x")),
+            Ok(None)
+        );
+        assert!(read_workspace_file(&workspace, Path::new("../host.txt")).is_err());
+        assert!(read_workspace_file(&workspace, Path::new("real")).is_err());
+    }
+
+    #[test]
+    fn a_directory_lists_its_entries_without_following_symlinks() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("b")).unwrap();
+        fs::write(dir.path().join("a"), "").unwrap();
+        std::os::unix::fs::symlink("/etc", dir.path().join("c")).unwrap();
+        let root = WorkspaceDir::open(dir.path(), Path::new(""))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            root.entries(10).unwrap(),
+            (
+                vec![
+                    ("a".into(), EntryKind::File),
+                    ("b".into(), EntryKind::Directory),
+                    ("c".into(), EntryKind::Symlink),
+                ],
+                true
+            )
+        );
+        assert!(!root.entries(2).unwrap().1);
+        assert!(root.subdir(OsStr::new("c")).is_err());
+        assert_eq!(
+            root.subdir(OsStr::new("b")).unwrap().unwrap().relative(),
+            Path::new("b")
+        );
+    }
+
+    #[test]
+    fn long_files_are_cut_at_the_limit_on_a_character_boundary() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!("{}é{}", "a".repeat(65_535), "b".repeat(10));
+        fs::write(dir.path().join("big.md"), &text).unwrap();
+        let read = read_workspace_file(dir.path(), Path::new("big.md"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(read.text, "a".repeat(65_535));
+        assert_eq!(read.cut_from, Some(text.len() as u64));
+    }
+}

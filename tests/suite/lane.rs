@@ -1,0 +1,529 @@
+//! The agent loop: lanes, runs, steering, abort, limits, compaction, and crash recovery, with
+//! the fake model server and the namespace double. End-to-end tests drive the real binary
+//! through `perch chat`.
+
+use super::fake_model::{FakeModel, Reply, Script};
+use super::support::{new_agent, write};
+use perch::agent::{self, AgentDir};
+use perch::doctor::Places;
+use perch::lane::{Finished, Input, Lane, RunLimits, Steered};
+use perch::log::{LaneReader, system_clock};
+use perch::model;
+use perch::runtime::Runtime;
+use perch::sandbox::{Backend, MachineSetup};
+use perch_core::config::Api;
+use perch_core::log::{Entry, EntryBody, Outcome, Part, Role};
+use perch_core::name::LaneName;
+use perch_core::prompt::Origin;
+use serde_json::json;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn agent_for(fake: &FakeModel) -> tempfile::TempDir {
+    let dir = new_agent();
+    point_at(dir.path(), fake);
+    dir
+}
+
+fn point_at(dir: &Path, fake: &FakeModel) {
+    write(dir, "models.yml", &fake.models_yml("fake", "m1"));
+    write(dir, "agent.lua", "agent { model = \"fake/m1\" }\n");
+}
+
+async fn runtime(dir: &Path) -> Runtime {
+    let loaded = agent::load(&AgentDir::open(dir).unwrap()).unwrap();
+    let endpoint = model::endpoint_for(&loaded, |_| None).unwrap();
+    let setup = MachineSetup {
+        backend: Backend::NamespaceDouble,
+        places: Places::from_environment(),
+        idle: Duration::from_secs(30),
+    };
+    Runtime::start(
+        loaded,
+        &setup,
+        model::connect(endpoint),
+        system_clock(),
+        |_| None,
+    )
+    .unwrap()
+}
+
+async fn lane(runtime: &Runtime, limits: RunLimits) -> Lane {
+    let name = LaneName::try_from("test").unwrap();
+    runtime
+        .open_lane(&name, Origin::terminal(), limits)
+        .await
+        .unwrap()
+        .0
+}
+
+fn quick() -> RunLimits {
+    RunLimits {
+        backoff: Duration::from_millis(1),
+        ..RunLimits::default()
+    }
+}
+
+async fn say(lane: &Lane, text: &str) -> Finished {
+    lane.send(
+        Input {
+            text: text.into(),
+            consumes: vec![format!("test:{text}")],
+        },
+        None,
+    )
+    .await
+    .unwrap()
+}
+
+fn bash(call: &str, command: &str) -> Reply {
+    Reply::new().with_call(call, "bash", json!({ "command": command }))
+}
+
+/// The branch of a lane as it is on disk, and whether any operation is still open.
+fn on_disk(dir: &Path, lane: &str) -> (Vec<Entry>, usize) {
+    let mut reader = LaneReader::open(
+        &dir.join(".perch/sessions"),
+        &LaneName::try_from(lane).unwrap(),
+    )
+    .unwrap();
+    let open = reader.snapshot().open.len();
+    (reader.branch().unwrap(), open)
+}
+
+fn results(branch: &[Entry]) -> Vec<(String, String, bool)> {
+    branch
+        .iter()
+        .filter_map(|entry| match &entry.body {
+            EntryBody::Message(message) => Some(message.parts.clone()),
+            EntryBody::Data { .. } => None,
+        })
+        .flatten()
+        .filter_map(|part| match part {
+            Part::ToolResult {
+                call_id,
+                output,
+                is_error,
+            } => Some((call_id, output, is_error)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every tool call on the branch is answered by exactly one result, after it.
+fn assert_paired(branch: &[Entry]) {
+    let mut waiting: Vec<String> = Vec::new();
+    for entry in branch {
+        let EntryBody::Message(message) = &entry.body else {
+            continue;
+        };
+        for part in &message.parts {
+            match part {
+                Part::ToolCall { call_id, .. } => waiting.push(call_id.clone()),
+                Part::ToolResult { call_id, .. } => {
+                    let at = waiting.iter().position(|id| id == call_id);
+                    assert!(at.is_some(), "a result for {call_id} answers no call");
+                    waiting.remove(at.unwrap());
+                }
+                _ => {}
+            }
+        }
+        if message.role == Role::User {
+            assert!(waiting.is_empty(), "calls {waiting:?} left unanswered");
+        }
+    }
+    assert!(waiting.is_empty(), "calls {waiting:?} left unanswered");
+}
+
+fn wait_for(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_calls_tools_in_the_sandbox_and_records_every_step() {
+    let fake = FakeModel::start(Api::OpenAiCompletions);
+    let dir = agent_for(&fake);
+    fake.push(bash("call-1", "echo hi > note.txt; cat note.txt"));
+    fake.push(Script::text("The note says hi."));
+    let runtime = runtime(dir.path()).await;
+    let lane = lane(&runtime, quick()).await;
+    let finished = say(&lane, "write a note").await;
+    assert_eq!(finished.outcome, Outcome::Completed);
+    assert_eq!(finished.text, "The note says hi.");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("workspace/note.txt")).unwrap(),
+        "hi\n"
+    );
+    let second = &fake.requests()[1].body;
+    let tool_message = second["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|message| message["role"] == "tool")
+        .unwrap();
+    assert_eq!(tool_message["tool_call_id"], "call-1");
+    assert!(tool_message["content"].as_str().unwrap().contains("hi"));
+    lane.close().await.unwrap();
+
+    let (branch, open) = on_disk(dir.path(), "test");
+    assert_eq!(open, 0);
+    assert_paired(&branch);
+    let log =
+        std::fs::read_to_string(dir.path().join(".perch/sessions/test/000001.jsonl")).unwrap();
+    let kinds: Vec<String> = log
+        .lines()
+        .map(|line| {
+            let value: serde_json::Value = serde_json::from_str(line).unwrap();
+            let kind = value["type"].as_str().or(value["kind"].as_str()).unwrap();
+            let role = value["body"]["role"].as_str().unwrap_or_default();
+            format!("{kind}{}{role}", if role.is_empty() { "" } else { ":" })
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "header",
+            "operation_started",
+            "entry:user",
+            "attempt_started",
+            "entry:assistant",
+            "tool_started",
+            "entry:tool",
+            "attempt_started",
+            "entry:assistant",
+            "operation_finished"
+        ]
+    );
+    assert!(log.contains("\"consumes\":[\"test:write a note\"]"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_model_behaviour_becomes_a_recorded_outcome_and_the_lane_stays_usable() {
+    let fake = FakeModel::start(Api::OpenAiResponses);
+    let dir = agent_for(&fake);
+    let runtime = runtime(dir.path()).await;
+    let lane = lane(
+        &runtime,
+        RunLimits {
+            tool_calls: 2,
+            ..quick()
+        },
+    )
+    .await;
+
+    // An unknown tool and arguments that fail the schema are answered, not run.
+    fake.push(
+        Reply::new()
+            .with_call("c1", "no_such_tool", json!({}))
+            .with_call("c2", "read", json!({ "offset": "ten" })),
+    );
+    fake.push(Script::text("understood"));
+    assert_eq!(say(&lane, "try").await.outcome, Outcome::Completed);
+    let body = fake.last_request().body.to_string();
+    assert!(
+        body.contains("there is no tool \\\"no_such_tool\\\""),
+        "{body}"
+    );
+    assert!(body.contains("`path` is required"), "{body}");
+
+    // Garbage ends the run, explained.
+    fake.push(Script::Garbage);
+    match say(&lane, "again").await.outcome {
+        Outcome::Failed { reason } => assert!(reason.contains("unusable response"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+
+    // A stream cut mid-tool-call and a 429 are retried as new attempts.
+    fake.push(Script::CutMidToolCall);
+    fake.push(Script::status(429, "slow down").retry_after("0"));
+    fake.push(Script::text("third time lucky"));
+    let finished = say(&lane, "once more").await;
+    assert_eq!(finished.outcome, Outcome::Completed);
+    assert_eq!(finished.text, "third time lucky");
+
+    // A model that loops on tools hits the per-run cap.
+    for n in 0..3 {
+        fake.push(bash(&format!("loop-{n}"), "true"));
+    }
+    match say(&lane, "loop").await.outcome {
+        Outcome::Failed { reason } => {
+            assert!(reason.contains("more than 2 tool calls"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    fake.push(Script::text("still here"));
+    assert_eq!(say(&lane, "are you there?").await.text, "still here");
+    lane.close().await.unwrap();
+
+    let (branch, open) = on_disk(dir.path(), "test");
+    assert_eq!(open, 0);
+    assert_paired(&branch);
+    let skipped = results(&branch)
+        .into_iter()
+        .filter(|(_, output, _)| output.contains("limit of 2 tool calls"))
+        .count();
+    assert_eq!(skipped, 1);
+    let log =
+        std::fs::read_to_string(dir.path().join(".perch/sessions/test/000001.jsonl")).unwrap();
+    assert!(
+        log.contains("\"attempt\":3"),
+        "three attempts were recorded for the retried turn"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn steering_arrives_at_the_next_tool_boundary_and_abort_reconciles() {
+    let fake = FakeModel::start(Api::AnthropicMessages);
+    let dir = agent_for(&fake);
+    let workspace = dir.path().join("workspace");
+    let runtime = runtime(dir.path()).await;
+    let lane = lane(&runtime, quick()).await;
+
+    fake.push(
+        bash(
+            "first",
+            "touch started; while [ ! -e go ]; do sleep 0.02; done; echo first done",
+        )
+        .with_call(
+            "second",
+            "bash",
+            json!({ "command": "echo never > never.txt" }),
+        ),
+    );
+    fake.push(Script::text("ok, stopping"));
+    assert_eq!(
+        lane.steer("nothing is running".into()).await.unwrap(),
+        Steered::Idle
+    );
+    let running = {
+        let lane = lane.clone();
+        tokio::spawn(async move { say(&lane, "do two things").await })
+    };
+    wait_for(&workspace.join("started"));
+    assert_eq!(
+        lane.steer("stop after this one".into()).await.unwrap(),
+        Steered::Delivered
+    );
+    std::fs::write(workspace.join("go"), "").unwrap();
+    let finished = running.await.unwrap();
+    assert_eq!(finished.outcome, Outcome::Completed);
+    assert!(!workspace.join("never.txt").exists());
+    let body = fake.last_request().body.to_string();
+    assert!(body.contains("skipped: new message"), "{body}");
+    assert!(body.contains("stop after this one"), "{body}");
+
+    std::fs::remove_file(workspace.join("started")).unwrap();
+    fake.push(bash("slow", "touch started; sleep 302.5"));
+    let running = {
+        let lane = lane.clone();
+        tokio::spawn(async move { say(&lane, "take your time").await })
+    };
+    wait_for(&workspace.join("started"));
+    fake.push(Script::text("follow-up answered"));
+    let follow_up = {
+        let lane = lane.clone();
+        tokio::spawn(async move { say(&lane, "and then this").await })
+    };
+    lane.abort().unwrap();
+    assert_eq!(running.await.unwrap().outcome, Outcome::Cancelled);
+    assert_eq!(follow_up.await.unwrap().text, "follow-up answered");
+    lane.close().await.unwrap();
+
+    let (branch, open) = on_disk(dir.path(), "test");
+    assert_eq!(open, 0);
+    assert_paired(&branch);
+    let slow = results(&branch)
+        .into_iter()
+        .find(|(call, _, _)| call == "slow")
+        .unwrap();
+    assert!(slow.2, "the aborted tool's result is an error: {slow:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn compaction_moves_the_leaf_to_a_summary_and_continues_in_a_new_segment() {
+    let fake = FakeModel::start(Api::OpenAiCompletions);
+    let dir = agent_for(&fake);
+    let runtime = runtime(dir.path()).await;
+    let lane = lane(&runtime, quick()).await;
+    fake.push(Script::text("first answer"));
+    say(&lane, "first question").await;
+    fake.push(Script::text("SUMMARY: a first question was answered."));
+    let compacted = lane.compact(None).await.unwrap();
+    assert_eq!(compacted.outcome, Outcome::Completed);
+    fake.push(Script::text("second answer"));
+    say(&lane, "second question").await;
+    let body = fake.last_request().body.to_string();
+    assert!(body.contains("SUMMARY: a first question"), "{body}");
+    assert!(!body.contains("first answer"), "{body}");
+    lane.close().await.unwrap();
+    assert!(
+        dir.path()
+            .join(".perch/sessions/test/000002.jsonl")
+            .exists()
+    );
+    let (branch, open) = on_disk(dir.path(), "test");
+    assert_eq!(open, 0);
+    assert!(matches!(&branch[0].body, EntryBody::Data { name, .. } if name == "summary"));
+    let first =
+        std::fs::read_to_string(dir.path().join(".perch/sessions/test/000001.jsonl")).unwrap();
+    assert!(first.contains("first answer"), "history is kept");
+}
+
+/// Runs `perch chat DIR` on the namespace double with `input` on stdin.
+fn chat(dir: &Path, input: &str, failpoint: Option<&str>) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_perch"));
+    command
+        .args(["chat", dir.to_str().unwrap()])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("PERCH_SANDBOX", "namespace-double")
+        .env("PERCH_CACHE", Places::from_environment().cache)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(point) = failpoint {
+        command.env("PERCH_FAILPOINT", point);
+    }
+    let mut child = command.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn perch_chat_talks_through_the_lane_and_remembers() {
+    let fake = FakeModel::start(Api::OpenAiCompletions);
+    let dir = agent_for(&fake);
+    fake.push(bash("c1", "echo 42 > answer.txt"));
+    fake.push(Script::text("I wrote the answer."));
+    let output = chat(dir.path(), "write the answer\n", None);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert_eq!(text(&output.stdout), "I wrote the answer.\n");
+    assert!(
+        text(&output.stderr).contains("[bash "),
+        "{}",
+        text(&output.stderr)
+    );
+    fake.push(Script::text("You asked me to write the answer."));
+    let output = chat(dir.path(), "what did I ask?\n", None);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let history = fake.last_request().body.to_string();
+    assert!(history.contains("write the answer") && history.contains("I wrote the answer."));
+}
+
+/// A process killed at each step of the sequence leaves a lane that the next start recovers:
+/// valid, complete, every call answered, nothing run twice.
+#[test]
+fn a_crash_at_every_step_is_recovered_on_the_next_start() {
+    for point in [
+        "after:operation_started",
+        "after:user_entry",
+        "after:attempt_started",
+        "after:assistant_entry",
+        "after:tool_started",
+        "after:tool_result",
+        "before:operation_finished",
+    ] {
+        let first = FakeModel::start(Api::OpenAiCompletions);
+        let dir = agent_for(&first);
+        first.push(bash("crash-call", "echo ran >> ran.txt"));
+        first.push(Script::text("done"));
+        let output = chat(dir.path(), "run it\n", Some(point));
+        assert!(
+            !output.status.success(),
+            "{point}: the failpoint did not fire"
+        );
+
+        let second = FakeModel::start(Api::OpenAiCompletions);
+        point_at(dir.path(), &second);
+        second.push(Script::text("after the crash"));
+        let output = chat(dir.path(), "hello again\n", None);
+        let stderr = text(&output.stderr);
+        assert!(output.status.success(), "{point}: {stderr}");
+        assert_eq!(text(&output.stdout), "after the crash\n", "{point}");
+        assert!(
+            stderr.contains("recovered lane terminal: 1 unfinished operation"),
+            "{point}: {stderr}"
+        );
+
+        let (branch, open) = on_disk(dir.path(), "terminal");
+        assert_eq!(open, 0, "{point}");
+        assert_paired(&branch);
+        let ran = std::fs::read_to_string(dir.path().join("workspace/ran.txt")).unwrap_or_default();
+        let expected_runs =
+            usize::from(point == "after:tool_result" || point == "before:operation_finished");
+        assert_eq!(
+            ran.lines().count(),
+            expected_runs,
+            "{point}: the tool ran {ran:?}"
+        );
+        if point == "after:tool_started" {
+            let (_, output, is_error) = results(&branch).pop().unwrap();
+            assert!(
+                is_error && output.contains("interrupted"),
+                "{point}: {output}"
+            );
+        }
+        let request = second.last_request().body.to_string();
+        assert!(request.contains("hello again"), "{point}");
+    }
+}
+
+#[test]
+fn a_perch_killed_inside_a_tool_is_recovered() {
+    let first = FakeModel::start(Api::AnthropicMessages);
+    let dir = agent_for(&first);
+    first.push(bash("inside", "touch inside; sleep 301.5"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_perch"))
+        .args(["chat", dir.path().to_str().unwrap()])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("PERCH_SANDBOX", "namespace-double")
+        .env("PERCH_CACHE", Places::from_environment().cache)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"start the long job\n").unwrap();
+    wait_for(&dir.path().join("workspace/inside"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(stdin);
+
+    let second = FakeModel::start(Api::AnthropicMessages);
+    point_at(dir.path(), &second);
+    second.push(Script::text("recovered"));
+    let output = chat(dir.path(), "what happened?\n", None);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let (branch, open) = on_disk(dir.path(), "terminal");
+    assert_eq!(open, 0);
+    assert_paired(&branch);
+    let (call, result, is_error) = results(&branch)
+        .into_iter()
+        .find(|(call, _, _)| call == "inside")
+        .unwrap();
+    assert!(
+        is_error && result.contains("interrupted"),
+        "{call}: {result}"
+    );
+}
