@@ -6,9 +6,11 @@ use perch::agent::{self, AgentDir, InitStatus};
 use perch::lane::{Lane, RunLimits};
 use perch::log::system_clock;
 use perch::model;
+use perch::model::ToolSpec;
 use perch::runtime::Runtime;
 use perch::sandbox::{self, End, Machine, MachineSetup};
-use perch::{doctor, image, info, tools};
+use perch::tools::Toolbox;
+use perch::{doctor, image, info};
 use perch_core::image::Flavour;
 use perch_core::log::Outcome;
 use perch_core::name::LaneName;
@@ -347,13 +349,21 @@ fn tool(dir: PathBuf, name: Option<&str>, args: Option<&str>) -> Result<ExitCode
     };
     let Some(name) = name else {
         let mut out = String::new();
-        for tool in &agent.definition.tools {
-            out.push_str(&format!("{}  {}\n", tool.name, tool.description));
-            let schema = tool.json_schema();
-            out.push_str(&format!("    arguments: {}\n", schema["properties"]));
-        }
-        if out.is_empty() {
-            out.push_str("no tools: add one in tools/*.lua\n");
+        let lua_tools = agent.definition.tools.iter().map(|tool| ToolSpec {
+            name: tool.name.to_string(),
+            description: tool.description.clone(),
+            parameters: tool.json_schema(),
+        });
+        for tool in perch::builtin::builtin_specs().into_iter().chain(lua_tools) {
+            out.push_str(&format!(
+                "{}  {}\n",
+                tool.name,
+                first_line(&tool.description)
+            ));
+            out.push_str(&format!(
+                "    arguments: {}\n",
+                tool.parameters["properties"]
+            ));
         }
         emit(&out)?;
         return Ok(ExitCode::SUCCESS);
@@ -366,17 +376,25 @@ fn tool(dir: PathBuf, name: Option<&str>, args: Option<&str>) -> Result<ExitCode
     };
     runtime()?.block_on(async {
         let machine = machine(&agent)?;
-        let result =
-            tools::run_tool(&agent, &machine, name, &arguments, cancel_on_interrupt()).await;
+        let toolbox = Toolbox::new(std::sync::Arc::new(agent), machine.clone());
+        let outcome = toolbox.call(name, &arguments, cancel_on_interrupt()).await;
         let stopped = machine.stop().await;
-        let text = result?;
-        emit(&text)?;
+        let mut text = outcome.output;
         if !text.ends_with('\n') {
-            emit("\n")?;
+            text.push('\n');
         }
         stopped.map_err(|error| error.to_string())?;
+        if outcome.is_error {
+            eprint!("error: {text}");
+            return Ok(ExitCode::FAILURE);
+        }
+        emit(&text)?;
         Ok(ExitCode::SUCCESS)
     })
+}
+
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or_default()
 }
 
 /// The agent's runtime and its terminal lane, opened and recovered.

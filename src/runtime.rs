@@ -12,6 +12,10 @@ use perch_core::Problem;
 use perch_core::name::LaneName;
 use perch_core::prompt::Origin;
 use std::sync::Arc;
+use tokio::sync::Semaphore;
+
+/// How many runs of one agent may be active at once, across its lanes.
+pub const MAX_ACTIVE_RUNS: usize = 4;
 
 /// The running form of one agent directory.
 #[derive(Debug)]
@@ -21,6 +25,7 @@ pub struct Runtime {
     toolbox: Arc<Toolbox>,
     model: Arc<dyn Model>,
     clock: Clock,
+    active_runs: Arc<Semaphore>,
     _owner: OwnerLock,
 }
 
@@ -44,6 +49,7 @@ impl Runtime {
             toolbox,
             model,
             clock,
+            active_runs: Arc::new(Semaphore::new(MAX_ACTIVE_RUNS)),
             _owner: owner,
         })
     }
@@ -79,6 +85,7 @@ impl Runtime {
             context_window: u64::from(spec.context_window),
             limits,
             clock: self.clock.clone(),
+            active_runs: Arc::clone(&self.active_runs),
         };
         Lane::open(&self.agent.dir.sessions_dir(), name, setup).await
     }

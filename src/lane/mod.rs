@@ -24,7 +24,7 @@ use std::path::Path;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 /// What a lane needs besides its log: the model, the tools, the system prompt and the limits.
@@ -38,6 +38,9 @@ pub struct LaneSetup {
     pub context_window: u64,
     pub limits: RunLimits,
     pub clock: Clock,
+    /// Shared by every lane of an agent: a run waits for a permit before it starts, so only so
+    /// many lanes run at once.
+    pub active_runs: Arc<Semaphore>,
 }
 
 impl fmt::Debug for LaneSetup {
@@ -462,6 +465,7 @@ impl LaneTask {
         let cancel = self.cancel.clone();
         let branch = self.branch.take().unwrap_or_default();
         Box::pin(async move {
+            let permit = Arc::clone(&shared.setup.active_runs).acquire_owned().await;
             let mut runner = run::Runner {
                 shared: &shared,
                 branch,
@@ -481,6 +485,7 @@ impl LaneTask {
                     let _ = reply.send(result);
                 }
             }
+            drop(permit);
             runner.branch
         })
     }

@@ -3,6 +3,7 @@
 //! runs it, once, as a smoke run) prints slower figures.
 #![allow(clippy::print_stdout)]
 
+mod lane;
 mod log;
 mod sandbox;
 
@@ -24,4 +25,5 @@ fn main() {
     runtime.block_on(log::group_commit(smoke));
     runtime.block_on(log::reopen(smoke));
     runtime.block_on(sandbox::warm_exec(smoke));
+    runtime.block_on(lane::host_overhead(smoke));
 }

@@ -527,3 +527,80 @@ fn a_perch_killed_inside_a_tool_is_recovered() {
         "{call}: {result}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lane_near_its_context_window_is_compacted_before_the_next_run() {
+    let fake = FakeModel::start(Api::OpenAiCompletions);
+    let dir = agent_for(&fake);
+    let small = fake
+        .models_yml("fake", "m1")
+        .replace("contextWindow: 128000", "contextWindow: 2048")
+        .replace("maxTokens: 4096", "maxTokens: 512");
+    write(dir.path(), "models.yml", &small);
+    let runtime = runtime(dir.path()).await;
+    let lane = lane(&runtime, quick()).await;
+    fake.push(Script::text("hi"));
+    say(&lane, &format!("hello {}", "long words ".repeat(700))).await;
+    fake.push(Script::text("SUMMARY-X"));
+    fake.push(Script::text("answer two"));
+    let (events, mut shown) = tokio::sync::mpsc::unbounded_channel();
+    let finished = lane
+        .send(
+            Input {
+                text: "again".into(),
+                consumes: Vec::new(),
+            },
+            Some(events),
+        )
+        .await
+        .unwrap();
+    assert_eq!(finished.text, "answer two");
+    let mut compacted = false;
+    while let Ok(event) = shown.try_recv() {
+        compacted |= event == perch::lane::LaneEvent::Compacted;
+    }
+    assert!(compacted);
+    let requests = fake.requests();
+    assert!(
+        requests[1].body.get("tools").is_none(),
+        "the summary request offers no tools"
+    );
+    let last = requests[2].body.to_string();
+    assert!(
+        last.contains("SUMMARY-X") && !last.contains("hello"),
+        "{last}"
+    );
+    lane.close().await.unwrap();
+    assert!(
+        dir.path()
+            .join(".perch/sessions/test/000002.jsonl")
+            .exists()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_that_keeps_breaking_fails_the_run_after_the_last_attempt() {
+    let fake = FakeModel::start(Api::AnthropicMessages);
+    let dir = agent_for(&fake);
+    let runtime = runtime(dir.path()).await;
+    let lane = lane(&runtime, quick()).await;
+    for _ in 0..4 {
+        fake.push(Script::CutMidToolCall);
+    }
+    match say(&lane, "hello").await.outcome {
+        Outcome::Failed { reason } => {
+            assert!(
+                reason.contains("fake/m1") && reason.contains("after 4 attempts"),
+                "{reason}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(fake.requests().len(), 4);
+    fake.push(Script::text("working again"));
+    assert_eq!(say(&lane, "hello?").await.text, "working again");
+    lane.close().await.unwrap();
+    let (branch, open) = on_disk(dir.path(), "test");
+    assert_eq!(open, 0);
+    assert_paired(&branch);
+}
