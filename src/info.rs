@@ -1,8 +1,8 @@
 //! `perch info`: what an agent is, for people and for scripts. Secret values never appear here:
 //! a secret is shown by the names of its variables and the hosts it may reach.
 
-use crate::agent::LoadedAgent;
-use perch_core::config::ToolDecl;
+use crate::agent::{LoadedAgent, LoadedChannel};
+use perch_core::config::{BusyPolicy, Platform, ToolDecl};
 use serde_json::json;
 use std::fmt::Write as _;
 
@@ -38,7 +38,96 @@ pub fn to_json(agent: &LoadedAgent) -> serde_json::Value {
             "bootstrap": sandbox.bootstrap,
         },
         "tools": definition.tools.iter().map(tool_json).collect::<Vec<_>>(),
+        "channels": agent.channels.iter().map(channel_json).collect::<Vec<_>>(),
     })
+}
+
+/// A channel by its settings and the names of its credential variables, never their values.
+fn channel_json(channel: &LoadedChannel) -> serde_json::Value {
+    let config = &channel.config;
+    let credentials: serde_json::Map<String, serde_json::Value> = config
+        .platform
+        .credentials()
+        .into_iter()
+        .map(|(key, variable)| (key.to_owned(), json!(variable.name())))
+        .collect();
+    let (homeserver, user) = match &config.platform {
+        Platform::Matrix {
+            homeserver, user, ..
+        } => (Some(homeserver), Some(user)),
+        _ => (None, None),
+    };
+    let collect_window = match config.busy {
+        BusyPolicy::Collect { window } => Some(window.as_secs()),
+        _ => None,
+    };
+    let hooks: Vec<&str> = [
+        ("on_message", config.on_message.is_some()),
+        ("format", config.format.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(hook, declared)| declared.then_some(hook))
+    .collect();
+    json!({
+        "name": config.name,
+        "file": channel.file,
+        "kind": config.kind(),
+        "credentials": credentials,
+        "homeserver": homeserver,
+        "user": user,
+        "apiUrl": config.api_url,
+        "rooms": config.rooms,
+        "allow": {
+            "users": config.allow.users,
+            "rooms": config.allow.rooms,
+        },
+        "dm": config.dm,
+        "groups": config.groups,
+        "busy": config.busy.as_str(),
+        "collectWindowSeconds": collect_window,
+        "maxAgeSeconds": config.max_age.as_secs(),
+        "queueLimit": config.queue_limit,
+        "allowBots": config.allow_bots,
+        "botTurns": config.bot_turns,
+        "hooks": hooks,
+    })
+}
+
+/// A channel on one line: kind, rooms, policies and credential variables.
+fn channel_text(channel: &LoadedChannel) -> String {
+    let config = &channel.config;
+    let rooms: Vec<&str> = config.rooms.keys().map(|alias| alias.as_str()).collect();
+    let busy = match config.busy {
+        BusyPolicy::Collect { window } => format!("collect {} s", window.as_secs()),
+        other => other.as_str().to_owned(),
+    };
+    let credentials: Vec<String> = config
+        .platform
+        .credentials()
+        .into_iter()
+        .map(|(key, variable)| format!("{key} from {variable}"))
+        .collect();
+    let mut line = format!(
+        "{}  {}, rooms {}; dm {}, groups {}, busy {}; {}",
+        config.name,
+        config.kind(),
+        list_or_none(&rooms),
+        config.dm.as_str(),
+        config.groups.as_str(),
+        busy,
+        credentials.join(", ")
+    );
+    let hooks: Vec<&str> = [
+        ("on_message", config.on_message.is_some()),
+        ("format", config.format.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(hook, declared)| declared.then_some(hook))
+    .collect();
+    if !hooks.is_empty() {
+        line.push_str(&format!("; hooks {}", hooks.join(", ")));
+    }
+    line
 }
 
 fn tool_json(tool: &ToolDecl) -> serde_json::Value {
@@ -124,6 +213,13 @@ pub fn to_text(agent: &LoadedAgent) -> String {
     for (index, tool) in definition.tools.iter().enumerate() {
         let label = if index == 0 { "tools" } else { "" };
         row(label, format!("{}  {}", tool.name, tool.description));
+    }
+    if agent.channels.is_empty() {
+        row("channels", "(none)".to_owned());
+    }
+    for (index, channel) in agent.channels.iter().enumerate() {
+        let label = if index == 0 { "channels" } else { "" };
+        row(label, channel_text(channel));
     }
     out
 }

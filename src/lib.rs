@@ -4,18 +4,22 @@
 
 pub mod agent;
 pub mod builtin;
+pub mod channel;
 pub mod chat;
 pub mod doctor;
 pub mod failpoint;
 pub mod image;
+pub mod inbox;
 pub mod info;
 pub mod lane;
 pub mod log;
 pub mod lua;
 pub mod model;
+pub mod outbox;
 pub mod prompt;
 pub mod runtime;
 pub mod sandbox;
+pub mod service;
 pub mod skills;
 pub mod toolbox;
 pub mod tools;

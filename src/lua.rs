@@ -16,6 +16,7 @@ use perch_core::config::Declaration;
 use perch_core::name::EnvName;
 use perch_core::problem::{Pos, Problem};
 use perch_core::tree::{FunctionId, Key, Node, Path, Value};
+use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -46,6 +47,13 @@ impl Limits {
     pub const TOOL_CALL: Limits = Limits {
         memory_bytes: 64 << 20,
         instructions: 100_000_000,
+    };
+
+    /// The limits for one call of a channel's hook (`on_message`, `format`), which runs for
+    /// every message and must be quick.
+    pub const HOOK_CALL: Limits = Limits {
+        memory_bytes: 32 << 20,
+        instructions: 10_000_000,
     };
 }
 
@@ -897,6 +905,269 @@ fn shell_quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', "'\\''"))
 }
 
+/// The small key-value store a channel's hooks see as their `store` argument: string keys,
+/// JSON values, at most [`HookStore::MAX_BYTES`] as JSON. The shell keeps one per channel and
+/// persists it; a hook call works on it directly, so the caller decides whether to keep what a
+/// call changed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HookStore {
+    entries: BTreeMap<String, serde_json::Value>,
+    /// The length of the store as a JSON object, give or take one byte.
+    bytes: usize,
+}
+
+impl HookStore {
+    /// The most the store may hold, as JSON text.
+    pub const MAX_BYTES: usize = 1 << 20;
+    /// The longest key, in bytes.
+    pub const MAX_KEY_BYTES: usize = 256;
+
+    /// A store holding `entries`; refused when they are more than [`HookStore::MAX_BYTES`].
+    pub fn new(entries: BTreeMap<String, serde_json::Value>) -> Result<HookStore, String> {
+        let mut store = HookStore::default();
+        for (key, value) in entries {
+            store.set(key, value)?;
+        }
+        Ok(store)
+    }
+
+    /// Every entry, in key order.
+    pub fn entries(&self) -> &BTreeMap<String, serde_json::Value> {
+        &self.entries
+    }
+
+    /// The value under `key`.
+    pub fn get(&self, key: &str) -> Option<&serde_json::Value> {
+        self.entries.get(key)
+    }
+
+    /// Sets `key` to `value` (`null` deletes it); refused, leaving the store as it was, when
+    /// the key is empty or too long or the store would grow past [`HookStore::MAX_BYTES`].
+    pub fn set(&mut self, key: String, value: serde_json::Value) -> Result<(), String> {
+        if key.is_empty() || key.len() > HookStore::MAX_KEY_BYTES {
+            return Err(format!(
+                "a store key must be 1 to {} bytes long",
+                HookStore::MAX_KEY_BYTES
+            ));
+        }
+        if value.is_null() {
+            self.delete(&key);
+            return Ok(());
+        }
+        let old = self
+            .entries
+            .get(&key)
+            .map_or(0, |old| entry_bytes(&key, old));
+        let new = entry_bytes(&key, &value);
+        let total = self.bytes.max(2) - old + new;
+        if total > HookStore::MAX_BYTES {
+            return Err(format!(
+                "the store would hold more than {} (it holds {} bytes)",
+                mebibytes(HookStore::MAX_BYTES),
+                self.bytes
+            ));
+        }
+        self.bytes = total;
+        self.entries.insert(key, value);
+        Ok(())
+    }
+
+    /// Removes `key`, if it is there.
+    pub fn delete(&mut self, key: &str) {
+        if let Some(old) = self.entries.remove(key) {
+            self.bytes -= entry_bytes(key, &old);
+        }
+    }
+}
+
+/// The bytes one entry takes in the store's JSON: the quoted key, a colon, the value, a comma.
+fn entry_bytes(key: &str, value: &serde_json::Value) -> usize {
+    let key = serde_json::to_string(key).map_or(key.len() + 2, |quoted| quoted.len());
+    let value = serde_json::to_string(value).map_or(0, |text| text.len());
+    key + value + 2
+}
+
+/// The store as the hook sees it, for the length of one call.
+struct LiveStore {
+    store: HookStore,
+    /// Set when the call is over: a hook that kept `store` somewhere cannot use it later.
+    closed: bool,
+}
+
+fn lock_store(store: &Mutex<LiveStore>) -> MutexGuard<'_, LiveStore> {
+    store.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// JSON null becomes `nil`, so absent values read as absent.
+const TO_LUA: mlua::serde::SerializeOptions = mlua::serde::SerializeOptions::new()
+    .serialize_none_to_null(false)
+    .serialize_unit_to_null(false);
+
+fn from_lua_options() -> mlua::serde::DeserializeOptions {
+    mlua::serde::DeserializeOptions::new().sort_keys(true)
+}
+
+/// `store.get(key)`, `store.set(key, value)` and `store.delete(key)`.
+fn store_table(lua: &Lua, file: &str, live: &Arc<Mutex<LiveStore>>) -> mlua::Result<Table> {
+    let table = lua.create_table()?;
+    let open = |lua: &Lua, live: &Arc<Mutex<LiveStore>>, file: &str, function: &str| {
+        if lock_store(live).closed {
+            return Err(CallError::raise(
+                lua,
+                file,
+                format!("store.{function}: the store is usable only while the hook runs"),
+                "use the store argument of the current call",
+            ));
+        }
+        Ok(())
+    };
+    let key_of = |lua: &Lua, file: &str, function: &str, key: LuaValue| match key {
+        LuaValue::String(text) => text.to_str().map(|text| text.to_owned()).map_err(|_| {
+            CallError::raise(
+                lua,
+                file,
+                format!("store.{function}: the key is not UTF-8"),
+                "use a text key",
+            )
+        }),
+        other => Err(CallError::raise(
+            lua,
+            file,
+            format!(
+                "store.{function} takes a string key, got {}",
+                other.type_name()
+            ),
+            "call it as store.get(\"key\"), with a dot",
+        )),
+    };
+
+    let (get_live, get_file) = (Arc::clone(live), file.to_owned());
+    table.raw_set(
+        "get",
+        lua.create_function(move |lua, key: LuaValue| {
+            open(lua, &get_live, &get_file, "get")?;
+            let key = key_of(lua, &get_file, "get", key)?;
+            match lock_store(&get_live).store.get(&key) {
+                Some(value) => lua.to_value_with(value, TO_LUA),
+                None => Ok(LuaValue::Nil),
+            }
+        })?,
+    )?;
+
+    let (set_live, set_file) = (Arc::clone(live), file.to_owned());
+    table.raw_set(
+        "set",
+        lua.create_function(move |lua, (key, value): (LuaValue, LuaValue)| {
+            open(lua, &set_live, &set_file, "set")?;
+            let key = key_of(lua, &set_file, "set", key)?;
+            let value: serde_json::Value = match value {
+                LuaValue::Nil => serde_json::Value::Null,
+                value => lua
+                    .from_value_with(value, from_lua_options())
+                    .map_err(|error| {
+                        CallError::raise(
+                            lua,
+                            &set_file,
+                            format!("store.set({key:?}): the value cannot be stored: {error}"),
+                            "store strings, numbers, booleans and tables of them",
+                        )
+                    })?,
+            };
+            lock_store(&set_live)
+                .store
+                .set(key, value)
+                .map_err(|message| {
+                    CallError::raise(
+                        lua,
+                        &set_file,
+                        format!("store.set: {message}"),
+                        "keep less in the store; delete what is no longer needed",
+                    )
+                })
+        })?,
+    )?;
+
+    let (delete_live, delete_file) = (Arc::clone(live), file.to_owned());
+    table.raw_set(
+        "delete",
+        lua.create_function(move |lua, key: LuaValue| {
+            open(lua, &delete_live, &delete_file, "delete")?;
+            let key = key_of(lua, &delete_file, "delete", key)?;
+            lock_store(&delete_live).store.delete(&key);
+            Ok(())
+        })?,
+    )?;
+    Ok(table)
+}
+
+/// `file:line: message`, without the fix.
+fn located(problem: &Problem) -> String {
+    if problem.pos.line > 0 {
+        format!("{}:{}: {}", problem.file, problem.pos.line, problem.message)
+    } else {
+        format!("{}: {}", problem.file, problem.message)
+    }
+}
+
+impl Evaluation {
+    /// Calls `function`, declared by this channel file as a hook, as `function(input, store)`,
+    /// with a fresh budget of [`Limits::HOOK_CALL`] instructions.
+    ///
+    /// `input` arrives as Lua values (JSON null as `nil`); `store` is the channel's store, with
+    /// `store.get(key)`, `store.set(key, value)` (`nil` deletes) and `store.delete(key)`, values
+    /// converted through JSON. What the call changes in `store` is kept only when the call
+    /// succeeds. The result comes back as JSON (`nil` as null). A Lua error, the instruction
+    /// limit and the memory limit become `Err("channels/ops.lua:12: message")`.
+    pub async fn call_hook(
+        &self,
+        function: FunctionId,
+        input: &serde_json::Value,
+        store: &mut HookStore,
+    ) -> Result<serde_json::Value, String> {
+        let _one_at_a_time = self.calls.lock().await;
+        let limits = Limits::HOOK_CALL;
+        let file = self.file.as_str();
+        let function = self
+            .functions
+            .get(function.0)
+            .cloned()
+            .ok_or_else(|| format!("{file}: the hook's function is missing"))?;
+        let live = Arc::new(Mutex::new(LiveStore {
+            store: store.clone(),
+            closed: false,
+        }));
+        let prepared = (|| {
+            self.lua.set_memory_limit(limits.memory_bytes)?;
+            self.budget.renew(&self.lua, limits.instructions)?;
+            let input = self.lua.to_value_with(input, TO_LUA)?;
+            let table = store_table(&self.lua, file, &live)?;
+            Ok::<_, mlua::Error>((input, table))
+        })();
+        let (input, table) =
+            prepared.map_err(|error| format!("{file}: cannot prepare the call: {error}"))?;
+        let returned = function.call::<LuaValue>((input, table));
+        lock_store(&live).closed = true;
+        if self.budget.is_exhausted() {
+            return Err(located(&self.budget.problem(file)));
+        }
+        let value = returned.map_err(|error| located(&problem_from_error(file, &error, limits)))?;
+        let json = match value {
+            LuaValue::Nil => serde_json::Value::Null,
+            LuaValue::String(text) => serde_json::Value::String(text.to_string_lossy()),
+            other => {
+                let kind = other.type_name();
+                self.lua
+                    .from_value_with::<serde_json::Value>(other, from_lua_options())
+                    .map_err(|error| {
+                        format!("{file}: the hook returned {kind} that is not JSON: {error}")
+                    })?
+            }
+        };
+        *store = std::mem::take(&mut lock_store(&live).store);
+        Ok(json)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1261,6 +1532,62 @@ agent { cycle = cycle, thread = coroutine.create(function() end), bytes = "\xff"
         let problem = only_problem(run("agent.lua", source));
         assert!(problem.message.contains("deeper than 32"), "{problem}");
         assert!(problem.path.starts_with("[1]"), "{problem}");
+    }
+
+    #[test]
+    fn the_hook_store_counts_its_json_size() {
+        let mut store = HookStore::default();
+        store
+            .set("a".into(), serde_json::json!({ "b": [1, "x"] }))
+            .unwrap();
+        store.set("c\"".into(), serde_json::json!(true)).unwrap();
+        let json = serde_json::to_string(store.entries()).unwrap();
+        assert!(store.bytes >= json.len() && store.bytes <= json.len() + 1);
+        store.set("a".into(), serde_json::Value::Null).unwrap();
+        store.delete("c\"");
+        assert!(store.entries().is_empty());
+        assert_eq!(store.bytes, 2);
+        assert!(store.set(String::new(), serde_json::json!(1)).is_err());
+        let big = serde_json::json!("x".repeat(HookStore::MAX_BYTES));
+        assert!(store.set("big".into(), big).is_err());
+        assert!(store.entries().is_empty());
+        assert!(HookStore::new(BTreeMap::from([("k".into(), serde_json::json!(1))])).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_store_kept_past_its_call_cannot_be_used() {
+        let source = "local kept\nchannel { hook = function(msg, store)\n  if kept then\n    \
+                      kept.set('k', 1)\n  end\n  kept = store\n  store.set('n', msg.n)\n  \
+                      return { text = store.get('missing') or 'none', n = msg.n }\nend }";
+        let evaluation = evaluate("channels/ops.lua", source, &["channel"], Limits::CONFIG)
+            .unwrap_or_else(|problems| panic!("{problems:?}"));
+        let Value::Map(entries) = &evaluation.declarations()[0].args[0].value else {
+            panic!("not a map");
+        };
+        let Value::Function(hook) = entries[0].1.value else {
+            panic!("not a function");
+        };
+        let mut store = HookStore::default();
+        let first = evaluation
+            .call_hook(
+                hook,
+                &serde_json::json!({ "n": 1, "gone": null }),
+                &mut store,
+            )
+            .await;
+        assert_eq!(first, Ok(serde_json::json!({ "text": "none", "n": 1 })));
+        assert_eq!(store.get("n"), Some(&serde_json::json!(1)));
+        let second = evaluation
+            .call_hook(hook, &serde_json::json!({ "n": 2 }), &mut store)
+            .await;
+        assert_eq!(
+            second,
+            Err(
+                "channels/ops.lua:4: store.set: the store is usable only while the hook runs"
+                    .into()
+            )
+        );
+        assert_eq!(store.get("n"), Some(&serde_json::json!(1)));
     }
 
     #[test]

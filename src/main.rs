@@ -9,11 +9,13 @@ use perch::model;
 use perch::model::ToolSpec;
 use perch::runtime::Runtime;
 use perch::sandbox::{self, End, Machine, MachineSetup};
+use perch::service::ServiceSetup;
 use perch::tools::Toolbox;
 use perch::{doctor, image, info};
+use perch_core::config::{ChannelKind, Platform};
 use perch_core::image::Flavour;
 use perch_core::log::Outcome;
-use perch_core::name::LaneName;
+use perch_core::name::{ChannelName, LaneName};
 use perch_core::prompt::Origin;
 use std::io::{self, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -69,6 +71,12 @@ enum Command {
         #[arg(last = true, required = true, num_args = 1..)]
         command: Vec<String>,
     },
+    /// Run the agent as a service: recover, connect every channel in channels/, and answer until
+    /// SIGINT or SIGTERM. Holds the agent directory's lock while it runs.
+    Run {
+        /// The agent directory [default: the current directory]
+        dir: Option<PathBuf>,
+    },
     /// Talk to the agent from the terminal. Each line is one message, through the same durable
     /// lane a chat message takes; the reply streams back. The conversation (lane `terminal`)
     /// persists in .perch/ and continues on the next start. Ctrl-C aborts the reply in progress.
@@ -94,6 +102,27 @@ enum Command {
         /// The arguments, as one JSON object
         #[arg(long, value_name = "JSON")]
         args: Option<String>,
+    },
+    /// The agent's chat channels (channels/*.lua)
+    Channel {
+        #[command(subcommand)]
+        command: ChannelCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ChannelCommand {
+    /// Copy the stock adapter for KIND (discord, telegram or matrix), with every option
+    /// explained in comments, into DIR/channels/KIND.lua, and say which environment variables
+    /// to set. Never overwrites a file.
+    Add {
+        /// discord, telegram or matrix
+        kind: String,
+        /// The agent directory [default: the current directory]
+        dir: Option<PathBuf>,
+        /// Name the channel (and its file, channels/NAME.lua) otherwise than after its kind
+        #[arg(long)]
+        name: Option<String>,
     },
 }
 
@@ -145,9 +174,17 @@ fn main() -> ExitCode {
             suite,
             rebuild,
         }),
+        Command::Run { dir } => run_service(dir.unwrap_or_else(|| PathBuf::from("."))),
         Command::Chat { dir } => chat(dir.unwrap_or_else(|| PathBuf::from("."))),
         Command::Compact { dir, lane } => compact(dir.unwrap_or_else(|| PathBuf::from(".")), &lane),
         Command::Exec { dir, command } => exec(dir.unwrap_or_else(|| PathBuf::from(".")), &command),
+        Command::Channel {
+            command: ChannelCommand::Add { kind, dir, name },
+        } => add_channel(
+            &kind,
+            dir.unwrap_or_else(|| PathBuf::from(".")),
+            name.as_deref(),
+        ),
         Command::Tool { dir, name, args } => tool(
             dir.unwrap_or_else(|| PathBuf::from(".")),
             name.as_deref(),
@@ -197,6 +234,37 @@ fn init(dir: PathBuf) -> Result<ExitCode, String> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+fn add_channel(kind: &str, dir: PathBuf, name: Option<&str>) -> Result<ExitCode, String> {
+    let kind = ChannelKind::parse(kind).ok_or_else(|| {
+        format!("unknown channel kind {kind:?}; use one of discord, telegram, matrix")
+    })?;
+    let name = name
+        .map(|name| ChannelName::try_from(name).map_err(|error| format!("--name: {error}")))
+        .transpose()?;
+    let agent_dir = AgentDir::open(&dir).map_err(|error| error.to_string())?;
+    let added = agent::add_channel(&agent_dir, kind, name.as_ref())?;
+    let config = &added.channel.config;
+    let mut out = format!(
+        "created {} (channel {}, {kind})\n\nset in the service's environment:\n",
+        added.path.display(),
+        config.name
+    );
+    for (key, variable) in config.platform.credentials() {
+        out.push_str(&format!("  {:<24} {key}\n", variable.name().as_str()));
+    }
+    let matrix = if matches!(config.platform, Platform::Matrix { .. }) {
+        "set homeserver and user, "
+    } else {
+        ""
+    };
+    out.push_str(&format!(
+        "\nthen edit {}: {matrix}add the rooms and the people allowed, and check the agent with `perch info`\n",
+        added.channel.file
+    ));
+    emit(&out)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn show_info(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
@@ -480,5 +548,49 @@ fn compact(dir: PathBuf, lane_name: &str) -> Result<ExitCode, String> {
             }
             other => Err(format!("compaction did not complete: {other:?}")),
         }
+    })
+}
+
+fn run_service(dir: PathBuf) -> Result<ExitCode, String> {
+    let agent = match load_agent(&dir)? {
+        Ok(agent) => agent,
+        Err(code) => return Ok(code),
+    };
+    runtime()?.block_on(async {
+        let lookup = |name: &str| std::env::var(name).ok();
+        let endpoint = model::endpoint_for(&agent, lookup)?;
+        let setup = ServiceSetup {
+            machine: MachineSetup::from_environment(),
+            model: model::connect(endpoint),
+            connectors: std::sync::Arc::new(|channel: &perch::agent::LoadedChannel| {
+                perch::channel::connect(channel, |name| std::env::var(name).ok())
+            }),
+            clock: system_clock(),
+            limits: RunLimits::default(),
+            reconnect: std::time::Duration::from_secs(1),
+        };
+        let shutdown = CancellationToken::new();
+        let on_signal = shutdown.clone();
+        tokio::spawn(async move {
+            let mut terminate =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            let terminated = async {
+                match terminate.as_mut() {
+                    Some(signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                () = terminated => {}
+            }
+            on_signal.cancel();
+        });
+        eprintln!("perch: running {}", dir.display());
+        perch::service::run(agent, setup, shutdown).await?;
+        eprintln!("perch: stopped");
+        Ok(ExitCode::SUCCESS)
     })
 }

@@ -5,8 +5,8 @@ use super::AgentDir;
 use crate::lua::{self, Limits};
 use perch_core::Problem;
 use perch_core::config::{
-    Definition, ToolDecl, check_agent, check_models, check_sandbox, check_tool, duplicate_tools,
-    model_problem,
+    ChannelConfig, Definition, ToolDecl, channel_secret_problems, check_agent, check_channel,
+    check_models, check_sandbox, check_tool, duplicate_tools, model_problem,
 };
 use perch_core::problem::{Pos, Problems};
 use std::collections::BTreeMap;
@@ -24,9 +24,23 @@ pub struct LoadedAgent {
     pub instructions: Option<String>,
     /// The Lua state of the file that declared each tool, by tool name.
     pub tool_code: BTreeMap<String, Arc<lua::Evaluation>>,
+    /// Every `channels/*.lua`, in file name order.
+    pub channels: Vec<LoadedChannel>,
 }
 
-/// Loads and checks `agent.lua`, `sandbox.lua`, `models.yml` and `tools/*.lua`.
+/// One `channels/<name>.lua` that checked out, with the Lua state its hooks run in.
+#[derive(Debug, Clone)]
+pub struct LoadedChannel {
+    /// The file, relative to the agent directory (`channels/ops.lua`).
+    pub file: String,
+    /// The checked declaration; its `on_message` and `format` are functions of `code`.
+    pub config: ChannelConfig,
+    /// The file's Lua state, in which its hooks run.
+    pub code: Arc<lua::Evaluation>,
+}
+
+/// Loads and checks `agent.lua`, `sandbox.lua`, `models.yml`, `tools/*.lua` and
+/// `channels/*.lua`.
 pub fn load(dir: &AgentDir) -> Result<LoadedAgent, Problems> {
     let root = dir.root();
     let mut problems = Vec::new();
@@ -43,12 +57,21 @@ pub fn load(dir: &AgentDir) -> Result<LoadedAgent, Problems> {
     )
     .and_then(|text| keep(check_models(&text), &mut problems));
     let (tools, tool_code) = load_tools(root, &mut problems);
+    let channels = load_channels(root, &mut problems);
     let instructions = fs::read_to_string(root.join("instructions.md")).ok();
 
     if let (Some((agent, agent_pos)), Some(models)) = (&agent, &models) {
         problems.extend(model_problem(agent, *agent_pos, models));
     }
     problems.extend(duplicate_tools(&tools));
+    if let Some(sandbox) = &sandbox {
+        problems.extend(channel_secret_problems(
+            sandbox,
+            channels
+                .iter()
+                .map(|channel| (channel.file.as_str(), &channel.config)),
+        ));
+    }
     let (Some((agent, agent_pos)), Some(sandbox), Some(models)) = (agent, sandbox, models) else {
         return Err(Problems::from(problems).sorted());
     };
@@ -61,6 +84,7 @@ pub fn load(dir: &AgentDir) -> Result<LoadedAgent, Problems> {
             definition,
             instructions,
             tool_code,
+            channels,
         }),
         Err(found) => Err(Problems::from(found).sorted()),
     }
@@ -155,3 +179,53 @@ fn load_tools(root: &Path, problems: &mut Vec<Problem>) -> (Vec<(String, ToolDec
 }
 
 type ToolCode = BTreeMap<String, Arc<lua::Evaluation>>;
+
+/// Every `channels/*.lua` file that checked out, in file name order. A missing `channels/`
+/// means no channels.
+fn load_channels(root: &Path, problems: &mut Vec<Problem>) -> Vec<LoadedChannel> {
+    let listing = match fs::read_dir(root.join("channels")) {
+        Ok(listing) => listing,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Vec::new(),
+        Err(error) => {
+            problems.push(Problem::new(
+                "channels/",
+                Pos::default(),
+                format!("cannot be listed: {error}"),
+            ));
+            return Vec::new();
+        }
+    };
+    let mut files: Vec<String> = listing
+        .filter_map(Result::ok)
+        .filter_map(|item| item.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".lua"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .filter_map(|name| {
+            let file = format!("channels/{name}");
+            let source = read(root, &file, "make it a readable text file", problems)?;
+            load_channel(&file, &source, problems)
+        })
+        .collect()
+}
+
+/// Runs and checks one channel file, `file` being its path in the agent directory
+/// (`channels/ops.lua`); the channel is named by the file's stem.
+pub fn load_channel(
+    file: &str,
+    source: &str,
+    problems: &mut Vec<Problem>,
+) -> Option<LoadedChannel> {
+    let evaluation = keep(
+        lua::evaluate(file, source, &["channel"], Limits::CONFIG),
+        problems,
+    )?;
+    let config = keep(check_channel(file, evaluation.declarations()), problems)?;
+    Some(LoadedChannel {
+        file: file.to_owned(),
+        config,
+        code: Arc::new(evaluation),
+    })
+}

@@ -5,9 +5,9 @@ mod load;
 mod lock;
 mod scaffold;
 
-pub use load::{LoadedAgent, load};
+pub use load::{LoadedAgent, LoadedChannel, load, load_channel};
 pub use lock::{LockError, OwnerLock};
-pub use scaffold::{InitItem, InitStatus, init};
+pub use scaffold::{AddedChannel, InitItem, InitStatus, add_channel, init, stock_channel};
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,12 @@
 //! `perch init`: the files of a new agent directory. The templates are the example agent in
 //! `agents/starter/`, compiled in, so what `init` writes is what the catalog test loads.
+//! `perch channel add`: the stock channel adapters in `channels/`, compiled in likewise.
 
+use super::AgentDir;
+use super::load::{LoadedChannel, load_channel};
+use perch_core::config::ChannelKind;
+use perch_core::name::ChannelName;
+use perch_core::problem::Problems;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Component, Path, PathBuf};
@@ -163,4 +169,50 @@ fn blocked(root: &Path, relative: &Path) -> Option<String> {
         }
     }
     None
+}
+
+/// The stock adapter for `kind`, as `perch channel add` writes it.
+pub fn stock_channel(kind: ChannelKind) -> &'static str {
+    match kind {
+        ChannelKind::Discord => include_str!("../../channels/discord.lua"),
+        ChannelKind::Telegram => include_str!("../../channels/telegram.lua"),
+        ChannelKind::Matrix => include_str!("../../channels/matrix.lua"),
+    }
+}
+
+/// A channel file `perch channel add` created.
+#[derive(Debug)]
+pub struct AddedChannel {
+    /// Where it was written.
+    pub path: PathBuf,
+    /// The channel as it loads.
+    pub channel: LoadedChannel,
+}
+
+/// Writes the stock adapter for `kind` into `dir` as `channels/<name>.lua` (`name` defaults to
+/// the kind). Refuses to overwrite any file, and never follows a symlink inside `dir`.
+pub fn add_channel(
+    dir: &AgentDir,
+    kind: ChannelKind,
+    name: Option<&ChannelName>,
+) -> Result<AddedChannel, String> {
+    let name = name.map_or(kind.as_str(), ChannelName::as_str);
+    let relative = format!("channels/{name}.lua");
+    let text = stock_channel(kind);
+    let mut problems = Vec::new();
+    let Some(channel) = load_channel(&relative, text, &mut problems) else {
+        return Err(Problems::from(problems).to_string());
+    };
+    match place(dir.root(), &relative, &Template::File(text)) {
+        Ok(InitStatus::Created) => Ok(AddedChannel {
+            path: dir.root().join(&relative),
+            channel,
+        }),
+        Ok(InitStatus::Unchanged | InitStatus::Changed) => Err(format!(
+            "{relative} already exists, and perch never overwrites a file; edit it, or add \
+             another channel with --name NAME"
+        )),
+        Ok(InitStatus::Refused { reason }) => Err(format!("{relative}: {reason}")),
+        Err(error) => Err(format!("cannot write {relative}: {error}")),
+    }
 }

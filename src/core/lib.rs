@@ -5,14 +5,17 @@
 //! recovery plan. Nothing here touches files, the network, the environment or the clock;
 //! callers pass the time in. The I/O shell is the `perch` package.
 
+pub mod admission;
 pub mod builtin;
 pub mod config;
 pub mod conversation;
+pub mod delivery;
 pub mod edit;
 pub mod id;
 pub mod image;
 pub mod journal;
 pub mod log;
+pub mod markdown;
 pub mod name;
 pub mod output;
 pub mod problem;

@@ -72,6 +72,22 @@ validated_name!(
 );
 
 validated_name!(
+    /// A chat channel: the stem of its file in `channels/`, and the name of its directory under
+    /// `.perch/channels/`.
+    ChannelName,
+    |v| word(v, 64, &['-', '_']),
+    "1 to 64 letters, digits, '-' or '_', starting with a letter or digit"
+);
+
+validated_name!(
+    /// The name a channel file gives one of its platform rooms (`rooms = { standup = "..." }`),
+    /// used in delivery targets such as `ops:standup`.
+    RoomAlias,
+    |v| word(v, 64, &['-', '_']),
+    "1 to 64 letters, digits, '-' or '_', starting with a letter or digit"
+);
+
+validated_name!(
     /// A tool the model can call.
     ToolName,
     |v| word(v, 64, &['-', '_']) && v.starts_with(|c: char| c.is_ascii_alphabetic()),
@@ -191,6 +207,10 @@ mod tests {
         assert!(LaneName::try_from("main").is_ok());
         assert!(LaneName::try_from("../etc").is_err());
         assert!(LaneName::try_from("").is_err());
+        assert!(ChannelName::try_from("ops-2").is_ok());
+        assert!(ChannelName::try_from("ops:x").is_err());
+        assert!(RoomAlias::try_from("standup").is_ok());
+        assert!(RoomAlias::try_from("a/b").is_err());
         assert!(ToolName::try_from("9lives").is_err());
         assert!(EnvName::try_from("GITHUB_TOKEN").is_ok());
         assert!(EnvName::try_from("1X").is_err());

@@ -207,17 +207,20 @@ impl Lane {
         let report = recover(
             &log,
             |tool| toolbox.replay(tool.as_str()),
-            async |pending| {
-                let outcome = toolbox
-                    .call(
-                        pending.tool.as_str(),
-                        &pending.arguments,
-                        CancellationToken::new(),
-                    )
-                    .await;
-                ToolRerun {
-                    output: outcome.output,
-                    is_error: outcome.is_error,
+            |pending: &perch_core::log::PendingTool| {
+                // An owned future (no borrow of `pending`), so the lane's opening stays `Send`
+                // for every caller.
+                let toolbox = Arc::clone(&toolbox);
+                let tool = pending.tool.to_string();
+                let arguments = pending.arguments.clone();
+                async move {
+                    let outcome = toolbox
+                        .call(&tool, &arguments, CancellationToken::new())
+                        .await;
+                    ToolRerun {
+                        output: outcome.output,
+                        is_error: outcome.is_error,
+                    }
                 }
             },
             &setup.clock,

@@ -23,6 +23,8 @@ pub struct JournalItem {
 struct SegmentItems {
     number: u32,
     seqs: Vec<u64>,
+    /// When its newest item was appended.
+    newest: Option<Timestamp>,
 }
 
 /// One journal directory, owned by one task; a second opener gets [`LogError::Held`].
@@ -35,7 +37,18 @@ pub struct Journal {
     next_seq: u64,
     unconsumed: BTreeSet<u64>,
     max_segment_bytes: u64,
+    /// How long a fully consumed segment is kept (the deduplication window).
+    retain: std::time::Duration,
     clock: Clock,
+}
+
+/// What a journal holds when it is opened.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct JournalContents {
+    /// Items not yet consumed, in order.
+    pub pending: Vec<JournalItem>,
+    /// Consumed items still on disk (inside the retention window), in order.
+    pub consumed: Vec<JournalItem>,
 }
 
 impl Journal {
@@ -46,6 +59,18 @@ impl Journal {
         max_segment_bytes: u64,
         clock: Clock,
     ) -> Result<(Journal, Vec<JournalItem>), LogError> {
+        Journal::open_retaining(dir, max_segment_bytes, std::time::Duration::ZERO, clock)
+            .map(|(journal, contents)| (journal, contents.pending))
+    }
+
+    /// Like [`Journal::open`], keeping fully consumed segments until their newest item is older
+    /// than `retain`, and returning the consumed items still on disk too.
+    pub fn open_retaining(
+        dir: &Path,
+        max_segment_bytes: u64,
+        retain: std::time::Duration,
+        clock: Clock,
+    ) -> Result<(Journal, JournalContents), LogError> {
         fs::create_dir_all(dir).map_err(LogError::io(dir, "create"))?;
         let lock = lock_exclusive(&dir.join("lock"))?;
         let mut numbers = segment_numbers(dir)?;
@@ -67,6 +92,7 @@ impl Journal {
                 .map_err(LogError::io(&path, "inspect"))?
                 .len();
             let mut seqs = Vec::new();
+            let mut newest_item = None;
             let scan = scan_lines(&file, &path, 0, len, 1, |_, bytes| {
                 let line: JournalLine = serde_json::from_slice(&bytes[..bytes.len() - 1])
                     .map_err(|error| format!("not a journal line: {error}"))?;
@@ -83,6 +109,7 @@ impl Journal {
                         }
                         next_seq = seq + 1;
                         seqs.push(seq);
+                        newest_item = Some(at);
                         items.push(JournalItem { seq, at, body });
                     }
                     JournalLine::Consumed { seqs, .. } => consumed.extend(seqs),
@@ -101,9 +128,15 @@ impl Journal {
                 appender.truncate(scan.end)?;
             }
             current_end = scan.end;
-            segments.push(SegmentItems { number, seqs });
+            segments.push(SegmentItems {
+                number,
+                seqs,
+                newest: newest_item,
+            });
         }
-        items.retain(|item| !consumed.contains(&item.seq));
+        let (done, items): (Vec<JournalItem>, Vec<JournalItem>) = items
+            .into_iter()
+            .partition(|item| consumed.contains(&item.seq));
         let unconsumed = items.iter().map(|item| item.seq).collect();
         let current = Appender::open(&segment_path(dir, newest), current_end)?;
         let mut journal = Journal {
@@ -114,10 +147,17 @@ impl Journal {
             next_seq,
             unconsumed,
             max_segment_bytes,
+            retain,
             clock,
         };
         journal.delete_consumed()?;
-        Ok((journal, items))
+        Ok((
+            journal,
+            JournalContents {
+                pending: items,
+                consumed: done,
+            },
+        ))
     }
 
     /// Appends items in order with one write and one fsync; returns their sequence numbers.
@@ -146,6 +186,7 @@ impl Journal {
         self.unconsumed.extend(seqs.iter().copied());
         if let Some(segment) = self.segments.last_mut() {
             segment.seqs.extend(seqs.iter().copied());
+            segment.newest = Some(at);
         }
         Ok(seqs)
     }
@@ -194,17 +235,23 @@ impl Journal {
         self.segments.push(SegmentItems {
             number,
             seqs: Vec::new(),
+            newest: None,
         });
         self.delete_consumed()
     }
 
     fn delete_consumed(&mut self) -> Result<(), LogError> {
         let mut deleted = false;
+        let now = self.clock.now();
+        let retain = chrono::Duration::from_std(self.retain).unwrap_or(chrono::Duration::MAX);
         while self.segments.len() > 1
             && self.segments[0]
                 .seqs
                 .iter()
                 .all(|seq| !self.unconsumed.contains(seq))
+            && self.segments[0]
+                .newest
+                .is_none_or(|newest| newest + retain <= now)
         {
             let segment = self.segments.remove(0);
             let path = segment_path(&self.dir, segment.number);

@@ -13,12 +13,14 @@
 mod error;
 mod file;
 mod journal;
+mod journal_writer;
 mod lane;
 mod recover;
 mod segment;
 
 pub use error::LogError;
-pub use journal::{Journal, JournalItem};
+pub use journal::{Journal, JournalContents, JournalItem};
+pub use journal_writer::{JournalEntry, JournalWriter, Journaled};
 pub use lane::{
     Appended, Clock, IndexStatus, LaneLog, LaneSnapshot, OpenReport, OpenSummary, TailRepair,
     system_clock,

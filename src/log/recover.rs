@@ -24,14 +24,18 @@ pub struct ToolRerun {
 }
 
 /// Produces every missing result of every open operation and closes them. `current_replay`
-/// gives each tool's declaration as it stands now (`None` if it is gone); `rerun` runs a tool
-/// that may be replayed. Running this twice does nothing the second time.
-pub async fn recover(
+/// gives each tool's declaration as it stands now (`None` if it is gone); `rerun` starts a tool
+/// that may be replayed, returning a future that owns what it needs (so the recovery stays
+/// `Send` for any caller). Running this twice does nothing the second time.
+pub async fn recover<Rerun>(
     log: &LaneLog,
     current_replay: impl Fn(&ToolName) -> Option<Replay>,
-    mut rerun: impl AsyncFnMut(&PendingTool) -> ToolRerun,
+    mut rerun: impl FnMut(&PendingTool) -> Rerun,
     clock: &Clock,
-) -> Result<RecoveryReport, LogError> {
+) -> Result<RecoveryReport, LogError>
+where
+    Rerun: std::future::Future<Output = ToolRerun>,
+{
     let open = log.pending_tools().await?;
     let mut report = RecoveryReport::default();
     for step in plan_recovery(&open, current_replay) {

@@ -227,15 +227,15 @@ mod double {
         );
     }
 
-    /// The call's own time is measured by calling the same tool, `bash` with `true`, through a
-    /// [`Toolbox`] over the same (warm) machine, once before each round trip, and the median of
-    /// those calls is subtracted from every round trip. That is preferred over subtracting the
-    /// warm exec latency of `true`: the `bash` tool runs `true` through a shell script reading the
-    /// command from stdin, and its output goes through `for_model`, so a bare `true` would leave
-    /// guest and tool time in the figure. What remains is the loop's own work around the call.
-    /// Interleaving the direct calls with the round trips keeps drift (a warming cache, a busy
-    /// neighbour) out of the difference. The subtraction is of a median, so the p99 still carries
-    /// the command's own jitter.
+    /// The call's own time is measured by making the same call, `bash` with `true`, through a
+    /// [`Toolbox`] over the same (warm) machine, once before each round trip; the median of
+    /// those direct calls is subtracted from every round trip. That is preferred over
+    /// subtracting the warm exec latency of a bare `true`: the `bash` tool runs the command
+    /// through `/bin/sh` and bash reading it from stdin, so a bare `true` would leave the guest's
+    /// shell start-up (and the tool's own argument checks and output handling) in the figure.
+    /// What remains is the loop's own work around the call. Interleaving the direct calls with
+    /// the round trips keeps drift (a warming cache, a busy neighbour) out of the difference.
+    /// The subtraction is of a median, so the p99 still carries the command's own jitter.
     async fn per_tool_round_trip(runtime: &Runtime, model: &InstantModel, dir: &Path, runs: usize) {
         let toolbox = Toolbox::new(Arc::new(load(dir)), runtime.machine().clone());
         let arguments = serde_json::json!({ "command": "true" });

@@ -278,7 +278,9 @@ pub async fn reopen(smoke: bool) {
     let recovered = recover(
         &log,
         |_| Some(Replay::Never),
-        async |_: &PendingTool| unreachable!("nothing is replayable"),
+        |_: &PendingTool| -> std::future::Ready<perch::log::ToolRerun> {
+            unreachable!("nothing is replayable")
+        },
         &clock,
     )
     .await

@@ -357,12 +357,12 @@ async fn recovery_reruns_only_safe_tools_closes_everything_and_is_idempotent() {
     let report = recover(
         &log,
         current,
-        async |tool: &perch_core::log::PendingTool| {
+        |tool: &perch_core::log::PendingTool| {
             reruns.push((tool.tool.to_string(), tool.arguments.clone()));
-            ToolRerun {
+            std::future::ready(ToolRerun {
                 output: "3 matches".into(),
                 is_error: false,
-            }
+            })
         },
         &clock(),
     )
@@ -398,7 +398,7 @@ async fn recovery_reruns_only_safe_tools_closes_everything_and_is_idempotent() {
     let again = recover(
         &log,
         current,
-        async |_: &perch_core::log::PendingTool| unreachable!(),
+        |_: &perch_core::log::PendingTool| -> std::future::Ready<ToolRerun> { unreachable!() },
         &clock(),
     )
     .await

@@ -2,11 +2,16 @@
 //! once the files agree with each other.
 
 mod agent;
+mod channel;
 mod models;
 mod sandbox;
 mod tool;
 
 pub use agent::{AgentConfig, Thinking, check_agent};
+pub use channel::{
+    Access, BusyPolicy, ChannelConfig, ChannelKind, DmPolicy, GroupPolicy, Platform,
+    TERMINAL_CHANNEL, channel_secret_problems, channel_stem, check_channel,
+};
 pub use models::{Api, ModelSpec, ModelsFile, Provider, check_models};
 pub use sandbox::{DEFAULT_IMAGE, SandboxPolicy, SecretGrant, check_sandbox};
 pub use tool::{

@@ -1,0 +1,641 @@
+//! Discord through serenity 0.12: the gateway for inbound messages, REST for replies, typing and
+//! back-fill. The only module that names serenity.
+//!
+//! Inbound. One call to [`Connector::receive`] is one gateway session. serenity's client owns the
+//! websocket, heartbeats, and resumes after an op 7 or a dropped socket. Events leave serenity's
+//! shard runner through a collector, which the runner calls inline and in gateway order (its
+//! event handlers run as spawned tasks and may overtake each other), so per-room order holds.
+//! Each message is handed to perch and the next one waits until perch has journaled it.
+//! After every READY and RESUMED (and once when the collector attaches), each room perch knows,
+//! plus each room seen in this session, is back-filled with `GET /channels/{id}/messages?after=`
+//! from its last message, oldest first; perch drops the duplicates by `platform_id`.
+//!
+//! A session ends as [`ConnectorError::Disconnected`] when serenity gives up the session (its
+//! runner restarts to identify afresh) or when the liveness watchdog fires: the gateway counts as
+//! alive when a dispatch arrives or the shard records a new heartbeat round trip (serenity
+//! updates the shard's latency on every heartbeat ACK); REST traffic never counts. perch then
+//! reconnects with its own backoff, and the next session back-fills what was missed.
+//!
+//! Outbound. Every message carries the delivery id as its `nonce` with `enforce_nonce`, so a
+//! resend inside Discord's deduplication window returns the first message instead of posting
+//! twice, and an empty `allowed_mentions`, so no text can ping `@everyone`, `@here`, a role or
+//! a user. A reply references the message it answers with `fail_if_not_exists: false`, so a
+//! deleted original still gets its answer.
+
+use super::{
+    Arrival, BoxFuture, Connector, ConnectorError, Delivery, DeliveryError, InboundEvent,
+    PlatformLimits, Receipt, Sender,
+};
+use chrono::{DateTime, Utc};
+use perch_core::secret::Secret;
+use serenity::all::{
+    Channel, ChannelId, ClientBuilder, CollectorCallback, ConnectionStage, CreateAllowedMentions,
+    CreateMessage, Event, GatewayError, GatewayIntents, Http, HttpBuilder, HttpError, LightMethod,
+    Message, MessageId, MessagePagination, MessageReference, MessageType, Nonce, ShardId,
+    ShardManager, UserId,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+
+/// Discord's longest message content, in characters.
+pub const MAX_CHARS: usize = 2000;
+
+/// How long a resend with the same nonce is deduplicated. Discord documents `enforce_nonce` as
+/// checking uniqueness "in the past few minutes" (Create Message, `enforce_nonce`) without a
+/// figure; two minutes stays inside that with margin.
+pub const RESEND_WINDOW: Duration = Duration::from_secs(120);
+
+/// The default liveness timeout: about three of Discord's 41.25 s heartbeat intervals, so that
+/// serenity's own missed-ACK check (one interval) and a resume get their chance first.
+pub const DEFAULT_LIVENESS: Duration = Duration::from_secs(120);
+
+/// The wait assumed for a 429 whose `Retry-After` serenity does not pass on: with the
+/// ratelimiter disabled (an API proxy, the test fake) serenity returns the status and body only.
+pub const FALLBACK_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+const PAGE: u8 = 100;
+const ATTACH_POLL: Duration = Duration::from_millis(5);
+const WATCH_TICK: Duration = Duration::from_millis(250);
+const SHARD: ShardId = ShardId(0);
+const CLOSE_WAIT: Duration = Duration::from_secs(6);
+
+/// A Discord bot connection.
+pub struct DiscordConnector {
+    token: Secret,
+    api_url: Option<String>,
+    http: Arc<Http>,
+    notices: broadcast::Sender<RateNotice>,
+    liveness: Duration,
+}
+
+impl fmt::Debug for DiscordConnector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DiscordConnector")
+            .field("api_url", &self.api_url)
+            .field("liveness", &self.liveness)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone)]
+struct RateNotice {
+    path: String,
+    post: bool,
+    timeout: Duration,
+}
+
+impl DiscordConnector {
+    /// A connection for the bot `token`. `api_url` replaces `https://discord.com` in every REST
+    /// URL (an API proxy, or a local fake in tests); serenity's ratelimiter is then disabled,
+    /// because it would send to discord.com regardless. Without it, requests go to Discord and
+    /// serenity's ratelimiter waits out buckets and 429s.
+    pub fn new(token: Secret, api_url: Option<String>) -> Self {
+        let (notices, _) = broadcast::channel(64);
+        let api_url = api_url.map(|url| url.trim_end_matches('/').to_owned());
+        let mut http = build_http(&token, api_url.as_deref());
+        if let Some(ratelimiter) = http.ratelimiter.as_mut() {
+            let sender = notices.clone();
+            ratelimiter.set_ratelimit_callback(Box::new(move |info| {
+                let _ = sender.send(RateNotice {
+                    path: info.path,
+                    post: matches!(info.method, LightMethod::Post),
+                    timeout: info.timeout,
+                });
+            }));
+        }
+        DiscordConnector {
+            token,
+            api_url,
+            http: Arc::new(http),
+            notices,
+            liveness: DEFAULT_LIVENESS,
+        }
+    }
+
+    /// Replaces [`DEFAULT_LIVENESS`]: how long the gateway may go without a dispatch or a
+    /// heartbeat ACK before the session counts as dead.
+    pub fn with_liveness(mut self, liveness: Duration) -> Self {
+        self.liveness = liveness;
+        self
+    }
+
+    async fn session(
+        &self,
+        since: Vec<(String, String)>,
+        inbound: mpsc::Sender<Arrival>,
+        cancel: CancellationToken,
+    ) -> Result<(), ConnectorError> {
+        let me = self
+            .http
+            .get_current_user()
+            .await
+            .map_err(connect_error)?
+            .id;
+        let gateway = self.http.get_gateway().await.map_err(connect_error)?;
+        let http = build_http(&self.token, self.api_url.as_deref());
+        let mut client = ClientBuilder::new_with_http(http, intents())
+            .await
+            .map_err(connect_error)?;
+        *client.ws_url.lock().await = gateway.url;
+        let manager = Arc::clone(&client.shard_manager);
+        let mut stop = StopGuard(Some(Arc::clone(&manager)));
+        let mut started: JoinHandle<serenity::Result<()>> =
+            tokio::spawn(async move { client.start().await });
+
+        let mut rooms = Rooms::new(since);
+        let handoff = Handoff {
+            me,
+            inbound: &inbound,
+            cancel: &cancel,
+        };
+        let mut events: Option<mpsc::UnboundedReceiver<GatewayItem>> = None;
+        let mut last_latency = None;
+        let mut alive = Instant::now();
+        let mut watch = tokio::time::interval(WATCH_TICK);
+        watch.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut attach = tokio::time::interval(ATTACH_POLL);
+        attach.set_missed_tick_behavior(MissedTickBehavior::Delay);
+
+        let outcome = loop {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => break Ok(()),
+                ended = &mut started => break Err(client_ended(ended)),
+                item = next_item(&mut events) => {
+                    let Some(item) = item else {
+                        break Err(disconnected("the gateway session ended; serenity is identifying afresh"));
+                    };
+                    alive = Instant::now();
+                    let step = match item {
+                        GatewayItem::Ready | GatewayItem::Resumed => {
+                            self.backfill(&mut rooms, &handoff).await
+                        }
+                        GatewayItem::Message(message) => {
+                            let direct = message.guild_id.is_none();
+                            rooms.saw(&message, direct);
+                            handoff.hand(&message, direct).await
+                        }
+                        GatewayItem::Other => Ok(Step::Go),
+                    };
+                    match step {
+                        Ok(Step::Go) => {}
+                        Ok(Step::Stop) => break Ok(()),
+                        Err(error) => break Err(error),
+                    }
+                }
+                _ = attach.tick(), if events.is_none() => {
+                    if let Some((receiver, connected)) = attach_collector(&manager).await {
+                        events = Some(receiver);
+                        if connected {
+                            match self.backfill(&mut rooms, &handoff).await {
+                                Ok(Step::Go) => {}
+                                Ok(Step::Stop) => break Ok(()),
+                                Err(error) => break Err(error),
+                            }
+                        }
+                    }
+                }
+                _ = watch.tick() => {
+                    let latency = manager.runners.lock().await.get(&SHARD).and_then(|runner| runner.latency);
+                    if latency.is_some() && latency != last_latency {
+                        alive = Instant::now();
+                    }
+                    last_latency = latency;
+                    if alive.elapsed() > self.liveness {
+                        break Err(disconnected(&format!(
+                            "no gateway event or heartbeat ACK for {} s",
+                            self.liveness.as_secs_f64()
+                        )));
+                    }
+                }
+            }
+        };
+        let stopping = stop
+            .0
+            .take()
+            .map(|manager| tokio::spawn(shut_down(manager)));
+        if let (Ok(()), Some(stopping)) = (&outcome, stopping) {
+            let _ = tokio::time::timeout(CLOSE_WAIT, stopping).await;
+        }
+        outcome
+    }
+
+    async fn backfill(
+        &self,
+        rooms: &mut Rooms,
+        handoff: &Handoff<'_>,
+    ) -> Result<Step, ConnectorError> {
+        for (room, mut after) in rooms.marks() {
+            let direct = match rooms.direct.get(&room) {
+                Some(direct) => *direct,
+                None => match self.http.get_channel(room).await {
+                    Ok(channel) => {
+                        let direct = matches!(channel, Channel::Private(_));
+                        rooms.direct.insert(room, direct);
+                        direct
+                    }
+                    Err(error) => match room_error(error) {
+                        RoomError::Gone => continue,
+                        RoomError::Fatal(error) => return Err(error),
+                    },
+                },
+            };
+            loop {
+                let page = match self
+                    .http
+                    .get_messages(room, Some(MessagePagination::After(after)), Some(PAGE))
+                    .await
+                {
+                    Ok(page) => page,
+                    Err(error) => match room_error(error) {
+                        RoomError::Gone => break,
+                        RoomError::Fatal(error) => return Err(error),
+                    },
+                };
+                let full = page.len() >= usize::from(PAGE);
+                let mut page = page;
+                page.sort_by_key(|message| message.id);
+                for message in page {
+                    after = after.max(message.id);
+                    rooms.saw(&message, direct);
+                    if let Step::Stop = handoff.hand(&message, direct).await? {
+                        return Ok(Step::Stop);
+                    }
+                }
+                if !full {
+                    break;
+                }
+            }
+        }
+        Ok(Step::Go)
+    }
+
+    async fn send(&self, delivery: &Delivery) -> Result<Receipt, DeliveryError> {
+        let room = delivery.thread.as_deref().unwrap_or(&delivery.room);
+        let channel: ChannelId = room.parse().map_err(|_| DeliveryError::Rejected {
+            message: format!("{room:?} is not a Discord channel id"),
+        })?;
+        let mut message = CreateMessage::new()
+            .content(delivery.text.as_str())
+            .allowed_mentions(CreateAllowedMentions::new())
+            .nonce(Nonce::String(delivery.id.clone()))
+            .enforce_nonce(true);
+        if let Some(reply_to) = &delivery.reply_to {
+            let original: MessageId = reply_to.parse().map_err(|_| DeliveryError::Rejected {
+                message: format!("{reply_to:?} is not a Discord message id"),
+            })?;
+            let mut reference = MessageReference::from((channel, original));
+            reference.fail_if_not_exists = Some(false);
+            message = message.reference_message(reference);
+        }
+        let route = format!("/channels/{channel}/messages");
+        let mut notices = self.notices.subscribe();
+        let post = self.http.send_message(channel, Vec::new(), &message);
+        tokio::select! {
+            posted = post => match posted {
+                Ok(posted) => Ok(Receipt { platform_id: posted.id.to_string() }),
+                Err(error) => Err(delivery_error(error)),
+            },
+            retry_after = rate_notice(&mut notices, &route) => {
+                Err(DeliveryError::RateLimited { retry_after })
+            }
+        }
+    }
+}
+
+fn build_http(token: &Secret, api_url: Option<&str>) -> Http {
+    let builder =
+        HttpBuilder::new(token.expose()).default_allowed_mentions(CreateAllowedMentions::new());
+    match api_url {
+        Some(url) => builder.proxy(url).ratelimiter_disabled(true).build(),
+        None => builder.build(),
+    }
+}
+
+fn intents() -> GatewayIntents {
+    GatewayIntents::GUILD_MESSAGES
+        | GatewayIntents::DIRECT_MESSAGES
+        | GatewayIntents::MESSAGE_CONTENT
+}
+
+impl Connector for DiscordConnector {
+    fn receive<'a>(
+        &'a self,
+        _resume: Option<String>,
+        since: Vec<(String, String)>,
+        inbound: mpsc::Sender<Arrival>,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<(), ConnectorError>> {
+        Box::pin(self.session(since, inbound, cancel))
+    }
+
+    fn deliver<'a>(
+        &'a self,
+        delivery: &'a Delivery,
+    ) -> BoxFuture<'a, Result<Receipt, DeliveryError>> {
+        Box::pin(self.send(delivery))
+    }
+
+    fn typing<'a>(&'a self, room: &'a str, thread: Option<&'a str>) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if let Ok(channel) = thread.unwrap_or(room).parse::<ChannelId>() {
+                let _ = self.http.broadcast_typing(channel).await;
+            }
+        })
+    }
+
+    fn limits(&self) -> PlatformLimits {
+        PlatformLimits {
+            max_chars: MAX_CHARS,
+            resend_window: Some(RESEND_WINDOW),
+        }
+    }
+}
+
+enum GatewayItem {
+    Ready,
+    Resumed,
+    Message(Box<Message>),
+    Other,
+}
+
+enum Step {
+    Go,
+    Stop,
+}
+
+/// The last message id per room (the back-fill marks) and which rooms are direct messages.
+struct Rooms {
+    marks: BTreeMap<ChannelId, MessageId>,
+    direct: HashMap<ChannelId, bool>,
+}
+
+impl Rooms {
+    fn new(since: Vec<(String, String)>) -> Self {
+        let marks = since
+            .into_iter()
+            .filter_map(|(room, last)| Some((room.parse().ok()?, last.parse().ok()?)))
+            .collect();
+        Rooms {
+            marks,
+            direct: HashMap::new(),
+        }
+    }
+
+    fn marks(&self) -> Vec<(ChannelId, MessageId)> {
+        self.marks
+            .iter()
+            .map(|(room, last)| (*room, *last))
+            .collect()
+    }
+
+    fn saw(&mut self, message: &Message, direct: bool) {
+        let mark = self.marks.entry(message.channel_id).or_insert(message.id);
+        *mark = (*mark).max(message.id);
+        self.direct.insert(message.channel_id, direct);
+    }
+}
+
+struct Handoff<'a> {
+    me: UserId,
+    inbound: &'a mpsc::Sender<Arrival>,
+    cancel: &'a CancellationToken,
+}
+
+impl Handoff<'_> {
+    async fn hand(&self, message: &Message, direct: bool) -> Result<Step, ConnectorError> {
+        let Some(event) = inbound_event(message, self.me, direct) else {
+            return Ok(Step::Go);
+        };
+        let (journaled, ack) = oneshot::channel();
+        let arrival = Arrival { event, journaled };
+        tokio::select! {
+            biased;
+            () = self.cancel.cancelled() => Ok(Step::Stop),
+            handed = async {
+                self.inbound.send(arrival).await.map_err(|_| ())?;
+                ack.await.map_err(|_| ())
+            } => match handed {
+                Ok(()) => Ok(Step::Go),
+                Err(()) if self.cancel.is_cancelled() => Ok(Step::Stop),
+                Err(()) => Err(disconnected("perch stopped taking events before journaling this one")),
+            },
+        }
+    }
+}
+
+/// The event perch sees for `message`, or `None` for the bot's own messages and for system
+/// messages (joins, pins, thread notices): only plain messages and replies are handed on.
+/// A thread is a channel in Discord, so a message in a thread has the thread's channel id as
+/// its room and no `thread`; replies go back to that channel. REST messages carry no `guild_id`,
+/// so whether the room is a DM is passed in.
+fn inbound_event(message: &Message, me: UserId, direct: bool) -> Option<InboundEvent> {
+    if message.author.id == me
+        || !matches!(
+            message.kind,
+            MessageType::Regular | MessageType::InlineReply
+        )
+    {
+        return None;
+    }
+    let addressed = message.mentions.iter().any(|user| user.id == me)
+        || message
+            .referenced_message
+            .as_ref()
+            .is_some_and(|original| original.author.id == me);
+    let author = &message.author;
+    Some(InboundEvent {
+        platform_id: message.id.to_string(),
+        cursor: None,
+        room: message.channel_id.to_string(),
+        thread: None,
+        sender: Sender {
+            id: author.id.to_string(),
+            name: author
+                .global_name
+                .clone()
+                .unwrap_or_else(|| author.name.clone()),
+            is_bot: author.bot,
+        },
+        direct,
+        addressed,
+        text: message.content.clone(),
+        sent_at: sent_at(message),
+    })
+}
+
+fn sent_at(message: &Message) -> DateTime<Utc> {
+    message
+        .timestamp
+        .to_rfc3339()
+        .and_then(|text| DateTime::parse_from_rfc3339(&text).ok())
+        .map(|at| at.with_timezone(&Utc))
+        .or_else(|| DateTime::from_timestamp(message.timestamp.unix_timestamp(), 0))
+        .unwrap_or_default()
+}
+
+async fn next_item(
+    events: &mut Option<mpsc::UnboundedReceiver<GatewayItem>>,
+) -> Option<GatewayItem> {
+    match events.as_mut() {
+        Some(events) => events.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Attaches a collector to the shard's current runner: the runner calls it inline for every
+/// dispatch, in order. Also says whether READY has already gone past (the runner is connected).
+async fn attach_collector(
+    manager: &ShardManager,
+) -> Option<(mpsc::UnboundedReceiver<GatewayItem>, bool)> {
+    let runners = manager.runners.lock().await;
+    let runner = runners.get(&SHARD)?;
+    let (sender, receiver) = mpsc::unbounded_channel();
+    runner
+        .runner_tx
+        .add_collector(CollectorCallback(Box::new(move |event| {
+            let item = match event {
+                Event::Ready(_) => GatewayItem::Ready,
+                Event::Resumed(_) => GatewayItem::Resumed,
+                Event::MessageCreate(created) => {
+                    GatewayItem::Message(Box::new(created.message.clone()))
+                }
+                _ => GatewayItem::Other,
+            };
+            sender.send(item).is_ok()
+        })));
+    let connected = matches!(runner.stage, ConnectionStage::Connected);
+    Some((receiver, connected))
+}
+
+/// Stops serenity's shard manager when the session ends, however it ends.
+struct StopGuard(Option<Arc<ShardManager>>);
+
+impl Drop for StopGuard {
+    fn drop(&mut self) {
+        if let (Some(manager), Ok(runtime)) = (self.0.take(), tokio::runtime::Handle::try_current())
+        {
+            runtime.spawn(shut_down(manager));
+        }
+    }
+}
+
+/// Shuts the shard manager down. `shutdown_all` does nothing while no runner is registered (a
+/// restart in progress, a start being retried), and the shard queuer would then go on to start
+/// one, so wait for a runner to appear, or for every other holder of the manager to be gone.
+async fn shut_down(manager: Arc<ShardManager>) {
+    loop {
+        if !manager.runners.lock().await.is_empty() {
+            manager.shutdown_all().await;
+            return;
+        }
+        if Arc::strong_count(&manager) == 1 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn rate_notice(notices: &mut broadcast::Receiver<RateNotice>, route: &str) -> Duration {
+    loop {
+        match notices.recv().await {
+            Ok(notice) if notice.post && notice.path.ends_with(route) => return notice.timeout,
+            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+            Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
+        }
+    }
+}
+
+fn disconnected(message: &str) -> ConnectorError {
+    ConnectorError::Disconnected {
+        message: message.to_owned(),
+    }
+}
+
+fn connect_error(error: serenity::Error) -> ConnectorError {
+    match error {
+        serenity::Error::Http(HttpError::UnsuccessfulRequest(response))
+            if response.status_code.as_u16() == 401 =>
+        {
+            ConnectorError::Unauthorized {
+                message: "Discord refused the bot token (401); check the token the channel's env reference names".into(),
+            }
+        }
+        serenity::Error::Http(HttpError::UnsuccessfulRequest(response)) => disconnected(&format!(
+            "Discord answered {} (code {}): {}",
+            response.status_code.as_u16(),
+            response.error.code,
+            response.error.message
+        )),
+        serenity::Error::Gateway(GatewayError::InvalidAuthentication) => {
+            ConnectorError::Unauthorized {
+                message: "the gateway refused the bot token (close code 4004)".into(),
+            }
+        }
+        serenity::Error::Gateway(
+            GatewayError::DisallowedGatewayIntents | GatewayError::InvalidGatewayIntents,
+        ) => ConnectorError::Unauthorized {
+            message: "the gateway refused the intents; enable the Message Content intent for the bot in the Discord Developer Portal".into(),
+        },
+        other => disconnected(&format!("Discord connection failed: {other}")),
+    }
+}
+
+fn client_ended(ended: Result<serenity::Result<()>, tokio::task::JoinError>) -> ConnectorError {
+    match ended {
+        Ok(Ok(())) => disconnected("the gateway client stopped"),
+        Ok(Err(error)) => connect_error(error),
+        Err(_) => disconnected("the gateway client task failed"),
+    }
+}
+
+enum RoomError {
+    Gone,
+    Fatal(ConnectorError),
+}
+
+fn room_error(error: serenity::Error) -> RoomError {
+    match &error {
+        serenity::Error::Http(HttpError::UnsuccessfulRequest(response))
+            if matches!(response.status_code.as_u16(), 403 | 404) =>
+        {
+            RoomError::Gone
+        }
+        _ => RoomError::Fatal(connect_error(error)),
+    }
+}
+
+fn delivery_error(error: serenity::Error) -> DeliveryError {
+    match error {
+        serenity::Error::Http(HttpError::UnsuccessfulRequest(response)) => {
+            let status = response.status_code.as_u16();
+            let message = format!(
+                "Discord answered {status} (code {}): {}{}",
+                response.error.code,
+                response.error.message,
+                response
+                    .error
+                    .errors
+                    .iter()
+                    .map(|error| format!("; {}: {}", error.path, error.message))
+                    .collect::<String>()
+            );
+            match status {
+                429 => DeliveryError::RateLimited {
+                    retry_after: FALLBACK_RETRY_AFTER,
+                },
+                400 | 403 | 404 | 413 => DeliveryError::Rejected { message },
+                _ => DeliveryError::Failed { message },
+            }
+        }
+        other => DeliveryError::Failed {
+            message: format!("sending to Discord failed: {other}"),
+        },
+    }
+}

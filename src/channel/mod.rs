@@ -1,0 +1,195 @@
+//! Chat channels: connections to Discord, Telegram and Matrix behind one [`Connector`] trait
+//! (the effect boundary for chat platforms), each in its own module, the only one that names its
+//! SDK.
+//!
+//! Rust owns the sockets: a connector receives events and hands each to perch, waiting until perch
+//! has journaled it before it confirms the event to the platform; it delivers replies perch has
+//! recorded in its outbox. Filtering, routing and formatting happen in the channel's Lua hooks,
+//! not here.
+
+pub mod discord;
+pub mod hooks;
+pub mod telegram;
+
+use perch_core::Timestamp;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+/// A boxed future, so that [`Connector`] can be used as a trait object.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One message as the platform delivered it, before any hook ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InboundEvent {
+    /// The platform's id for this message, unique within the channel (Discord message id,
+    /// Telegram `<chat id>:<message id>`, Matrix event id). Deduplication and reply references
+    /// use it.
+    pub platform_id: String,
+    /// Where to resume receiving after this event, for platforms whose cursor perch keeps
+    /// (Telegram's update id); `None` elsewhere.
+    pub cursor: Option<String>,
+    /// The platform's room id (Discord channel id, Telegram chat id, Matrix room id).
+    pub room: String,
+    /// The thread within the room, where the platform has threads.
+    pub thread: Option<String>,
+    pub sender: Sender,
+    /// A direct message (a DM, a private chat), not a group room.
+    pub direct: bool,
+    /// The message mentions the agent or replies to one of its messages.
+    pub addressed: bool,
+    pub text: String,
+    /// When the platform says the message was sent.
+    pub sent_at: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sender {
+    /// The platform's user id.
+    pub id: String,
+    pub name: String,
+    pub is_bot: bool,
+}
+
+/// One outgoing message, already split to the platform's limit and formatted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivery {
+    /// perch's id for this delivery: at most 25 ASCII characters (Discord's nonce limit), the
+    /// same on every resend, so platforms with idempotency can drop a duplicate.
+    pub id: String,
+    pub room: String,
+    pub thread: Option<String>,
+    /// The `platform_id` of the message this answers.
+    pub reply_to: Option<String>,
+    pub text: String,
+}
+
+/// What the platform answered to a delivery.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipt {
+    /// The platform's id for the posted message.
+    pub platform_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeliveryError {
+    /// The platform asked to wait.
+    RateLimited { retry_after: Duration },
+    /// The platform refused this message for good (too long, no access, unknown room).
+    Rejected { message: String },
+    /// The request failed; whether the message was posted is unknown.
+    Failed { message: String },
+}
+
+impl fmt::Display for DeliveryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeliveryError::RateLimited { retry_after } => {
+                write!(
+                    f,
+                    "rate limited; retry after {} s",
+                    retry_after.as_secs_f64()
+                )
+            }
+            DeliveryError::Rejected { message } => write!(f, "rejected: {message}"),
+            DeliveryError::Failed { message } => write!(f, "failed: {message}"),
+        }
+    }
+}
+
+/// Why a connection stopped. Never holds a credential.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnectorError {
+    /// The credentials were refused; reconnecting will not help.
+    Unauthorized { message: String },
+    /// The connection failed or dropped; reconnect with backoff.
+    Disconnected { message: String },
+}
+
+impl fmt::Display for ConnectorError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConnectorError::Unauthorized { message } => write!(f, "unauthorized: {message}"),
+            ConnectorError::Disconnected { message } => write!(f, "disconnected: {message}"),
+        }
+    }
+}
+
+/// What a platform allows, for splitting and resending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlatformLimits {
+    /// The longest message, in characters (Discord 2,000, Telegram 4,096; Matrix counts bytes
+    /// of the event, so its connector gives a safe character count).
+    pub max_chars: usize,
+    /// How long after a failed send the same delivery id may be sent again and the platform
+    /// will drop a duplicate; `None` when the platform has no idempotency (Telegram).
+    pub resend_window: Option<Duration>,
+}
+
+/// An event handed to perch, and the signal that it is journaled: the connector confirms the
+/// event to the platform (or advances its cursor) only after `journaled` fires.
+#[derive(Debug)]
+pub struct Arrival {
+    pub event: InboundEvent,
+    pub journaled: oneshot::Sender<()>,
+}
+
+/// The one effect boundary for chat platforms.
+pub trait Connector: Send + Sync + fmt::Debug {
+    /// Receives until `cancel` fires or the connection fails, handing every event to `inbound`.
+    /// `resume` is the cursor of the last event perch journaled (see [`InboundEvent::cursor`]);
+    /// `since` is the `platform_id` of the last journaled event per room, for platforms that
+    /// back-fill history after a start or reconnect. Events may repeat; perch deduplicates by
+    /// `platform_id`.
+    fn receive<'a>(
+        &'a self,
+        resume: Option<String>,
+        since: Vec<(String, String)>,
+        inbound: mpsc::Sender<Arrival>,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<(), ConnectorError>>;
+
+    /// Posts one message.
+    fn deliver<'a>(
+        &'a self,
+        delivery: &'a Delivery,
+    ) -> BoxFuture<'a, Result<Receipt, DeliveryError>>;
+
+    /// Shows a typing indicator in the room for the platform's usual few seconds.
+    fn typing<'a>(&'a self, room: &'a str, thread: Option<&'a str>) -> BoxFuture<'a, ()>;
+
+    fn limits(&self) -> PlatformLimits;
+}
+
+/// The connector for a channel file, with its credentials read from the host environment.
+pub fn connect(
+    channel: &crate::agent::LoadedChannel,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<std::sync::Arc<dyn Connector>, String> {
+    use perch_core::config::Platform;
+    let config = &channel.config;
+    let missing = |error: perch_core::secret::MissingEnv| format!("{}: {error}", channel.file);
+    match &config.platform {
+        Platform::Telegram { token } => {
+            let token = token.resolve(&lookup).map_err(missing)?;
+            let connector = telegram::TelegramConnector::new(token, config.api_url.clone())
+                .map_err(|error| format!("{}: {error}", channel.file))?;
+            Ok(std::sync::Arc::new(connector))
+        }
+        Platform::Discord { token } => {
+            let token = token.resolve(&lookup).map_err(missing)?;
+            Ok(std::sync::Arc::new(discord::DiscordConnector::new(
+                token,
+                config.api_url.clone(),
+            )))
+        }
+        Platform::Matrix { .. } => Err(format!(
+            "{}: Matrix channels are not connected yet in this version of perch",
+            channel.file
+        )),
+    }
+}

@@ -1,0 +1,632 @@
+//! Telegram through the Bot API, with teloxide: the one module that names it.
+//!
+//! Receiving does not use teloxide's dispatcher or polling, which confirm updates by themselves.
+//! It calls `getUpdates` directly, starting at the update after the cursor perch journaled last,
+//! hands each message to perch and moves its offset past an update only once perch has
+//! journaled it. Telegram confirms an update when a later `getUpdates` names a higher offset, so
+//! nothing perch has not journaled is ever confirmed, and a restart from perch's cursor neither
+//! replays nor loses a message.
+//!
+//! Only `message` updates are requested. Edited messages, channel posts and every other kind of
+//! update are not received; an update teloxide cannot parse is skipped. A message with neither
+//! text nor a caption (a sticker, a photo without caption, a service message) is skipped too.
+//! Inbound attachments are out of scope for now: a photo's or document's caption arrives as the
+//! text, the file itself does not.
+//!
+//! Replies are converted from Markdown to MarkdownV2 and sent again as plain text if Telegram
+//! cannot parse the entities. The bot token is part of every request URL, and teloxide's errors
+//! can quote that URL, so every error text is redacted before it leaves this module.
+
+use super::{
+    Arrival, BoxFuture, Connector, ConnectorError, Delivery, DeliveryError, InboundEvent,
+    PlatformLimits, Receipt, Sender,
+};
+use perch_core::markdown::to_telegram_markdown_v2;
+use perch_core::secret::Secret;
+use std::fmt;
+use std::time::Duration;
+use teloxide::payloads::{GetUpdatesSetters, SendChatActionSetters, SendMessageSetters};
+use teloxide::requests::{Request, Requester};
+use teloxide::types::{
+    AllowedUpdate, ChatAction, ChatId, Message, MessageEntity, MessageEntityKind, MessageId,
+    ParseMode, Recipient, ReplyParameters, ThreadId, Update, UpdateKind,
+};
+use teloxide::{ApiError, Bot, RequestError};
+use tokio::sync::{OnceCell, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+/// How long one `getUpdates` call waits for an update before it returns empty, in seconds.
+const POLL_TIMEOUT_SECS: u32 = 25;
+/// The HTTP timeout of every request: longer than a long poll, with room for a slow network.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(40);
+/// How long a typing indicator request may take before it is given up.
+const TYPING_TIMEOUT: Duration = Duration::from_secs(5);
+/// Telegram's limit on a message's text, in characters after entity parsing.
+const MAX_CHARS: usize = 4096;
+const REDACTED: &str = "<token>";
+/// The longest error text passed on, in characters (a server's error page can be huge).
+const MESSAGE_LIMIT: usize = 400;
+
+/// The bot's own account, as `getMe` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BotIdentity {
+    pub id: u64,
+    /// The username without `@`; every bot has one, so `None` only from a broken server.
+    pub username: Option<String>,
+    pub name: String,
+}
+
+/// The connector could not be built from its settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetupError {
+    pub message: String,
+}
+
+impl fmt::Display for SetupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for SetupError {}
+
+/// A connection to one Telegram bot.
+pub struct TelegramConnector {
+    bot: Bot,
+    identity: OnceCell<BotIdentity>,
+}
+
+impl fmt::Debug for TelegramConnector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TelegramConnector")
+            .field("api_url", &self.bot.api_url().as_str())
+            .field("identity", &self.identity.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TelegramConnector {
+    /// A connector for the bot with `token`, talking to `api_url` (a Bot API server such as
+    /// `http://127.0.0.1:8081`; Telegram's own when `None`). Nothing is sent until the first
+    /// call; the bot's identity is fetched with `getMe` once and cached.
+    pub fn new(token: Secret, api_url: Option<String>) -> Result<TelegramConnector, SetupError> {
+        let client = teloxide::net::default_reqwest_settings()
+            .timeout(HTTP_TIMEOUT)
+            .build()
+            .map_err(|error| SetupError {
+                message: format!("cannot build the HTTP client for Telegram: {error}"),
+            })?;
+        let mut bot = Bot::with_client(token.expose(), client);
+        if let Some(api_url) = api_url {
+            bot = bot.set_api_url(parse_api_url(&api_url)?);
+        }
+        Ok(TelegramConnector {
+            bot,
+            identity: OnceCell::new(),
+        })
+    }
+
+    /// The bot's account, from `getMe` on the first call and cached after it.
+    pub async fn identity(&self) -> Result<BotIdentity, ConnectorError> {
+        self.identity
+            .get_or_try_init(|| async {
+                let me = self
+                    .bot
+                    .get_me()
+                    .send()
+                    .await
+                    .map_err(|error| self.connector_error(error))?;
+                Ok(BotIdentity {
+                    id: me.user.id.0,
+                    username: me.user.username.clone(),
+                    name: me.user.full_name(),
+                })
+            })
+            .await
+            .cloned()
+    }
+
+    async fn poll(
+        &self,
+        resume: Option<String>,
+        inbound: mpsc::Sender<Arrival>,
+        cancel: CancellationToken,
+    ) -> Result<(), ConnectorError> {
+        let mut offset = start_offset(resume.as_deref())?;
+        let me = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Ok(()),
+            me = self.identity() => me?,
+        };
+        loop {
+            let mut request = self
+                .bot
+                .get_updates()
+                .timeout(POLL_TIMEOUT_SECS)
+                .allowed_updates([AllowedUpdate::Message]);
+            if let Some(offset) = offset {
+                request = request.offset(offset);
+            }
+            let result = tokio::select! {
+                biased;
+                () = cancel.cancelled() => return Ok(()),
+                result = request.send() => result,
+            };
+            let updates = match result {
+                Ok(updates) => updates,
+                Err(RequestError::RetryAfter(wait)) => {
+                    tokio::select! {
+                        biased;
+                        () = cancel.cancelled() => return Ok(()),
+                        () = tokio::time::sleep(wait.duration()) => continue,
+                    }
+                }
+                Err(error) => return Err(self.connector_error(error)),
+            };
+            let mut handed = Vec::with_capacity(updates.len());
+            for update in &updates {
+                let journaled = match message_event(update, &me) {
+                    Some(event) => {
+                        let (journaled, ack) = oneshot::channel();
+                        let sent = tokio::select! {
+                            biased;
+                            () = cancel.cancelled() => return Ok(()),
+                            sent = inbound.send(Arrival { event, journaled }) => sent,
+                        };
+                        if sent.is_err() {
+                            return Ok(());
+                        }
+                        Some(ack)
+                    }
+                    None => None,
+                };
+                handed.push((update.id.0, journaled));
+            }
+            for (update_id, journaled) in handed {
+                if let Some(ack) = journaled {
+                    let acked = tokio::select! {
+                        biased;
+                        () = cancel.cancelled() => return Ok(()),
+                        acked = ack => acked,
+                    };
+                    if acked.is_err() {
+                        return Err(ConnectorError::Disconnected {
+                            message: format!(
+                                "perch did not journal Telegram update {update_id}; it will be received again"
+                            ),
+                        });
+                    }
+                }
+                offset = Some(next_offset(update_id)?);
+            }
+        }
+    }
+
+    async fn send(&self, delivery: &Delivery) -> Result<Receipt, DeliveryError> {
+        let chat = parse_chat(&delivery.room)?;
+        let thread = delivery.thread.as_deref().map(parse_thread).transpose()?;
+        let reply = delivery
+            .reply_to
+            .as_deref()
+            .map(|platform_id| reply_parameters(platform_id, chat))
+            .transpose()?;
+        let formatted = to_telegram_markdown_v2(&delivery.text);
+        let sent = match self
+            .send_message(
+                chat,
+                formatted,
+                Some(ParseMode::MarkdownV2),
+                thread,
+                reply.clone(),
+            )
+            .await
+        {
+            Err(RequestError::Api(ApiError::CantParseEntities(_))) => {
+                self.send_message(chat, delivery.text.clone(), None, thread, reply)
+                    .await
+            }
+            other => other,
+        };
+        match sent {
+            Ok(message) => Ok(Receipt {
+                platform_id: platform_id(&message),
+            }),
+            Err(error) => Err(self.delivery_error(error)),
+        }
+    }
+
+    async fn send_message(
+        &self,
+        chat: ChatId,
+        text: String,
+        parse_mode: Option<ParseMode>,
+        thread: Option<ThreadId>,
+        reply: Option<ReplyParameters>,
+    ) -> Result<Message, RequestError> {
+        let mut request = self.bot.send_message(chat, text);
+        if let Some(parse_mode) = parse_mode {
+            request = request.parse_mode(parse_mode);
+        }
+        if let Some(thread) = thread {
+            request = request.message_thread_id(thread);
+        }
+        if let Some(reply) = reply {
+            request = request.reply_parameters(reply);
+        }
+        request.send().await
+    }
+
+    async fn show_typing(&self, room: &str, thread: Option<&str>) {
+        let Ok(chat) = parse_chat(room) else {
+            return;
+        };
+        let mut request = self.bot.send_chat_action(chat, ChatAction::Typing);
+        if let Some(Ok(thread)) = thread.map(parse_thread) {
+            request = request.message_thread_id(thread);
+        }
+        let _ = tokio::time::timeout(TYPING_TIMEOUT, request.send()).await;
+    }
+
+    fn connector_error(&self, error: RequestError) -> ConnectorError {
+        match error {
+            RequestError::Api(ApiError::InvalidToken) => ConnectorError::Unauthorized {
+                message: "Telegram refused the bot token; check it with @BotFather".to_owned(),
+            },
+            RequestError::Api(ApiError::TerminatedByOtherGetUpdates) => {
+                ConnectorError::Disconnected {
+                    message: "another getUpdates request for this bot took over: Telegram allows \
+                              one poller per bot token, so stop the other program using it"
+                        .to_owned(),
+                }
+            }
+            RequestError::Api(ApiError::CantGetUpdates) => webhook_active(),
+            RequestError::Api(ApiError::Unknown(text)) if text.contains("webhook is active") => {
+                webhook_active()
+            }
+            other => ConnectorError::Disconnected {
+                message: self.describe(&other),
+            },
+        }
+    }
+
+    fn delivery_error(&self, error: RequestError) -> DeliveryError {
+        match error {
+            RequestError::RetryAfter(wait) => DeliveryError::RateLimited {
+                retry_after: wait.duration(),
+            },
+            RequestError::MigrateToChatId(chat) => DeliveryError::Rejected {
+                message: format!(
+                    "the group became a supergroup with chat id {chat}; use that room id"
+                ),
+            },
+            RequestError::Api(ApiError::Unknown(text)) => DeliveryError::Failed {
+                message: self.redact(&text),
+            },
+            RequestError::Api(api) => DeliveryError::Rejected {
+                message: self.redact(&api.to_string()),
+            },
+            other => DeliveryError::Failed {
+                message: self.describe(&other),
+            },
+        }
+    }
+
+    /// The error and its causes on one line, with the token removed.
+    fn describe(&self, error: &(dyn std::error::Error + 'static)) -> String {
+        let mut text = error.to_string();
+        let mut source = error.source();
+        while let Some(cause) = source {
+            let cause_text = cause.to_string();
+            if !text.contains(&cause_text) {
+                text.push_str(": ");
+                text.push_str(&cause_text);
+            }
+            source = cause.source();
+        }
+        self.redact(&text)
+    }
+
+    /// `text` without the token, cut to [`MESSAGE_LIMIT`] characters.
+    fn redact(&self, text: &str) -> String {
+        let token = self.bot.token();
+        let text = if token.is_empty() {
+            text.trim().to_owned()
+        } else {
+            text.trim().replace(token, REDACTED)
+        };
+        match text.char_indices().nth(MESSAGE_LIMIT) {
+            Some((end, _)) => format!("{}…", &text[..end]),
+            None => text,
+        }
+    }
+}
+
+impl Connector for TelegramConnector {
+    fn receive<'a>(
+        &'a self,
+        resume: Option<String>,
+        _since: Vec<(String, String)>,
+        inbound: mpsc::Sender<Arrival>,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<(), ConnectorError>> {
+        Box::pin(self.poll(resume, inbound, cancel))
+    }
+
+    fn deliver<'a>(
+        &'a self,
+        delivery: &'a Delivery,
+    ) -> BoxFuture<'a, Result<Receipt, DeliveryError>> {
+        Box::pin(self.send(delivery))
+    }
+
+    fn typing<'a>(&'a self, room: &'a str, thread: Option<&'a str>) -> BoxFuture<'a, ()> {
+        Box::pin(self.show_typing(room, thread))
+    }
+
+    fn limits(&self) -> PlatformLimits {
+        PlatformLimits {
+            max_chars: MAX_CHARS,
+            resend_window: None,
+        }
+    }
+}
+
+fn webhook_active() -> ConnectorError {
+    ConnectorError::Disconnected {
+        message: "a webhook is set for this bot, and Telegram refuses getUpdates while one is; \
+                  delete it with the deleteWebhook method"
+            .to_owned(),
+    }
+}
+
+fn parse_api_url(api_url: &str) -> Result<url::Url, SetupError> {
+    let trimmed = api_url.trim().trim_end_matches('/');
+    let invalid = |why: &str| SetupError {
+        message: format!("the Telegram API URL {trimmed:?} is not usable: {why}"),
+    };
+    let url = url::Url::parse(trimmed).map_err(|error| invalid(&error.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") || url.cannot_be_a_base() {
+        return Err(invalid("it must be an http:// or https:// URL"));
+    }
+    Ok(url)
+}
+
+/// The offset of the first `getUpdates` call: the update after perch's cursor.
+fn start_offset(resume: Option<&str>) -> Result<Option<i32>, ConnectorError> {
+    let Some(cursor) = resume else {
+        return Ok(None);
+    };
+    let update_id: u32 = cursor
+        .trim()
+        .parse()
+        .map_err(|_| ConnectorError::Disconnected {
+            message: format!("the resume cursor {cursor:?} is not a Telegram update id"),
+        })?;
+    next_offset(update_id).map(Some)
+}
+
+fn next_offset(update_id: u32) -> Result<i32, ConnectorError> {
+    i32::try_from(u64::from(update_id) + 1).map_err(|_| ConnectorError::Disconnected {
+        message: format!("Telegram update id {update_id} is out of range"),
+    })
+}
+
+fn parse_chat(room: &str) -> Result<ChatId, DeliveryError> {
+    room.trim()
+        .parse()
+        .map(ChatId)
+        .map_err(|_| DeliveryError::Rejected {
+            message: format!("{room:?} is not a Telegram chat id"),
+        })
+}
+
+fn parse_thread(thread: &str) -> Result<ThreadId, DeliveryError> {
+    thread
+        .trim()
+        .parse()
+        .map(|id| ThreadId(MessageId(id)))
+        .map_err(|_| DeliveryError::Rejected {
+            message: format!("{thread:?} is not a Telegram message thread id"),
+        })
+}
+
+/// Reply parameters for a `<chat id>:<message id>` platform id, naming the chat when it is not
+/// the one the reply goes to.
+fn reply_parameters(platform_id: &str, chat: ChatId) -> Result<ReplyParameters, DeliveryError> {
+    let invalid = || DeliveryError::Rejected {
+        message: format!("{platform_id:?} is not a Telegram message id (<chat id>:<message id>)"),
+    };
+    let (reply_chat, message) = platform_id.rsplit_once(':').ok_or_else(invalid)?;
+    let reply_chat = ChatId(reply_chat.parse().map_err(|_| invalid())?);
+    let message = MessageId(message.parse().map_err(|_| invalid())?);
+    let mut parameters = ReplyParameters::new(message).allow_sending_without_reply();
+    if reply_chat != chat {
+        parameters = parameters.chat_id(Recipient::Id(reply_chat));
+    }
+    Ok(parameters)
+}
+
+fn platform_id(message: &Message) -> String {
+    format!("{}:{}", message.chat.id.0, message.id.0)
+}
+
+/// The event for a message update; `None` for every other update and for messages without
+/// text or caption.
+fn message_event(update: &Update, me: &BotIdentity) -> Option<InboundEvent> {
+    let UpdateKind::Message(message) = &update.kind else {
+        return None;
+    };
+    let (text, entities) = match (message.text(), message.caption()) {
+        (Some(text), _) => (text, message.entities().unwrap_or_default()),
+        (None, Some(caption)) => (caption, message.caption_entities().unwrap_or_default()),
+        (None, None) => return None,
+    };
+    let sender = sender(message)?;
+    let thread = message
+        .thread_id
+        .filter(|_| message.is_topic_message)
+        .map(|ThreadId(MessageId(id))| id);
+    let addressed = mentions(text, entities, me) || replies_to(message, thread, me);
+    Some(InboundEvent {
+        platform_id: platform_id(message),
+        cursor: Some(update.id.0.to_string()),
+        room: message.chat.id.0.to_string(),
+        thread: thread.map(|id| id.to_string()),
+        sender,
+        direct: message.chat.is_private(),
+        addressed,
+        text: text.to_owned(),
+        sent_at: message.date,
+    })
+}
+
+/// Who sent the message: the chat it was sent on behalf of (an anonymous group admin, a linked
+/// channel) or else the user.
+fn sender(message: &Message) -> Option<Sender> {
+    if let Some(chat) = &message.sender_chat {
+        let name = chat
+            .title()
+            .or_else(|| chat.username())
+            .or_else(|| chat.first_name())
+            .unwrap_or_default();
+        return Some(Sender {
+            id: chat.id.0.to_string(),
+            name: name.to_owned(),
+            is_bot: false,
+        });
+    }
+    message.from.as_ref().map(|user| Sender {
+        id: user.id.0.to_string(),
+        name: user.full_name(),
+        is_bot: user.is_bot,
+    })
+}
+
+/// The text mentions the bot: `@username`, a mention of its account without a username, or a
+/// command addressed to it (`/cmd@username`).
+fn mentions(text: &str, entities: &[MessageEntity], me: &BotIdentity) -> bool {
+    let named = |handle: &str| {
+        me.username
+            .as_deref()
+            .is_some_and(|username| handle.eq_ignore_ascii_case(username))
+    };
+    entities.iter().any(|entity| match &entity.kind {
+        MessageEntityKind::Mention => entity_text(text, entity)
+            .and_then(|mention| mention.strip_prefix('@'))
+            .is_some_and(named),
+        MessageEntityKind::TextMention { user } => user.id.0 == me.id,
+        MessageEntityKind::BotCommand => entity_text(text, entity)
+            .and_then(|command| command.split_once('@'))
+            .is_some_and(|(_, handle)| named(handle)),
+        _ => false,
+    })
+}
+
+/// The message replies to one of the bot's messages. In a forum topic every message without an
+/// explicit reply points at the topic's first message, which is not a reply to anyone.
+fn replies_to(message: &Message, thread: Option<i32>, me: &BotIdentity) -> bool {
+    message.reply_to_message().is_some_and(|original| {
+        Some(original.id.0) != thread
+            && original
+                .from
+                .as_ref()
+                .is_some_and(|from| from.id.0 == me.id)
+    })
+}
+
+/// The text an entity covers. Telegram counts offsets in UTF-16 code units; an entity that does
+/// not fall on character boundaries inside the text covers nothing.
+fn entity_text<'a>(text: &'a str, entity: &MessageEntity) -> Option<&'a str> {
+    let end_units = entity.offset.checked_add(entity.length)?;
+    let mut units = 0;
+    let mut start = None;
+    for (index, ch) in text.char_indices() {
+        if units == entity.offset {
+            start = Some(index);
+        }
+        if units == end_units {
+            return start.map(|start| &text[start..index]);
+        }
+        units += ch.len_utf16();
+    }
+    if units == entity.offset {
+        start = Some(text.len());
+    }
+    if units == end_units {
+        return start.map(|start| &text[start..]);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entity(kind: MessageEntityKind, offset: usize, length: usize) -> MessageEntity {
+        MessageEntity::new(kind, offset, length)
+    }
+
+    #[test]
+    fn entity_offsets_count_utf16_units() {
+        let text = "🎉 hi @perch_bot!";
+        let mention = entity(MessageEntityKind::Mention, 6, 10);
+        assert_eq!(entity_text(text, &mention), Some("@perch_bot"));
+        let whole = entity(MessageEntityKind::Bold, 0, 17);
+        assert_eq!(entity_text(text, &whole), Some(text));
+        let inside_surrogate = entity(MessageEntityKind::Bold, 1, 2);
+        assert_eq!(entity_text(text, &inside_surrogate), None);
+        let past_the_end = entity(MessageEntityKind::Bold, 10, 40);
+        assert_eq!(entity_text(text, &past_the_end), None);
+        let huge = entity(MessageEntityKind::Bold, usize::MAX, 2);
+        assert_eq!(entity_text(text, &huge), None);
+    }
+
+    #[test]
+    fn cursors_and_offsets() {
+        assert_eq!(start_offset(None), Ok(None));
+        assert_eq!(start_offset(Some("41")), Ok(Some(42)));
+        assert!(start_offset(Some("x")).is_err());
+        assert!(next_offset(u32::MAX).is_err());
+    }
+
+    #[test]
+    fn reply_parameters_name_a_foreign_chat_only() {
+        let same = reply_parameters("-100123:45", ChatId(-100123)).unwrap();
+        assert_eq!(same.message_id, MessageId(45));
+        assert_eq!(same.chat_id, None);
+        let other = reply_parameters("7:8", ChatId(9)).unwrap();
+        assert_eq!(other.chat_id, Some(Recipient::Id(ChatId(7))));
+        assert!(reply_parameters("45", ChatId(1)).is_err());
+        assert!(reply_parameters("a:b", ChatId(1)).is_err());
+    }
+
+    #[test]
+    fn redaction_removes_the_token_wherever_it_appears() {
+        let token = "123:secret-token";
+        let secret = perch_core::secret::EnvRef::new(
+            perch_core::name::EnvName::try_from("TELEGRAM_TOKEN").unwrap(),
+        )
+        .resolve(|_| Some(token.to_owned()))
+        .unwrap();
+        let connector = TelegramConnector::new(secret, None).unwrap();
+        let text = format!("error for url (https://api.telegram.org/bot{token}/GetMe): {token}");
+        let redacted = connector.redact(&text);
+        assert_eq!(
+            redacted,
+            "error for url (https://api.telegram.org/bot<token>/GetMe): <token>"
+        );
+        assert!(!format!("{connector:?}").contains(token));
+        let long = connector.redact(&"x".repeat(1000));
+        assert_eq!(long.chars().count(), MESSAGE_LIMIT + 1);
+    }
+
+    #[test]
+    fn api_urls() {
+        assert_eq!(
+            parse_api_url("http://127.0.0.1:9/tg/").unwrap().as_str(),
+            "http://127.0.0.1:9/tg"
+        );
+        assert!(parse_api_url("ftp://example.com").is_err());
+        assert!(parse_api_url("not a url").is_err());
+    }
+}

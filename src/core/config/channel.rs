@@ -1,0 +1,1468 @@
+//! `channels/<name>.lua`: one chat connection, named by its file stem.
+
+use super::sandbox::SandboxPolicy;
+use super::{Declaration, single, table_argument};
+use crate::name::{ChannelName, EnvName, RoomAlias};
+use crate::problem::{Pos, Problem};
+use crate::secret::EnvRef;
+use crate::tree::{Checker, Fields, FunctionId, Key, Node, Path, Value};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The chat platform a channel connects to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChannelKind {
+    Discord,
+    Telegram,
+    Matrix,
+}
+
+impl ChannelKind {
+    /// Every kind, in the order they are listed in messages.
+    pub const ALL: [ChannelKind; 3] = [
+        ChannelKind::Discord,
+        ChannelKind::Telegram,
+        ChannelKind::Matrix,
+    ];
+
+    /// The word written in `kind = "..."`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChannelKind::Discord => "discord",
+            ChannelKind::Telegram => "telegram",
+            ChannelKind::Matrix => "matrix",
+        }
+    }
+
+    /// The kind written `text`, if there is one.
+    pub fn parse(text: &str) -> Option<ChannelKind> {
+        ChannelKind::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == text)
+    }
+
+    /// The keys only this kind takes: its credentials and connection details.
+    fn own_keys(self) -> &'static [&'static str] {
+        match self {
+            ChannelKind::Discord | ChannelKind::Telegram => &["token", "api_url"],
+            ChannelKind::Matrix => &["homeserver", "user", "password", "store_passphrase"],
+        }
+    }
+
+    fn credential_example(self) -> &'static str {
+        match self {
+            ChannelKind::Discord => "token = env \"DISCORD_TOKEN\"",
+            ChannelKind::Telegram => "token = env \"TELEGRAM_TOKEN\"",
+            ChannelKind::Matrix => {
+                "homeserver = \"https://matrix.example.org\", user = \"@perch:example.org\", \
+                 password = env \"MATRIX_PASSWORD\", store_passphrase = env \"MATRIX_STORE_PASSPHRASE\""
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for ChannelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The platform and how to log in to it. Credentials are references to host environment
+/// variables, never values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Platform {
+    /// A Discord bot, logged in with its bot token.
+    Discord { token: EnvRef },
+    /// A Telegram bot, logged in with the token BotFather gave it.
+    Telegram { token: EnvRef },
+    /// A Matrix account on `homeserver`. `store_passphrase` encrypts the state and crypto store
+    /// kept under `.perch/`.
+    Matrix {
+        /// The homeserver's URL, such as `https://matrix.example.org`.
+        homeserver: String,
+        /// The account, such as `@perch:example.org`.
+        user: String,
+        password: EnvRef,
+        store_passphrase: EnvRef,
+    },
+}
+
+impl Platform {
+    /// The platform this is.
+    pub fn kind(&self) -> ChannelKind {
+        match self {
+            Platform::Discord { .. } => ChannelKind::Discord,
+            Platform::Telegram { .. } => ChannelKind::Telegram,
+            Platform::Matrix { .. } => ChannelKind::Matrix,
+        }
+    }
+
+    /// Each credential with the key it is written under.
+    pub fn credentials(&self) -> Vec<(&'static str, &EnvRef)> {
+        match self {
+            Platform::Discord { token } | Platform::Telegram { token } => vec![("token", token)],
+            Platform::Matrix {
+                password,
+                store_passphrase,
+                ..
+            } => vec![
+                ("password", password),
+                ("store_passphrase", store_passphrase),
+            ],
+        }
+    }
+}
+
+/// Who may talk to the agent in direct messages, beyond `allow.users`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DmPolicy {
+    /// An unknown sender gets a pairing code for the owner to approve (the default).
+    Pair,
+    /// Anyone.
+    Allow,
+    /// Nobody else.
+    Refuse,
+}
+
+impl DmPolicy {
+    /// The word written in `dm = "..."`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DmPolicy::Pair => "pair",
+            DmPolicy::Allow => "allow",
+            DmPolicy::Refuse => "refuse",
+        }
+    }
+}
+
+/// Which group messages the agent answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupPolicy {
+    /// Only messages that mention the agent or reply to it (the default).
+    Mention,
+    /// Every message.
+    All,
+}
+
+impl GroupPolicy {
+    /// The word written in `groups = "..."`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupPolicy::Mention => "mention",
+            GroupPolicy::All => "all",
+        }
+    }
+}
+
+/// What happens to a message that arrives while its lane is running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BusyPolicy {
+    /// Queued and run next (the default).
+    Followup,
+    /// Given to the running turn at its next tool boundary.
+    Steer,
+    /// Messages arriving within `window` of each other become one turn.
+    Collect { window: Duration },
+    /// The running turn is aborted and the message runs next.
+    Interrupt,
+}
+
+impl BusyPolicy {
+    /// The word written in `busy = "..."`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BusyPolicy::Followup => "followup",
+            BusyPolicy::Steer => "steer",
+            BusyPolicy::Collect { .. } => "collect",
+            BusyPolicy::Interrupt => "interrupt",
+        }
+    }
+}
+
+/// Who may talk to the agent without pairing.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Access {
+    /// Platform user ids.
+    pub users: Vec<String>,
+    /// Rooms, by alias, in which everyone may talk to the agent.
+    pub rooms: Vec<RoomAlias>,
+}
+
+/// One checked `channels/<name>.lua`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChannelConfig {
+    /// The file stem.
+    pub name: ChannelName,
+    /// Where `channel { ... }` was declared.
+    pub pos: Pos,
+    pub platform: Platform,
+    /// The platform's endpoint, when not the public one (a self-hosted Bot API server, a test
+    /// double). Discord and Telegram only: a Matrix channel names its homeserver.
+    pub api_url: Option<String>,
+    /// Platform room ids by alias.
+    pub rooms: BTreeMap<RoomAlias, String>,
+    pub allow: Access,
+    pub dm: DmPolicy,
+    pub groups: GroupPolicy,
+    pub busy: BusyPolicy,
+    /// Events older than this when perch sees them are stale and not answered.
+    pub max_age: Duration,
+    /// Messages that may wait per lane before more are answered with an overflow message.
+    pub queue_limit: u32,
+    /// Other bots' user ids the agent answers; every other bot is ignored.
+    pub allow_bots: Vec<String>,
+    /// How many consecutive bot-to-bot exchanges are answered per room.
+    pub bot_turns: u32,
+    /// `on_message(msg, store)`.
+    pub on_message: Option<FunctionId>,
+    /// `format(reply, store)`.
+    pub format: Option<FunctionId>,
+}
+
+impl ChannelConfig {
+    /// The platform the channel connects to.
+    pub fn kind(&self) -> ChannelKind {
+        self.platform.kind()
+    }
+
+    /// The alias the file gives the platform room `room`.
+    pub fn room_alias(&self, room: &str) -> Option<&RoomAlias> {
+        self.rooms
+            .iter()
+            .find(|(_, id)| id.as_str() == room)
+            .map(|(alias, _)| alias)
+    }
+}
+
+/// The channel name perch chat uses for the terminal.
+pub const TERMINAL_CHANNEL: &str = "terminal";
+
+const DEFAULT_COLLECT_WINDOW: u64 = 3;
+const DEFAULT_MAX_AGE: u64 = 3600;
+const DEFAULT_QUEUE_LIMIT: u32 = 20;
+const DEFAULT_BOT_TURNS: u32 = 3;
+
+const USAGE: &str = "channel { kind = \"telegram\", token = env \"TELEGRAM_TOKEN\" }";
+const COMMON_KEYS: &[&str] = &[
+    "kind",
+    "rooms",
+    "allow",
+    "dm",
+    "groups",
+    "busy",
+    "collect_window",
+    "max_age",
+    "queue_limit",
+    "allow_bots",
+    "bot_turns",
+    "on_message",
+    "format",
+];
+const ALLOW_KEYS: &[&str] = &["users", "rooms"];
+const CREDENTIAL_KEYS: &[&str] = &["token", "password", "store_passphrase"];
+
+/// The channel name of `file` (`channels/ops.lua` is `ops`), as written.
+pub fn channel_stem(file: &str) -> &str {
+    let base = file.rsplit('/').next().unwrap_or(file);
+    base.strip_suffix(".lua").unwrap_or(base)
+}
+
+/// Checks the declarations `file` (such as `channels/ops.lua`) made: one `channel { ... }`.
+/// The channel is named by the file's stem.
+pub fn check_channel(
+    file: &str,
+    declarations: &[Declaration],
+) -> Result<ChannelConfig, Vec<Problem>> {
+    let mut checker = Checker::new(file);
+    let name = channel_name(&mut checker, file);
+    let config = single(&mut checker, declarations, "channel", USAGE).and_then(|declaration| {
+        let table = table_argument(&mut checker, declaration, USAGE)?;
+        let fields = checker.fields(table, &Path::root())?;
+        read_channel(&mut checker, fields, name, declaration.pos)
+    });
+    match config {
+        Some(config) if !checker.has_problems() => Ok(config),
+        _ => Err(checker.into_problems()),
+    }
+}
+
+fn channel_name(checker: &mut Checker, file: &str) -> Option<ChannelName> {
+    let stem = channel_stem(file);
+    let fix = format!("rename the file; a channel name is {}", ChannelName::RULE);
+    if stem == TERMINAL_CHANNEL {
+        checker.push(
+            Problem::new(
+                file,
+                Pos::default(),
+                "the channel name terminal belongs to `perch chat`",
+            )
+            .with_fix(fix),
+        );
+        return None;
+    }
+    match ChannelName::try_from(stem) {
+        Ok(name) => Some(name),
+        Err(_) => {
+            checker.push(
+                Problem::new(
+                    file,
+                    Pos::default(),
+                    format!("{stem:?} is not a valid channel name"),
+                )
+                .with_fix(fix),
+            );
+            None
+        }
+    }
+}
+
+fn read_channel(
+    checker: &mut Checker,
+    mut fields: Fields<'_>,
+    name: Option<ChannelName>,
+    pos: Pos,
+) -> Option<ChannelConfig> {
+    let root = Path::root();
+    let kind = fields
+        .required(
+            checker,
+            "kind",
+            "name the platform: kind = \"discord\", \"telegram\" or \"matrix\"",
+        )
+        .and_then(|node| {
+            choice(
+                checker,
+                node,
+                &root.key("kind"),
+                "kind",
+                &ChannelKind::ALL.map(|kind| (kind.as_str(), kind)),
+            )
+        });
+    let platform = platform(checker, &mut fields, kind);
+    let api_url = if kind == Some(ChannelKind::Matrix) {
+        None
+    } else {
+        fields.optional("api_url")
+    };
+    let api_url = api_url.and_then(|node| {
+        let url = url(checker, node, &root.key("api_url"), "api_url")?;
+        if kind == Some(ChannelKind::Telegram) && url.contains("/bot") {
+            checker.report_fix(
+                node.pos,
+                &root.key("api_url"),
+                "api_url must not hold the bot's path or token (value not shown)",
+                "give the server's base URL, such as https://api.telegram.org; perch adds /bot<token>/ itself",
+            );
+            return None;
+        }
+        Some(url)
+    });
+    let rooms = fields
+        .optional("rooms")
+        .map(|node| rooms(checker, node, &root.key("rooms")))
+        .unwrap_or_default();
+    let allow = fields
+        .optional("allow")
+        .map(|node| access(checker, node, &root.key("allow"), &rooms))
+        .unwrap_or_default();
+    let dm = fields.optional("dm").map_or(Some(DmPolicy::Pair), |node| {
+        choice(
+            checker,
+            node,
+            &root.key("dm"),
+            "dm policy",
+            &[
+                ("pair", DmPolicy::Pair),
+                ("allow", DmPolicy::Allow),
+                ("refuse", DmPolicy::Refuse),
+            ],
+        )
+    });
+    let groups = fields
+        .optional("groups")
+        .map_or(Some(GroupPolicy::Mention), |node| {
+            choice(
+                checker,
+                node,
+                &root.key("groups"),
+                "groups policy",
+                &[("mention", GroupPolicy::Mention), ("all", GroupPolicy::All)],
+            )
+        });
+    let busy = busy(checker, &mut fields);
+    let max_age = seconds(
+        checker,
+        &mut fields,
+        "max_age",
+        1..=2_592_000,
+        DEFAULT_MAX_AGE,
+    );
+    let queue_limit = count(
+        checker,
+        &mut fields,
+        "queue_limit",
+        1..=10_000,
+        DEFAULT_QUEUE_LIMIT,
+    );
+    let allow_bots = fields
+        .optional("allow_bots")
+        .map(|node| ids(checker, node, &root.key("allow_bots"), "bot"))
+        .unwrap_or_default();
+    let bot_turns = count(
+        checker,
+        &mut fields,
+        "bot_turns",
+        1..=100,
+        DEFAULT_BOT_TURNS,
+    );
+    let on_message = hook(checker, &mut fields, "on_message", "msg");
+    let format = hook(checker, &mut fields, "format", "reply");
+
+    let mut known: Vec<&str> = COMMON_KEYS.to_vec();
+    match kind {
+        Some(kind) => known.extend(kind.own_keys()),
+        None => {
+            for key in ChannelKind::ALL.iter().flat_map(|kind| kind.own_keys()) {
+                if !known.contains(key) {
+                    known.push(key);
+                }
+            }
+        }
+    }
+    fields.finish(checker, &known);
+
+    Some(ChannelConfig {
+        name: name?,
+        pos,
+        platform: platform?,
+        api_url,
+        rooms,
+        allow,
+        dm: dm?,
+        groups: groups?,
+        busy: busy?,
+        max_age: max_age?,
+        queue_limit: queue_limit?,
+        allow_bots,
+        bot_turns: bot_turns?,
+        on_message: on_message?,
+        format: format?,
+    })
+}
+
+/// One of `options`, by its word.
+fn choice<T: Copy>(
+    checker: &mut Checker,
+    node: &Node,
+    path: &Path,
+    what: &str,
+    options: &[(&str, T)],
+) -> Option<T> {
+    let text = checker.str(node, path)?;
+    let found = options
+        .iter()
+        .find(|(word, _)| *word == text)
+        .map(|(_, value)| *value);
+    if found.is_none() {
+        let words: Vec<&str> = options.iter().map(|(word, _)| *word).collect();
+        checker.report_fix(
+            node.pos,
+            path,
+            format!("unknown {what} {text:?}"),
+            format!("use one of {}", words.join(", ")),
+        );
+    }
+    found
+}
+
+/// The credentials and connection details of `kind`. Keys that belong to another kind are
+/// reported; with no valid kind, credentials are still checked for literal values.
+fn platform(
+    checker: &mut Checker,
+    fields: &mut Fields<'_>,
+    kind: Option<ChannelKind>,
+) -> Option<Platform> {
+    let root = Path::root();
+    let Some(kind) = kind else {
+        for key in CREDENTIAL_KEYS {
+            if let Some(node) = fields.optional(key) {
+                env_reference(checker, node, key);
+            }
+        }
+        return None;
+    };
+    let mut foreign: Vec<&str> = Vec::new();
+    for key in ChannelKind::ALL.iter().flat_map(|other| other.own_keys()) {
+        if !kind.own_keys().contains(key) && !foreign.contains(key) {
+            foreign.push(key);
+        }
+    }
+    for key in foreign {
+        if let Some(node) = fields.optional(key) {
+            let owners: Vec<&str> = ChannelKind::ALL
+                .into_iter()
+                .filter(|other| other.own_keys().contains(&key))
+                .map(ChannelKind::as_str)
+                .collect();
+            checker.report_fix(
+                node.pos,
+                &root.key(key),
+                format!("{key} is for {} channels, not {kind}", owners.join(" and ")),
+                format!(
+                    "remove it; a {kind} channel takes {}",
+                    kind.credential_example()
+                ),
+            );
+        }
+    }
+    match kind {
+        ChannelKind::Discord => Some(Platform::Discord {
+            token: credential(checker, fields, kind, "token")?,
+        }),
+        ChannelKind::Telegram => Some(Platform::Telegram {
+            token: credential(checker, fields, kind, "token")?,
+        }),
+        ChannelKind::Matrix => {
+            let password = credential(checker, fields, kind, "password");
+            let store_passphrase = credential(checker, fields, kind, "store_passphrase");
+            let fix = format!("add it: {}", kind.credential_example());
+            let homeserver = fields
+                .required(checker, "homeserver", &fix)
+                .and_then(|node| url(checker, node, &root.key("homeserver"), "homeserver"));
+            let user = fields.required(checker, "user", &fix).and_then(|node| {
+                let text = checker.non_empty_str(node, &root.key("user"))?;
+                if text.chars().any(char::is_whitespace) {
+                    checker.report_fix(
+                        node.pos,
+                        &root.key("user"),
+                        format!("{text:?} is not a Matrix user id"),
+                        "write the full id, such as @perch:example.org",
+                    );
+                    return None;
+                }
+                Some(text.to_owned())
+            });
+            Some(Platform::Matrix {
+                homeserver: homeserver?,
+                user: user?,
+                password: password?,
+                store_passphrase: store_passphrase?,
+            })
+        }
+    }
+}
+
+/// A required credential of `kind`.
+fn credential(
+    checker: &mut Checker,
+    fields: &mut Fields<'_>,
+    kind: ChannelKind,
+    key: &str,
+) -> Option<EnvRef> {
+    fields
+        .required(
+            checker,
+            key,
+            &format!("add it: {}", kind.credential_example()),
+        )
+        .and_then(|node| env_reference(checker, node, key))
+}
+
+/// `env "NAME"`; a literal value is refused without repeating it.
+fn env_reference(checker: &mut Checker, node: &Node, key: &str) -> Option<EnvRef> {
+    let path = Path::root().key(key);
+    match &node.value {
+        Value::Env(name) => match EnvName::try_from(name.as_str()) {
+            Ok(name) => Some(EnvRef::new(name)),
+            Err(_) => {
+                checker.report_fix(node.pos, &path, "not a variable name", EnvName::RULE);
+                None
+            }
+        },
+        Value::Str(_) => {
+            checker.report_fix(
+                node.pos,
+                &path,
+                format!("a literal {key} is not allowed in a channel file (value not shown)"),
+                format!(
+                    "keep it in the service's environment and reference it: {key} = env \"NAME\""
+                ),
+            );
+            None
+        }
+        other => {
+            checker.report_fix(
+                node.pos,
+                &path,
+                format!("expected env \"NAME\", found {}", other.kind()),
+                format!("write {key} = env \"NAME\""),
+            );
+            None
+        }
+    }
+}
+
+/// An `http://` or `https://` URL with a host. The value is not repeated in problems, because
+/// an endpoint may carry a credential in its path.
+fn url(checker: &mut Checker, node: &Node, path: &Path, key: &str) -> Option<String> {
+    let text = checker.non_empty_str(node, path)?;
+    let rest = text
+        .strip_prefix("https://")
+        .or_else(|| text.strip_prefix("http://"));
+    let authority = rest.map(|rest| rest.split(['/', '?', '#']).next().unwrap_or_default());
+    let problem = match authority {
+        None => Some("must start with https:// or http://"),
+        Some("") => Some("has no host"),
+        Some(authority) if authority.contains('@') => {
+            Some("must not carry a user name or password")
+        }
+        Some(_) if text.chars().any(|c| c.is_whitespace() || c.is_control()) => {
+            Some("must not contain spaces")
+        }
+        Some(_) => None,
+    };
+    if let Some(problem) = problem {
+        checker.report_fix(
+            node.pos,
+            path,
+            format!("{key} {problem}"),
+            format!("write {key} = \"https://host.example\""),
+        );
+        return None;
+    }
+    Some(text.trim_end_matches('/').to_owned())
+}
+
+fn rooms(checker: &mut Checker, node: &Node, path: &Path) -> BTreeMap<RoomAlias, String> {
+    let mut rooms = BTreeMap::new();
+    let entries: &[(Key, Node)] = match &node.value {
+        Value::Map(entries) => entries,
+        Value::List(items) if items.is_empty() => &[],
+        other => {
+            checker.report_fix(
+                node.pos,
+                path,
+                format!("expected a table of aliases, found {}", other.kind()),
+                "name each room: rooms = { standup = \"<platform room id>\" }",
+            );
+            return rooms;
+        }
+    };
+    for (key, value) in entries {
+        let item_path = path.key(&key.name);
+        let Ok(alias) = RoomAlias::try_from(key.name.as_str()) else {
+            checker.report_fix(
+                key.pos,
+                &item_path,
+                "not a room alias",
+                format!("an alias is {}", RoomAlias::RULE),
+            );
+            continue;
+        };
+        let Some(id) = checker.non_empty_str(value, &item_path) else {
+            continue;
+        };
+        if let Some((other, _)) = rooms.iter().find(|(_, known)| *known == id) {
+            checker.report_fix(
+                value.pos,
+                &item_path,
+                format!("the same room as {other}"),
+                "give each room one alias",
+            );
+            continue;
+        }
+        rooms.insert(alias, id.to_owned());
+    }
+    rooms
+}
+
+fn access(
+    checker: &mut Checker,
+    node: &Node,
+    path: &Path,
+    rooms: &BTreeMap<RoomAlias, String>,
+) -> Access {
+    let Some(mut fields) = checker.fields(node, path) else {
+        return Access::default();
+    };
+    let users = fields
+        .optional("users")
+        .map(|node| ids(checker, node, &path.key("users"), "user"))
+        .unwrap_or_default();
+    let mut allowed_rooms: Vec<RoomAlias> = Vec::new();
+    if let Some(list) = fields.optional("rooms") {
+        for (pos, item_path, text) in checker.str_list(list, &path.key("rooms")) {
+            match RoomAlias::try_from(text.as_str()) {
+                Ok(alias) if rooms.contains_key(&alias) => {
+                    if allowed_rooms.contains(&alias) {
+                        checker.report_fix(
+                            pos,
+                            &item_path,
+                            format!("{alias} is listed twice"),
+                            "remove one",
+                        );
+                    } else {
+                        allowed_rooms.push(alias);
+                    }
+                }
+                _ => {
+                    let declared: Vec<&str> = rooms.keys().map(RoomAlias::as_str).collect();
+                    let fix = if declared.is_empty() {
+                        format!("declare it first: rooms = {{ {text} = \"<platform room id>\" }}")
+                    } else {
+                        format!(
+                            "use one of {} or declare it under rooms",
+                            declared.join(", ")
+                        )
+                    };
+                    checker.report_fix(
+                        pos,
+                        &item_path,
+                        format!("{text:?} is not a room declared under rooms"),
+                        fix,
+                    );
+                }
+            }
+        }
+    }
+    fields.finish(checker, ALLOW_KEYS);
+    Access {
+        users,
+        rooms: allowed_rooms,
+    }
+}
+
+/// A list of platform ids (users or bots): non-empty strings without repeats.
+fn ids(checker: &mut Checker, node: &Node, path: &Path, what: &str) -> Vec<String> {
+    let mut ids: Vec<String> = Vec::new();
+    for (pos, item_path, text) in checker.str_list(node, path) {
+        if text.trim().is_empty() {
+            checker.report_fix(
+                pos,
+                &item_path,
+                "must not be empty",
+                format!("write the platform's {what} id"),
+            );
+        } else if ids.contains(&text) {
+            checker.report_fix(
+                pos,
+                &item_path,
+                format!("{text} is listed twice"),
+                "remove one",
+            );
+        } else {
+            ids.push(text);
+        }
+    }
+    ids
+}
+
+fn busy(checker: &mut Checker, fields: &mut Fields<'_>) -> Option<BusyPolicy> {
+    let root = Path::root();
+    let window = fields.optional("collect_window");
+    let busy = fields.optional("busy").map_or(Some("followup"), |node| {
+        choice(
+            checker,
+            node,
+            &root.key("busy"),
+            "busy policy",
+            &[
+                ("followup", "followup"),
+                ("steer", "steer"),
+                ("collect", "collect"),
+                ("interrupt", "interrupt"),
+            ],
+        )
+    })?;
+    let window = match (busy, window) {
+        ("collect", None) => Some(DEFAULT_COLLECT_WINDOW),
+        ("collect", Some(node)) => checker
+            .int_in(node, &root.key("collect_window"), 1..=300)
+            .and_then(|n| u64::try_from(n).ok()),
+        (_, Some(node)) => {
+            checker.report_fix(
+                node.pos,
+                &root.key("collect_window"),
+                format!("collect_window applies only to busy = \"collect\", not {busy:?}"),
+                "remove collect_window, or set busy = \"collect\"",
+            );
+            None
+        }
+        (_, None) => None,
+    };
+    Some(match busy {
+        "steer" => BusyPolicy::Steer,
+        "collect" => BusyPolicy::Collect {
+            window: Duration::from_secs(window?),
+        },
+        "interrupt" => BusyPolicy::Interrupt,
+        _ => BusyPolicy::Followup,
+    })
+}
+
+fn seconds(
+    checker: &mut Checker,
+    fields: &mut Fields<'_>,
+    key: &str,
+    range: std::ops::RangeInclusive<i64>,
+    default: u64,
+) -> Option<Duration> {
+    match fields.optional(key) {
+        None => Some(Duration::from_secs(default)),
+        Some(node) => checker
+            .int_in(node, &Path::root().key(key), range)
+            .and_then(|n| u64::try_from(n).ok())
+            .map(Duration::from_secs),
+    }
+}
+
+fn count(
+    checker: &mut Checker,
+    fields: &mut Fields<'_>,
+    key: &str,
+    range: std::ops::RangeInclusive<i64>,
+    default: u32,
+) -> Option<u32> {
+    match fields.optional(key) {
+        None => Some(default),
+        Some(node) => checker
+            .int_in(node, &Path::root().key(key), range)
+            .and_then(|n| u32::try_from(n).ok()),
+    }
+}
+
+/// An optional function; `None` when the key holds something else.
+fn hook(
+    checker: &mut Checker,
+    fields: &mut Fields<'_>,
+    key: &str,
+    argument: &str,
+) -> Option<Option<FunctionId>> {
+    match fields.optional(key) {
+        None => Some(None),
+        Some(Node {
+            value: Value::Function(id),
+            ..
+        }) => Some(Some(*id)),
+        Some(node) => {
+            checker.report_fix(
+                node.pos,
+                &Path::root().key(key),
+                format!("expected a function, found {}", node.value.kind()),
+                format!("write {key} = function({argument}, store) ... end"),
+            );
+            None
+        }
+    }
+}
+
+/// A problem for every channel credential that `sandbox.lua` also lends to the guest as a
+/// secret source: the guest could then post to the platform directly, around the outbox and
+/// the access rules.
+pub fn channel_secret_problems<'c>(
+    sandbox: &SandboxPolicy,
+    channels: impl IntoIterator<Item = (&'c str, &'c ChannelConfig)>,
+) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (file, channel) in channels {
+        for (key, reference) in channel.platform.credentials() {
+            let Some(index) = sandbox
+                .secrets
+                .iter()
+                .position(|grant| grant.source.name() == reference.name())
+            else {
+                continue;
+            };
+            problems.push(
+                Problem::new(
+                    file,
+                    channel.pos,
+                    format!(
+                        "{} is also a secret source in sandbox.lua (secrets[{}]), so the sandbox \
+                         could post to {} directly, around the outbox and the access rules",
+                        reference.name(),
+                        index + 1,
+                        channel.kind()
+                    ),
+                )
+                .with_path(key)
+                .with_fix(format!(
+                    "remove that secret from sandbox.lua, or give the sandbox a credential of its own in another variable than {}",
+                    reference.name()
+                )),
+            );
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SecretGrant;
+    use crate::name::HostName;
+
+    fn node(value: Value) -> Node {
+        Node {
+            pos: Pos::line(2),
+            value,
+        }
+    }
+
+    fn text(value: &str) -> Value {
+        Value::Str(value.to_owned())
+    }
+
+    fn env(name: &str) -> Value {
+        Value::Env(name.to_owned())
+    }
+
+    fn list(items: &[&str]) -> Value {
+        Value::List(items.iter().map(|item| node(text(item))).collect())
+    }
+
+    fn map(entries: Vec<(&str, Value)>) -> Value {
+        Value::Map(
+            entries
+                .into_iter()
+                .map(|(name, value)| {
+                    (
+                        Key {
+                            name: name.to_owned(),
+                            pos: Pos::line(2),
+                        },
+                        node(value),
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    fn declare(entries: Vec<(&str, Value)>) -> Vec<Declaration> {
+        vec![Declaration {
+            function: "channel".into(),
+            pos: Pos::line(2),
+            args: vec![node(map(entries))],
+        }]
+    }
+
+    fn check(entries: Vec<(&str, Value)>) -> Result<ChannelConfig, Vec<Problem>> {
+        check_channel("channels/ops.lua", &declare(entries))
+    }
+
+    fn problems(entries: Vec<(&str, Value)>) -> Vec<String> {
+        check(entries)
+            .expect_err("the file should have problems")
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    fn telegram(mut extra: Vec<(&'static str, Value)>) -> Vec<(&'static str, Value)> {
+        let mut entries = vec![("kind", text("telegram")), ("token", env("TG_TOKEN"))];
+        entries.append(&mut extra);
+        entries
+    }
+
+    fn reference(name: &str) -> EnvRef {
+        EnvRef::new(EnvName::try_from(name).unwrap())
+    }
+
+    fn alias(name: &str) -> RoomAlias {
+        RoomAlias::try_from(name).unwrap()
+    }
+
+    #[test]
+    fn a_minimal_channel_takes_every_default() {
+        let config = check(telegram(vec![])).unwrap();
+        assert_eq!(
+            config,
+            ChannelConfig {
+                name: ChannelName::try_from("ops").unwrap(),
+                pos: Pos::line(2),
+                platform: Platform::Telegram {
+                    token: reference("TG_TOKEN"),
+                },
+                api_url: None,
+                rooms: BTreeMap::new(),
+                allow: Access::default(),
+                dm: DmPolicy::Pair,
+                groups: GroupPolicy::Mention,
+                busy: BusyPolicy::Followup,
+                max_age: Duration::from_secs(3600),
+                queue_limit: 20,
+                allow_bots: Vec::new(),
+                bot_turns: 3,
+                on_message: None,
+                format: None,
+            }
+        );
+    }
+
+    #[test]
+    fn every_option_is_read() {
+        let config = check_channel(
+            "channels/team-chat.lua",
+            &declare(vec![
+                ("kind", text("matrix")),
+                ("homeserver", text("http://127.0.0.1:8008/")),
+                ("user", text("@perch:localhost")),
+                ("password", env("MATRIX_PASSWORD")),
+                ("store_passphrase", env("MATRIX_STORE")),
+                (
+                    "rooms",
+                    map(vec![
+                        ("standup", text("!abc:localhost")),
+                        ("ops", text("!def:localhost")),
+                    ]),
+                ),
+                (
+                    "allow",
+                    map(vec![
+                        ("users", list(&["@ann:localhost"])),
+                        ("rooms", list(&["standup"])),
+                    ]),
+                ),
+                ("dm", text("refuse")),
+                ("groups", text("all")),
+                ("busy", text("collect")),
+                ("collect_window", Value::Int(5)),
+                ("max_age", Value::Int(600)),
+                ("queue_limit", Value::Float(7.0)),
+                ("allow_bots", list(&["@other:localhost"])),
+                ("bot_turns", Value::Int(1)),
+                ("on_message", Value::Function(FunctionId(0))),
+                ("format", Value::Function(FunctionId(1))),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            config,
+            ChannelConfig {
+                name: ChannelName::try_from("team-chat").unwrap(),
+                pos: Pos::line(2),
+                platform: Platform::Matrix {
+                    homeserver: "http://127.0.0.1:8008".into(),
+                    user: "@perch:localhost".into(),
+                    password: reference("MATRIX_PASSWORD"),
+                    store_passphrase: reference("MATRIX_STORE"),
+                },
+                api_url: None,
+                rooms: BTreeMap::from([
+                    (alias("ops"), "!def:localhost".to_owned()),
+                    (alias("standup"), "!abc:localhost".to_owned()),
+                ]),
+                allow: Access {
+                    users: vec!["@ann:localhost".into()],
+                    rooms: vec![alias("standup")],
+                },
+                dm: DmPolicy::Refuse,
+                groups: GroupPolicy::All,
+                busy: BusyPolicy::Collect {
+                    window: Duration::from_secs(5),
+                },
+                max_age: Duration::from_secs(600),
+                queue_limit: 7,
+                allow_bots: vec!["@other:localhost".into()],
+                bot_turns: 1,
+                on_message: Some(FunctionId(0)),
+                format: Some(FunctionId(1)),
+            }
+        );
+        assert_eq!(config.kind(), ChannelKind::Matrix);
+        assert_eq!(config.room_alias("!def:localhost"), Some(&alias("ops")));
+        assert_eq!(config.room_alias("!nope:localhost"), None);
+        assert_eq!(
+            config.platform.credentials(),
+            vec![
+                ("password", &reference("MATRIX_PASSWORD")),
+                ("store_passphrase", &reference("MATRIX_STORE")),
+            ]
+        );
+    }
+
+    #[test]
+    fn collect_has_a_default_window() {
+        let config = check(telegram(vec![("busy", text("collect"))])).unwrap();
+        assert_eq!(
+            config.busy,
+            BusyPolicy::Collect {
+                window: Duration::from_secs(3)
+            }
+        );
+        for (word, policy) in [
+            ("steer", BusyPolicy::Steer),
+            ("interrupt", BusyPolicy::Interrupt),
+            ("followup", BusyPolicy::Followup),
+        ] {
+            let config = check(telegram(vec![("busy", text(word))])).unwrap();
+            assert_eq!(config.busy, policy);
+            assert_eq!(config.busy.as_str(), word);
+        }
+    }
+
+    #[test]
+    fn a_literal_credential_is_refused_without_its_value() {
+        let secret = "123456:AAE-literal-bot-token";
+        let found = problems(vec![("kind", text("telegram")), ("token", text(secret))]);
+        assert_eq!(
+            found,
+            vec![
+                "channels/ops.lua:2: token: a literal token is not allowed in a channel file (value not shown)\n  \
+                 fix: keep it in the service's environment and reference it: token = env \"NAME\""
+            ]
+        );
+        let found = problems(vec![("kind", text("slack")), ("token", text(secret))]);
+        assert_eq!(found.len(), 2, "{found:#?}");
+        assert!(found.iter().all(|problem| !problem.contains(secret)));
+        let found = problems(vec![
+            ("kind", text("matrix")),
+            ("homeserver", text("https://m.example")),
+            ("user", text("@a:m.example")),
+            ("password", text(secret)),
+            ("store_passphrase", Value::Int(4)),
+        ]);
+        assert_eq!(
+            found,
+            vec![
+                "channels/ops.lua:2: password: a literal password is not allowed in a channel file (value not shown)\n  \
+                 fix: keep it in the service's environment and reference it: password = env \"NAME\"",
+                "channels/ops.lua:2: store_passphrase: expected env \"NAME\", found an integer\n  \
+                 fix: write store_passphrase = env \"NAME\"",
+            ]
+        );
+    }
+
+    #[test]
+    fn kind_is_required_and_must_be_known() {
+        assert_eq!(
+            problems(vec![("token", env("T"))]),
+            vec![
+                "channels/ops.lua:2: missing kind\n  \
+                 fix: name the platform: kind = \"discord\", \"telegram\" or \"matrix\""
+            ]
+        );
+        assert_eq!(
+            problems(vec![("kind", text("slack")), ("token", env("T"))]),
+            vec![
+                "channels/ops.lua:2: kind: unknown kind \"slack\"\n  \
+                 fix: use one of discord, telegram, matrix"
+            ]
+        );
+    }
+
+    #[test]
+    fn each_kind_requires_its_credentials() {
+        assert_eq!(
+            problems(vec![("kind", text("discord"))]),
+            vec!["channels/ops.lua:2: missing token\n  fix: add it: token = env \"DISCORD_TOKEN\""]
+        );
+        let found = problems(vec![("kind", text("matrix"))]);
+        let messages: Vec<&str> = found
+            .iter()
+            .map(|problem| problem.lines().next().unwrap())
+            .collect();
+        assert_eq!(
+            messages,
+            vec![
+                "channels/ops.lua:2: missing password",
+                "channels/ops.lua:2: missing store_passphrase",
+                "channels/ops.lua:2: missing homeserver",
+                "channels/ops.lua:2: missing user",
+            ]
+        );
+    }
+
+    #[test]
+    fn keys_of_another_kind_and_unknown_keys_are_named() {
+        let found = problems(telegram(vec![
+            ("homeserver", text("https://m.example")),
+            ("alow", map(vec![])),
+        ]));
+        assert_eq!(
+            found,
+            vec![
+                "channels/ops.lua:2: homeserver: homeserver is for matrix channels, not telegram\n  \
+                 fix: remove it; a telegram channel takes token = env \"TELEGRAM_TOKEN\"",
+                "channels/ops.lua:2: alow: unknown key\n  fix: did you mean allow? known keys: \
+                 kind, rooms, allow, dm, groups, busy, collect_window, max_age, queue_limit, \
+                 allow_bots, bot_turns, on_message, format, token, api_url",
+            ]
+        );
+        let found = problems(vec![
+            ("kind", text("matrix")),
+            ("homeserver", text("https://m.example")),
+            ("user", text("@a:m.example")),
+            ("password", env("P")),
+            ("store_passphrase", env("S")),
+            ("token", env("T")),
+        ]);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(found[0].starts_with(
+            "channels/ops.lua:2: token: token is for discord and telegram channels, not matrix\n"
+        ));
+        let found = problems(vec![
+            ("kind", text("matrix")),
+            ("homeserver", text("https://m.example")),
+            ("user", text("@a:m.example")),
+            ("password", env("P")),
+            ("store_passphrase", env("S")),
+            ("api_url", text("https://m.example")),
+        ]);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(found[0].starts_with(
+            "channels/ops.lua:2: api_url: api_url is for discord and telegram channels, not matrix\n"
+        ));
+    }
+
+    #[test]
+    fn urls_are_checked_without_repeating_them() {
+        for (url, message) in [
+            (
+                "ftp://x.example",
+                "api_url must start with https:// or http://",
+            ),
+            ("https://", "api_url has no host"),
+            (
+                "https://user:pw@x.example",
+                "api_url must not carry a user name or password",
+            ),
+            ("https://x.example/a b", "api_url must not contain spaces"),
+        ] {
+            let found = problems(telegram(vec![("api_url", text(url))]));
+            assert_eq!(found.len(), 1, "{found:#?}");
+            assert!(
+                found[0].starts_with(&format!("channels/ops.lua:2: api_url: {message}\n")),
+                "{url}: {}",
+                found[0]
+            );
+            if url.len() > "https://".len() {
+                assert!(!found[0].contains(url), "{}", found[0]);
+            }
+        }
+        let found = problems(telegram(vec![(
+            "api_url",
+            text("https://api.telegram.org/bot123:SECRET"),
+        )]));
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(!found[0].contains("SECRET"), "{}", found[0]);
+        let config = check(telegram(vec![("api_url", text("http://127.0.0.1:9/"))])).unwrap();
+        assert_eq!(config.api_url.as_deref(), Some("http://127.0.0.1:9"));
+    }
+
+    #[test]
+    fn rooms_and_access_are_checked() {
+        let found = problems(telegram(vec![
+            (
+                "rooms",
+                map(vec![
+                    ("team", text("-100")),
+                    ("again", text("-100")),
+                    ("empty", text(" ")),
+                    ("bad alias", text("-200")),
+                ]),
+            ),
+            (
+                "allow",
+                map(vec![
+                    ("users", list(&["42", "42", ""])),
+                    ("rooms", list(&["team", "elsewhere"])),
+                    ("bots", list(&[])),
+                ]),
+            ),
+            ("allow_bots", list(&["7", "7"])),
+        ]));
+        let messages: Vec<&str> = found
+            .iter()
+            .map(|problem| problem.lines().next().unwrap())
+            .collect();
+        assert_eq!(
+            messages,
+            vec![
+                "channels/ops.lua:2: rooms.again: the same room as team",
+                "channels/ops.lua:2: rooms.empty: must not be empty",
+                "channels/ops.lua:2: rooms.bad alias: not a room alias",
+                "channels/ops.lua:2: allow.users[2]: 42 is listed twice",
+                "channels/ops.lua:2: allow.users[3]: must not be empty",
+                "channels/ops.lua:2: allow.rooms[2]: \"elsewhere\" is not a room declared under rooms",
+                "channels/ops.lua:2: allow.bots: unknown key",
+                "channels/ops.lua:2: allow_bots[2]: 7 is listed twice",
+            ]
+        );
+        assert!(found[5].ends_with("fix: use one of team or declare it under rooms"));
+        let found = problems(telegram(vec![("rooms", list(&["-100"]))]));
+        assert_eq!(
+            found,
+            vec![
+                "channels/ops.lua:2: rooms: expected a table of aliases, found a list\n  \
+                 fix: name each room: rooms = { standup = \"<platform room id>\" }"
+            ]
+        );
+    }
+
+    #[test]
+    fn policies_and_numbers_are_checked() {
+        let found = problems(telegram(vec![
+            ("dm", text("open")),
+            ("groups", text("none")),
+            ("busy", text("queue")),
+            ("max_age", Value::Int(0)),
+            ("queue_limit", text("20")),
+            ("bot_turns", Value::Int(1000)),
+        ]));
+        assert_eq!(
+            found,
+            vec![
+                "channels/ops.lua:2: dm: unknown dm policy \"open\"\n  fix: use one of pair, allow, refuse",
+                "channels/ops.lua:2: groups: unknown groups policy \"none\"\n  fix: use one of mention, all",
+                "channels/ops.lua:2: busy: unknown busy policy \"queue\"\n  \
+                 fix: use one of followup, steer, collect, interrupt",
+                "channels/ops.lua:2: max_age: 0 is out of range; use a value from 1 to 2592000",
+                "channels/ops.lua:2: queue_limit: expected an integer, found a string",
+                "channels/ops.lua:2: bot_turns: 1000 is out of range; use a value from 1 to 100",
+            ]
+        );
+        assert_eq!(
+            problems(telegram(vec![("collect_window", Value::Int(2))])),
+            vec![
+                "channels/ops.lua:2: collect_window: collect_window applies only to busy = \"collect\", not \"followup\"\n  \
+                 fix: remove collect_window, or set busy = \"collect\""
+            ]
+        );
+        assert_eq!(
+            problems(telegram(vec![
+                ("busy", text("collect")),
+                ("collect_window", Value::Int(0)),
+            ]))[0],
+            "channels/ops.lua:2: collect_window: 0 is out of range; use a value from 1 to 300"
+        );
+    }
+
+    #[test]
+    fn hooks_must_be_functions() {
+        assert_eq!(
+            problems(telegram(vec![
+                ("on_message", text("drop")),
+                ("format", Value::Bool(true)),
+            ])),
+            vec![
+                "channels/ops.lua:2: on_message: expected a function, found a string\n  \
+                 fix: write on_message = function(msg, store) ... end",
+                "channels/ops.lua:2: format: expected a function, found a boolean\n  \
+                 fix: write format = function(reply, store) ... end",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_file_stem_must_be_a_channel_name() {
+        let declarations = declare(telegram(vec![]));
+        let shown = |file: &str| -> Vec<String> {
+            check_channel(file, &declarations)
+                .unwrap_err()
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        assert_eq!(
+            shown("channels/my ops.lua"),
+            vec![format!(
+                "channels/my ops.lua: \"my ops\" is not a valid channel name\n  \
+                 fix: rename the file; a channel name is {}",
+                ChannelName::RULE
+            )]
+        );
+        assert_eq!(shown("channels/terminal.lua").len(), 1);
+        assert!(shown("channels/terminal.lua")[0].contains("`perch chat`"));
+        assert_eq!(channel_stem("channels/ops.lua"), "ops");
+    }
+
+    #[test]
+    fn the_declaration_must_be_made_once() {
+        let found: Vec<String> = check_channel("channels/ops.lua", &[])
+            .unwrap_err()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            found,
+            vec![
+                "channels/ops.lua: channel { ... } is never called\n  \
+                 fix: declare it: channel { kind = \"telegram\", token = env \"TELEGRAM_TOKEN\" }"
+            ]
+        );
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let found = problems(vec![
+            ("kind", text("discord")),
+            ("token", text("literal")),
+            ("dm", text("x")),
+            ("max_age", Value::Int(-1)),
+            ("nope", Value::Nil),
+            ("nope2", Value::Bool(true)),
+        ]);
+        assert_eq!(found.len(), 5, "{found:#?}");
+    }
+
+    #[test]
+    fn a_channel_credential_may_not_be_a_sandbox_secret() {
+        let host = HostName::try_from("api.telegram.org").unwrap();
+        let sandbox = SandboxPolicy {
+            image: "perch:default".into(),
+            cpus: 1,
+            memory: 1024,
+            allow: vec![host.clone()],
+            secrets: vec![
+                SecretGrant {
+                    env: EnvName::try_from("GITHUB_TOKEN").unwrap(),
+                    source: reference("GITHUB_TOKEN"),
+                    placeholder: None,
+                    hosts: vec![host.clone()],
+                },
+                SecretGrant {
+                    env: EnvName::try_from("BOT").unwrap(),
+                    source: reference("TG_TOKEN"),
+                    placeholder: None,
+                    hosts: vec![host],
+                },
+            ],
+            env: BTreeMap::new(),
+            bootstrap: Vec::new(),
+        };
+        let ops = check(telegram(vec![])).unwrap();
+        let other = check_channel(
+            "channels/other.lua",
+            &declare(vec![("kind", text("discord")), ("token", env("DISCORD"))]),
+        )
+        .unwrap();
+        let found: Vec<String> = channel_secret_problems(
+            &sandbox,
+            [
+                ("channels/ops.lua", &ops),
+                ("channels/other.lua", &other),
+                ("channels/ops2.lua", &ops),
+            ],
+        )
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        let expected = |file: &str| {
+            format!(
+                "{file}:2: token: TG_TOKEN is also a secret source in sandbox.lua (secrets[2]), so the \
+                 sandbox could post to telegram directly, around the outbox and the access rules\n  \
+                 fix: remove that secret from sandbox.lua, or give the sandbox a credential of its \
+                 own in another variable than TG_TOKEN"
+            )
+        };
+        assert_eq!(
+            found,
+            vec![expected("channels/ops.lua"), expected("channels/ops2.lua")]
+        );
+    }
+}

@@ -1,0 +1,268 @@
+//! Pure decisions for chat delivery: delivery ids, splitting a reply to a platform's limit,
+//! what to do with a delivery that has no receipt after a restart, and which lane a
+//! conversation belongs to.
+
+use crate::Timestamp;
+use crate::name::LaneName;
+use std::time::Duration;
+
+/// The longest delivery id: Discord's nonce limit.
+pub const DELIVERY_ID_LEN: usize = 25;
+
+/// A delivery id from 16 random or time-ordered bytes: `d` and 24 hex digits, 25 ASCII
+/// characters.
+pub fn delivery_id(bytes: [u8; 16]) -> String {
+    let mut id = String::with_capacity(DELIVERY_ID_LEN);
+    id.push('d');
+    for byte in &bytes[4..] {
+        id.push_str(&format!("{byte:02x}"));
+    }
+    id
+}
+
+/// What to do, after a restart, with a delivery whose intent was recorded and whose receipt
+/// was not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreceipted {
+    /// Inside the platform's deduplication window: send again with the same id; the platform
+    /// drops it if the first attempt got through.
+    Resend,
+    /// No idempotency, or its window has passed: whether it was posted is unknown. Reported,
+    /// never resent, so nothing is posted twice.
+    Unknown,
+    /// Older than the outbox's time to live: dropped with a record, not flooded out late.
+    Expired,
+}
+
+/// Decides [`Unreceipted`] for an intent recorded at `recorded`.
+pub fn unreceipted(
+    recorded: Timestamp,
+    now: Timestamp,
+    resend_window: Option<Duration>,
+    ttl: Duration,
+) -> Unreceipted {
+    let age = (now - recorded).to_std().unwrap_or(Duration::ZERO);
+    if age > ttl {
+        return Unreceipted::Expired;
+    }
+    match resend_window {
+        Some(window) if age <= window => Unreceipted::Resend,
+        _ => Unreceipted::Unknown,
+    }
+}
+
+/// Splits `text` into pieces of at most `max_chars` characters, preferring paragraph breaks,
+/// then line breaks, then spaces, and never cutting inside a fenced code block unless the block
+/// alone is longer than the limit (then it is closed and reopened around the cut, so every piece
+/// renders).
+pub fn split_message(text: &str, max_chars: usize) -> Vec<String> {
+    let max_chars = max_chars.max(16);
+    let mut pieces = Vec::new();
+    let mut current = String::new();
+    for block in blocks(text) {
+        let joined = if current.is_empty() {
+            block.clone()
+        } else {
+            format!("{current}\n\n{block}")
+        };
+        if joined.chars().count() <= max_chars {
+            current = joined;
+            continue;
+        }
+        if !current.is_empty() {
+            pieces.push(std::mem::take(&mut current));
+        }
+        if block.chars().count() <= max_chars {
+            current = block;
+        } else {
+            let mut parts = cut_long(&block, max_chars);
+            if let Some(last) = parts.pop() {
+                pieces.extend(parts);
+                current = last;
+            }
+        }
+    }
+    if !current.is_empty() {
+        pieces.push(current);
+    }
+    pieces
+}
+
+/// Paragraphs, with each fenced code block kept whole as one block.
+fn blocks(text: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current: Vec<&str> = Vec::new();
+    let mut in_code = false;
+    for line in text.split('\n') {
+        let fence = line.trim_start().starts_with("```");
+        if !in_code && line.trim().is_empty() {
+            if !current.is_empty() {
+                blocks.push(current.join("\n"));
+                current.clear();
+            }
+            continue;
+        }
+        current.push(line);
+        if fence {
+            in_code = !in_code;
+        }
+    }
+    if !current.is_empty() {
+        blocks.push(current.join("\n"));
+    }
+    blocks
+}
+
+/// A block longer than the limit, cut at line breaks, then spaces, then anywhere; a code block
+/// is closed before each cut and reopened after it.
+fn cut_long(block: &str, max_chars: usize) -> Vec<String> {
+    let code_fence = block
+        .lines()
+        .next()
+        .filter(|line| line.trim_start().starts_with("```"))
+        .map(|line| line.trim().to_owned());
+    let (open, close) = match &code_fence {
+        Some(fence) => (format!("{fence}\n"), "\n```".to_owned()),
+        None => (String::new(), String::new()),
+    };
+    let budget = max_chars
+        .saturating_sub(open.chars().count() + close.chars().count())
+        .max(8);
+    let body = match &code_fence {
+        Some(_) => {
+            let inner = block.split_once('\n').map_or("", |(_, rest)| rest);
+            inner
+                .strip_suffix("```")
+                .unwrap_or(inner)
+                .trim_end_matches('\n')
+        }
+        None => block,
+    };
+    let mut pieces = Vec::new();
+    let mut rest = body;
+    while rest.chars().count() > budget {
+        let limit = rest
+            .char_indices()
+            .nth(budget)
+            .map_or(rest.len(), |(index, _)| index);
+        let window = &rest[..limit];
+        let cut = window
+            .rfind('\n')
+            .or_else(|| window.rfind(' '))
+            .filter(|&at| at > 0)
+            .unwrap_or(limit);
+        pieces.push(format!("{open}{}{close}", &rest[..cut]));
+        rest = rest[cut..].trim_start_matches(['\n', ' ']);
+    }
+    if !rest.is_empty() || pieces.is_empty() {
+        pieces.push(format!("{open}{rest}{close}"));
+    }
+    pieces
+}
+
+/// The lane of a conversation: `<channel>-<room>[-<thread>]` when that is a valid lane name,
+/// otherwise a cleaned prefix and a hash of the whole, so every (channel, room, thread) has its
+/// own lane. `None` only if even that is not a valid name, which a channel name rules out.
+pub fn lane_for(channel: &str, room: &str, thread: Option<&str>) -> Option<LaneName> {
+    let raw = match thread {
+        Some(thread) => format!("{channel}-{room}-{thread}"),
+        None => format!("{channel}-{room}"),
+    };
+    let cleaned: String = raw
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let trimmed = cleaned.trim_start_matches(['-', '_']);
+    if trimmed == raw
+        && let Ok(name) = LaneName::try_from(trimmed)
+    {
+        return Some(name);
+    }
+    let hash = crc32fast::hash(raw.as_bytes());
+    let prefix: String = trimmed.chars().take(48).collect();
+    LaneName::try_from(format!("{prefix}-{hash:08x}").as_str())
+        .or_else(|_| LaneName::try_from(format!("lane-{hash:08x}")))
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    #[test]
+    fn ids_fit_discords_nonce() {
+        let id = delivery_id([0xab; 16]);
+        assert_eq!(id.len(), DELIVERY_ID_LEN);
+        assert!(id.is_ascii());
+    }
+
+    #[test]
+    fn unreceipted_deliveries_are_resent_only_inside_the_window() {
+        let at = chrono::Utc.with_ymd_and_hms(2026, 11, 30, 6, 0, 0).unwrap();
+        let later = |secs| at + chrono::Duration::seconds(secs);
+        let window = Some(Duration::from_secs(300));
+        let ttl = Duration::from_secs(3600);
+        assert_eq!(unreceipted(at, later(10), window, ttl), Unreceipted::Resend);
+        assert_eq!(
+            unreceipted(at, later(400), window, ttl),
+            Unreceipted::Unknown
+        );
+        assert_eq!(unreceipted(at, later(10), None, ttl), Unreceipted::Unknown);
+        assert_eq!(
+            unreceipted(at, later(4000), window, ttl),
+            Unreceipted::Expired
+        );
+    }
+
+    #[test]
+    fn splitting_prefers_paragraphs_and_keeps_code_blocks_whole() {
+        let text = format!(
+            "{}\n\n```\n{}\n```\n\n{}",
+            "a".repeat(30),
+            "code line\n".repeat(3).trim_end(),
+            "b".repeat(30)
+        );
+        let pieces = split_message(&text, 40);
+        assert_eq!(pieces[0], "a".repeat(30));
+        assert!(
+            pieces[1].starts_with("```") && pieces[1].ends_with("```"),
+            "{pieces:?}"
+        );
+        assert_eq!(pieces[2], "b".repeat(30));
+        assert!(pieces.iter().all(|piece| piece.chars().count() <= 40));
+    }
+
+    #[test]
+    fn a_code_block_longer_than_the_limit_is_closed_and_reopened() {
+        let text = format!("```rust\n{}\n```", "let x = 1;\n".repeat(20).trim_end());
+        let pieces = split_message(&text, 60);
+        assert!(pieces.len() > 1);
+        for piece in &pieces {
+            assert!(
+                piece.starts_with("```rust\n") && piece.ends_with("\n```"),
+                "{piece:?}"
+            );
+            assert!(piece.chars().count() <= 60, "{piece:?}");
+        }
+    }
+
+    #[test]
+    fn every_conversation_has_a_valid_lane() {
+        assert_eq!(lane_for("ops", "123", None).unwrap().as_str(), "ops-123");
+        let odd = lane_for("ops", "!room:example.org", Some("$thread")).unwrap();
+        assert!(odd.as_str().starts_with("ops-"), "{odd}");
+        assert_ne!(
+            Some(odd),
+            lane_for("ops", "!room:example.org", Some("$other"))
+        );
+        let negative = lane_for("tg", "-100123", None).unwrap();
+        assert_eq!(negative.as_str(), "tg--100123");
+    }
+}

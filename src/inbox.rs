@@ -1,0 +1,226 @@
+//! The ordered durable inbox: every inbound chat event is journaled (fsynced, with group commit)
+//! before its platform is told it arrived; its verdict (an item for a lane, context, stale,
+//! dropped, refused, an error) is journaled under the event's sequence number; an item stays
+//! pending until the run that answers it is done. One writer thread owns the journal
+//! ([`JournalWriter`]).
+//!
+//! Events are deduplicated by `(channel, platform_id)` against everything still on disk, and
+//! fully consumed segments are kept for the deduplication window, so a platform that delivers
+//! an event again after a crash or a reconnect gets no second answer.
+
+use crate::channel::InboundEvent;
+use crate::log::{Clock, Journal, JournalEntry, JournalItem, JournalWriter, Journaled, LogError};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::time::Duration;
+
+/// How long consumed events are kept to recognise a duplicate.
+pub const DEDUP_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
+const MAX_SEGMENT_BYTES: u64 = 8 << 20;
+
+/// One journal item of the inbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum InboxRecord {
+    /// A raw event, as the connector handed it over.
+    Event {
+        channel: String,
+        event: InboundEvent,
+    },
+    /// What became of the event journaled as `event`.
+    Verdict { event: u64, verdict: Verdict },
+}
+
+/// What perch decided about one event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Verdict {
+    /// A message for `lane`, as the hook left it.
+    Item { lane: String, text: String },
+    /// A group message that did not address the agent: kept as context, starts no run.
+    Context,
+    /// Older than the channel's `max_age` when it arrived: not answered.
+    Stale,
+    /// The hook returned nothing.
+    Dropped,
+    /// The sender may not talk to the agent.
+    Refused { reason: String },
+    /// The hook failed on this event.
+    Error { reason: String },
+}
+
+/// Where an inbox starts: what the journal holds that still needs work, and the cursors the
+/// connectors resume from.
+#[derive(Debug, Clone, Default)]
+pub struct Backlog {
+    /// Events journaled without a verdict yet, in order: `(seq, channel, event)`.
+    pub undecided: Vec<(u64, String, InboundEvent)>,
+    /// Items whose run has not been recorded as done, in order.
+    pub pending: Vec<PendingItem>,
+    /// The newest cursor journaled per channel.
+    pub cursors: BTreeMap<String, String>,
+    /// The newest `platform_id` journaled per channel and room, for back-fill.
+    pub last_seen: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+/// An item waiting for its lane.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingItem {
+    pub event_seq: u64,
+    pub verdict_seq: u64,
+    pub channel: String,
+    pub event: InboundEvent,
+    pub lane: String,
+    pub text: String,
+}
+
+impl PendingItem {
+    /// The id a run's `operation_started` record names, so a restart knows it was taken.
+    pub fn consumes_id(&self) -> String {
+        consumes_id(self.event_seq)
+    }
+}
+
+/// `inbox:<seq>`: how a lane's run names the inbox event it answers.
+pub fn consumes_id(event_seq: u64) -> String {
+    format!("inbox:{event_seq}")
+}
+
+/// Whether an event was new.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    New {
+        seq: u64,
+    },
+    /// Already journaled (the platform delivered it again); nothing was written.
+    Duplicate,
+}
+
+/// A handle to the inbox's writer. Clones share it.
+#[derive(Debug, Clone)]
+pub struct Inbox {
+    writer: JournalWriter,
+}
+
+impl Inbox {
+    /// Opens the journal in `dir` (taking its lock) and starts its writer thread. Blocking.
+    pub fn open(dir: &Path, clock: Clock) -> Result<(Inbox, Backlog), LogError> {
+        let (journal, contents) =
+            Journal::open_retaining(dir, MAX_SEGMENT_BYTES, DEDUP_WINDOW, clock)?;
+        let mut seen = HashSet::new();
+        let mut backlog = Backlog::default();
+        for item in contents.consumed.iter().chain(&contents.pending) {
+            if let Ok(InboxRecord::Event { channel, event }) = decode(item) {
+                note_event(&mut backlog, &channel, &event);
+                seen.insert(dedup_key(&channel, &event));
+            }
+        }
+        let mut events: BTreeMap<u64, (String, InboundEvent)> = BTreeMap::new();
+        let mut verdicts: Vec<(u64, u64, Verdict)> = Vec::new();
+        for item in &contents.pending {
+            match decode(item) {
+                Ok(InboxRecord::Event { channel, event }) => {
+                    events.insert(item.seq, (channel, event));
+                }
+                Ok(InboxRecord::Verdict { event, verdict }) => {
+                    verdicts.push((item.seq, event, verdict));
+                }
+                Err(_) => {}
+            }
+        }
+        let mut decided = HashSet::new();
+        for (verdict_seq, event_seq, verdict) in verdicts {
+            decided.insert(event_seq);
+            if let (Verdict::Item { lane, text }, Some((channel, event))) =
+                (verdict, events.get(&event_seq))
+            {
+                backlog.pending.push(PendingItem {
+                    event_seq,
+                    verdict_seq,
+                    channel: channel.clone(),
+                    event: event.clone(),
+                    lane,
+                    text,
+                });
+            }
+        }
+        backlog.undecided = events
+            .into_iter()
+            .filter(|(seq, _)| !decided.contains(seq))
+            .map(|(seq, (channel, event))| (seq, channel, event))
+            .collect();
+        let writer = JournalWriter::start(journal, seen, dir, "inbox")?;
+        Ok((Inbox { writer }, backlog))
+    }
+
+    /// Journals `event` (fsynced before this returns) unless it is a duplicate.
+    pub async fn record_event(
+        &self,
+        channel: &str,
+        event: &InboundEvent,
+    ) -> Result<Recorded, LogError> {
+        let entry = JournalEntry {
+            body: encode(&InboxRecord::Event {
+                channel: channel.to_owned(),
+                event: event.clone(),
+            }),
+            key: Some(dedup_key(channel, event)),
+        };
+        let appended = self.writer.append(vec![entry]).await?;
+        Ok(match appended.first() {
+            Some(Journaled::New { seq }) => Recorded::New { seq: *seq },
+            _ => Recorded::Duplicate,
+        })
+    }
+
+    /// Journals the verdict on the event journaled as `event`; returns its sequence number.
+    pub async fn record_verdict(&self, event: u64, verdict: Verdict) -> Result<u64, LogError> {
+        let entry = JournalEntry {
+            body: encode(&InboxRecord::Verdict { event, verdict }),
+            key: None,
+        };
+        match self.writer.append(vec![entry]).await?.first() {
+            Some(Journaled::New { seq }) => Ok(*seq),
+            _ => Err(LogError::WriterStopped {
+                reason: "a verdict was not written".into(),
+            }),
+        }
+    }
+
+    /// Marks items done.
+    pub async fn consume(&self, seqs: Vec<u64>) -> Result<(), LogError> {
+        self.writer.consume(seqs).await
+    }
+
+    /// Items journaled and not yet consumed.
+    pub async fn depth(&self) -> usize {
+        self.writer.depth().await
+    }
+}
+
+fn dedup_key(channel: &str, event: &InboundEvent) -> String {
+    format!("{channel}\u{0}{}", event.platform_id)
+}
+
+fn decode(item: &JournalItem) -> Result<InboxRecord, serde_json::Error> {
+    serde_json::from_value(item.body.clone())
+}
+
+fn note_event(backlog: &mut Backlog, channel: &str, event: &InboundEvent) {
+    if let Some(cursor) = &event.cursor {
+        backlog.cursors.insert(channel.to_owned(), cursor.clone());
+    }
+    backlog
+        .last_seen
+        .entry(channel.to_owned())
+        .or_default()
+        .insert(event.room.clone(), event.platform_id.clone());
+}
+
+fn encode(record: &InboxRecord) -> serde_json::Value {
+    serde_json::to_value(record).unwrap_or_else(
+        |error| serde_json::json!({ "type": "unencodable", "reason": error.to_string() }),
+    )
+}

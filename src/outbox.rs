@@ -1,0 +1,155 @@
+//! The durable outbox: a delivery is recorded (fsynced) with its id before any platform call,
+//! and its receipt after. On a restart, a delivery without a receipt is resent with the same id
+//! only inside the platform's own deduplication window; outside it (and always on Telegram,
+//! which has none) it is marked `unknown` and reported, never resent; past the time to live it
+//! is dropped with a record.
+
+use crate::channel::{Delivery, Receipt};
+use crate::log::{Clock, Journal, JournalEntry, JournalItem, JournalWriter, Journaled, LogError};
+use perch_core::Timestamp;
+use perch_core::delivery::{Unreceipted, delivery_id, unreceipted};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::time::Duration;
+
+/// Deliveries older than this when perch restarts are dropped, not sent late.
+pub const DELIVERY_TTL: Duration = Duration::from_secs(3600);
+
+/// How long settled deliveries stay on disk, for `perch status`.
+const RETAIN: Duration = Duration::from_secs(24 * 3600);
+const MAX_SEGMENT_BYTES: u64 = 8 << 20;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OutboxRecord {
+    /// About to send `delivery` on `channel`.
+    Intent { channel: String, delivery: Delivery },
+    /// The platform took the delivery recorded as `intent`.
+    Receipt { intent: u64, receipt: Receipt },
+    /// Whether the delivery recorded as `intent` was posted is unknown; it is not resent.
+    Unknown { intent: u64, reason: String },
+    /// The delivery recorded as `intent` was not sent: refused by the platform, or too old.
+    Dropped { intent: u64, reason: String },
+}
+
+/// A delivery recorded and not settled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unsettled {
+    pub seq: u64,
+    pub at: Timestamp,
+    pub channel: String,
+    pub delivery: Delivery,
+}
+
+/// What the outbox held when it was opened.
+#[derive(Debug, Clone, Default)]
+pub struct OutboxBacklog {
+    pub unsettled: Vec<Unsettled>,
+    /// Deliveries marked unknown, still on disk: `(channel, delivery id, reason)`.
+    pub unknown: Vec<(String, String, String)>,
+}
+
+/// A handle to the outbox's writer. Clones share it.
+#[derive(Debug, Clone)]
+pub struct Outbox {
+    writer: JournalWriter,
+    clock: Clock,
+}
+
+impl Outbox {
+    /// Opens the journal in `dir` and starts its writer thread. Blocking.
+    pub fn open(dir: &Path, clock: Clock) -> Result<(Outbox, OutboxBacklog), LogError> {
+        let (journal, contents) =
+            Journal::open_retaining(dir, MAX_SEGMENT_BYTES, RETAIN, clock.clone())?;
+        let mut intents: BTreeMap<u64, (Timestamp, String, Delivery)> = BTreeMap::new();
+        let mut settled = HashSet::new();
+        let mut backlog = OutboxBacklog::default();
+        let all: Vec<&JournalItem> = contents.consumed.iter().chain(&contents.pending).collect();
+        for item in &all {
+            match decode(item) {
+                Some(OutboxRecord::Intent { channel, delivery }) => {
+                    intents.insert(item.seq, (item.at, channel, delivery));
+                }
+                Some(
+                    OutboxRecord::Receipt { intent, .. } | OutboxRecord::Dropped { intent, .. },
+                ) => {
+                    settled.insert(intent);
+                }
+                Some(OutboxRecord::Unknown { intent, reason }) => {
+                    settled.insert(intent);
+                    if let Some((_, channel, delivery)) = intents.get(&intent) {
+                        backlog
+                            .unknown
+                            .push((channel.clone(), delivery.id.clone(), reason));
+                    }
+                }
+                None => {}
+            }
+        }
+        let pending: HashSet<u64> = contents.pending.iter().map(|item| item.seq).collect();
+        backlog.unsettled = intents
+            .into_iter()
+            .filter(|(seq, _)| pending.contains(seq) && !settled.contains(seq))
+            .map(|(seq, (at, channel, delivery))| Unsettled {
+                seq,
+                at,
+                channel,
+                delivery,
+            })
+            .collect();
+        let writer = JournalWriter::start(journal, HashSet::new(), dir, "outbox")?;
+        Ok((Outbox { writer, clock }, backlog))
+    }
+
+    /// A fresh delivery id.
+    pub fn new_id() -> String {
+        delivery_id(*uuid::Uuid::now_v7().as_bytes())
+    }
+
+    /// Records the intent to send `delivery` (fsynced); returns its sequence number.
+    pub async fn intend(&self, channel: &str, delivery: &Delivery) -> Result<u64, LogError> {
+        self.append(&OutboxRecord::Intent {
+            channel: channel.to_owned(),
+            delivery: delivery.clone(),
+        })
+        .await
+    }
+
+    /// Records how the delivery recorded as `intent` ended, and settles it.
+    pub async fn settle(&self, intent: u64, record: OutboxRecord) -> Result<(), LogError> {
+        let seq = self.append(&record).await?;
+        self.writer.consume(vec![intent, seq]).await
+    }
+
+    /// What to do with an unsettled delivery now, given the platform's resend window.
+    pub fn decide(&self, unsettled: &Unsettled, resend_window: Option<Duration>) -> Unreceipted {
+        unreceipted(unsettled.at, self.clock.now(), resend_window, DELIVERY_TTL)
+    }
+
+    /// Deliveries recorded and not settled.
+    pub async fn depth(&self) -> usize {
+        self.writer.depth().await
+    }
+
+    async fn append(&self, record: &OutboxRecord) -> Result<u64, LogError> {
+        let body = serde_json::to_value(record).map_err(|error| LogError::WriterStopped {
+            reason: format!("an outbox record did not encode: {error}"),
+        })?;
+        match self
+            .writer
+            .append(vec![JournalEntry { body, key: None }])
+            .await?
+            .first()
+        {
+            Some(Journaled::New { seq }) => Ok(*seq),
+            _ => Err(LogError::WriterStopped {
+                reason: "an outbox record was not written".into(),
+            }),
+        }
+    }
+}
+
+fn decode(item: &JournalItem) -> Option<OutboxRecord> {
+    serde_json::from_value(item.body.clone()).ok()
+}

@@ -1,0 +1,730 @@
+//! `perch run`: the agent as a service. It holds the directory's lock, recovers the inbox,
+//! outbox and lanes, connects every channel, and answers until it is told to stop.
+//!
+//! One inbound event goes: connector → inbox journal (fsynced) → acknowledged to the platform →
+//! admission (age, bots, who may talk, addressing) → the channel's `on_message` hook → the
+//! verdict, journaled under the event → the conversation's queue → a lane run naming the event
+//! → the reply, through `format`, split to the platform's limit → the outbox (intent fsynced)
+//! → the platform → the receipt → the inbox item consumed.
+
+use crate::agent::{LoadedAgent, LoadedChannel};
+use crate::channel::hooks::{ChannelHooks, HookVerdict};
+use crate::channel::{Arrival, Connector, Delivery, DeliveryError, InboundEvent};
+use crate::inbox::{Backlog, Inbox, PendingItem, Recorded, Verdict, consumes_id};
+use crate::lane::{Input, Lane, RunLimits, Steered};
+use crate::log::{Clock, LogError};
+use crate::model::Model;
+use crate::outbox::{Outbox, OutboxRecord, Unsettled};
+use crate::runtime::Runtime;
+use crate::sandbox::MachineSetup;
+use perch_core::admission::{Admission, Arrived, admit};
+use perch_core::config::BusyPolicy;
+use perch_core::delivery::{Unreceipted, lane_for, split_message};
+use perch_core::log::Outcome;
+use perch_core::name::LaneName;
+use perch_core::prompt::Origin;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Mutex, mpsc};
+use tokio_util::sync::CancellationToken;
+
+/// Makes the connector of one channel (the real platform, or a test's).
+pub type ConnectorFactory =
+    Arc<dyn Fn(&LoadedChannel) -> Result<Arc<dyn Connector>, String> + Send + Sync>;
+
+/// Everything `perch run` needs besides the agent.
+pub struct ServiceSetup {
+    pub machine: MachineSetup,
+    pub model: Arc<dyn Model>,
+    pub connectors: ConnectorFactory,
+    pub clock: Clock,
+    pub limits: RunLimits,
+    /// The first wait before reconnecting a dropped channel; it doubles up to a minute.
+    pub reconnect: Duration,
+}
+
+impl std::fmt::Debug for ServiceSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceSetup").finish_non_exhaustive()
+    }
+}
+
+/// One connected channel.
+struct Channel {
+    loaded: LoadedChannel,
+    connector: Arc<dyn Connector>,
+    hooks: Mutex<ChannelHooks>,
+}
+
+/// Shared by every task of the service.
+struct Service {
+    runtime: Runtime,
+    inbox: Inbox,
+    outbox: Outbox,
+    channels: HashMap<String, Arc<Channel>>,
+    conversations: Mutex<HashMap<LaneName, mpsc::UnboundedSender<PendingItem>>>,
+    limits: RunLimits,
+    clock: Clock,
+    shutdown: CancellationToken,
+}
+
+/// Runs the service until `shutdown` fires.
+pub async fn run(
+    agent: LoadedAgent,
+    setup: ServiceSetup,
+    shutdown: CancellationToken,
+) -> Result<(), String> {
+    let state = agent.dir.state_dir();
+    let channels_loaded = agent.channels.clone();
+    let dir = agent.dir.clone();
+    let runtime = Runtime::start(
+        agent,
+        &setup.machine,
+        Arc::clone(&setup.model),
+        setup.clock.clone(),
+        |name| std::env::var(name).ok(),
+    )?;
+    let clock = setup.clock.clone();
+    let inbox_dir = state.join("inbox");
+    let outbox_dir = state.join("outbox");
+    let opened_clock = clock.clone();
+    let ((inbox, backlog), (outbox, unsettled)) = tokio::task::spawn_blocking(move || {
+        Ok::<_, LogError>((
+            Inbox::open(&inbox_dir, opened_clock.clone())?,
+            Outbox::open(&outbox_dir, opened_clock)?,
+        ))
+    })
+    .await
+    .map_err(|error| error.to_string())?
+    .map_err(|error| error.to_string())?;
+    let mut channels = HashMap::new();
+    for loaded in channels_loaded {
+        let connector = (setup.connectors)(&loaded)?;
+        let hooks = ChannelHooks::open(&dir, &loaded)?;
+        channels.insert(
+            loaded.config.name.to_string(),
+            Arc::new(Channel {
+                loaded,
+                connector,
+                hooks: Mutex::new(hooks),
+            }),
+        );
+    }
+    let service = Arc::new(Service {
+        runtime,
+        inbox,
+        outbox,
+        channels,
+        conversations: Mutex::new(HashMap::new()),
+        limits: setup.limits,
+        clock,
+        shutdown: shutdown.clone(),
+    });
+    service.settle_outbox(unsettled.unsettled).await?;
+    service.resume_inbox(backlog.clone()).await?;
+    let (arrivals, mut incoming) = mpsc::channel::<(String, Arrival)>(256);
+    for (name, channel) in &service.channels {
+        let resume = backlog.cursors.get(name).cloned();
+        let since: Vec<(String, String)> = backlog
+            .last_seen
+            .get(name)
+            .map(|rooms| {
+                rooms
+                    .iter()
+                    .map(|(room, id)| (room.clone(), id.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        tokio::spawn(receive_forever(
+            name.clone(),
+            Arc::clone(channel),
+            resume,
+            since,
+            arrivals.clone(),
+            setup.reconnect,
+            shutdown.clone(),
+        ));
+    }
+    drop(arrivals);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            arrival = incoming.recv() => match arrival {
+                Some((channel, arrival)) => service.arrive(&channel, arrival).await?,
+                None => shutdown.cancelled().await,
+            },
+        }
+    }
+    service
+        .runtime
+        .machine()
+        .stop()
+        .await
+        .map_err(|error| error.to_string())?;
+    Ok(())
+}
+
+/// Keeps one channel connected: reconnects with backoff after a drop, stops on bad
+/// credentials or shutdown.
+async fn receive_forever(
+    name: String,
+    channel: Arc<Channel>,
+    mut resume: Option<String>,
+    since: Vec<(String, String)>,
+    arrivals: mpsc::Sender<(String, Arrival)>,
+    first_wait: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut wait = first_wait;
+    loop {
+        let (events, mut received) = mpsc::channel::<Arrival>(64);
+        let forward = {
+            let arrivals = arrivals.clone();
+            let name = name.clone();
+            tokio::spawn(async move {
+                let mut last_cursor = None;
+                while let Some(arrival) = received.recv().await {
+                    last_cursor = arrival.event.cursor.clone().or(last_cursor);
+                    if arrivals.send((name.clone(), arrival)).await.is_err() {
+                        break;
+                    }
+                }
+                last_cursor
+            })
+        };
+        let result = channel
+            .connector
+            .receive(resume.clone(), since.clone(), events, shutdown.clone())
+            .await;
+        if let Ok(Some(cursor)) = forward.await {
+            resume = Some(cursor);
+        }
+        if shutdown.is_cancelled() {
+            return;
+        }
+        match result {
+            Err(crate::channel::ConnectorError::Unauthorized { message }) => {
+                tracing_note(&format!("channel {name}: {message}; not reconnecting"));
+                return;
+            }
+            Err(error) => tracing_note(&format!("channel {name}: {error}; reconnecting")),
+            Ok(()) => wait = first_wait,
+        }
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shutdown.cancelled() => return,
+        }
+        wait = (wait * 2).min(Duration::from_secs(60));
+    }
+}
+
+/// Status lines go to stderr, where systemd's journal picks them up.
+#[expect(clippy::print_stderr, reason = "the service's status lines")]
+fn tracing_note(line: &str) {
+    eprintln!("perch: {line}");
+}
+
+impl Service {
+    /// Journals the event, acknowledges it, and decides what it is.
+    async fn arrive(self: &Arc<Self>, channel: &str, arrival: Arrival) -> Result<(), String> {
+        let Arrival { event, journaled } = arrival;
+        let recorded = self
+            .inbox
+            .record_event(channel, &event)
+            .await
+            .map_err(|error| error.to_string())?;
+        crate::failpoint::hit("after:inbox_journaled");
+        let _ = journaled.send(());
+        if let Recorded::New { seq } = recorded {
+            self.decide(seq, channel, event).await?;
+        }
+        Ok(())
+    }
+
+    async fn decide(
+        self: &Arc<Self>,
+        seq: u64,
+        channel: &str,
+        event: InboundEvent,
+    ) -> Result<(), String> {
+        let Some(connected) = self.channels.get(channel).cloned() else {
+            return self
+                .settle(
+                    seq,
+                    Verdict::Refused {
+                        reason: format!("no channel {channel}"),
+                    },
+                )
+                .await;
+        };
+        let config = &connected.loaded.config;
+        let arrived = Arrived {
+            sender: &event.sender.id,
+            sender_is_bot: event.sender.is_bot,
+            direct: event.direct,
+            addressed: event.addressed,
+            room: &event.room,
+            sent_at: event.sent_at,
+        };
+        let admission = admit(config, &arrived, self.clock.now(), |_| false, 0);
+        let verdict = match admission {
+            Admission::Answer => {
+                let message = serde_json::json!({
+                    "text": event.text,
+                    "sender": event.sender.id,
+                    "sender_name": event.sender.name,
+                    "room": config.room_alias(&event.room).map_or(event.room.as_str(), |alias| alias.as_str()),
+                    "thread": event.thread,
+                    "direct": event.direct,
+                });
+                let verdict = connected.hooks.lock().await.run_on_message(&message).await;
+                match verdict {
+                    HookVerdict::Item(item) => {
+                        let lane = item
+                            .lane
+                            .or_else(|| lane_for(channel, &event.room, event.thread.as_deref()));
+                        match lane {
+                            Some(lane) => Verdict::Item {
+                                lane: lane.to_string(),
+                                text: item.text,
+                            },
+                            None => Verdict::Error {
+                                reason: "no lane name could be made for this conversation".into(),
+                            },
+                        }
+                    }
+                    HookVerdict::Drop => Verdict::Dropped,
+                    HookVerdict::Error(reason) => Verdict::Error { reason },
+                }
+            }
+            Admission::Context => Verdict::Context,
+            Admission::Stale => Verdict::Stale,
+            Admission::Pair => Verdict::Refused {
+                reason: "unknown sender in a direct message (pairing is not available yet)".into(),
+            },
+            Admission::Refused { reason } => Verdict::Refused { reason },
+        };
+        let Verdict::Item { lane, text } = verdict.clone() else {
+            return self.settle(seq, verdict).await;
+        };
+        let verdict_seq = self
+            .inbox
+            .record_verdict(seq, verdict)
+            .await
+            .map_err(|error| error.to_string())?;
+        self.dispatch(PendingItem {
+            event_seq: seq,
+            verdict_seq,
+            channel: channel.to_owned(),
+            event,
+            lane,
+            text,
+        })
+        .await
+    }
+
+    /// Journals a verdict that needs no run, and consumes the event with it.
+    async fn settle(&self, seq: u64, verdict: Verdict) -> Result<(), String> {
+        let verdict_seq = self
+            .inbox
+            .record_verdict(seq, verdict)
+            .await
+            .map_err(|error| error.to_string())?;
+        self.inbox
+            .consume(vec![seq, verdict_seq])
+            .await
+            .map_err(|error| error.to_string())
+    }
+
+    /// Hands an item to its conversation, starting the conversation's task if needed.
+    async fn dispatch(self: &Arc<Self>, mut item: PendingItem) -> Result<(), String> {
+        let lane = LaneName::try_from(item.lane.as_str()).map_err(|error| error.to_string())?;
+        let mut conversations = self.conversations.lock().await;
+        if let Some(queue) = conversations.get(&lane) {
+            match queue.send(item) {
+                Ok(()) => return Ok(()),
+                Err(returned) => item = returned.0,
+            }
+        }
+        let channel = item.channel.clone();
+        let (queue, items) = mpsc::unbounded_channel();
+        let _ = queue.send(item);
+        conversations.insert(lane.clone(), queue);
+        drop(conversations);
+        let service = Arc::clone(self);
+        tokio::spawn(async move {
+            if let Err(error) = service.converse(lane, channel, items).await {
+                tracing_note(&error);
+            }
+        });
+        Ok(())
+    }
+
+    /// One conversation: its lane, its queue, and the channel's busy policy.
+    async fn converse(
+        self: Arc<Self>,
+        name: LaneName,
+        channel: String,
+        mut items: mpsc::UnboundedReceiver<PendingItem>,
+    ) -> Result<(), String> {
+        let connected = self
+            .channels
+            .get(&channel)
+            .cloned()
+            .ok_or_else(|| format!("no channel {channel}"))?;
+        let origin = Origin {
+            channel: channel.clone(),
+            room: None,
+            sender: None,
+        };
+        let (lane, _) = self
+            .runtime
+            .open_lane(&name, origin, self.limits)
+            .await
+            .map_err(|error| error.to_string())?;
+        let config = connected.loaded.config.clone();
+        let shutdown = self.shutdown.clone();
+        let mut queue: VecDeque<PendingItem> = VecDeque::new();
+        let mut active: Option<tokio::task::JoinHandle<()>> = None;
+        loop {
+            if active
+                .as_ref()
+                .is_some_and(tokio::task::JoinHandle::is_finished)
+            {
+                active = None;
+            }
+            if active.is_none() && !queue.is_empty() {
+                let batch: Vec<PendingItem> = match config.busy {
+                    BusyPolicy::Collect { .. } => queue.drain(..).collect(),
+                    _ => queue.pop_front().into_iter().collect(),
+                };
+                let service = Arc::clone(&self);
+                let lane = lane.clone();
+                let connected = Arc::clone(&connected);
+                active = Some(tokio::spawn(async move {
+                    if let Err(error) = service.answer(&lane, &connected, batch).await {
+                        tracing_note(&error);
+                    }
+                }));
+            }
+            let woken = {
+                let finished = async {
+                    match active.as_mut() {
+                        Some(run) => {
+                            let _ = run.await;
+                        }
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = shutdown.cancelled() => Woken::Shutdown,
+                    () = finished => Woken::Finished,
+                    item = items.recv() => Woken::Item(item.map(Box::new)),
+                }
+            };
+            let item = match woken {
+                Woken::Shutdown => {
+                    let _ = lane.abort();
+                    let _ = lane.close().await;
+                    return Ok(());
+                }
+                Woken::Finished => {
+                    active = None;
+                    continue;
+                }
+                Woken::Item(None) => return Ok(()),
+                Woken::Item(Some(item)) => *item,
+            };
+            if let Some(window) = collect_window(config.busy) {
+                // Messages arriving within the window join the same turn.
+                queue.push_back(item);
+                tokio::time::sleep(window).await;
+                while let Ok(more) = items.try_recv() {
+                    queue.push_back(more);
+                }
+                continue;
+            }
+            let busy = active.is_some();
+            let limit = usize::try_from(config.queue_limit).unwrap_or(usize::MAX);
+            match (busy, config.busy) {
+                (true, BusyPolicy::Steer) => {
+                    if matches!(lane.steer(item.text.clone()).await, Ok(Steered::Delivered)) {
+                        self.inbox
+                            .consume(vec![item.event_seq, item.verdict_seq])
+                            .await
+                            .map_err(|error| error.to_string())?;
+                    } else {
+                        queue.push_back(item);
+                    }
+                }
+                (true, BusyPolicy::Interrupt) => {
+                    let _ = lane.abort();
+                    queue.push_back(item);
+                }
+                _ if queue.len() >= limit => self.overflow(&connected, item).await?,
+                _ => queue.push_back(item),
+            }
+        }
+    }
+
+    /// Runs the lane on `items` (one, or several collected) and delivers the reply.
+    async fn answer(
+        &self,
+        lane: &Lane,
+        channel: &Channel,
+        items: Vec<PendingItem>,
+    ) -> Result<(), String> {
+        let Some(last) = items.last().cloned() else {
+            return Ok(());
+        };
+        let text = items
+            .iter()
+            .map(|item| item.text.as_str())
+            .collect::<Vec<_>>()
+            .join("\n\n");
+        let consumes = items.iter().map(PendingItem::consumes_id).collect();
+        let typing = self.keep_typing(channel, &last.event);
+        let finished = lane
+            .send(Input { text, consumes }, None)
+            .await
+            .map_err(|error| error.to_string());
+        typing.cancel();
+        let finished = finished?;
+        let reply = match &finished.outcome {
+            Outcome::Completed => finished.text.clone(),
+            Outcome::Cancelled => String::new(),
+            Outcome::Failed { reason } | Outcome::Interrupted { reason } => {
+                format!("Sorry, I could not finish that: {reason}")
+            }
+        };
+        if !reply.trim().is_empty() {
+            self.reply(channel, last.event.clone(), reply).await?;
+        }
+        let seqs = items
+            .iter()
+            .flat_map(|item| [item.event_seq, item.verdict_seq])
+            .collect();
+        self.inbox
+            .consume(seqs)
+            .await
+            .map_err(|error| error.to_string())
+    }
+
+    fn keep_typing(&self, channel: &Channel, event: &InboundEvent) -> CancellationToken {
+        let stop = CancellationToken::new();
+        let connector = Arc::clone(&channel.connector);
+        let room = event.room.clone();
+        let thread = event.thread.clone();
+        let stopped = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                connector.typing(&room, thread.as_deref()).await;
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(4)) => {}
+                    () = stopped.cancelled() => return,
+                }
+            }
+        });
+        stop
+    }
+
+    async fn overflow(&self, channel: &Channel, item: PendingItem) -> Result<(), String> {
+        let text = "I am still working on earlier messages in this conversation and cannot queue \
+                    more right now. Please send this again in a moment.";
+        self.reply(channel, item.event.clone(), text.to_owned())
+            .await?;
+        self.inbox
+            .consume(vec![item.event_seq, item.verdict_seq])
+            .await
+            .map_err(|error| error.to_string())
+    }
+
+    /// Formats, splits and delivers a reply through the outbox.
+    async fn reply(&self, channel: &Channel, to: InboundEvent, text: String) -> Result<(), String> {
+        let formatted = {
+            let mut hooks = channel.hooks.lock().await;
+            hooks.run_format(&text).await
+        };
+        let formatted = formatted.unwrap_or_else(|error| {
+            tracing_note(&format!(
+                "format hook failed, sending the reply as written: {error}"
+            ));
+            text
+        });
+        let limits = channel.connector.limits();
+        for (index, piece) in split_message(&formatted, limits.max_chars)
+            .into_iter()
+            .enumerate()
+        {
+            let delivery = Delivery {
+                id: Outbox::new_id(),
+                room: to.room.clone(),
+                thread: to.thread.clone(),
+                reply_to: if index == 0 {
+                    Some(to.platform_id.clone())
+                } else {
+                    None
+                },
+                text: piece,
+            };
+            let intent = self
+                .outbox
+                .intend(&channel.loaded.config.name.to_string(), &delivery)
+                .await
+                .map_err(|error| error.to_string())?;
+            crate::failpoint::hit("after:delivery_intent");
+            self.send(channel, intent, &delivery).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends one recorded delivery and settles it.
+    async fn send(
+        &self,
+        channel: &Channel,
+        intent: u64,
+        delivery: &Delivery,
+    ) -> Result<(), String> {
+        let window = channel.connector.limits().resend_window;
+        let mut attempts = 0;
+        let record = loop {
+            attempts += 1;
+            match channel.connector.deliver(delivery).await {
+                Ok(receipt) => {
+                    crate::failpoint::hit("after:delivery_sent");
+                    break OutboxRecord::Receipt { intent, receipt };
+                }
+                Err(DeliveryError::RateLimited { retry_after }) if attempts < 5 => {
+                    tokio::time::sleep(retry_after).await;
+                }
+                Err(DeliveryError::Rejected { message }) => {
+                    break OutboxRecord::Dropped {
+                        intent,
+                        reason: message,
+                    };
+                }
+                Err(DeliveryError::Failed { message }) if window.is_some() && attempts < 3 => {
+                    tracing_note(&format!(
+                        "delivery {} failed ({message}); resending with the same id",
+                        delivery.id
+                    ));
+                }
+                Err(error) => {
+                    break OutboxRecord::Unknown {
+                        intent,
+                        reason: error.to_string(),
+                    };
+                }
+            }
+        };
+        self.outbox
+            .settle(intent, record)
+            .await
+            .map_err(|error| error.to_string())
+    }
+
+    /// After a restart: resend inside the platform's window, report unknowns, drop the old.
+    async fn settle_outbox(&self, unsettled: Vec<Unsettled>) -> Result<(), String> {
+        for delivery in unsettled {
+            let Some(channel) = self.channels.get(&delivery.channel) else {
+                continue;
+            };
+            let window = channel.connector.limits().resend_window;
+            match self.outbox.decide(&delivery, window) {
+                Unreceipted::Resend => self.send(channel, delivery.seq, &delivery.delivery).await?,
+                Unreceipted::Unknown => {
+                    let reason = "perch stopped between recording this delivery and its receipt; it is not resent, so it is never posted twice".to_owned();
+                    tracing_note(&format!(
+                        "delivery {} on {}: unknown",
+                        delivery.delivery.id, delivery.channel
+                    ));
+                    self.outbox
+                        .settle(
+                            delivery.seq,
+                            OutboxRecord::Unknown {
+                                intent: delivery.seq,
+                                reason,
+                            },
+                        )
+                        .await
+                        .map_err(|error| error.to_string())?;
+                }
+                Unreceipted::Expired => {
+                    self.outbox
+                        .settle(
+                            delivery.seq,
+                            OutboxRecord::Dropped {
+                                intent: delivery.seq,
+                                reason: "older than the outbox's time to live".into(),
+                            },
+                        )
+                        .await
+                        .map_err(|error| error.to_string())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After a restart: items whose run was already recorded (its `operation_started` names the
+    /// item) are consumed, since lane recovery closed that run; the rest are queued again, in
+    /// order; events without a verdict are decided again.
+    async fn resume_inbox(self: &Arc<Self>, backlog: Backlog) -> Result<(), String> {
+        let sessions = self.runtime.agent().dir.sessions_dir();
+        for item in backlog.pending {
+            let taken = lane_names_item(&sessions, &item.lane, &consumes_id(item.event_seq));
+            if taken {
+                self.inbox
+                    .consume(vec![item.event_seq, item.verdict_seq])
+                    .await
+                    .map_err(|error| error.to_string())?;
+            } else {
+                self.dispatch(item).await?;
+            }
+        }
+        for (seq, channel, event) in backlog.undecided {
+            self.decide(seq, &channel, event).await?;
+        }
+        Ok(())
+    }
+}
+
+/// What woke a conversation's task.
+enum Woken {
+    Shutdown,
+    Finished,
+    Item(Option<Box<PendingItem>>),
+}
+
+fn collect_window(busy: BusyPolicy) -> Option<Duration> {
+    match busy {
+        BusyPolicy::Collect { window } => Some(window),
+        _ => None,
+    }
+}
+
+/// Whether the newest segment of `lane` has a run naming `consumes`. A run's record and the
+/// item's consumption are written in that order, and a segment only rolls when no run is open,
+/// so a run the inbox did not hear end is always in the newest segment.
+fn lane_names_item(sessions: &std::path::Path, lane: &str, consumes: &str) -> bool {
+    let dir = sessions.join(lane);
+    let Ok(listing) = std::fs::read_dir(&dir) else {
+        return false;
+    };
+    let newest = listing
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "jsonl"))
+        .max();
+    let Some(newest) = newest else {
+        return false;
+    };
+    let needle = format!("\"{consumes}\"");
+    std::fs::read_to_string(newest)
+        .map(|text| {
+            text.lines()
+                .any(|line| line.contains("\"operation_started\"") && line.contains(&needle))
+        })
+        .unwrap_or(false)
+}

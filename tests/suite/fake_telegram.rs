@@ -1,0 +1,1105 @@
+//! A fake Telegram Bot API: real HTTP/1.1 on loopback, enforcing the rules the real server
+//! enforces, with the exact error descriptions teloxide maps onto its error variants.
+//!
+//! Requests go to `POST /bot<token>/<method>` with a JSON body (everything teloxide sends);
+//! method names match case-insensitively (teloxide sends `GetUpdates`); answers use the
+//! `{"ok": true, "result": ...}` / `{"ok": false, "error_code": N, "description": ...}`
+//! envelope. The rules:
+//! - a path without `/bot<token>/` is 404 `Not Found`, a wrong token 401 `Unauthorized`, an
+//!   unknown method 404 `Not Found: method not found`;
+//! - `getUpdates`: a positive `offset` confirms (forgets) every update below it, a negative one
+//!   keeps only the last `-offset`; `limit` caps the batch; with nothing pending the call waits
+//!   up to `timeout` seconds; `allowed_updates` is remembered, and updates of other kinds are
+//!   dropped; a newer concurrent `getUpdates` makes the older one answer 409 `Conflict:
+//!   terminated by other getUpdates request; ...`;
+//! - `sendMessage`: unknown chat, empty text, text over 4,096 characters after entity parsing,
+//!   MarkdownV2 that does not parse (reserved characters outside entities, unclosed entities),
+//!   unknown reply target (unless `allow_sending_without_reply`) and unknown forum thread are
+//!   refused with Telegram's descriptions;
+//! - `fail_next` forces one answer, such as 429 `Too Many Requests: retry after N` with
+//!   `parameters.retry_after`.
+//!
+//! The server runs on its own thread and runtime, so it works from `#[test]` and
+//! `#[tokio::test]` alike; it stops when the `FakeTelegram` is dropped.
+#![allow(
+    dead_code,
+    reason = "a harness shared by several suites, each using part of it"
+)]
+
+use serde_json::{Value, json};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+/// The token the fake accepts.
+pub const TOKEN: &str = "7357001:AAFakeToken_0123456789-abcdefghijkl";
+pub const BOT_ID: i64 = 7_357_001;
+pub const BOT_USERNAME: &str = "perch_test_bot";
+pub const BOT_NAME: &str = "Perch";
+/// The longest text `sendMessage` accepts, in characters after entity parsing.
+pub const MAX_TEXT: usize = 4096;
+pub const CONFLICT: &str = "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running";
+
+/// A Telegram account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    pub id: i64,
+    pub first_name: String,
+    pub username: Option<String>,
+    pub is_bot: bool,
+}
+
+impl User {
+    pub fn human(id: i64, first_name: &str) -> User {
+        User {
+            id,
+            first_name: first_name.to_owned(),
+            username: None,
+            is_bot: false,
+        }
+    }
+
+    pub fn bot(id: i64, first_name: &str, username: &str) -> User {
+        User {
+            id,
+            first_name: first_name.to_owned(),
+            username: Some(username.to_owned()),
+            is_bot: true,
+        }
+    }
+
+    /// The fake's own bot.
+    pub fn me() -> User {
+        User::bot(BOT_ID, BOT_NAME, BOT_USERNAME)
+    }
+
+    pub fn with_username(mut self, username: &str) -> User {
+        self.username = Some(username.to_owned());
+        self
+    }
+
+    fn json(&self) -> Value {
+        let mut user = json!({"id": self.id, "is_bot": self.is_bot, "first_name": self.first_name});
+        if let Some(username) = &self.username {
+            user["username"] = json!(username);
+        }
+        user
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChatKind {
+    Private,
+    Group,
+    Forum,
+}
+
+/// A chat: a private chat with one user, a group, or a supergroup with forum topics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chat {
+    pub id: i64,
+    kind: ChatKind,
+    title: String,
+}
+
+impl Chat {
+    /// The private chat between `user` and the bot (its id is the user's).
+    pub fn private(user: &User) -> Chat {
+        Chat {
+            id: user.id,
+            kind: ChatKind::Private,
+            title: user.first_name.clone(),
+        }
+    }
+
+    pub fn group(id: i64, title: &str) -> Chat {
+        Chat {
+            id,
+            kind: ChatKind::Group,
+            title: title.to_owned(),
+        }
+    }
+
+    /// A supergroup with topics (`is_forum`).
+    pub fn forum(id: i64, title: &str) -> Chat {
+        Chat {
+            id,
+            kind: ChatKind::Forum,
+            title: title.to_owned(),
+        }
+    }
+
+    fn json(&self) -> Value {
+        match self.kind {
+            ChatKind::Private => {
+                json!({"id": self.id, "type": "private", "first_name": self.title})
+            }
+            ChatKind::Group => json!({"id": self.id, "type": "group", "title": self.title}),
+            ChatKind::Forum => {
+                json!({"id": self.id, "type": "supergroup", "title": self.title, "is_forum": true})
+            }
+        }
+    }
+}
+
+/// A message someone sends to the bot. Mention and command entities are computed from the
+/// text the way Telegram does; text mentions (of users without a username) are added by hand.
+#[derive(Debug, Clone)]
+pub struct Incoming {
+    chat: Chat,
+    from: User,
+    text: Option<String>,
+    caption: bool,
+    reply_to: Option<i64>,
+    thread: Option<i64>,
+    text_mentions: Vec<(String, User)>,
+}
+
+impl Incoming {
+    pub fn new(chat: &Chat, from: &User, text: &str) -> Incoming {
+        Incoming {
+            chat: chat.clone(),
+            from: from.clone(),
+            text: Some(text.to_owned()),
+            caption: false,
+            reply_to: None,
+            thread: None,
+            text_mentions: Vec::new(),
+        }
+    }
+
+    /// A photo, captioned with the text (or without caption for `None`).
+    pub fn photo(chat: &Chat, from: &User, caption: Option<&str>) -> Incoming {
+        Incoming {
+            text: caption.map(str::to_owned),
+            caption: true,
+            ..Incoming::new(chat, from, "")
+        }
+    }
+
+    /// A reply to the message with this id in the same chat.
+    pub fn reply_to(mut self, message_id: i64) -> Incoming {
+        self.reply_to = Some(message_id);
+        self
+    }
+
+    /// Sent in the forum topic with this thread id.
+    pub fn in_thread(mut self, thread: i64) -> Incoming {
+        self.thread = Some(thread);
+        self
+    }
+
+    /// Marks the first occurrence of `span` as a mention of `user`.
+    pub fn text_mention(mut self, span: &str, user: &User) -> Incoming {
+        self.text_mentions.push((span.to_owned(), user.clone()));
+        self
+    }
+}
+
+/// What `push` queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pushed {
+    pub update_id: i64,
+    pub chat_id: i64,
+    pub message_id: i64,
+}
+
+impl Pushed {
+    /// perch's id for the message: `<chat id>:<message id>`.
+    pub fn platform_id(&self) -> String {
+        format!("{}:{}", self.chat_id, self.message_id)
+    }
+}
+
+/// A message the bot sent.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    pub chat_id: i64,
+    pub message_id: i64,
+    /// The text exactly as sent.
+    pub text: String,
+    pub parse_mode: Option<String>,
+    /// The text as users see it, after entity parsing.
+    pub shown: String,
+    pub reply_to: Option<i64>,
+    pub thread: Option<i64>,
+    /// Every parameter of the call.
+    pub params: Value,
+}
+
+/// A forced answer for the next call of one method.
+#[derive(Debug, Clone)]
+pub enum Failure {
+    /// 429 `Too Many Requests: retry after N` with `parameters.retry_after = N`.
+    RetryAfter(u32),
+    /// Any error status with this description.
+    Api { code: u16, description: String },
+}
+
+/// One request as the fake received it.
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// The method name as sent (teloxide sends PascalCase).
+    pub method: String,
+    pub body: Value,
+}
+
+#[derive(Debug, Default)]
+struct ChatState {
+    json: Value,
+    next_message_id: i64,
+    messages: HashMap<i64, Value>,
+    threads: HashSet<i64>,
+}
+
+#[derive(Debug)]
+struct Pending {
+    update_id: i64,
+    kind: &'static str,
+    message: Value,
+}
+
+#[derive(Debug)]
+struct State {
+    next_update_id: i64,
+    pending: VecDeque<Pending>,
+    allowed: Option<Vec<String>>,
+    generation: u64,
+    chats: HashMap<i64, ChatState>,
+    sent: Vec<Sent>,
+    actions: Vec<(i64, String, Option<i64>)>,
+    failures: VecDeque<(String, Failure)>,
+    calls: Vec<Call>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+/// The fake server. Dropping it stops the server and closes every connection.
+#[derive(Debug)]
+pub struct FakeTelegram {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FakeTelegram {
+    /// Starts a server on a free loopback port.
+    pub fn start() -> FakeTelegram {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                next_update_id: 830_000_001,
+                pending: VecDeque::new(),
+                allowed: None,
+                generation: 0,
+                chats: HashMap::new(),
+                sent: Vec::new(),
+                actions: Vec::new(),
+                failures: VecDeque::new(),
+                calls: Vec::new(),
+            }),
+            changed: Notify::new(),
+        });
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = shared.clone();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = TcpListener::from_std(listener).unwrap();
+                tokio::select! {
+                    _ = stopped => {}
+                    () = accept(listener, server) => {}
+                }
+            });
+        });
+        FakeTelegram {
+            addr,
+            shared,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// The API URL to hand the connector (`http://127.0.0.1:PORT`).
+    pub fn api_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The URL of one method, for raw requests.
+    pub fn method_url(&self, token: &str, method: &str) -> String {
+        format!("http://{}/bot{token}/{method}", self.addr)
+    }
+
+    /// Queues a text message from `from` in `chat`.
+    pub fn push_message(&self, chat: &Chat, from: &User, text: &str) -> Pushed {
+        self.push(Incoming::new(chat, from, text))
+    }
+
+    /// Queues a message as a `message` update.
+    pub fn push(&self, incoming: Incoming) -> Pushed {
+        let mut state = self.shared.state.lock().unwrap();
+        let chat = state.chat(&incoming.chat);
+        let message_id = chat.next_message_id;
+        chat.next_message_id += 1;
+        let mut message = json!({
+            "message_id": message_id,
+            "from": incoming.from.json(),
+            "chat": chat.json,
+            "date": now(),
+        });
+        match (&incoming.text, incoming.caption) {
+            (Some(text), false) => {
+                message["text"] = json!(text);
+                let entities = entities(text, &incoming.text_mentions);
+                if !entities.is_empty() {
+                    message["entities"] = Value::Array(entities);
+                }
+            }
+            (caption, _) => {
+                message["photo"] = json!([{"file_id": format!("photo-{message_id}"),
+                    "file_unique_id": format!("u{message_id}"), "width": 90, "height": 90}]);
+                if let Some(caption) = caption {
+                    message["caption"] = json!(caption);
+                    let entities = entities(caption, &incoming.text_mentions);
+                    if !entities.is_empty() {
+                        message["caption_entities"] = Value::Array(entities);
+                    }
+                }
+            }
+        }
+        if let Some(thread) = incoming.thread {
+            message["message_thread_id"] = json!(thread);
+            message["is_topic_message"] = json!(true);
+            chat.threads.insert(thread);
+        }
+        if let Some(original) = incoming.reply_to {
+            let original = chat
+                .messages
+                .get(&original)
+                .cloned()
+                .expect("the message replied to exists in the fake");
+            message["reply_to_message"] = original;
+        }
+        chat.messages.insert(message_id, message.clone());
+        let update_id = state.queue("message", message);
+        drop(state);
+        self.shared.changed.notify_waiters();
+        Pushed {
+            update_id,
+            chat_id: incoming.chat.id,
+            message_id,
+        }
+    }
+
+    /// Queues an `edited_message` update changing a pushed message's text.
+    pub fn push_edit(&self, pushed: Pushed, text: &str) -> i64 {
+        let mut state = self.shared.state.lock().unwrap();
+        let chat = state.chats.get_mut(&pushed.chat_id).unwrap();
+        let message = chat.messages.get_mut(&pushed.message_id).unwrap();
+        message["text"] = json!(text);
+        message["edit_date"] = json!(now());
+        let message = message.clone();
+        let update_id = state.queue("edited_message", message);
+        drop(state);
+        self.shared.changed.notify_waiters();
+        update_id
+    }
+
+    /// Queues a `message` update whose message is exactly `message` (for malformed payloads).
+    pub fn push_raw_message(&self, message: Value) -> i64 {
+        let update_id = self.shared.state.lock().unwrap().queue("message", message);
+        self.shared.changed.notify_waiters();
+        update_id
+    }
+
+    /// Messages the bot sent, oldest first.
+    pub fn sent(&self) -> Vec<Sent> {
+        self.shared.state.lock().unwrap().sent.clone()
+    }
+
+    /// `sendChatAction` calls: `(chat id, action, thread)`.
+    pub fn chat_actions(&self) -> Vec<(i64, String, Option<i64>)> {
+        self.shared.state.lock().unwrap().actions.clone()
+    }
+
+    /// Answers the next call of `method` (any case) with `failure`.
+    pub fn fail_next(&self, method: &str, failure: Failure) {
+        self.shared
+            .state
+            .lock()
+            .unwrap()
+            .failures
+            .push_back((method.to_ascii_lowercase(), failure));
+    }
+
+    /// Every request with a valid token, oldest first.
+    pub fn calls(&self) -> Vec<Call> {
+        self.shared.state.lock().unwrap().calls.clone()
+    }
+
+    /// The `offset` of every `getUpdates` call so far (`None` when it had none).
+    pub fn poll_offsets(&self) -> Vec<Option<i64>> {
+        self.calls()
+            .into_iter()
+            .filter(|call| call.method.eq_ignore_ascii_case("getUpdates"))
+            .map(|call| call.body.get("offset").and_then(Value::as_i64))
+            .collect()
+    }
+
+    /// Waits until a `getUpdates` call named `offset`; panics after five seconds.
+    pub async fn wait_for_poll(&self, offset: i64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !self.poll_offsets().contains(&Some(offset)) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no getUpdates with offset {offset}; offsets: {:?}",
+                self.poll_offsets()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Waits until `count` `getUpdates` calls arrived; panics after five seconds.
+    pub async fn wait_for_poll_count(&self, count: usize) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while self.poll_offsets().len() < count {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "fewer than {count} getUpdates calls"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The ids of updates not yet confirmed.
+    pub fn pending_update_ids(&self) -> Vec<i64> {
+        self.shared
+            .state
+            .lock()
+            .unwrap()
+            .pending
+            .iter()
+            .map(|pending| pending.update_id)
+            .collect()
+    }
+}
+
+impl Drop for FakeTelegram {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl State {
+    fn chat(&mut self, chat: &Chat) -> &mut ChatState {
+        self.chats.entry(chat.id).or_insert_with(|| ChatState {
+            json: chat.json(),
+            next_message_id: 1,
+            ..ChatState::default()
+        })
+    }
+
+    fn queue(&mut self, kind: &'static str, message: Value) -> i64 {
+        let update_id = self.next_update_id;
+        self.next_update_id += 1;
+        self.pending.push_back(Pending {
+            update_id,
+            kind,
+            message,
+        });
+        update_id
+    }
+}
+
+fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+/// Mention and bot-command entities as Telegram finds them, plus the given text mentions;
+/// offsets and lengths in UTF-16 code units.
+fn entities(text: &str, text_mentions: &[(String, User)]) -> Vec<Value> {
+    let word = |ch: char| ch.is_ascii_alphanumeric() || ch == '_';
+    let chars: Vec<char> = text.chars().collect();
+    let utf16 = |index: usize| -> usize { chars[..index].iter().map(|ch| ch.len_utf16()).sum() };
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let boundary = i == 0 || chars[i - 1].is_whitespace();
+        let after_word = i > 0 && word(chars[i - 1]);
+        if chars[i] == '@' && !after_word {
+            let len = chars[i + 1..].iter().take_while(|&&ch| word(ch)).count();
+            if (5..=32).contains(&len) {
+                found.push(json!({"type": "mention", "offset": utf16(i), "length": len + 1}));
+                i += len + 1;
+                continue;
+            }
+        }
+        if chars[i] == '/' && boundary {
+            let mut len = chars[i + 1..].iter().take_while(|&&ch| word(ch)).count();
+            if (1..=64).contains(&len) {
+                if chars.get(i + 1 + len) == Some(&'@') {
+                    let handle = chars[i + 2 + len..]
+                        .iter()
+                        .take_while(|&&ch| word(ch))
+                        .count();
+                    if handle > 0 {
+                        len += handle + 1;
+                    }
+                }
+                found.push(json!({"type": "bot_command", "offset": utf16(i), "length": len + 1}));
+                i += len + 1;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    for (span, user) in text_mentions {
+        let start = text
+            .find(span.as_str())
+            .expect("the text mention's span is in the text");
+        let offset: usize = text[..start].chars().map(char::len_utf16).sum();
+        let length: usize = span.chars().map(char::len_utf16).sum();
+        found.push(json!({"type": "text_mention", "offset": offset, "length": length, "user": user.json()}));
+    }
+    found.sort_by_key(|entity| entity["offset"].as_u64());
+    found
+}
+
+const RESERVED: &str = "_*[]()~`>#+-=|{}.!";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entity {
+    Bold,
+    Italic,
+    Underline,
+    Strikethrough,
+    Spoiler,
+    TextUrl,
+}
+
+/// Parses MarkdownV2 the way Telegram does; returns the text users see, or the description
+/// after `can't parse entities: `.
+pub fn parse_markdown_v2(text: &str) -> Result<String, String> {
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    let at = |i: usize| chars.get(i).map(|&(_, ch)| ch);
+    let escapable = |ch: Option<char>| ch.is_some_and(|ch| (1..=126).contains(&(ch as u32)));
+    let mut shown = String::new();
+    let mut open: Vec<(Entity, usize)> = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let (offset, ch) = chars[i];
+        let next = at(i + 1);
+        if ch == '\\' && escapable(next) {
+            shown.push(next.unwrap_or_default());
+            i += 2;
+            continue;
+        }
+        if ch == '`' {
+            let pre = next == Some('`') && at(i + 2) == Some('`');
+            let mut j = if pre { i + 3 } else { i + 1 };
+            if pre {
+                while at(j).is_some_and(|ch| ch != '\n') {
+                    j += 1;
+                }
+                j += 1;
+            }
+            let mut closed = false;
+            while let Some(ch) = at(j) {
+                if ch == '\\' && escapable(at(j + 1)) {
+                    shown.push(at(j + 1).unwrap_or_default());
+                    j += 2;
+                    continue;
+                }
+                if ch == '`' && (!pre || (at(j + 1) == Some('`') && at(j + 2) == Some('`'))) {
+                    closed = true;
+                    break;
+                }
+                shown.push(ch);
+                j += 1;
+            }
+            if !closed {
+                let kind = if pre { "Pre" } else { "Code" };
+                return Err(format!(
+                    "Can't find end of {kind} entity at byte offset {offset}"
+                ));
+            }
+            i = j + if pre { 3 } else { 1 };
+            continue;
+        }
+        if let Some(&(top, _)) = open.last() {
+            let ends = match top {
+                Entity::Bold => ch == '*',
+                Entity::Italic => ch == '_' && next != Some('_'),
+                Entity::Underline => ch == '_' && next == Some('_'),
+                Entity::Strikethrough => ch == '~',
+                Entity::Spoiler => ch == '|' && next == Some('|'),
+                Entity::TextUrl => ch == ']',
+            };
+            if ends {
+                open.pop();
+                i += if matches!(top, Entity::Underline | Entity::Spoiler) {
+                    2
+                } else {
+                    1
+                };
+                if top == Entity::TextUrl && at(i) == Some('(') {
+                    let start = chars[i].0;
+                    i += 1;
+                    let mut url = String::new();
+                    loop {
+                        match at(i) {
+                            None => {
+                                return Err(format!(
+                                    "Can't find end of a URL at byte offset {start}"
+                                ));
+                            }
+                            Some('\\') if escapable(at(i + 1)) => {
+                                url.push(at(i + 1).unwrap_or_default());
+                                i += 2;
+                            }
+                            Some(')') => {
+                                i += 1;
+                                break;
+                            }
+                            Some(ch) => {
+                                url.push(ch);
+                                i += 1;
+                            }
+                        }
+                    }
+                }
+                continue;
+            }
+        }
+        let started = match ch {
+            '_' if next == Some('_') => Some((Entity::Underline, 2)),
+            '_' => Some((Entity::Italic, 1)),
+            '*' => Some((Entity::Bold, 1)),
+            '~' => Some((Entity::Strikethrough, 1)),
+            '|' if next == Some('|') => Some((Entity::Spoiler, 2)),
+            '[' => Some((Entity::TextUrl, 1)),
+            _ => None,
+        };
+        if let Some((entity, width)) = started {
+            if let Some(&(_, outer)) = open.iter().find(|(kind, _)| *kind == entity) {
+                return Err(format!(
+                    "Can't find end of {entity:?} entity at byte offset {outer}"
+                ));
+            }
+            open.push((entity, offset));
+            i += width;
+            continue;
+        }
+        if ch == '>' && (i == 0 || at(i - 1) == Some('\n')) {
+            i += 1;
+            continue;
+        }
+        if RESERVED.contains(ch) {
+            return Err(format!(
+                "Character '{ch}' is reserved and must be escaped with the preceding '\\'"
+            ));
+        }
+        shown.push(ch);
+        i += 1;
+    }
+    if let Some(&(entity, offset)) = open.first() {
+        return Err(format!(
+            "Can't find end of {entity:?} entity at byte offset {offset}"
+        ));
+    }
+    Ok(shown)
+}
+
+async fn accept(listener: TcpListener, shared: Arc<Shared>) {
+    while let Ok((socket, _)) = listener.accept().await {
+        socket.set_nodelay(true).ok();
+        tokio::spawn(serve(socket, shared.clone()));
+    }
+}
+
+struct Request {
+    method: String,
+    path: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+/// An answer: the HTTP status and the JSON body.
+struct Answer(u16, Value);
+
+fn ok(result: Value) -> Answer {
+    Answer(200, json!({"ok": true, "result": result}))
+}
+
+fn error(code: u16, description: &str) -> Answer {
+    Answer(
+        code,
+        json!({"ok": false, "error_code": code, "description": description}),
+    )
+}
+
+fn bad_request(description: &str) -> Answer {
+    error(400, &format!("Bad Request: {description}"))
+}
+
+async fn serve(mut socket: TcpStream, shared: Arc<Shared>) {
+    let mut buffer = Vec::new();
+    while let Some(request) = read_request(&mut socket, &mut buffer).await {
+        let Answer(status, body) = answer(&shared, request).await;
+        let body = body.to_string();
+        let head = format!(
+            "HTTP/1.1 {status} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            reason(status),
+            body.len()
+        );
+        if socket.write_all(head.as_bytes()).await.is_err()
+            || socket.write_all(body.as_bytes()).await.is_err()
+        {
+            return;
+        }
+    }
+}
+
+async fn answer(shared: &Shared, request: Request) -> Answer {
+    let Some((token, method)) = request
+        .path
+        .strip_prefix("/bot")
+        .and_then(|rest| rest.split_once('/'))
+    else {
+        return error(404, "Not Found");
+    };
+    if token != TOKEN {
+        return error(401, "Unauthorized");
+    }
+    let name = method.to_ascii_lowercase();
+    if !matches!(
+        name.as_str(),
+        "getme"
+            | "getupdates"
+            | "sendmessage"
+            | "sendchataction"
+            | "getwebhookinfo"
+            | "deletewebhook"
+    ) {
+        return error(404, "Not Found: method not found");
+    }
+    let json_body = request.headers.iter().any(|(name, value)| {
+        name == "content-type" && value.to_ascii_lowercase().starts_with("application/json")
+    });
+    let params: Option<Value> = serde_json::from_slice(&request.body).ok();
+    let params = match params {
+        Some(params @ Value::Object(_)) if request.method == "POST" && json_body => params,
+        _ => return bad_request("the fake Bot API accepts only POST with a JSON object body"),
+    };
+    let forced = {
+        let mut state = shared.state.lock().unwrap();
+        state.calls.push(Call {
+            method: method.to_owned(),
+            body: params.clone(),
+        });
+        let position = state
+            .failures
+            .iter()
+            .position(|(method, _)| *method == name);
+        position.and_then(|index| state.failures.remove(index))
+    };
+    if let Some((_, failure)) = forced {
+        return match failure {
+            Failure::RetryAfter(seconds) => Answer(
+                429,
+                json!({"ok": false, "error_code": 429,
+                    "description": format!("Too Many Requests: retry after {seconds}"),
+                    "parameters": {"retry_after": seconds}}),
+            ),
+            Failure::Api { code, description } => error(code, &description),
+        };
+    }
+    match name.as_str() {
+        "getme" => ok(json!({
+            "id": BOT_ID, "is_bot": true, "first_name": BOT_NAME, "username": BOT_USERNAME,
+            "can_join_groups": true, "can_read_all_group_messages": false,
+            "supports_inline_queries": false, "can_connect_to_business": false,
+            "has_main_web_app": false,
+        })),
+        "getwebhookinfo" => {
+            let pending = shared.state.lock().unwrap().pending.len();
+            ok(json!({"url": "", "has_custom_certificate": false, "pending_update_count": pending}))
+        }
+        "deletewebhook" => ok(json!(true)),
+        "getupdates" => get_updates(shared, &params).await,
+        "sendmessage" => send_message(&mut shared.state.lock().unwrap(), &params),
+        _ => send_chat_action(&mut shared.state.lock().unwrap(), &params),
+    }
+}
+
+async fn get_updates(shared: &Shared, params: &Value) -> Answer {
+    let offset = params.get("offset").and_then(Value::as_i64).unwrap_or(0);
+    let limit = params
+        .get("limit")
+        .and_then(Value::as_u64)
+        .unwrap_or(100)
+        .clamp(1, 100) as usize;
+    let timeout = params
+        .get("timeout")
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+        .min(50);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+    let generation = {
+        let mut state = shared.state.lock().unwrap();
+        state.generation += 1;
+        if let Some(allowed) = params.get("allowed_updates").and_then(Value::as_array) {
+            state.allowed = Some(
+                allowed
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect(),
+            );
+        }
+        if offset > 0 {
+            state.pending.retain(|pending| pending.update_id >= offset);
+        } else if offset < 0 {
+            let keep = offset.unsigned_abs() as usize;
+            let drop = state.pending.len().saturating_sub(keep);
+            state.pending.drain(..drop);
+        }
+        state.generation
+    };
+    shared.changed.notify_waiters();
+    loop {
+        let notified = shared.changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        {
+            let mut state = shared.state.lock().unwrap();
+            if state.generation != generation {
+                return error(409, CONFLICT);
+            }
+            if let Some(allowed) = state.allowed.clone()
+                && !allowed.is_empty()
+            {
+                state
+                    .pending
+                    .retain(|pending| allowed.iter().any(|kind| kind == pending.kind));
+            }
+            if !state.pending.is_empty() || tokio::time::Instant::now() >= deadline {
+                let updates: Vec<Value> = state
+                    .pending
+                    .iter()
+                    .take(limit)
+                    .map(|pending| {
+                        let mut update = json!({"update_id": pending.update_id});
+                        update[pending.kind] = pending.message.clone();
+                        update
+                    })
+                    .collect();
+                return ok(Value::Array(updates));
+            }
+        }
+        tokio::select! {
+            () = notified => {}
+            () = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+}
+
+fn send_message(state: &mut State, params: &Value) -> Answer {
+    let Some(chat_id) = params.get("chat_id").and_then(Value::as_i64) else {
+        return bad_request("chat not found");
+    };
+    let Some(text) = params.get("text").and_then(Value::as_str) else {
+        return bad_request("message text is empty");
+    };
+    let parse_mode = params
+        .get("parse_mode")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let shown = match parse_mode.as_deref() {
+        None => text.to_owned(),
+        Some("MarkdownV2") => match parse_markdown_v2(text) {
+            Ok(shown) => shown,
+            Err(why) => return bad_request(&format!("can't parse entities: {why}")),
+        },
+        Some(_) => return bad_request("unsupported parse_mode"),
+    };
+    if shown.trim().is_empty() {
+        return bad_request("message text is empty");
+    }
+    if shown.chars().count() > MAX_TEXT {
+        return bad_request("message is too long");
+    }
+    let Some(chat) = state.chats.get_mut(&chat_id) else {
+        return bad_request("chat not found");
+    };
+    let thread = params.get("message_thread_id").and_then(Value::as_i64);
+    if let Some(thread) = thread
+        && !chat.threads.contains(&thread)
+    {
+        return bad_request("message thread not found");
+    }
+    let mut reply_to = None;
+    if let Some(reply) = params.get("reply_parameters") {
+        let message_id = reply.get("message_id").and_then(Value::as_i64);
+        let other_chat = reply
+            .get("chat_id")
+            .and_then(Value::as_i64)
+            .filter(|id| *id != chat_id);
+        let allow = reply
+            .get("allow_sending_without_reply")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let exists = match (message_id, other_chat) {
+            (Some(message_id), None) => chat.messages.contains_key(&message_id),
+            (Some(_), Some(_)) => true,
+            (None, _) => false,
+        };
+        if !exists && !allow {
+            return bad_request("message to be replied not found");
+        }
+        if exists && other_chat.is_none() {
+            reply_to = message_id;
+        }
+    }
+    let message_id = chat.next_message_id;
+    chat.next_message_id += 1;
+    let mut message = json!({
+        "message_id": message_id,
+        "from": User::me().json(),
+        "chat": chat.json,
+        "date": now(),
+        "text": shown,
+    });
+    if let Some(thread) = thread {
+        message["message_thread_id"] = json!(thread);
+        message["is_topic_message"] = json!(true);
+    }
+    if let Some(original) = reply_to.and_then(|id| chat.messages.get(&id)) {
+        let mut original = original.clone();
+        if let Some(object) = original.as_object_mut() {
+            object.remove("reply_to_message");
+        }
+        message["reply_to_message"] = original;
+    }
+    chat.messages.insert(message_id, message.clone());
+    state.sent.push(Sent {
+        chat_id,
+        message_id,
+        text: text.to_owned(),
+        parse_mode,
+        shown,
+        reply_to,
+        thread,
+        params: params.clone(),
+    });
+    ok(message)
+}
+
+fn send_chat_action(state: &mut State, params: &Value) -> Answer {
+    let Some(chat_id) = params.get("chat_id").and_then(Value::as_i64) else {
+        return bad_request("chat not found");
+    };
+    if !state.chats.contains_key(&chat_id) {
+        return bad_request("chat not found");
+    }
+    let action = params.get("action").and_then(Value::as_str).unwrap_or("");
+    let known = [
+        "typing",
+        "upload_photo",
+        "record_video",
+        "upload_video",
+        "record_voice",
+        "upload_voice",
+        "upload_document",
+        "choose_sticker",
+        "find_location",
+        "record_video_note",
+        "upload_video_note",
+    ];
+    if !known.contains(&action) {
+        return bad_request("wrong parameter action in request");
+    }
+    let thread = params.get("message_thread_id").and_then(Value::as_i64);
+    state.actions.push((chat_id, action.to_owned(), thread));
+    ok(json!(true))
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        404 => "Not Found",
+        409 => "Conflict",
+        429 => "Too Many Requests",
+        _ => "Error",
+    }
+}
+
+async fn read_request(socket: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<Request> {
+    let head_end = loop {
+        if let Some(end) = buffer.windows(4).position(|window| window == b"\r\n\r\n") {
+            break end;
+        }
+        let mut chunk = [0u8; 8192];
+        let read = socket.read(&mut chunk).await.ok()?;
+        if read == 0 {
+            return None;
+        }
+        buffer.extend_from_slice(&chunk[..read]);
+    };
+    let head = String::from_utf8_lossy(&buffer[..head_end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let mut request_line = lines.next()?.split(' ');
+    let method = request_line.next()?.to_owned();
+    let path = request_line.next()?.to_owned();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
+        .collect();
+    let length: usize = headers
+        .iter()
+        .find(|(name, _)| name == "content-length")
+        .and_then(|(_, value)| value.parse().ok())
+        .unwrap_or(0);
+    let body_start = head_end + 4;
+    while buffer.len() < body_start + length {
+        let mut chunk = [0u8; 8192];
+        let read = socket.read(&mut chunk).await.ok()?;
+        if read == 0 {
+            return None;
+        }
+        buffer.extend_from_slice(&chunk[..read]);
+    }
+    let body = buffer[body_start..body_start + length].to_vec();
+    buffer.drain(..body_start + length);
+    Some(Request {
+        method,
+        path,
+        headers,
+        body,
+    })
+}

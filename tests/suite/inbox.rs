@@ -1,0 +1,146 @@
+//! The durable inbox: events journaled before they are acknowledged, verdicts under their
+//! event, items pending until consumed, duplicates recognised across restarts.
+
+use chrono::TimeZone;
+use perch::channel::{InboundEvent, Sender};
+use perch::inbox::{Inbox, Recorded, Verdict};
+use perch::log::{Clock, Journal};
+use perch_core::Timestamp;
+
+fn at() -> Timestamp {
+    chrono::Utc.with_ymd_and_hms(2026, 11, 30, 6, 0, 0).unwrap()
+}
+
+fn clock() -> Clock {
+    Clock::new(at)
+}
+
+fn event(id: &str, room: &str, cursor: Option<&str>) -> InboundEvent {
+    InboundEvent {
+        platform_id: id.into(),
+        cursor: cursor.map(Into::into),
+        room: room.into(),
+        thread: None,
+        sender: Sender {
+            id: "42".into(),
+            name: "Alice".into(),
+            is_bot: false,
+        },
+        direct: true,
+        addressed: true,
+        text: format!("message {id}"),
+        sent_at: at(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn items_stay_pending_until_consumed_and_duplicates_are_recognised_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (inbox, backlog) = Inbox::open(dir.path(), clock()).unwrap();
+    assert!(backlog.pending.is_empty() && backlog.undecided.is_empty());
+    let Recorded::New { seq: first } = inbox
+        .record_event("tg", &event("1:1", "1", Some("100")))
+        .await
+        .unwrap()
+    else {
+        panic!("the first delivery is new");
+    };
+    assert_eq!(
+        inbox
+            .record_event("tg", &event("1:1", "1", Some("100")))
+            .await
+            .unwrap(),
+        Recorded::Duplicate
+    );
+    let Recorded::New { seq: second } = inbox
+        .record_event("tg", &event("1:2", "1", Some("101")))
+        .await
+        .unwrap()
+    else {
+        panic!("another message is new");
+    };
+    let verdict = inbox
+        .record_verdict(
+            first,
+            Verdict::Item {
+                lane: "tg-1".into(),
+                text: "message 1:1".into(),
+            },
+        )
+        .await
+        .unwrap();
+    drop(inbox);
+
+    let (inbox, backlog) = reopen(dir.path()).await;
+    assert_eq!(backlog.pending.len(), 1);
+    assert_eq!(backlog.pending[0].event_seq, first);
+    assert_eq!(backlog.pending[0].consumes_id(), format!("inbox:{first}"));
+    assert_eq!(
+        backlog.undecided.len(),
+        1,
+        "the second event has no verdict yet"
+    );
+    assert_eq!(backlog.undecided[0].0, second);
+    assert_eq!(backlog.cursors["tg"], "101");
+    assert_eq!(backlog.last_seen["tg"]["1"], "1:2");
+    inbox.consume(vec![first, verdict]).await.unwrap();
+    let stale = inbox.record_verdict(second, Verdict::Stale).await.unwrap();
+    inbox.consume(vec![second, stale]).await.unwrap();
+    assert_eq!(inbox.depth().await, 0);
+    drop(inbox);
+
+    let (inbox, backlog) = reopen(dir.path()).await;
+    assert!(backlog.pending.is_empty() && backlog.undecided.is_empty());
+    assert_eq!(
+        inbox
+            .record_event("tg", &event("1:1", "1", Some("100")))
+            .await
+            .unwrap(),
+        Recorded::Duplicate,
+        "a consumed event is still recognised inside the deduplication window"
+    );
+}
+
+/// The writer thread holds the journal's lock until it has stopped; a reopen waits for that.
+async fn reopen(dir: &std::path::Path) -> (Inbox, perch::inbox::Backlog) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match Inbox::open(dir, clock()) {
+            Ok(opened) => return opened,
+            Err(error) if std::time::Instant::now() < deadline => {
+                let _ = error;
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            Err(error) => panic!("{error}"),
+        }
+    }
+}
+
+#[test]
+fn consumed_segments_are_kept_for_the_retention_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = std::sync::Arc::new(std::sync::Mutex::new(at()));
+    let clock_now = now.clone();
+    let clock = Clock::new(move || *clock_now.lock().unwrap());
+    let retain = std::time::Duration::from_secs(3600);
+    let (mut journal, _) = Journal::open_retaining(dir.path(), 200, retain, clock.clone()).unwrap();
+    let body = serde_json::json!({ "text": "x".repeat(150) });
+    let first = journal.append(&[body.clone()]).unwrap();
+    journal.append(&[body.clone()]).unwrap();
+    journal.consume(&first).unwrap();
+    assert_eq!(
+        journal.segment_count(),
+        2,
+        "consumed, but inside the window"
+    );
+    *now.lock().unwrap() = at() + chrono::Duration::hours(2);
+    journal.append(&[body]).unwrap();
+    assert_eq!(
+        journal.segment_count(),
+        2,
+        "the old segment went once the window passed"
+    );
+    drop(journal);
+    let (_, contents) = Journal::open_retaining(dir.path(), 200, retain, clock).unwrap();
+    assert_eq!(contents.pending.len(), 2);
+}
