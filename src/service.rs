@@ -339,7 +339,7 @@ impl Service {
 
     /// Hands an item to its conversation, starting the conversation's task if needed.
     async fn dispatch(self: &Arc<Self>, mut item: PendingItem) -> Result<(), String> {
-        let lane = LaneName::try_from(item.lane.as_str()).map_err(|error| error.to_string())?;
+        let lane = LaneName::try_from(item.lane.as_str())?;
         let mut conversations = self.conversations.lock().await;
         if let Some(queue) = conversations.get(&lane) {
             match queue.send(item) {

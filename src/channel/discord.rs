@@ -1,20 +1,25 @@
 //! Discord through serenity 0.12: the gateway for inbound messages, REST for replies, typing and
 //! back-fill. The only module that names serenity.
 //!
-//! Inbound. One call to [`Connector::receive`] is one gateway session. serenity's client owns the
-//! websocket, heartbeats, and resumes after an op 7 or a dropped socket. Events leave serenity's
-//! shard runner through a collector, which the runner calls inline and in gateway order (its
-//! event handlers run as spawned tasks and may overtake each other), so per-room order holds.
-//! Each message is handed to perch and the next one waits until perch has journaled it.
-//! After every READY and RESUMED (and once when the collector attaches), each room perch knows,
-//! plus each room seen in this session, is back-filled with `GET /channels/{id}/messages?after=`
-//! from its last message, oldest first; perch drops the duplicates by `platform_id`.
+//! Inbound. One serenity client per connector owns the websocket and the heartbeats; it lives
+//! across `receive` calls. serenity resumes after an op 7 or a dropped socket, and when a session
+//! is lost its shard runner is replaced and identifies afresh; `receive` then re-attaches.
+//! Events leave the runner through a collector, which the runner calls inline and in gateway
+//! order (its event handlers run as spawned tasks and may overtake each other), so per-room order
+//! holds. Each message is handed to perch and the next one waits until perch has journaled it.
+//! After every READY and RESUMED (and on attaching to a runner that is already connected), each
+//! room in `since`, plus each room seen during the call, is back-filled with
+//! `GET /channels/{id}/messages?after=` from its last message, oldest first; perch drops the
+//! duplicates by `platform_id`. A message in a room perch has never seen, sent while no runner
+//! was connected, cannot be back-filled.
 //!
-//! A session ends as [`ConnectorError::Disconnected`] when serenity gives up the session (its
-//! runner restarts to identify afresh) or when the liveness watchdog fires: the gateway counts as
-//! alive when a dispatch arrives or the shard records a new heartbeat round trip (serenity
-//! updates the shard's latency on every heartbeat ACK); REST traffic never counts. perch then
-//! reconnects with its own backoff, and the next session back-fills what was missed.
+//! Liveness: the gateway counts as alive when a dispatch arrives or the shard records a new
+//! heartbeat round trip (serenity updates the shard's latency on every heartbeat ACK); REST
+//! traffic never counts. After [`DEFAULT_LIVENESS`] (or [`DiscordConnector::with_liveness`])
+//! without either, `receive` returns [`ConnectorError::Disconnected`] so perch backs off and
+//! shows it; the client keeps reconnecting, and the next call attaches to it and back-fills.
+//! Cancelling closes the client; a refused token or refused intents end it as
+//! [`ConnectorError::Unauthorized`].
 //!
 //! Outbound. Every message carries the delivery id as its `nonce` with `enforce_nonce`, so a
 //! resend inside Discord's deduplication window returns the first message instead of posting
@@ -72,6 +77,7 @@ pub struct DiscordConnector {
     http: Arc<Http>,
     notices: broadcast::Sender<RateNotice>,
     liveness: Duration,
+    gateway: tokio::sync::Mutex<Option<Gateway>>,
 }
 
 impl fmt::Debug for DiscordConnector {
@@ -115,6 +121,7 @@ impl DiscordConnector {
             http: Arc::new(http),
             notices,
             liveness: DEFAULT_LIVENESS,
+            gateway: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -131,28 +138,79 @@ impl DiscordConnector {
         inbound: mpsc::Sender<Arrival>,
         cancel: CancellationToken,
     ) -> Result<(), ConnectorError> {
+        let mut slot = tokio::select! {
+            slot = self.gateway.lock() => slot,
+            () = cancel.cancelled() => return Ok(()),
+        };
+        if slot
+            .as_ref()
+            .is_none_or(|gateway| gateway.started.is_finished())
+        {
+            if let Some(old) = slot.take() {
+                old.stop();
+            }
+            let connected = tokio::select! {
+                connected = self.connect() => connected?,
+                () = cancel.cancelled() => return Ok(()),
+            };
+            *slot = Some(connected);
+        }
+        let Some(gateway) = slot.as_mut() else {
+            return Err(disconnected("the gateway client is missing"));
+        };
+        match self.follow(gateway, since, &inbound, &cancel).await {
+            Ok(()) => {
+                if let Some(gateway) = slot.take() {
+                    let _ = tokio::time::timeout(CLOSE_WAIT, gateway.stop()).await;
+                }
+                Ok(())
+            }
+            Err(Ended::Client(error)) => {
+                if let Some(gateway) = slot.take() {
+                    gateway.stop();
+                }
+                Err(error)
+            }
+            Err(Ended::Quiet(error)) => Err(error),
+        }
+    }
+
+    async fn connect(&self) -> Result<Gateway, ConnectorError> {
         let me = self
             .http
             .get_current_user()
             .await
             .map_err(connect_error)?
             .id;
-        let gateway = self.http.get_gateway().await.map_err(connect_error)?;
+        let url = self.http.get_gateway().await.map_err(connect_error)?.url;
         let http = build_http(&self.token, self.api_url.as_deref());
         let mut client = ClientBuilder::new_with_http(http, intents())
             .await
             .map_err(connect_error)?;
-        *client.ws_url.lock().await = gateway.url;
+        *client.ws_url.lock().await = url;
         let manager = Arc::clone(&client.shard_manager);
-        let mut stop = StopGuard(Some(Arc::clone(&manager)));
-        let mut started: JoinHandle<serenity::Result<()>> =
-            tokio::spawn(async move { client.start().await });
+        let started = tokio::spawn(async move { client.start().await });
+        Ok(Gateway {
+            me,
+            manager,
+            started,
+        })
+    }
 
+    /// Follows the client's current shard runner, re-attaching when serenity replaces it, until
+    /// `cancel` fires, the client ends, or the watchdog finds the gateway silent.
+    async fn follow(
+        &self,
+        gateway: &mut Gateway,
+        since: Vec<(String, String)>,
+        inbound: &mpsc::Sender<Arrival>,
+        cancel: &CancellationToken,
+    ) -> Result<(), Ended> {
         let mut rooms = Rooms::new(since);
         let handoff = Handoff {
-            me,
-            inbound: &inbound,
-            cancel: &cancel,
+            me: gateway.me,
+            inbound,
+            cancel,
         };
         let mut events: Option<mpsc::UnboundedReceiver<GatewayItem>> = None;
         let mut last_latency = None;
@@ -161,69 +219,71 @@ impl DiscordConnector {
         watch.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut attach = tokio::time::interval(ATTACH_POLL);
         attach.set_missed_tick_behavior(MissedTickBehavior::Delay);
-
-        let outcome = loop {
-            tokio::select! {
+        loop {
+            let step = tokio::select! {
                 biased;
-                () = cancel.cancelled() => break Ok(()),
-                ended = &mut started => break Err(client_ended(ended)),
-                item = next_item(&mut events) => {
-                    let Some(item) = item else {
-                        break Err(disconnected("the gateway session ended; serenity is identifying afresh"));
-                    };
-                    alive = Instant::now();
-                    let step = match item {
-                        GatewayItem::Ready | GatewayItem::Resumed => {
+                () = cancel.cancelled() => return Ok(()),
+                ended = &mut gateway.started => return Err(Ended::Client(client_ended(ended))),
+                item = next_item(&mut events) => match item {
+                    None => {
+                        events = None;
+                        Ok(Step::Go)
+                    }
+                    Some(item) => {
+                        alive = Instant::now();
+                        match item {
+                            GatewayItem::Ready | GatewayItem::Resumed => {
+                                self.backfill(&mut rooms, &handoff).await
+                            }
+                            GatewayItem::Message(message) => {
+                                let direct = message.guild_id.is_none();
+                                rooms.saw(&message, direct);
+                                handoff.hand(&message, direct).await
+                            }
+                            GatewayItem::Other => Ok(Step::Go),
+                        }
+                    }
+                },
+                _ = attach.tick(), if events.is_none() => {
+                    match attach_collector(&gateway.manager).await {
+                        Some((receiver, true)) => {
+                            events = Some(receiver);
                             self.backfill(&mut rooms, &handoff).await
                         }
-                        GatewayItem::Message(message) => {
-                            let direct = message.guild_id.is_none();
-                            rooms.saw(&message, direct);
-                            handoff.hand(&message, direct).await
+                        Some((receiver, false)) => {
+                            events = Some(receiver);
+                            Ok(Step::Go)
                         }
-                        GatewayItem::Other => Ok(Step::Go),
-                    };
-                    match step {
-                        Ok(Step::Go) => {}
-                        Ok(Step::Stop) => break Ok(()),
-                        Err(error) => break Err(error),
-                    }
-                }
-                _ = attach.tick(), if events.is_none() => {
-                    if let Some((receiver, connected)) = attach_collector(&manager).await {
-                        events = Some(receiver);
-                        if connected {
-                            match self.backfill(&mut rooms, &handoff).await {
-                                Ok(Step::Go) => {}
-                                Ok(Step::Stop) => break Ok(()),
-                                Err(error) => break Err(error),
-                            }
-                        }
+                        None => Ok(Step::Go),
                     }
                 }
                 _ = watch.tick() => {
-                    let latency = manager.runners.lock().await.get(&SHARD).and_then(|runner| runner.latency);
+                    let latency = gateway
+                        .manager
+                        .runners
+                        .lock()
+                        .await
+                        .get(&SHARD)
+                        .and_then(|runner| runner.latency);
                     if latency.is_some() && latency != last_latency {
                         alive = Instant::now();
                     }
                     last_latency = latency;
                     if alive.elapsed() > self.liveness {
-                        break Err(disconnected(&format!(
+                        return Err(Ended::Quiet(disconnected(&format!(
                             "no gateway event or heartbeat ACK for {} s",
                             self.liveness.as_secs_f64()
-                        )));
+                        ))));
                     }
+                    Ok(Step::Go)
                 }
+            };
+            match step {
+                Ok(Step::Go) => {}
+                Ok(Step::Stop) => return Ok(()),
+                Err(error) => return Err(Ended::Client(error)),
             }
-        };
-        let stopping = stop
-            .0
-            .take()
-            .map(|manager| tokio::spawn(shut_down(manager)));
-        if let (Ok(()), Some(stopping)) = (&outcome, stopping) {
-            let _ = tokio::time::timeout(CLOSE_WAIT, stopping).await;
         }
-        outcome
     }
 
     async fn backfill(
@@ -514,14 +574,35 @@ async fn attach_collector(
     Some((receiver, connected))
 }
 
-/// Stops serenity's shard manager when the session ends, however it ends.
-struct StopGuard(Option<Arc<ShardManager>>);
+/// A running serenity client: one per connector, kept across `receive` calls while serenity
+/// reconnects by itself, replaced only once it has ended.
+struct Gateway {
+    me: UserId,
+    manager: Arc<ShardManager>,
+    started: JoinHandle<serenity::Result<()>>,
+}
 
-impl Drop for StopGuard {
+impl Gateway {
+    /// Starts shutting the client down in the background; the handle finishes once it is down.
+    fn stop(self) -> JoinHandle<()> {
+        tokio::spawn(shut_down(self.manager))
+    }
+}
+
+/// Why following the gateway stopped: the client is finished with (replace it), or the gateway
+/// went quiet while serenity keeps reconnecting (keep it).
+enum Ended {
+    Client(ConnectorError),
+    Quiet(ConnectorError),
+}
+
+impl Drop for DiscordConnector {
     fn drop(&mut self) {
-        if let (Some(manager), Ok(runtime)) = (self.0.take(), tokio::runtime::Handle::try_current())
-        {
-            runtime.spawn(shut_down(manager));
+        if let (Some(gateway), Ok(runtime)) = (
+            self.gateway.get_mut().take(),
+            tokio::runtime::Handle::try_current(),
+        ) {
+            runtime.spawn(shut_down(gateway.manager));
         }
     }
 }

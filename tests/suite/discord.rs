@@ -886,6 +886,66 @@ async fn a_silent_gateway_trips_the_watchdog() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_watchdog_fires_the_next_receive_picks_the_recovered_client_up() {
+    let fake = FakeDiscord::start();
+    let connector = Arc::new(
+        DiscordConnector::new(secret(TOKEN), Some(fake.url()))
+            .with_liveness(Duration::from_secs(2)),
+    );
+    let mut receiving = receive(&connector, Vec::new());
+    connected(&fake).await;
+    let seen = fake.push_message(ROOM, &alice(), "before the silence");
+    assert_eq!(receiving.next().await.platform_id, seen.to_string());
+    fake.freeze_gateway();
+    assert!(matches!(
+        receiving.ended().await,
+        Err(ConnectorError::Disconnected { .. })
+    ));
+    let missed = fake.push_message(ROOM, &alice(), "during the silence");
+    fake.thaw_gateway();
+    let connector = Arc::new(
+        Arc::into_inner(connector)
+            .unwrap()
+            .with_liveness(Duration::from_secs(60)),
+    );
+    let mut receiving = receive(&connector, vec![(ROOM.to_string(), seen.to_string())]);
+    let event = tokio::time::timeout(Duration::from_secs(40), receiving.next())
+        .await
+        .expect("the client recovers and back-fills");
+    assert_eq!(event.platform_id, missed.to_string());
+    let live = fake.push_message(ROOM, &alice(), "after the silence");
+    let mut next = receiving.next().await;
+    while next.platform_id == missed.to_string() {
+        next = receiving.next().await;
+    }
+    assert_eq!(next.platform_id, live.to_string());
+    receiving.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_session_is_identified_afresh_and_the_gap_back_filled() {
+    let fake = FakeDiscord::start();
+    let connector = connector(&fake);
+    let mut receiving = receive(&connector, Vec::new());
+    connected(&fake).await;
+    let seen = fake.push_message(ROOM, &alice(), "before");
+    assert_eq!(receiving.next().await.platform_id, seen.to_string());
+    fake.invalidate_sessions();
+    let missed = fake.push_message(ROOM, &alice(), "while no session was live");
+    until("a second identify", || fake.identifies() == 2).await;
+    let event = receiving.next().await;
+    assert_eq!(event.platform_id, missed.to_string());
+    let live = fake.push_message(ROOM, &alice(), "on the new session");
+    let mut next = receiving.next().await;
+    while next.platform_id == missed.to_string() {
+        next = receiving.next().await;
+    }
+    assert_eq!(next.platform_id, live.to_string());
+    receiving.stop().await.unwrap();
+    until("the session to close", || fake.live_sessions() == 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_but_healthy_gateway_does_not_trip_the_watchdog() {
     let fake = FakeDiscord::start();
     let connector = Arc::new(

@@ -384,6 +384,20 @@ impl FakeDiscord {
         }
     }
 
+    /// Sends op 9 (Invalid Session, not resumable) on every identified connection and forgets
+    /// the sessions, so clients must identify afresh.
+    pub fn invalidate_sessions(&self) {
+        let mut state = self.state();
+        state.sessions.clear();
+        for connection in &mut state.connections {
+            if connection.session.take().is_some() {
+                let _ = connection
+                    .sender
+                    .send(Out::Frame(json!({"op": 9, "d": false})));
+            }
+        }
+    }
+
     /// Answers the next request on `route` with `failure`.
     pub fn fail_next(&self, route: Route, failure: Failure) {
         self.state().failures.push_back((route, failure));
@@ -392,6 +406,11 @@ impl FakeDiscord {
     /// From now on the gateway answers nothing: no HELLO, no heartbeat ACK, no dispatch.
     pub fn freeze_gateway(&self) {
         self.state().frozen = true;
+    }
+
+    /// Undoes [`FakeDiscord::freeze_gateway`] for new frames and connections.
+    pub fn thaw_gateway(&self) {
+        self.state().frozen = false;
     }
 
     /// The bot has not been granted the privileged Message Content intent: IDENTIFY asking for

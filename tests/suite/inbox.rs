@@ -125,8 +125,8 @@ fn consumed_segments_are_kept_for_the_retention_window() {
     let retain = std::time::Duration::from_secs(3600);
     let (mut journal, _) = Journal::open_retaining(dir.path(), 200, retain, clock.clone()).unwrap();
     let body = serde_json::json!({ "text": "x".repeat(150) });
-    let first = journal.append(&[body.clone()]).unwrap();
-    journal.append(&[body.clone()]).unwrap();
+    let first = journal.append(std::slice::from_ref(&body)).unwrap();
+    journal.append(std::slice::from_ref(&body)).unwrap();
     journal.consume(&first).unwrap();
     assert_eq!(
         journal.segment_count(),

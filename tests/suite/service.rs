@@ -43,7 +43,7 @@ fn start(dir: &Path, failpoint: Option<&str>) -> Child {
     command.spawn().unwrap()
 }
 
-fn stop(mut child: Child) -> String {
+fn stop(child: Child) -> String {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
         nix::sys::signal::Signal::SIGTERM,
