@@ -49,6 +49,8 @@ pub enum Verdict {
     Refused { reason: String },
     /// The hook failed on this event.
     Error { reason: String },
+    /// A chat command (`/stop`, `/new`, `/status`), answered by perch itself.
+    Command { command: String },
 }
 
 /// Where an inbox starts: what the journal holds that still needs work, and the cursors the

@@ -6,6 +6,7 @@ pub mod agent;
 pub mod builtin;
 pub mod channel;
 pub mod chat;
+pub mod control;
 pub mod doctor;
 pub mod failpoint;
 pub mod image;

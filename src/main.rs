@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand};
 use perch::agent::{self, AgentDir, InitStatus};
+use perch::control::{self, ControlRequest};
 use perch::lane::{Lane, RunLimits};
 use perch::log::system_clock;
 use perch::model;
@@ -16,6 +17,7 @@ use perch_core::config::{ChannelKind, Platform};
 use perch_core::image::Flavour;
 use perch_core::log::Outcome;
 use perch_core::name::{ChannelName, LaneName};
+use perch_core::pairing::Approval;
 use perch_core::prompt::Origin;
 use std::io::{self, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -77,6 +79,21 @@ enum Command {
         /// The agent directory [default: the current directory]
         dir: Option<PathBuf>,
     },
+    /// Show what a running (or stopped) service holds: channels, inbox items waiting, deliveries
+    /// waiting or of unknown fate, pending pairings. Read-only: takes no lock.
+    Status {
+        /// The agent directory [default: the current directory]
+        dir: Option<PathBuf>,
+        /// Print one JSON object instead of text
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve the sender who was given CODE, so they may talk to the agent in direct messages.
+    /// Reaches a running `perch run` through .perch/control.sock; acts directly otherwise.
+    Pair {
+        #[command(subcommand)]
+        command: PairCommand,
+    },
     /// Talk to the agent from the terminal. Each line is one message, through the same durable
     /// lane a chat message takes; the reply streams back. The conversation (lane `terminal`)
     /// persists in .perch/ and continues on the next start. Ctrl-C aborts the reply in progress.
@@ -123,6 +140,17 @@ enum ChannelCommand {
         /// Name the channel (and its file, channels/NAME.lua) otherwise than after its kind
         #[arg(long)]
         name: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum PairCommand {
+    /// Approve the pairing code a sender was given
+    Approve {
+        /// The code, as the sender received it
+        code: String,
+        /// The agent directory [default: the current directory]
+        dir: Option<PathBuf>,
     },
 }
 
@@ -174,6 +202,10 @@ fn main() -> ExitCode {
             suite,
             rebuild,
         }),
+        Command::Status { dir, json } => status(dir.unwrap_or_else(|| PathBuf::from(".")), json),
+        Command::Pair {
+            command: PairCommand::Approve { code, dir },
+        } => pair_approve(dir.unwrap_or_else(|| PathBuf::from(".")), &code),
         Command::Run { dir } => run_service(dir.unwrap_or_else(|| PathBuf::from("."))),
         Command::Chat { dir } => chat(dir.unwrap_or_else(|| PathBuf::from("."))),
         Command::Compact { dir, lane } => compact(dir.unwrap_or_else(|| PathBuf::from(".")), &lane),
@@ -562,9 +594,12 @@ fn run_service(dir: PathBuf) -> Result<ExitCode, String> {
         let setup = ServiceSetup {
             machine: MachineSetup::from_environment(),
             model: model::connect(endpoint),
-            connectors: std::sync::Arc::new(|channel: &perch::agent::LoadedChannel| {
-                perch::channel::connect(channel, |name| std::env::var(name).ok())
-            }),
+            connectors: {
+                let state_dir = agent.dir.state_dir();
+                std::sync::Arc::new(move |channel: &perch::agent::LoadedChannel| {
+                    perch::channel::connect(channel, &state_dir, |name| std::env::var(name).ok())
+                })
+            },
             clock: system_clock(),
             limits: RunLimits::default(),
             reconnect: std::time::Duration::from_secs(1),
@@ -593,4 +628,124 @@ fn run_service(dir: PathBuf) -> Result<ExitCode, String> {
         eprintln!("perch: stopped");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+fn pair_approve(dir: PathBuf, code: &str) -> Result<ExitCode, String> {
+    let agent_dir = AgentDir::open(&dir).map_err(|error| error.to_string())?;
+    let request = ControlRequest::PairApprove {
+        code: code.to_owned(),
+    };
+    let answer = match runtime()?.block_on(control::ask(&agent_dir, &request)) {
+        Some(answer) => answer?,
+        None => {
+            let _lock = perch::agent::OwnerLock::acquire(&agent_dir).map_err(|error| {
+                format!("{error}; its control socket does not answer, so the code cannot be approved now")
+            })?;
+            let path = control::pairing_path(&agent_dir);
+            let mut pairing = control::read_pairing(&path)?;
+            match pairing.approve(code, chrono::Utc::now()) {
+                Approval::Approved(approved) => {
+                    control::write_pairing(&path, &pairing)?;
+                    serde_json::json!({ "ok": true, "channel": approved.channel, "sender": approved.sender, "name": approved.name })
+                }
+                Approval::Unknown => {
+                    serde_json::json!({ "ok": false, "error": format!("no pending pairing has the code {code} (codes expire after an hour)") })
+                }
+            }
+        }
+    };
+    if answer["ok"] == true {
+        emit(&format!(
+            "approved {} ({}) on channel {}\n",
+            answer["name"].as_str().unwrap_or_default(),
+            answer["sender"].as_str().unwrap_or_default(),
+            answer["channel"].as_str().unwrap_or_default()
+        ))?;
+        Ok(ExitCode::SUCCESS)
+    } else {
+        Err(answer["error"]
+            .as_str()
+            .unwrap_or("the approval failed")
+            .to_owned())
+    }
+}
+
+fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
+    let agent_dir = AgentDir::open(&dir).map_err(|error| error.to_string())?;
+    let live = runtime()?.block_on(control::ask(&agent_dir, &ControlRequest::Status));
+    let state = agent_dir.state_dir();
+    let inbox =
+        perch::log::peek_journal(&state.join("inbox")).map_err(|error| error.to_string())?;
+    let outbox =
+        perch::log::peek_journal(&state.join("outbox")).map_err(|error| error.to_string())?;
+    let unknown: Vec<serde_json::Value> = outbox
+        .consumed
+        .iter()
+        .chain(&outbox.pending)
+        .filter(|item| item.body["type"] == "unknown")
+        .map(|item| item.body.clone())
+        .collect();
+    let pairing = control::read_pairing(&control::pairing_path(&agent_dir))?;
+    let channels: Vec<String> = match agent::load(&agent_dir) {
+        Ok(loaded) => loaded
+            .channels
+            .iter()
+            .map(|channel| {
+                format!(
+                    "{} ({})",
+                    channel.config.name,
+                    channel.config.kind().as_str()
+                )
+            })
+            .collect(),
+        Err(problems) => vec![format!(
+            "{} problem(s) in the agent's files: run `perch info`",
+            problems.len()
+        )],
+    };
+    let report = serde_json::json!({
+        "running": matches!(live, Some(Ok(_))),
+        "channels": channels,
+        "inbox_pending": inbox.pending.len(),
+        "outbox_pending": outbox.pending.len(),
+        "deliveries_unknown": unknown,
+        "pairings_pending": pairing.pending.iter().map(|pending| serde_json::json!({"channel": pending.channel, "sender": pending.sender, "name": pending.name, "expires": pending.expires})).collect::<Vec<_>>(),
+        "approved_senders": pairing.approved.len(),
+    });
+    if json {
+        emit(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&report).map_err(|error| error.to_string())?
+        ))?;
+    } else {
+        let mut out = String::new();
+        out.push_str(&format!(
+            "running            {}\n",
+            if report["running"] == true {
+                "yes"
+            } else {
+                "no"
+            }
+        ));
+        out.push_str(&format!(
+            "channels           {}\n",
+            if channels.is_empty() {
+                "(none)".to_owned()
+            } else {
+                channels.join(", ")
+            }
+        ));
+        out.push_str(&format!("inbox pending      {}\n", inbox.pending.len()));
+        out.push_str(&format!("outbox pending     {}\n", outbox.pending.len()));
+        out.push_str(&format!("unknown deliveries {}\n", unknown.len()));
+        for delivery in &unknown {
+            out.push_str(&format!(
+                "  {}\n",
+                delivery["reason"].as_str().unwrap_or_default()
+            ));
+        }
+        out.push_str(&format!("pairings pending   {}\n", pairing.pending.len()));
+        emit(&out)?;
+    }
+    Ok(ExitCode::SUCCESS)
 }

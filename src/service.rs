@@ -10,6 +10,7 @@
 use crate::agent::{LoadedAgent, LoadedChannel};
 use crate::channel::hooks::{ChannelHooks, HookVerdict};
 use crate::channel::{Arrival, Connector, Delivery, DeliveryError, InboundEvent};
+use crate::control::{self, ControlRequest};
 use crate::inbox::{Backlog, Inbox, PendingItem, Recorded, Verdict, consumes_id};
 use crate::lane::{Input, Lane, RunLimits, Steered};
 use crate::log::{Clock, LogError};
@@ -22,8 +23,9 @@ use perch_core::config::BusyPolicy;
 use perch_core::delivery::{Unreceipted, lane_for, split_message};
 use perch_core::log::Outcome;
 use perch_core::name::LaneName;
+use perch_core::pairing::{Approval, Issued, Pairing, pairing_code};
 use perch_core::prompt::Origin;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Mutex, mpsc};
@@ -67,6 +69,13 @@ struct Service {
     limits: RunLimits,
     clock: Clock,
     shutdown: CancellationToken,
+    pairing: Mutex<Pairing>,
+    pairing_path: std::path::PathBuf,
+    /// The open lanes, for `/stop`.
+    lanes: Mutex<HashMap<LaneName, Lane>>,
+    /// How many times `/new` was used per conversation, and where that is kept.
+    generations: Mutex<BTreeMap<String, u32>>,
+    generations_path: std::path::PathBuf,
 }
 
 /// Runs the service until `shutdown` fires.
@@ -111,7 +120,17 @@ pub async fn run(
             }),
         );
     }
+    let pairing_path = control::pairing_path(&dir);
+    let pairing = control::read_pairing(&pairing_path)?;
+    let control_listener = control::listen(&control::socket_path(&dir))?;
+    let generations_path = state.join("conversations.json");
+    let generations = read_generations(&generations_path)?;
     let service = Arc::new(Service {
+        lanes: Mutex::new(HashMap::new()),
+        generations: Mutex::new(generations),
+        generations_path,
+        pairing: Mutex::new(pairing),
+        pairing_path,
         runtime,
         inbox,
         outbox,
@@ -121,6 +140,27 @@ pub async fn run(
         clock,
         shutdown: shutdown.clone(),
     });
+    {
+        let service = Arc::clone(&service);
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    accepted = control_listener.accept() => accepted,
+                };
+                if let Ok((stream, _)) = accepted {
+                    let service = Arc::clone(&service);
+                    tokio::spawn(async move {
+                        let _ = control::answer_one(stream, |request| async move {
+                            service.control(request).await
+                        })
+                        .await;
+                    });
+                }
+            }
+        });
+    }
     service.settle_outbox(unsettled.unsettled).await?;
     service.resume_inbox(backlog.clone()).await?;
     let (arrivals, mut incoming) = mpsc::channel::<(String, Arrival)>(256);
@@ -263,27 +303,36 @@ impl Service {
             sender: &event.sender.id,
             sender_is_bot: event.sender.is_bot,
             direct: event.direct,
-            addressed: event.addressed,
+            // A chat command is addressed to the agent wherever it is written.
+            addressed: event.addressed || chat_command(&event.text).is_some(),
             room: &event.room,
             sent_at: event.sent_at,
         };
-        let admission = admit(config, &arrived, self.clock.now(), |_| false, 0);
+        let admission = {
+            let pairing = self.pairing.lock().await;
+            admit(
+                config,
+                &arrived,
+                self.clock.now(),
+                |sender| pairing.is_approved(channel, sender),
+                0,
+            )
+        };
         let verdict = match admission {
+            Admission::Answer if chat_command(&event.text).is_some() => {
+                let command = chat_command(&event.text).unwrap_or_default().to_owned();
+                self.command(&connected, &event, &command).await?;
+                Verdict::Command { command }
+            }
             Admission::Answer => {
-                let message = serde_json::json!({
-                    "text": event.text,
-                    "sender": event.sender.id,
-                    "sender_name": event.sender.name,
-                    "room": config.room_alias(&event.room).map_or(event.room.as_str(), |alias| alias.as_str()),
-                    "thread": event.thread,
-                    "direct": event.direct,
-                });
+                let message = crate::channel::hooks::message_input(config, &event);
                 let verdict = connected.hooks.lock().await.run_on_message(&message).await;
                 match verdict {
                     HookVerdict::Item(item) => {
-                        let lane = item
-                            .lane
-                            .or_else(|| lane_for(channel, &event.room, event.thread.as_deref()));
+                        let lane = match item.lane {
+                            Some(lane) => Some(lane),
+                            None => self.conversation_lane(channel, &event).await,
+                        };
                         match lane {
                             Some(lane) => Verdict::Item {
                                 lane: lane.to_string(),
@@ -300,9 +349,12 @@ impl Service {
             }
             Admission::Context => Verdict::Context,
             Admission::Stale => Verdict::Stale,
-            Admission::Pair => Verdict::Refused {
-                reason: "unknown sender in a direct message (pairing is not available yet)".into(),
-            },
+            Admission::Pair => {
+                self.offer_pairing(&connected, &event).await?;
+                Verdict::Refused {
+                    reason: "unknown sender in a direct message; pairing offered".into(),
+                }
+            }
             Admission::Refused { reason } => Verdict::Refused { reason },
         };
         let Verdict::Item { lane, text } = verdict.clone() else {
@@ -322,6 +374,145 @@ impl Service {
             text,
         })
         .await
+    }
+
+    /// The lane of the conversation `event` belongs to, in its current generation (`/new`
+    /// starts the next one).
+    async fn conversation_lane(&self, channel: &str, event: &InboundEvent) -> Option<LaneName> {
+        let base = lane_for(channel, &event.room, event.thread.as_deref())?;
+        let generation = self
+            .generations
+            .lock()
+            .await
+            .get(base.as_str())
+            .copied()
+            .unwrap_or(0);
+        if generation == 0 {
+            return Some(base);
+        }
+        let prefix: String = base.as_str().chars().take(56).collect();
+        LaneName::try_from(format!("{prefix}-n{generation}").as_str()).ok()
+    }
+
+    /// `/stop` aborts this conversation's run, `/new` starts a fresh conversation, `/status` says
+    /// how perch is doing.
+    async fn command(
+        &self,
+        channel: &Channel,
+        event: &InboundEvent,
+        command: &str,
+    ) -> Result<(), String> {
+        let name = channel.loaded.config.name.to_string();
+        let reply = match command {
+            "stop" => {
+                let lane = self.conversation_lane(&name, event).await;
+                let stopped = match lane {
+                    Some(lane) => self
+                        .lanes
+                        .lock()
+                        .await
+                        .get(&lane)
+                        .is_some_and(|lane| lane.abort().is_ok()),
+                    None => false,
+                };
+                if stopped {
+                    "Stopped."
+                } else {
+                    "Nothing is running here."
+                }
+                .to_owned()
+            }
+            "new" => {
+                let Some(base) = lane_for(&name, &event.room, event.thread.as_deref()) else {
+                    return Ok(());
+                };
+                let mut generations = self.generations.lock().await;
+                *generations.entry(base.to_string()).or_insert(0) += 1;
+                write_generations(&self.generations_path, &generations)?;
+                "Starting a new conversation: I will not see the earlier messages here.".to_owned()
+            }
+            _ => format!(
+                "perch is running: {} channel(s), {} inbox item(s) waiting, {} deliveries waiting.",
+                self.channels.len(),
+                self.inbox.depth().await,
+                self.outbox.depth().await
+            ),
+        };
+        self.reply(channel, event.clone(), reply).await
+    }
+
+    /// Gives an unknown sender a code to pass to the owner (once while it is pending).
+    async fn offer_pairing(&self, channel: &Channel, event: &InboundEvent) -> Result<(), String> {
+        let code = pairing_code(random_bytes());
+        let issued = {
+            let mut pairing = self.pairing.lock().await;
+            let issued = pairing.issue(
+                &channel.loaded.config.name.to_string(),
+                &event.sender.id,
+                &event.sender.name,
+                code,
+                self.clock.now(),
+            );
+            if matches!(issued, Issued::New(_)) {
+                control::write_pairing(&self.pairing_path, &pairing)?;
+            }
+            issued
+        };
+        if let Issued::New(code) = issued {
+            let text = format!(
+                "I do not know you yet. If you should be able to talk to me, ask my owner to run \
+                 `perch pair approve {code}` within the hour."
+            );
+            self.reply(channel, event.clone(), text).await?;
+        }
+        Ok(())
+    }
+
+    /// Answers a request that came in on the control socket.
+    async fn control(&self, request: Result<ControlRequest, String>) -> serde_json::Value {
+        match request {
+            Err(error) => serde_json::json!({ "ok": false, "error": error }),
+            Ok(ControlRequest::PairApprove { code }) => {
+                let mut pairing = self.pairing.lock().await;
+                match pairing.approve(&code, self.clock.now()) {
+                    Approval::Approved(approved) => {
+                        match control::write_pairing(&self.pairing_path, &pairing) {
+                            Ok(()) => serde_json::json!({
+                                "ok": true,
+                                "channel": approved.channel,
+                                "sender": approved.sender,
+                                "name": approved.name,
+                            }),
+                            Err(error) => serde_json::json!({ "ok": false, "error": error }),
+                        }
+                    }
+                    Approval::Unknown => serde_json::json!({
+                        "ok": false,
+                        "error": format!("no pending pairing has the code {code} (codes expire after an hour)"),
+                    }),
+                }
+            }
+            Ok(ControlRequest::Status) => {
+                let channels: Vec<serde_json::Value> = self
+                    .channels
+                    .values()
+                    .map(|channel| {
+                        serde_json::json!({
+                            "name": channel.loaded.config.name.to_string(),
+                            "kind": channel.loaded.config.kind().as_str(),
+                        })
+                    })
+                    .collect();
+                serde_json::json!({
+                    "ok": true,
+                    "running": true,
+                    "channels": channels,
+                    "inbox_pending": self.inbox.depth().await,
+                    "outbox_pending": self.outbox.depth().await,
+                    "pairings_pending": self.pairing.lock().await.pending.len(),
+                })
+            }
+        }
     }
 
     /// Journals a verdict that needs no run, and consumes the event with it.
@@ -383,6 +574,7 @@ impl Service {
             .open_lane(&name, origin, self.limits)
             .await
             .map_err(|error| error.to_string())?;
+        self.lanes.lock().await.insert(name.clone(), lane.clone());
         let config = connected.loaded.config.clone();
         let shutdown = self.shutdown.clone();
         let mut queue: VecDeque<PendingItem> = VecDeque::new();
@@ -727,4 +919,44 @@ fn lane_names_item(sessions: &std::path::Path, lane: &str, consumes: &str) -> bo
                 .any(|line| line.contains("\"operation_started\"") && line.contains(&needle))
         })
         .unwrap_or(false)
+}
+
+fn random_bytes() -> [u8; 6] {
+    let random = uuid::Uuid::new_v4();
+    let bytes = random.as_bytes();
+    [bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5]]
+}
+
+/// The chat command a message is, if it is one: `/stop`, `/new` or `/status` (with an optional
+/// `@botname` suffix, as Telegram groups write them).
+fn chat_command(text: &str) -> Option<&'static str> {
+    let word = text.split_whitespace().next()?;
+    let word = word.split('@').next()?;
+    match word {
+        "/stop" => Some("stop"),
+        "/new" => Some("new"),
+        "/status" => Some("status"),
+        _ => None,
+    }
+}
+
+fn read_generations(path: &std::path::Path) -> Result<BTreeMap<String, u32>, String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            serde_json::from_str(&text).map_err(|error| format!("{}: {error}", path.display()))
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+        Err(error) => Err(format!("{}: {error}", path.display())),
+    }
+}
+
+fn write_generations(
+    path: &std::path::Path,
+    generations: &BTreeMap<String, u32>,
+) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(generations).map_err(|error| error.to_string())?;
+    let temporary = path.with_extension("json.tmp");
+    std::fs::write(&temporary, text)
+        .and_then(|()| std::fs::rename(&temporary, path))
+        .map_err(|error| format!("{}: {error}", path.display()))
 }

@@ -37,7 +37,7 @@ use serenity::all::{
     Channel, ChannelId, ClientBuilder, CollectorCallback, ConnectionStage, CreateAllowedMentions,
     CreateMessage, Event, GatewayError, GatewayIntents, Http, HttpBuilder, HttpError, LightMethod,
     Message, MessageId, MessagePagination, MessageReference, MessageType, Nonce, ShardId,
-    ShardManager, UserId,
+    ShardManager, ShardRunnerMessage, UserId,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -69,11 +69,13 @@ const ATTACH_POLL: Duration = Duration::from_millis(5);
 const WATCH_TICK: Duration = Duration::from_millis(250);
 const SHARD: ShardId = ShardId(0);
 const CLOSE_WAIT: Duration = Duration::from_secs(6);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A Discord bot connection.
 pub struct DiscordConnector {
     token: Secret,
     api_url: Option<String>,
+    client: Option<reqwest012::Client>,
     http: Arc<Http>,
     notices: broadcast::Sender<RateNotice>,
     liveness: Duration,
@@ -99,30 +101,49 @@ struct RateNotice {
 impl DiscordConnector {
     /// A connection for the bot `token`. `api_url` replaces `https://discord.com` in every REST
     /// URL (an API proxy, or a local fake in tests); serenity's ratelimiter is then disabled,
-    /// because it would send to discord.com regardless. Without it, requests go to Discord and
-    /// serenity's ratelimiter waits out buckets and 429s.
+    /// because it would send to discord.com regardless, and a 429 is reported with
+    /// [`FALLBACK_RETRY_AFTER`]. Without it, requests go to Discord and serenity's ratelimiter
+    /// tracks the buckets; whenever it would make a delivery wait (an exhausted bucket, a 429),
+    /// the delivery returns [`DeliveryError::RateLimited`] with that wait instead.
     pub fn new(token: Secret, api_url: Option<String>) -> Self {
         let (notices, _) = broadcast::channel(64);
         let api_url = api_url.map(|url| url.trim_end_matches('/').to_owned());
-        let mut http = build_http(&token, api_url.as_deref());
-        if let Some(ratelimiter) = http.ratelimiter.as_mut() {
-            let sender = notices.clone();
-            ratelimiter.set_ratelimit_callback(Box::new(move |info| {
-                let _ = sender.send(RateNotice {
-                    path: info.path,
-                    post: matches!(info.method, LightMethod::Post),
-                    timeout: info.timeout,
-                });
-            }));
-        }
+        let http = rest_http(&token, api_url.as_deref(), None, &notices);
         DiscordConnector {
             token,
             api_url,
+            client: None,
             http: Arc::new(http),
             notices,
             liveness: DEFAULT_LIVENESS,
             gateway: tokio::sync::Mutex::new(None),
         }
+    }
+
+    /// Sends REST requests through the HTTPS proxy at `proxy_url` (HTTP CONNECT), trusting the
+    /// PEM certificates in `root_pem` besides the built-in roots, for hosts whose egress passes
+    /// an inspecting proxy. serenity's ratelimiter stays on. The gateway websocket still
+    /// connects directly.
+    pub fn with_rest_proxy(mut self, proxy_url: &str, root_pem: &[u8]) -> Result<Self, String> {
+        let proxy = reqwest012::Proxy::https(proxy_url)
+            .map_err(|error| format!("the REST proxy URL is unusable: {error}"))?;
+        let roots = reqwest012::Certificate::from_pem_bundle(root_pem)
+            .map_err(|error| format!("the root certificates are not PEM: {error}"))?;
+        let mut builder = reqwest012::Client::builder().use_rustls_tls().proxy(proxy);
+        for root in roots {
+            builder = builder.add_root_certificate(root);
+        }
+        let client = builder
+            .build()
+            .map_err(|error| format!("the HTTP client could not be built: {error}"))?;
+        self.http = Arc::new(rest_http(
+            &self.token,
+            self.api_url.as_deref(),
+            Some(&client),
+            &self.notices,
+        ));
+        self.client = Some(client);
+        Ok(self)
     }
 
     /// Replaces [`DEFAULT_LIVENESS`]: how long the gateway may go without a dispatch or a
@@ -150,7 +171,10 @@ impl DiscordConnector {
                 old.stop();
             }
             let connected = tokio::select! {
-                connected = self.connect() => connected?,
+                connected = tokio::time::timeout(REQUEST_TIMEOUT, self.connect()) => match connected {
+                    Ok(connected) => connected?,
+                    Err(_) => return Err(disconnected("Discord did not answer within 30 s")),
+                },
                 () = cancel.cancelled() => return Ok(()),
             };
             *slot = Some(connected);
@@ -183,7 +207,7 @@ impl DiscordConnector {
             .map_err(connect_error)?
             .id;
         let url = self.http.get_gateway().await.map_err(connect_error)?.url;
-        let http = build_http(&self.token, self.api_url.as_deref());
+        let http = build_http(&self.token, self.api_url.as_deref(), self.client.as_ref());
         let mut client = ClientBuilder::new_with_http(http, intents())
             .await
             .map_err(connect_error)?;
@@ -294,32 +318,29 @@ impl DiscordConnector {
         for (room, mut after) in rooms.marks() {
             let direct = match rooms.direct.get(&room) {
                 Some(direct) => *direct,
-                None => match self.http.get_channel(room).await {
-                    Ok(channel) => {
+                None => match ask(handoff.cancel, self.http.get_channel(room)).await? {
+                    Asked::Got(channel) => {
                         let direct = matches!(channel, Channel::Private(_));
                         rooms.direct.insert(room, direct);
                         direct
                     }
-                    Err(error) => match room_error(error) {
-                        RoomError::Gone => continue,
-                        RoomError::Fatal(error) => return Err(error),
-                    },
+                    Asked::Gone => continue,
+                    Asked::Stop => return Ok(Step::Stop),
                 },
             };
             loop {
-                let page = match self
-                    .http
-                    .get_messages(room, Some(MessagePagination::After(after)), Some(PAGE))
-                    .await
+                let after_mark = Some(MessagePagination::After(after));
+                let mut page = match ask(
+                    handoff.cancel,
+                    self.http.get_messages(room, after_mark, Some(PAGE)),
+                )
+                .await?
                 {
-                    Ok(page) => page,
-                    Err(error) => match room_error(error) {
-                        RoomError::Gone => break,
-                        RoomError::Fatal(error) => return Err(error),
-                    },
+                    Asked::Got(page) => page,
+                    Asked::Gone => break,
+                    Asked::Stop => return Ok(Step::Stop),
                 };
                 let full = page.len() >= usize::from(PAGE);
-                let mut page = page;
                 page.sort_by_key(|message| message.id);
                 for message in page {
                     after = after.max(message.id);
@@ -358,9 +379,12 @@ impl DiscordConnector {
         let mut notices = self.notices.subscribe();
         let post = self.http.send_message(channel, Vec::new(), &message);
         tokio::select! {
-            posted = post => match posted {
-                Ok(posted) => Ok(Receipt { platform_id: posted.id.to_string() }),
-                Err(error) => Err(delivery_error(error)),
+            posted = tokio::time::timeout(REQUEST_TIMEOUT, post) => match posted {
+                Ok(Ok(posted)) => Ok(Receipt { platform_id: posted.id.to_string() }),
+                Ok(Err(error)) => Err(delivery_error(error)),
+                Err(_) => Err(DeliveryError::Failed {
+                    message: "Discord did not answer within 30 s; whether the message was posted is unknown".into(),
+                }),
             },
             retry_after = rate_notice(&mut notices, &route) => {
                 Err(DeliveryError::RateLimited { retry_after })
@@ -369,13 +393,38 @@ impl DiscordConnector {
     }
 }
 
-fn build_http(token: &Secret, api_url: Option<&str>) -> Http {
-    let builder =
+fn build_http(token: &Secret, api_url: Option<&str>, client: Option<&reqwest012::Client>) -> Http {
+    let mut builder =
         HttpBuilder::new(token.expose()).default_allowed_mentions(CreateAllowedMentions::new());
+    if let Some(client) = client {
+        builder = builder.client(client.clone());
+    }
     match api_url {
         Some(url) => builder.proxy(url).ratelimiter_disabled(true).build(),
         None => builder.build(),
     }
+}
+
+/// The REST client: [`build_http`] whose ratelimiter (when on) reports every wait it imposes, so
+/// that a delivery can give up and say how long to wait.
+fn rest_http(
+    token: &Secret,
+    api_url: Option<&str>,
+    client: Option<&reqwest012::Client>,
+    notices: &broadcast::Sender<RateNotice>,
+) -> Http {
+    let mut http = build_http(token, api_url, client);
+    if let Some(ratelimiter) = http.ratelimiter.as_mut() {
+        let sender = notices.clone();
+        ratelimiter.set_ratelimit_callback(Box::new(move |info| {
+            let _ = sender.send(RateNotice {
+                path: info.path,
+                post: matches!(info.method, LightMethod::Post),
+                timeout: info.timeout,
+            });
+        }));
+    }
+    http
 }
 
 fn intents() -> GatewayIntents {
@@ -405,7 +454,8 @@ impl Connector for DiscordConnector {
     fn typing<'a>(&'a self, room: &'a str, thread: Option<&'a str>) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             if let Ok(channel) = thread.unwrap_or(room).parse::<ChannelId>() {
-                let _ = self.http.broadcast_typing(channel).await;
+                let _ = tokio::time::timeout(REQUEST_TIMEOUT, self.http.broadcast_typing(channel))
+                    .await;
             }
         })
     }
@@ -608,18 +658,27 @@ impl Drop for DiscordConnector {
 }
 
 /// Shuts the shard manager down. `shutdown_all` does nothing while no runner is registered (a
-/// restart in progress, a start being retried), and the shard queuer would then go on to start
+/// restart in progress, a start being retried) and the shard queuer would then go on to start
 /// one, so wait for a runner to appear, or for every other holder of the manager to be gone.
+/// The runner is also told directly: after serenity restarts a runner, a stale "shutdown
+/// finished" signal can make the manager forget the next runner without stopping it.
 async fn shut_down(manager: Arc<ShardManager>) {
     loop {
-        if !manager.runners.lock().await.is_empty() {
+        let runner = manager
+            .runners
+            .lock()
+            .await
+            .get(&SHARD)
+            .map(|runner| runner.runner_tx.clone());
+        if let Some(runner) = runner {
+            runner.send_to_shard(ShardRunnerMessage::Shutdown(SHARD, 1000));
             manager.shutdown_all().await;
             return;
         }
         if Arc::strong_count(&manager) == 1 {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -676,19 +735,32 @@ fn client_ended(ended: Result<serenity::Result<()>, tokio::task::JoinError>) -> 
     }
 }
 
-enum RoomError {
+/// The outcome of one history request during back-fill.
+enum Asked<T> {
+    Got(T),
+    /// The room is gone or no longer readable (403, 404): skip it.
     Gone,
-    Fatal(ConnectorError),
+    /// `receive` was cancelled meanwhile.
+    Stop,
 }
 
-fn room_error(error: serenity::Error) -> RoomError {
-    match &error {
-        serenity::Error::Http(HttpError::UnsuccessfulRequest(response))
-            if matches!(response.status_code.as_u16(), 403 | 404) =>
-        {
-            RoomError::Gone
-        }
-        _ => RoomError::Fatal(connect_error(error)),
+async fn ask<T>(
+    cancel: &CancellationToken,
+    request: impl std::future::Future<Output = serenity::Result<T>>,
+) -> Result<Asked<T>, ConnectorError> {
+    tokio::select! {
+        biased;
+        () = cancel.cancelled() => Ok(Asked::Stop),
+        answer = tokio::time::timeout(REQUEST_TIMEOUT, request) => match answer {
+            Ok(Ok(value)) => Ok(Asked::Got(value)),
+            Ok(Err(serenity::Error::Http(HttpError::UnsuccessfulRequest(response))))
+                if matches!(response.status_code.as_u16(), 403 | 404) =>
+            {
+                Ok(Asked::Gone)
+            }
+            Ok(Err(error)) => Err(connect_error(error)),
+            Err(_) => Err(disconnected("Discord did not answer a history request within 30 s")),
+        },
     }
 }
 

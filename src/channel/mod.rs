@@ -9,6 +9,7 @@
 
 pub mod discord;
 pub mod hooks;
+pub mod matrix;
 pub mod telegram;
 
 use perch_core::Timestamp;
@@ -166,8 +167,10 @@ pub trait Connector: Send + Sync + fmt::Debug {
 }
 
 /// The connector for a channel file, with its credentials read from the host environment.
+/// `state_dir` is the agent's `.perch/`, where a Matrix channel keeps its session and stores.
 pub fn connect(
     channel: &crate::agent::LoadedChannel,
+    state_dir: &std::path::Path,
     lookup: impl Fn(&str) -> Option<String>,
 ) -> Result<std::sync::Arc<dyn Connector>, String> {
     use perch_core::config::Platform;
@@ -187,9 +190,24 @@ pub fn connect(
                 config.api_url.clone(),
             )))
         }
-        Platform::Matrix { .. } => Err(format!(
-            "{}: Matrix channels are not connected yet in this version of perch",
-            channel.file
-        )),
+        Platform::Matrix {
+            homeserver,
+            user,
+            password,
+            store_passphrase,
+        } => {
+            let password = password.resolve(&lookup).map_err(missing)?;
+            let store_passphrase = store_passphrase.resolve(&lookup).map_err(missing)?;
+            let connector = matrix::MatrixConnector::new(
+                homeserver,
+                user,
+                password,
+                store_passphrase,
+                matrix::store_dir(state_dir, config.name.as_str()),
+                config.allow.users.clone(),
+            )
+            .map_err(|error| format!("{}: {error}", channel.file))?;
+            Ok(std::sync::Arc::new(connector))
+        }
     }
 }

@@ -50,15 +50,18 @@ const MESSAGE_LIMIT: usize = 400;
 /// The bot's own account, as `getMe` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BotIdentity {
+    /// The bot's user id.
     pub id: u64,
     /// The username without `@`; every bot has one, so `None` only from a broken server.
     pub username: Option<String>,
+    /// The display name (first and last name).
     pub name: String,
 }
 
 /// The connector could not be built from its settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SetupError {
+    /// What is wrong and what to change; never holds the token.
     pub message: String,
 }
 

@@ -18,6 +18,7 @@ pub mod log;
 pub mod markdown;
 pub mod name;
 pub mod output;
+pub mod pairing;
 pub mod problem;
 pub mod prompt;
 pub mod secret;

@@ -284,3 +284,35 @@ fn create_segment(dir: &Path, number: u32, clock: &Clock) -> Result<(), LogError
     );
     create_with_first_line(&segment_path(dir, number), &bytes)
 }
+
+/// What a journal holds, read without its lock and without repairing anything (a torn last
+/// line is left alone), for read-only views such as `perch status`.
+pub fn peek(dir: &Path) -> Result<JournalContents, LogError> {
+    let mut items = Vec::new();
+    let mut consumed = BTreeSet::new();
+    let numbers = match segment_numbers(dir) {
+        Ok(numbers) => numbers,
+        Err(_) if !dir.exists() => return Ok(JournalContents::default()),
+        Err(error) => return Err(error),
+    };
+    for number in numbers {
+        let path = segment_path(dir, number);
+        let text = fs::read_to_string(&path).map_err(LogError::io(&path, "read"))?;
+        for line in text.lines() {
+            match serde_json::from_str::<JournalLine>(line) {
+                Ok(JournalLine::Item { seq, at, body }) => {
+                    items.push(JournalItem { seq, at, body })
+                }
+                Ok(JournalLine::Consumed { seqs, .. }) => consumed.extend(seqs),
+                Ok(JournalLine::Header { .. }) | Err(_) => {}
+            }
+        }
+    }
+    let (done, pending) = items
+        .into_iter()
+        .partition(|item| consumed.contains(&item.seq));
+    Ok(JournalContents {
+        pending,
+        consumed: done,
+    })
+}

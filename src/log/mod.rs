@@ -19,7 +19,7 @@ mod recover;
 mod segment;
 
 pub use error::LogError;
-pub use journal::{Journal, JournalContents, JournalItem};
+pub use journal::{Journal, JournalContents, JournalItem, peek as peek_journal};
 pub use journal_writer::{JournalEntry, JournalWriter, Journaled};
 pub use lane::{
     Appended, Clock, IndexStatus, LaneLog, LaneSnapshot, OpenReport, OpenSummary, TailRepair,

@@ -3,6 +3,7 @@
 //! runs it, once, as a smoke run) prints slower figures.
 #![allow(clippy::print_stdout)]
 
+mod inbox;
 mod lane;
 mod log;
 mod sandbox;
@@ -24,6 +25,7 @@ fn main() {
         .expect("a tokio runtime");
     runtime.block_on(log::group_commit(smoke));
     runtime.block_on(log::reopen(smoke));
+    runtime.block_on(inbox::ingest(smoke));
     runtime.block_on(sandbox::warm_exec(smoke));
     runtime.block_on(lane::host_overhead(smoke));
 }

@@ -1040,3 +1040,58 @@ async fn the_token_never_appears_in_error_text() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_serenitys_ratelimiter_on_a_wait_becomes_rate_limited_with_its_length() {
+    let fake = FakeDiscord::start();
+    fake.guild_channel(ROOM);
+    fake.guild_channel(OTHER_ROOM);
+    let tls = fake.intercept_tls();
+    let connector = Arc::new(
+        DiscordConnector::new(secret(TOKEN), None)
+            .with_rest_proxy(&tls.proxy_url, tls.root_pem.as_bytes())
+            .unwrap(),
+    );
+
+    fake.fail_next(Route::CreateMessage, Failure::rate_limited(7.0));
+    let limited = connector
+        .deliver(&delivery("p-429", ROOM, None, "hi"))
+        .await;
+    assert_eq!(
+        limited,
+        Err(DeliveryError::RateLimited {
+            retry_after: Duration::from_secs(7)
+        })
+    );
+
+    fake.set_bucket(1, Duration::from_secs(30));
+    connector
+        .deliver(&delivery("p-first", OTHER_ROOM, None, "first"))
+        .await
+        .unwrap();
+    let held = connector
+        .deliver(&delivery("p-second", OTHER_ROOM, None, "second"))
+        .await;
+    let Err(DeliveryError::RateLimited { retry_after }) = held else {
+        panic!("{held:?}");
+    };
+    assert!(
+        retry_after > Duration::from_secs(20) && retry_after <= Duration::from_secs(30),
+        "{retry_after:?}"
+    );
+    let to_other = format!("POST /api/v10/channels/{OTHER_ROOM}/messages");
+    let posts = fake.requests().iter().filter(|r| **r == to_other).count();
+    assert_eq!(posts, 1, "the ratelimiter held the second post back");
+
+    let mut receiving = receive(&connector, Vec::new());
+    connected(&fake).await;
+    let id = fake.push_message(ROOM, &alice(), "over the real path");
+    assert_eq!(receiving.next().await.platform_id, id.to_string());
+    receiving.stop().await.unwrap();
+    assert!(
+        tls.tunnels()
+            .iter()
+            .all(|line| line.starts_with("CONNECT discord.com:443 "))
+    );
+    assert!(!tls.tunnels().is_empty());
+}

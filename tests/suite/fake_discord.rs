@@ -19,6 +19,10 @@
 //! request, then RESUME replays the events the client missed before RESUMED; an unknown session
 //! gets op 9. Client frames out of order close with Discord's codes.
 //!
+//! [`FakeDiscord::intercept_tls`] adds an HTTPS proxy whose `CONNECT discord.com:443` tunnels
+//! end in TLS with a test CA and lead to the fake, for serenity's production path (no API
+//! proxy, ratelimiter on).
+//!
 //! The server runs on its own thread and runtime, so it works from `#[test]` and
 //! `#[tokio::test]` alike; it stops when the `FakeDiscord` is dropped.
 #![allow(
@@ -171,7 +175,7 @@ struct Bucket {
     used: u32,
 }
 
-struct State_ {
+struct Platform {
     addr: SocketAddr,
     heartbeat_interval: u64,
     last_id: u64,
@@ -198,12 +202,13 @@ struct State_ {
     bucket_window: Duration,
 }
 
-type Shared = Arc<Mutex<State_>>;
+type Shared = Arc<Mutex<Platform>>;
 
 /// The fake; see the module docs.
 pub struct FakeDiscord {
     addr: SocketAddr,
     state: Shared,
+    runtime: tokio::runtime::Handle,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -215,7 +220,7 @@ impl FakeDiscord {
         let addr = listener.local_addr().unwrap();
         let mut users = HashMap::new();
         users.insert(BOT_ID, Author::bot(BOT_ID, "perch-bot"));
-        let state = Arc::new(Mutex::new(State_ {
+        let state = Arc::new(Mutex::new(Platform {
             addr,
             heartbeat_interval: 1_000,
             last_id: 0,
@@ -243,12 +248,14 @@ impl FakeDiscord {
         }));
         let (stop, stopped) = oneshot::channel::<()>();
         let shared = Arc::clone(&state);
+        let (handle_sender, handle) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
                 .build()
                 .unwrap();
+            handle_sender.send(runtime.handle().clone()).unwrap();
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).unwrap();
                 let app = Router::new()
@@ -265,12 +272,13 @@ impl FakeDiscord {
         FakeDiscord {
             addr,
             state,
+            runtime: handle.recv().unwrap(),
             stop: Some(stop),
             thread: Some(thread),
         }
     }
 
-    fn state(&self) -> MutexGuard<'_, State_> {
+    fn state(&self) -> MutexGuard<'_, Platform> {
         self.state.lock().unwrap()
     }
 
@@ -432,6 +440,109 @@ impl FakeDiscord {
     }
 }
 
+/// What a client sees when its HTTPS proxy is the fake: `CONNECT discord.com:443` tunnels end in
+/// TLS with a certificate for `discord.com` signed by a test CA, and the requests inside go on to
+/// the fake. serenity's production path (no `proxy()`, ratelimiter on) can then be tested.
+pub struct TlsInterceptor {
+    /// `http://127.0.0.1:P`, for `reqwest::Proxy::https`.
+    pub proxy_url: String,
+    /// The test CA, PEM.
+    pub root_pem: String,
+    tunnels: Arc<Mutex<Vec<String>>>,
+}
+
+impl TlsInterceptor {
+    /// The request line of every CONNECT, in order.
+    pub fn tunnels(&self) -> Vec<String> {
+        self.tunnels.lock().unwrap().clone()
+    }
+}
+
+impl FakeDiscord {
+    /// Starts a [`TlsInterceptor`] in front of this fake.
+    pub fn intercept_tls(&self) -> TlsInterceptor {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+        use tokio_rustls::rustls;
+
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let leaf_key = KeyPair::generate().unwrap();
+        let leaf = CertificateParams::new(vec!["discord.com".to_owned()])
+            .unwrap()
+            .signed_by(&leaf_key, &issuer)
+            .unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![leaf.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
+            )
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let proxy_url = format!("http://{}", listener.local_addr().unwrap());
+        let tunnels = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&tunnels);
+        let upstream = self.addr;
+        self.runtime.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            while let Ok((client, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                let seen = Arc::clone(&seen);
+                tokio::spawn(async move {
+                    let _ = tunnel(client, acceptor, upstream, seen).await;
+                });
+            }
+        });
+        TlsInterceptor {
+            proxy_url,
+            root_pem: ca.pem(),
+            tunnels,
+        }
+    }
+}
+
+async fn tunnel(
+    mut client: tokio::net::TcpStream,
+    acceptor: tokio_rustls::TlsAcceptor,
+    upstream: SocketAddr,
+    seen: Arc<Mutex<Vec<String>>>,
+) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        if client.read(&mut byte).await? == 0 {
+            return Ok(());
+        }
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let request_line = head.lines().next().unwrap_or_default().to_owned();
+    seen.lock().unwrap().push(request_line.clone());
+    if !request_line.starts_with("CONNECT discord.com:443 ") {
+        client
+            .write_all(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n")
+            .await?;
+        return Ok(());
+    }
+    client
+        .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        .await?;
+    let mut tls = acceptor.accept(client).await?;
+    let mut plain = tokio::net::TcpStream::connect(upstream).await?;
+    tokio::io::copy_bidirectional(&mut tls, &mut plain).await?;
+    Ok(())
+}
+
 impl Drop for FakeDiscord {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
@@ -443,7 +554,7 @@ impl Drop for FakeDiscord {
     }
 }
 
-impl State_ {
+impl Platform {
     fn next_id(&mut self) -> u64 {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
         let millis = now.as_millis() as u64 - DISCORD_EPOCH_MS;
@@ -787,7 +898,7 @@ async fn rest(
     response
 }
 
-fn get_messages(state: &State_, channel: u64, query: &HashMap<String, String>) -> Response {
+fn get_messages(state: &Platform, channel: u64, query: &HashMap<String, String>) -> Response {
     let Some(record) = state.channels.get(&channel) else {
         return error(404, 10003, "Unknown Channel");
     };
@@ -831,7 +942,7 @@ fn get_messages(state: &State_, channel: u64, query: &HashMap<String, String>) -
     json_response(StatusCode::OK, &Value::Array(page))
 }
 
-fn create_message(state: &mut State_, channel: u64, body: &Bytes) -> Response {
+fn create_message(state: &mut Platform, channel: u64, body: &Bytes) -> Response {
     let Ok(body) = serde_json::from_slice::<Value>(body) else {
         return error(400, 50109, "The request body contains invalid JSON.");
     };

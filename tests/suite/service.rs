@@ -148,3 +148,294 @@ fn a_crash_after_the_delivery_intent_is_reported_not_resent_on_telegram() {
         "the message was not answered again"
     );
 }
+
+fn agent_with_channel(model: &FakeModel, channel: &str) -> tempfile::TempDir {
+    let dir = new_agent();
+    write(dir.path(), "models.yml", &model.models_yml("fake", "m1"));
+    write(dir.path(), "agent.lua", "agent { model = \"fake/m1\" }\n");
+    write(dir.path(), "channels/tg.lua", channel);
+    dir
+}
+
+fn perch_cli(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_perch"))
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn an_unknown_sender_is_paired_by_the_owner_then_answered() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = agent_with_channel(
+        &model,
+        &format!(
+            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {:?} }}\n",
+            telegram.api_url()
+        ),
+    );
+    let path = dir.path().to_str().unwrap();
+    let child = start(dir.path(), None);
+    let bob = User::human(7, "Bob");
+    telegram.push_message(&Chat::private(&bob), &bob, "hello?");
+    wait_until("the pairing code", || !telegram.sent().is_empty());
+    let offer = telegram.sent()[0].text.clone();
+    let code = offer
+        .split('`')
+        .nth(1)
+        .and_then(|command| command.split_whitespace().last())
+        .unwrap()
+        .to_owned();
+    telegram.push_message(&Chat::private(&bob), &bob, "hello??");
+    assert_eq!(
+        model.requests().len(),
+        0,
+        "an unknown sender reaches no model"
+    );
+
+    let status = perch_cli(&["status", path, "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["running"], true);
+    assert_eq!(status["pairings_pending"].as_array().unwrap().len(), 1);
+
+    let approved = perch_cli(&["pair", "approve", &code, path]);
+    assert!(
+        approved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&approved.stderr)
+    );
+    assert!(String::from_utf8_lossy(&approved.stdout).contains("approved Bob (7) on channel tg"));
+    let again = perch_cli(&["pair", "approve", &code, path]);
+    assert!(!again.status.success());
+
+    model.push(Script::text("nice to meet you"));
+    telegram.push_message(&Chat::private(&bob), &bob, "now?");
+    wait_until("the answer", || {
+        telegram
+            .sent()
+            .iter()
+            .any(|sent| sent.shown == "nice to meet you")
+    });
+    assert_eq!(
+        telegram.sent().len(),
+        2,
+        "one code offer, one answer; the second hello got no second code"
+    );
+    stop(child);
+    let status = perch_cli(&["status", path, "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["running"], false);
+    assert_eq!(status["approved_senders"], 1);
+}
+
+#[test]
+fn groups_bots_and_chat_commands() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = agent_with_channel(
+        &model,
+        &format!(
+            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {:?},\n  rooms = {{ team = \"-100\" }}, allow = {{ rooms = {{ \"team\" }} }} }}\n",
+            telegram.api_url()
+        ),
+    );
+    let child = start(dir.path(), None);
+    let team = Chat::group(-100, "Team");
+    let carol = User::human(9, "Carol");
+    let other_bot = User::bot(11, "Other", "otherbot");
+    telegram.push_message(&team, &carol, "just chatting among ourselves");
+    telegram.push_message(&team, &other_bot, "beep");
+    telegram.push_message(&team, &carol, "/status");
+    wait_until("the status reply", || !telegram.sent().is_empty());
+    assert!(
+        telegram.sent()[0].shown.starts_with("perch is running"),
+        "{}",
+        telegram.sent()[0].shown
+    );
+    assert_eq!(
+        model.requests().len(),
+        0,
+        "neither the chatter nor the bot started a run"
+    );
+
+    model.push(Script::text("first conversation"));
+    let me = User::me();
+    let username = me.username.unwrap();
+    telegram.push_message(&team, &carol, &format!("@{username} remember the number 7"));
+    wait_until("the first answer", || telegram.sent().len() == 2);
+    telegram.push_message(&team, &carol, "/new");
+    wait_until("the /new reply", || telegram.sent().len() == 3);
+    model.push(Script::text("second conversation"));
+    telegram.push_message(&team, &carol, &format!("@{username} what number?"));
+    wait_until("the second answer", || telegram.sent().len() == 4);
+    let last = model.last_request().body.to_string();
+    assert!(
+        !last.contains("remember the number 7"),
+        "/new starts afresh: {last}"
+    );
+    stop(child);
+}
+
+fn user_text(request: &serde_json::Value) -> String {
+    request["messages"]
+        .as_array()
+        .and_then(|messages| {
+            messages
+                .iter()
+                .rev()
+                .find(|message| message["role"] == "user")
+        })
+        .and_then(|message| message["content"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn a_burst_over_fifty_conversations_is_answered_once_each_in_order() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let child = start(dir.path(), None);
+    let chats = 50;
+    let per_chat = 20;
+    let people: Vec<User> = (0..chats)
+        .map(|n| User::human(1000 + n, &format!("P{n}")))
+        .collect();
+    for round in 0..per_chat {
+        for person in &people {
+            telegram.push_message(
+                &Chat::private(person),
+                person,
+                &format!("c{}-m{round}", person.id),
+            );
+        }
+    }
+    let total = usize::try_from(chats * per_chat).unwrap();
+    wait_until("every answer", || telegram.sent().len() >= total);
+    stop(child);
+    assert_eq!(telegram.sent().len(), total, "answered once each");
+    assert_eq!(model.requests().len(), total);
+    let mut seen: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+    for request in model.requests() {
+        let text = user_text(&request.body);
+        let (chat, round) = text.split_once("-m").unwrap();
+        let round: i64 = round.parse().unwrap();
+        let last = seen.insert(chat.to_owned(), round);
+        assert_eq!(
+            last.map_or(0, |last| last + 1),
+            round,
+            "{chat} out of order"
+        );
+    }
+    assert_eq!(seen.len(), usize::try_from(chats).unwrap());
+}
+
+#[test]
+fn a_full_conversation_queue_is_answered_with_a_message_not_dropped() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = agent_with_channel(
+        &model,
+        &format!(
+            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {:?}, dm = \"allow\", queue_limit = 2 }}\n",
+            telegram.api_url()
+        ),
+    );
+    let workspace = dir.path().join("workspace");
+    model.push(super::fake_model::Reply::new().with_call(
+        "hold",
+        "bash",
+        serde_json::json!({ "command": "touch started; while [ ! -e go ]; do sleep 0.02; done" }),
+    ));
+    model.push(Script::text("first done"));
+    let child = start(dir.path(), None);
+    let alice = User::human(42, "Alice");
+    let chat = Chat::private(&alice);
+    telegram.push_message(&chat, &alice, "first");
+    wait_until("the first run to hold", || {
+        workspace.join("started").exists()
+    });
+    for n in 2..=6 {
+        telegram.push_message(&chat, &alice, &format!("message {n}"));
+    }
+    wait_until("three overflow answers", || {
+        telegram
+            .sent()
+            .iter()
+            .filter(|sent| sent.shown.contains("cannot queue more"))
+            .count()
+            == 3
+    });
+    std::fs::write(workspace.join("go"), "").unwrap();
+    wait_until("the queued two", || telegram.sent().len() == 6);
+    stop(child);
+    let answered: Vec<String> = model
+        .requests()
+        .iter()
+        .map(|request| user_text(&request.body))
+        .collect();
+    assert!(
+        answered.contains(&"message 2".to_owned()) && answered.contains(&"message 3".to_owned()),
+        "{answered:?}"
+    );
+    assert!(
+        !answered.iter().any(|text| text == "message 6"),
+        "{answered:?}"
+    );
+}
+
+#[test]
+fn a_discord_message_is_answered_in_its_channel_as_a_reply_without_pings() {
+    use super::fake_discord::{Author, BOT_ID, FakeDiscord, TOKEN as DISCORD_TOKEN};
+    let model = FakeModel::start(Api::AnthropicMessages);
+    let discord = FakeDiscord::start();
+    let dir = agent_with_channel(&model, "");
+    std::fs::remove_file(dir.path().join("channels/tg.lua")).unwrap();
+    write(
+        dir.path(),
+        "channels/dc.lua",
+        &format!(
+            "channel {{ kind = \"discord\", token = env \"DISCORD_TOKEN\", api_url = {:?},\n  rooms = {{ general = \"555\" }}, allow = {{ rooms = {{ \"general\" }} }} }}\n",
+            discord.url()
+        ),
+    );
+    discord.guild_channel(555);
+    model.push(Script::text("Hi @everyone, the answer is 42."));
+    let child = Command::new(env!("CARGO_BIN_EXE_perch"))
+        .args(["run", dir.path().to_str().unwrap()])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("PERCH_SANDBOX", "namespace-double")
+        .env("PERCH_CACHE", Places::from_environment().cache)
+        .env("DISCORD_TOKEN", DISCORD_TOKEN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let dana = Author::user(77, "Dana");
+    wait_until("the gateway session", || discord.live_sessions() > 0);
+    let asked = discord.push_message(555, &dana, &format!("<@{BOT_ID}> what is the answer?"));
+    wait_until("the reply", || !discord.posted().is_empty());
+    let stderr = stop(child);
+    let posted = &discord.posted()[0];
+    assert_eq!(posted.channel, 555);
+    assert_eq!(posted.body["content"], "Hi @everyone, the answer is 42.");
+    assert_eq!(
+        posted.body["message_reference"]["message_id"],
+        asked.to_string()
+    );
+    assert_eq!(
+        posted.body["allowed_mentions"]["parse"],
+        serde_json::json!([])
+    );
+    assert!(
+        posted.body["nonce"]
+            .as_str()
+            .is_some_and(|nonce| nonce.len() <= 25)
+    );
+    assert!(!stderr.contains(DISCORD_TOKEN));
+}

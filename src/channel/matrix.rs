@@ -1,0 +1,1331 @@
+//! Matrix through matrix-sdk 0.18: the one module that names it.
+//!
+//! Session. The account logs in once; the session (user, device id, access token) is saved as
+//! `session.json` (mode 0600) in the channel's store directory (mode 0700), next to matrix-sdk's
+//! SQLite state and crypto stores, which are encrypted with the store passphrase. Every later
+//! start restores that session instead of logging in again: a new login is a new device, which
+//! would lose the encryption keys and Synapse's transaction-id deduplication. A store without
+//! its session is useless (its crypto identity belongs to a device whose token is gone), so it
+//! is cleared before a fresh login. The access token and the password never appear in an error.
+//!
+//! Inbound. `receive` drives `sync_once` in its own loop (`Client::sync` sleeps up to a second
+//! between syncs) and reads each response's timelines in order; messages (`m.room.message`, not
+//! edits, not the account's own) are handed to perch one at a time, each waiting until perch
+//! has journaled it. matrix-sdk stores its sync token before the events are read, so a crash
+//! can leave events behind that token which perch never journaled: after every start and
+//! reconnect, each room in `since` is back-filled from perch's last journaled event
+//! (`/context`, then `/messages` forwards) instead of trusting the first sync's timeline, and a
+//! later timeline that the server cut short (`limited`) is back-filled the same way. A fresh
+//! store's first sync is backlog and is skipped, except for rooms perch has marks for. A room
+//! joined while running arrives with its recent timeline, which is handed on (a direct
+//! message sent before the invite was accepted gets its answer; perch's `max_age` marks old
+//! ones stale). perch deduplicates by event id, so back-fill may repeat events. A message is
+//! `direct` in a room marked as a DM or with two members, and `addressed` when it mentions the
+//! account (`m.mentions`, its user id, or its display name as a word) or replies to one of its
+//! events; an `m.notice` counts as sent by a bot.
+//!
+//! Encryption. matrix-sdk decrypts timeline events with the keys in the crypto store. An event
+//! it cannot decrypt is not dropped: it is logged, kept in a report ([`MatrixConnector::
+//! undecryptable`], also saved as `undecryptable.json` for `perch status`), and decrypted again
+//! when later syncs bring new keys, at which point it is handed on and leaves the report.
+//!
+//! Invites are accepted only from users in the channel's `allow.users`; other invites stay
+//! pending (noted once) and are looked at again on the next start.
+//!
+//! Outbound. Replies are `m.text` with an HTML body rendered from the Markdown (plain only when
+//! the HTML would not fit in one event), an `m.in_reply_to` relation (inside the thread when
+//! there is one), and an empty `m.mentions`, so no reply pings anyone or the room. The transaction
+//! id is the delivery id: the restored device makes the homeserver return the first event for a
+//! resend instead of posting again.
+
+use super::{
+    Arrival, BoxFuture, Connector, ConnectorError, Delivery, DeliveryError, InboundEvent,
+    PlatformLimits, Receipt, Sender,
+};
+use chrono::{DateTime, Utc};
+use matrix_sdk::authentication::matrix::MatrixSession;
+use matrix_sdk::config::{RequestConfig, SyncSettings};
+use matrix_sdk::deserialized_responses::{TimelineEvent, TimelineEventKind};
+use matrix_sdk::room::MessagesOptions;
+use matrix_sdk::ruma::api::client::filter::FilterDefinition;
+use matrix_sdk::ruma::api::client::sync::sync_events::v3::Filter;
+use matrix_sdk::ruma::api::error::{ErrorKind, RetryAfter};
+use matrix_sdk::ruma::events::relation::{InReplyTo, Reply, Thread};
+use matrix_sdk::ruma::events::room::encrypted::OriginalSyncRoomEncryptedEvent;
+use matrix_sdk::ruma::events::room::message::sanitize::remove_plain_reply_fallback;
+use matrix_sdk::ruma::events::room::message::{
+    MessageType, OriginalSyncRoomMessageEvent, Relation, RoomMessageEventContent,
+    SyncRoomMessageEvent,
+};
+use matrix_sdk::ruma::events::{AnySyncMessageLikeEvent, AnySyncTimelineEvent, Mentions};
+use matrix_sdk::ruma::serde::Raw;
+use matrix_sdk::ruma::{
+    EventId, MilliSecondsSinceUnixEpoch, OwnedEventId, OwnedRoomId, OwnedTransactionId,
+    OwnedUserId, RoomId, UInt, UserId,
+};
+use matrix_sdk::store::{RoomLoadSettings, StateStoreDataKey};
+use matrix_sdk::{Client, Room, RoomState};
+use perch_core::secret::Secret;
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::sync::{OnceCell, mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+/// The longest reply piece, in characters. Synapse refuses events over 65,536 bytes; a piece
+/// carries its text twice (plain and HTML), up to 4 bytes per character, and encryption adds a
+/// third in base64. 10,000 characters fit in every case once the HTML is dropped for a piece
+/// that would not fit with it (see [`CONTENT_BUDGET`]).
+pub const MAX_CHARS: usize = 10_000;
+
+/// How long a resend with the same transaction id is deduplicated. Synapse answers a repeated
+/// `PUT /rooms/{room}/send/{type}/{txn}` from its HTTP transaction cache for at least 30 minutes
+/// (`synapse/rest/client/transactions.py`, `CLEANUP_PERIOD`), and before creating an event it
+/// looks the transaction id up per device in the `event_txn_id_device_id` table, which keeps
+/// entries for 24 hours and survives a homeserver restart
+/// (`synapse/handlers/message.py`, `get_event_id_from_transaction`;
+/// `synapse/storage/databases/main/events_worker.py`, `_cleanup_old_transaction_ids`). The
+/// shorter of the two, which other homeservers are likelier to match, is used.
+pub const RESEND_WINDOW: Duration = Duration::from_secs(30 * 60);
+
+/// The largest serialized message content sent with its HTML body, in bytes: encrypted, it
+/// grows by a third and still fits in Synapse's 65,536-byte event limit with room for the
+/// envelope. A bigger piece is sent as plain text; one that does not fit even so is refused.
+pub const CONTENT_BUDGET: usize = 44_000;
+
+const SESSION_FILE: &str = "session.json";
+const UNDECRYPTABLE_FILE: &str = "undecryptable.json";
+const STORE_FILE_PREFIX: &str = "matrix-sdk-";
+const DEVICE_NAME: &str = "perch";
+const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+const REQUEST_RETRIES: usize = 2;
+const TIMELINE_LIMIT: u32 = 100;
+const BACKFILL_PAGE: u32 = 100;
+const BACKFILL_CONTEXT: u32 = 10;
+const BACKFILL_PAGES: usize = 50;
+const JOIN_ATTEMPTS: u32 = 3;
+const JOIN_RETRY: Duration = Duration::from_millis(500);
+const TYPING_TIMEOUT: Duration = Duration::from_secs(5);
+const UNDECRYPTABLE_KEPT: usize = 100;
+const OWN_EVENTS_KEPT: usize = 1000;
+const REDACTED: &str = "<redacted>";
+/// The longest error text passed on, in characters.
+const MESSAGE_LIMIT: usize = 400;
+
+/// The connector could not be built from its settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetupError {
+    pub message: String,
+}
+
+impl fmt::Display for SetupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for SetupError {}
+
+/// An event the account could not decrypt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Undecryptable {
+    pub room: String,
+    pub event_id: String,
+    pub sender: String,
+    /// matrix-sdk's reason, such as `MissingMegolmSession`.
+    pub reason: String,
+    pub sent_at: DateTime<Utc>,
+}
+
+/// The undecryptable events of one Matrix channel.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct UndecryptableReport {
+    /// Every undecryptable event met since the store was created, including those decrypted
+    /// later.
+    pub total: u64,
+    /// Those still undecryptable, newest last; at most the last 100.
+    pub events: Vec<Undecryptable>,
+}
+
+/// The report a Matrix channel saved in `store_dir`, for `perch status`; empty when there is
+/// none.
+pub fn read_undecryptable(store_dir: &Path) -> UndecryptableReport {
+    std::fs::read(store_dir.join(UNDECRYPTABLE_FILE))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or_default()
+}
+
+/// The store directory of the Matrix channel `channel` of an agent whose state directory
+/// (`.perch/`) is `state_dir`.
+pub fn store_dir(state_dir: &Path, channel: &str) -> PathBuf {
+    state_dir.join("matrix").join(channel)
+}
+
+/// A connection to one Matrix account.
+pub struct MatrixConnector {
+    homeserver: String,
+    user: OwnedUserId,
+    password: Secret,
+    store_passphrase: Secret,
+    store_dir: PathBuf,
+    allowed_inviters: HashSet<OwnedUserId>,
+    client: OnceCell<Client>,
+    state: Mutex<Shared>,
+    synced: watch::Sender<bool>,
+}
+
+impl fmt::Debug for MatrixConnector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MatrixConnector")
+            .field("homeserver", &self.homeserver)
+            .field("user", &self.user.as_str())
+            .field("store_dir", &self.store_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What `receive` calls and `deliver` share: the account's recent events, for recognising
+/// replies to it; the undecryptable report; the last event perch has per room, so that a
+/// reconnect back-fills from there rather than from the marks perch passed at start.
+#[derive(Default)]
+struct Shared {
+    own: VecDeque<OwnedEventId>,
+    own_set: HashSet<OwnedEventId>,
+    report: UndecryptableReport,
+    noted_invites: HashSet<OwnedRoomId>,
+    marks: HashMap<OwnedRoomId, OwnedEventId>,
+}
+
+impl Shared {
+    fn remember_own(&mut self, event_id: OwnedEventId) {
+        if self.own_set.insert(event_id.clone()) {
+            self.own.push_back(event_id);
+            while self.own.len() > OWN_EVENTS_KEPT {
+                if let Some(old) = self.own.pop_front() {
+                    self.own_set.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+impl MatrixConnector {
+    /// A connector for `user` (such as `@perch:example.org`) on `homeserver` (such as
+    /// `https://matrix.example.org`), keeping its session and stores in `store_dir`
+    /// (`.perch/matrix/<channel>`, see [`store_dir`]). It joins rooms only when invited by one of
+    /// `allowed_inviters` (Matrix user ids). Nothing is sent until the first call.
+    pub fn new(
+        homeserver: &str,
+        user: &str,
+        password: Secret,
+        store_passphrase: Secret,
+        store_dir: PathBuf,
+        allowed_inviters: Vec<String>,
+    ) -> Result<MatrixConnector, SetupError> {
+        let homeserver = homeserver.trim().trim_end_matches('/').to_owned();
+        let url = url::Url::parse(&homeserver).map_err(|error| SetupError {
+            message: format!("the Matrix homeserver {homeserver:?} is not a URL: {error}"),
+        })?;
+        if !matches!(url.scheme(), "http" | "https") || url.cannot_be_a_base() {
+            return Err(SetupError {
+                message: format!(
+                    "the Matrix homeserver {homeserver:?} must be an http:// or https:// URL"
+                ),
+            });
+        }
+        let user = parse_user(user).map_err(|message| SetupError { message })?;
+        let allowed_inviters = allowed_inviters
+            .iter()
+            .filter_map(|inviter| parse_user(inviter).ok())
+            .collect();
+        let report = read_undecryptable(&store_dir);
+        Ok(MatrixConnector {
+            homeserver,
+            user,
+            password,
+            store_passphrase,
+            store_dir,
+            allowed_inviters,
+            client: OnceCell::new(),
+            state: Mutex::new(Shared {
+                report,
+                ..Shared::default()
+            }),
+            synced: watch::channel(false).0,
+        })
+    }
+
+    /// The device this connector uses: the saved one, or a new one from a first login.
+    pub async fn device_id(&self) -> Result<String, ConnectorError> {
+        let client = self.client().await?;
+        client
+            .device_id()
+            .map(ToString::to_string)
+            .ok_or_else(|| disconnected("the Matrix client has no device after logging in"))
+    }
+
+    /// Resolves once the running `receive` has finished its first sync and back-fill: from then
+    /// on every new message is handed on.
+    pub async fn ready(&self) {
+        let mut synced = self.synced.subscribe();
+        let _ = synced.wait_for(|synced| *synced).await;
+    }
+
+    /// The undecryptable events met so far, for `perch status`.
+    pub fn undecryptable(&self) -> UndecryptableReport {
+        self.shared().report.clone()
+    }
+
+    fn shared(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    async fn client(&self) -> Result<&Client, ConnectorError> {
+        self.client.get_or_try_init(|| self.open()).await
+    }
+
+    async fn open(&self) -> Result<Client, ConnectorError> {
+        let store = self.store_dir.clone();
+        let saved = tokio::task::spawn_blocking(move || prepare_store(&store))
+            .await
+            .map_err(|error| disconnected(&format!("preparing the Matrix store failed: {error}")))?
+            .map_err(|message| ConnectorError::Unauthorized { message })?;
+        if let Some(session) = &saved
+            && session.meta.user_id != self.user
+        {
+            return Err(ConnectorError::Unauthorized {
+                message: format!(
+                    "the session saved in {} is for {}, but the channel names {}; remove that \
+                     directory to log in as {} with a new device",
+                    self.store_dir.display(),
+                    session.meta.user_id,
+                    self.user,
+                    self.user
+                ),
+            });
+        }
+        let client = Client::builder()
+            .homeserver_url(&self.homeserver)
+            .sqlite_store(&self.store_dir, Some(self.store_passphrase.expose()))
+            .request_config(
+                RequestConfig::new()
+                    .retry_limit(REQUEST_RETRIES)
+                    .timeout(REQUEST_TIMEOUT),
+            )
+            .build()
+            .await
+            .map_err(|error| ConnectorError::Unauthorized {
+                message: self.redact(&format!(
+                    "cannot open the Matrix store in {} (a different store_passphrase than the \
+                     one it was created with?): {error}",
+                    self.store_dir.display()
+                )),
+            })?;
+        match saved {
+            Some(session) => client
+                .matrix_auth()
+                .restore_session(session, RoomLoadSettings::default())
+                .await
+                .map_err(|error| {
+                    disconnected(
+                        &self.redact(&format!("cannot restore the saved Matrix session: {error}")),
+                    )
+                })?,
+            None => {
+                client
+                    .matrix_auth()
+                    .login_username(self.user.as_str(), self.password.expose())
+                    .initial_device_display_name(DEVICE_NAME)
+                    .send()
+                    .await
+                    .map_err(|error| self.login_error(&error))?;
+                let session = client
+                    .matrix_auth()
+                    .session()
+                    .ok_or_else(|| disconnected("the Matrix login returned no session"))?;
+                let path = self.store_dir.join(SESSION_FILE);
+                tokio::task::spawn_blocking(move || write_private(&path, &session))
+                    .await
+                    .map_err(|error| disconnected(&format!("saving the session failed: {error}")))?
+                    .map_err(|message| ConnectorError::Unauthorized { message })?;
+            }
+        }
+        let store = self.store_dir.clone();
+        let _ = tokio::task::spawn_blocking(move || restrict_files(&store)).await;
+        Ok(client)
+    }
+
+    fn login_error(&self, error: &matrix_sdk::Error) -> ConnectorError {
+        match error.client_api_error_kind() {
+            Some(
+                ErrorKind::Forbidden | ErrorKind::UserDeactivated | ErrorKind::InvalidUsername,
+            ) => ConnectorError::Unauthorized {
+                message: format!(
+                    "the homeserver refused the login for {}; check the password the \
+                         channel's env reference names",
+                    self.user
+                ),
+            },
+            _ => disconnected(&self.redact(&format!("the Matrix login failed: {error}"))),
+        }
+    }
+
+    fn sync_error(&self, error: &matrix_sdk::Error) -> ConnectorError {
+        match error.client_api_error_kind() {
+            Some(ErrorKind::UnknownToken(_) | ErrorKind::MissingToken) => {
+                ConnectorError::Unauthorized {
+                    message: format!(
+                        "the homeserver no longer accepts the saved session of {} (logged out, or \
+                         its device was deleted); remove {} to log in again as a new device",
+                        self.user,
+                        self.store_dir.display()
+                    ),
+                }
+            }
+            Some(ErrorKind::UserDeactivated) => ConnectorError::Unauthorized {
+                message: format!("the account {} is deactivated", self.user),
+            },
+            _ => disconnected(&self.redact(&format!("Matrix sync failed: {error}"))),
+        }
+    }
+
+    /// `text` without the password or the access token, cut to [`MESSAGE_LIMIT`] characters.
+    fn redact(&self, text: &str) -> String {
+        let mut text = text.trim().to_owned();
+        let token = self.client.get().and_then(Client::access_token);
+        for secret in [Some(self.password.expose()), token.as_deref()]
+            .into_iter()
+            .flatten()
+        {
+            if !secret.is_empty() {
+                text = text.replace(secret, REDACTED);
+            }
+        }
+        match text.char_indices().nth(MESSAGE_LIMIT) {
+            Some((end, _)) => format!("{}…", &text[..end]),
+            None => text,
+        }
+    }
+
+    async fn follow(
+        &self,
+        since: Vec<(String, String)>,
+        inbound: mpsc::Sender<Arrival>,
+        cancel: CancellationToken,
+    ) -> Result<(), ConnectorError> {
+        let client = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Ok(()),
+            client = self.client() => client?,
+        };
+        let me = client
+            .user_id()
+            .ok_or_else(|| disconnected("the Matrix client has no user after logging in"))?
+            .to_owned();
+        let fresh = client
+            .state_store()
+            .get_kv_data(StateStoreDataKey::SyncToken)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|value| value.into_sync_token())
+            .is_none();
+        let mut session = Session {
+            connector: self,
+            client,
+            me: Me {
+                id: me,
+                display_name: None,
+            },
+            handoff: Handoff {
+                inbound: &inbound,
+                cancel: &cancel,
+            },
+            marks: since
+                .into_iter()
+                .filter_map(|(room, event)| {
+                    Some((RoomId::parse(room).ok()?, EventId::parse(event).ok()?))
+                })
+                .chain(self.shared().marks.clone())
+                .collect(),
+            pending: Vec::new(),
+        };
+        let settings = SyncSettings::new()
+            .timeout(SYNC_TIMEOUT)
+            .filter(sync_filter());
+        self.synced.send_replace(false);
+        let mut token: Option<String> = None;
+        loop {
+            let first = token.is_none();
+            let request = match &token {
+                Some(token) => settings.clone().token(token.clone()),
+                None => settings.clone(),
+            };
+            let response = tokio::select! {
+                biased;
+                () = cancel.cancelled() => return Ok(()),
+                response = client.sync_once(request) => {
+                    response.map_err(|error| self.sync_error(&error))?
+                }
+            };
+            token = Some(response.next_batch.clone());
+            if first {
+                session.me.display_name = client.account().get_display_name().await.ok().flatten();
+                for room in client.invited_rooms() {
+                    self.consider_invite(&room).await;
+                }
+            } else {
+                for room_id in response.rooms.invited.keys() {
+                    if let Some(room) = client.get_room(room_id) {
+                        self.consider_invite(&room).await;
+                    }
+                }
+            }
+            let mut seen = HashSet::new();
+            for (room_id, update) in response.rooms.joined {
+                seen.insert(room_id.clone());
+                let Some(room) = client.get_room(&room_id) else {
+                    continue;
+                };
+                let mark = session.marks.get(&room_id).cloned();
+                let step = match mark {
+                    Some(after) if first || update.timeline.limited => {
+                        session.backfill(&room, &after).await?
+                    }
+                    _ if first && fresh => Step::Go,
+                    _ => session.take_all(&room, update.timeline.events).await?,
+                };
+                if let Step::Stop = step {
+                    return Ok(());
+                }
+            }
+            if first {
+                let unseen: Vec<(OwnedRoomId, OwnedEventId)> = session
+                    .marks
+                    .iter()
+                    .filter(|(room, _)| !seen.contains(*room))
+                    .map(|(room, event)| (room.clone(), event.clone()))
+                    .collect();
+                for (room_id, after) in unseen {
+                    let Some(room) = client.get_room(&room_id) else {
+                        continue;
+                    };
+                    if room.state() != RoomState::Joined {
+                        continue;
+                    }
+                    if let Step::Stop = session.backfill(&room, &after).await? {
+                        return Ok(());
+                    }
+                }
+            }
+            if !response.to_device.is_empty()
+                && let Step::Stop = session.retry_undecryptable().await?
+            {
+                return Ok(());
+            }
+            if first {
+                self.synced.send_replace(true);
+            }
+        }
+    }
+
+    /// Joins `room` if the invite came from an allowed user; notes other invites once.
+    async fn consider_invite(&self, room: &Room) {
+        let Ok(invite) = room.invite_details().await else {
+            return;
+        };
+        if !self.allowed_inviters.contains(&invite.inviter_id) {
+            let first_time = self
+                .shared()
+                .noted_invites
+                .insert(room.room_id().to_owned());
+            if first_time {
+                note(&format!(
+                    "matrix: not joining {} : invited by {}, who is not in the channel's allow.users",
+                    room.room_id(),
+                    invite.inviter_id
+                ));
+            }
+            return;
+        }
+        for attempt in 1..=JOIN_ATTEMPTS {
+            match room.join().await {
+                Ok(()) => return,
+                Err(error) if attempt == JOIN_ATTEMPTS => {
+                    note(&self.redact(&format!(
+                        "matrix: could not join {} (invited by {}): {error}",
+                        room.room_id(),
+                        invite.inviter_id
+                    )));
+                }
+                Err(_) => tokio::time::sleep(JOIN_RETRY * attempt).await,
+            }
+        }
+    }
+
+    fn report_undecryptable(&self, entry: Undecryptable) {
+        let (report, added) = {
+            let mut shared = self.shared();
+            let report = &mut shared.report;
+            if report
+                .events
+                .iter()
+                .any(|known| known.event_id == entry.event_id)
+            {
+                (report.clone(), false)
+            } else {
+                report.total += 1;
+                report.events.push(entry.clone());
+                let excess = report.events.len().saturating_sub(UNDECRYPTABLE_KEPT);
+                report.events.drain(..excess);
+                (report.clone(), true)
+            }
+        };
+        if added {
+            note(&format!(
+                "matrix: cannot decrypt event {} in {} from {} ({}); reported in status",
+                entry.event_id, entry.room, entry.sender, entry.reason
+            ));
+            self.save_report(&report);
+        }
+    }
+
+    fn resolve_undecryptable(&self, event_id: &EventId) {
+        let report = {
+            let mut shared = self.shared();
+            let before = shared.report.events.len();
+            shared
+                .report
+                .events
+                .retain(|known| known.event_id != event_id.as_str());
+            (shared.report.events.len() != before).then(|| shared.report.clone())
+        };
+        if let Some(report) = report {
+            self.save_report(&report);
+        }
+    }
+
+    fn save_report(&self, report: &UndecryptableReport) {
+        if let Err(message) = write_private(&self.store_dir.join(UNDECRYPTABLE_FILE), report) {
+            note(&format!("matrix: {message}"));
+        }
+    }
+
+    async fn send(&self, delivery: &Delivery) -> Result<Receipt, DeliveryError> {
+        let client = self.client().await.map_err(|error| DeliveryError::Failed {
+            message: error.to_string(),
+        })?;
+        let room_id = RoomId::parse(&delivery.room).map_err(|_| DeliveryError::Rejected {
+            message: format!("{:?} is not a Matrix room id", delivery.room),
+        })?;
+        let room = client
+            .get_room(&room_id)
+            .filter(|room| room.state() == RoomState::Joined)
+            .ok_or_else(|| DeliveryError::Rejected {
+                message: format!("{} has not joined the room {room_id}", self.user),
+            })?;
+        let content = message_content(delivery)?;
+        let transaction = OwnedTransactionId::from(delivery.id.as_str());
+        match room.send(content).with_transaction_id(transaction).await {
+            Ok(sent) => {
+                let event_id = sent.response.event_id;
+                self.shared().remember_own(event_id.clone());
+                Ok(Receipt {
+                    platform_id: event_id.to_string(),
+                })
+            }
+            Err(error) => Err(self.delivery_error(&error)),
+        }
+    }
+
+    fn delivery_error(&self, error: &matrix_sdk::Error) -> DeliveryError {
+        let status = error
+            .as_client_api_error()
+            .map(|api| api.status_code.as_u16());
+        match error.client_api_error_kind() {
+            Some(ErrorKind::LimitExceeded(data)) => DeliveryError::RateLimited {
+                retry_after: match &data.retry_after {
+                    Some(RetryAfter::Delay(delay)) => *delay,
+                    Some(RetryAfter::DateTime(at)) => at
+                        .duration_since(std::time::SystemTime::now())
+                        .unwrap_or(Duration::ZERO),
+                    _ => Duration::from_secs(1),
+                },
+            },
+            Some(ErrorKind::UnknownToken(_) | ErrorKind::MissingToken) | None => {
+                DeliveryError::Failed {
+                    message: self.redact(&error.to_string()),
+                }
+            }
+            Some(_) if status.is_some_and(|status| (400..500).contains(&status)) => {
+                DeliveryError::Rejected {
+                    message: self.redact(&error.to_string()),
+                }
+            }
+            Some(_) => DeliveryError::Failed {
+                message: self.redact(&error.to_string()),
+            },
+        }
+    }
+
+    async fn show_typing(&self, room: &str) {
+        let Some(client) = self.client.get() else {
+            return;
+        };
+        let Ok(room_id) = RoomId::parse(room) else {
+            return;
+        };
+        if let Some(room) = client.get_room(&room_id) {
+            let _ = tokio::time::timeout(TYPING_TIMEOUT, room.typing_notice(true)).await;
+        }
+    }
+}
+
+impl Connector for MatrixConnector {
+    fn receive<'a>(
+        &'a self,
+        _resume: Option<String>,
+        since: Vec<(String, String)>,
+        inbound: mpsc::Sender<Arrival>,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<(), ConnectorError>> {
+        Box::pin(self.follow(since, inbound, cancel))
+    }
+
+    fn deliver<'a>(
+        &'a self,
+        delivery: &'a Delivery,
+    ) -> BoxFuture<'a, Result<Receipt, DeliveryError>> {
+        Box::pin(self.send(delivery))
+    }
+
+    fn typing<'a>(&'a self, room: &'a str, _thread: Option<&'a str>) -> BoxFuture<'a, ()> {
+        Box::pin(self.show_typing(room))
+    }
+
+    fn limits(&self) -> PlatformLimits {
+        PlatformLimits {
+            max_chars: MAX_CHARS,
+            resend_window: Some(RESEND_WINDOW),
+        }
+    }
+}
+
+enum Step {
+    Go,
+    Stop,
+}
+
+struct Me {
+    id: OwnedUserId,
+    display_name: Option<String>,
+}
+
+struct Handoff<'a> {
+    inbound: &'a mpsc::Sender<Arrival>,
+    cancel: &'a CancellationToken,
+}
+
+impl Handoff<'_> {
+    async fn hand(&self, event: InboundEvent) -> Result<Step, ConnectorError> {
+        let (journaled, ack) = oneshot::channel();
+        let arrival = Arrival { event, journaled };
+        tokio::select! {
+            biased;
+            () = self.cancel.cancelled() => Ok(Step::Stop),
+            handed = async {
+                self.inbound.send(arrival).await.map_err(|_| ())?;
+                ack.await.map_err(|_| ())
+            } => match handed {
+                Ok(()) => Ok(Step::Go),
+                Err(()) if self.cancel.is_cancelled() => Ok(Step::Stop),
+                Err(()) => Err(disconnected(
+                    "perch stopped taking events before journaling this one",
+                )),
+            },
+        }
+    }
+}
+
+/// An event that could not be decrypted yet, kept to try again when keys arrive.
+struct Pending {
+    room: OwnedRoomId,
+    event_id: OwnedEventId,
+    raw: Raw<AnySyncTimelineEvent>,
+}
+
+/// One `receive` call: the client, the back-fill marks, and the events waiting for keys.
+struct Session<'a> {
+    connector: &'a MatrixConnector,
+    client: &'a Client,
+    me: Me,
+    handoff: Handoff<'a>,
+    marks: HashMap<OwnedRoomId, OwnedEventId>,
+    pending: Vec<Pending>,
+}
+
+impl Session<'_> {
+    async fn take_all(
+        &mut self,
+        room: &Room,
+        events: Vec<TimelineEvent>,
+    ) -> Result<Step, ConnectorError> {
+        for event in events {
+            if let Step::Stop = self.take(room, event).await? {
+                return Ok(Step::Stop);
+            }
+        }
+        Ok(Step::Go)
+    }
+
+    /// Hands one timeline event on if it is a message for perch; reports it if it cannot be
+    /// decrypted.
+    async fn take(&mut self, room: &Room, event: TimelineEvent) -> Result<Step, ConnectorError> {
+        let timestamp = event.timestamp_raw();
+        if let TimelineEventKind::UnableToDecrypt { event, utd_info } = event.kind {
+            let reason = format!("{:?}", utd_info.reason);
+            let name: String = reason
+                .chars()
+                .take_while(char::is_ascii_alphanumeric)
+                .collect();
+            self.undecryptable(room, event, &name, timestamp);
+            return Ok(Step::Go);
+        }
+        let Ok(AnySyncTimelineEvent::MessageLike(AnySyncMessageLikeEvent::RoomMessage(
+            SyncRoomMessageEvent::Original(message),
+        ))) = event.raw().deserialize()
+        else {
+            return Ok(Step::Go);
+        };
+        let step = if message.sender == self.me.id {
+            self.connector
+                .shared()
+                .remember_own(message.event_id.clone());
+            Step::Go
+        } else {
+            match self.inbound_event(room, &message).await {
+                Some(inbound) => self.handoff.hand(inbound).await?,
+                None => Step::Go,
+            }
+        };
+        if let Step::Go = step {
+            self.mark(room.room_id(), &message.event_id);
+        }
+        Ok(step)
+    }
+
+    /// Records `event_id` as the last event of `room` that perch has (or need not have): the
+    /// next back-fill of the room, in this call or after a reconnect, starts after it.
+    fn mark(&mut self, room: &RoomId, event_id: &EventId) {
+        self.marks.insert(room.to_owned(), event_id.to_owned());
+        self.connector
+            .shared()
+            .marks
+            .insert(room.to_owned(), event_id.to_owned());
+    }
+
+    fn undecryptable(
+        &mut self,
+        room: &Room,
+        raw: Raw<AnySyncTimelineEvent>,
+        reason: &str,
+        timestamp: Option<MilliSecondsSinceUnixEpoch>,
+    ) {
+        let Ok(Some(event_id)) = raw.get_field::<OwnedEventId>("event_id") else {
+            return;
+        };
+        let sender = raw
+            .get_field::<String>("sender")
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let sent_at = timestamp
+            .or_else(|| {
+                raw.get_field::<MilliSecondsSinceUnixEpoch>("origin_server_ts")
+                    .ok()
+                    .flatten()
+            })
+            .map(sent_at)
+            .unwrap_or_default();
+        self.connector.report_undecryptable(Undecryptable {
+            room: room.room_id().to_string(),
+            event_id: event_id.to_string(),
+            sender,
+            reason: reason.to_owned(),
+            sent_at,
+        });
+        if !self.pending.iter().any(|known| known.event_id == event_id) {
+            self.pending.push(Pending {
+                room: room.room_id().to_owned(),
+                event_id,
+                raw,
+            });
+            let excess = self.pending.len().saturating_sub(UNDECRYPTABLE_KEPT);
+            self.pending.drain(..excess);
+        }
+    }
+
+    /// Tries the events that could not be decrypted again; hands on those that now can be.
+    async fn retry_undecryptable(&mut self) -> Result<Step, ConnectorError> {
+        let waiting = std::mem::take(&mut self.pending);
+        let mut still = Vec::new();
+        let mut decrypted = Vec::new();
+        for pending in waiting {
+            let Some(room) = self.client.get_room(&pending.room) else {
+                continue;
+            };
+            let raw = pending
+                .raw
+                .cast_ref_unchecked::<OriginalSyncRoomEncryptedEvent>();
+            match room.decrypt_event(raw, None).await {
+                Ok(event) if matches!(event.kind, TimelineEventKind::Decrypted(_)) => {
+                    self.connector.resolve_undecryptable(&pending.event_id);
+                    decrypted.push((room, event));
+                }
+                _ => still.push(pending),
+            }
+        }
+        self.pending = still;
+        for (room, event) in decrypted {
+            if let Step::Stop = self.take(&room, event).await? {
+                return Ok(Step::Stop);
+            }
+        }
+        Ok(Step::Go)
+    }
+
+    /// Hands on every message after `after` in `room`, oldest first.
+    async fn backfill(&mut self, room: &Room, after: &EventId) -> Result<Step, ConnectorError> {
+        let context = match room
+            .event_with_context(after, false, UInt::from(BACKFILL_CONTEXT), None)
+            .await
+        {
+            Ok(context) => context,
+            Err(error) if is_gone(&error) => {
+                note(&self.connector.redact(&format!(
+                    "matrix: cannot back-fill {} after {after}: {error}",
+                    room.room_id()
+                )));
+                return Ok(Step::Go);
+            }
+            Err(error) => return Err(self.connector.sync_error(&error)),
+        };
+        if let Step::Stop = self.take_all(room, context.events_after).await? {
+            return Ok(Step::Stop);
+        }
+        let mut from = context.next_batch_token;
+        for _ in 0..BACKFILL_PAGES {
+            let Some(token) = from.take() else {
+                break;
+            };
+            let mut options = MessagesOptions::forward().from(Some(token.as_str()));
+            options.limit = UInt::from(BACKFILL_PAGE);
+            let page = room
+                .messages(options)
+                .await
+                .map_err(|error| self.connector.sync_error(&error))?;
+            if page.chunk.is_empty() {
+                break;
+            }
+            if let Step::Stop = self.take_all(room, page.chunk).await? {
+                return Ok(Step::Stop);
+            }
+            from = page.end;
+        }
+        Ok(Step::Go)
+    }
+
+    async fn inbound_event(
+        &self,
+        room: &Room,
+        message: &OriginalSyncRoomMessageEvent,
+    ) -> Option<InboundEvent> {
+        let content = &message.content;
+        let (body, formatted, is_notice) = match &content.msgtype {
+            MessageType::Text(text) => (&text.body, text.formatted.as_ref(), false),
+            MessageType::Notice(notice) => (&notice.body, notice.formatted.as_ref(), true),
+            MessageType::Emote(emote) => (&emote.body, emote.formatted.as_ref(), false),
+            _ => return None,
+        };
+        let (thread, replied) = match &content.relates_to {
+            Some(Relation::Replacement(_)) => return None,
+            Some(Relation::Reply(reply)) => (None, Some(&reply.in_reply_to.event_id)),
+            Some(Relation::Thread(thread)) => (
+                Some(thread.event_id.to_string()),
+                thread
+                    .in_reply_to
+                    .as_ref()
+                    .filter(|_| !thread.is_falling_back)
+                    .map(|reply| &reply.event_id),
+            ),
+            _ => (None, None),
+        };
+        let text = if replied.is_some() {
+            remove_plain_reply_fallback(body).to_owned()
+        } else {
+            body.clone()
+        };
+        let mentioned = content
+            .mentions
+            .as_ref()
+            .is_some_and(|mentions| mentions.user_ids.contains(&self.me.id))
+            || mentions_user(body, &self.me)
+            || formatted.is_some_and(|formatted| mentions_user(&formatted.body, &self.me));
+        let addressed = mentioned
+            || match replied {
+                Some(original) => self.is_own(room, original).await,
+                None => false,
+            };
+        let member = room
+            .get_member_no_sync(&message.sender)
+            .await
+            .ok()
+            .flatten();
+        let name = member.as_ref().map_or_else(
+            || message.sender.localpart().to_owned(),
+            |member| member.name().to_owned(),
+        );
+        let direct = room.is_direct().await.unwrap_or(false) || room.joined_members_count() == 2;
+        Some(InboundEvent {
+            platform_id: message.event_id.to_string(),
+            cursor: None,
+            room: room.room_id().to_string(),
+            thread,
+            sender: Sender {
+                id: message.sender.to_string(),
+                name,
+                is_bot: is_notice,
+            },
+            direct,
+            addressed,
+            text,
+            sent_at: sent_at(message.origin_server_ts),
+        })
+    }
+
+    /// Whether the account sent `event_id`: from memory, else asked of the homeserver.
+    async fn is_own(&self, room: &Room, event_id: &EventId) -> bool {
+        if self.connector.shared().own_set.contains(event_id) {
+            return true;
+        }
+        match room.event(event_id, None).await {
+            Ok(event) => event.sender().is_some_and(|sender| sender == self.me.id),
+            Err(_) => false,
+        }
+    }
+}
+
+/// Whether `text` names the account: its user id (also inside a matrix.to link), or its display
+/// name as a whole word.
+fn mentions_user(text: &str, me: &Me) -> bool {
+    let id = me.id.as_str();
+    if text.contains(id) || text.contains(&id.replacen('@', "%40", 1)) {
+        return true;
+    }
+    me.display_name
+        .as_deref()
+        .is_some_and(|name| contains_word(text, name))
+}
+
+/// Whether `needle` occurs in `haystack`, ignoring case, with no letter or digit right before
+/// or after it.
+fn contains_word(haystack: &str, needle: &str) -> bool {
+    let needle = needle.trim().to_lowercase();
+    if needle.is_empty() {
+        return false;
+    }
+    let haystack = haystack.to_lowercase();
+    haystack.match_indices(&needle).any(|(start, found)| {
+        let before = haystack[..start].chars().next_back();
+        let after = haystack[start + found.len()..].chars().next();
+        !before.is_some_and(char::is_alphanumeric) && !after.is_some_and(char::is_alphanumeric)
+    })
+}
+
+/// The content of one delivery: Markdown rendered to HTML when it fits in [`CONTENT_BUDGET`],
+/// plain text otherwise; the reply and thread relations; an empty `m.mentions`.
+fn message_content(delivery: &Delivery) -> Result<RoomMessageEventContent, DeliveryError> {
+    let relation = relation(delivery)?;
+    let mut fitted = None;
+    for content in [
+        RoomMessageEventContent::text_markdown(&delivery.text),
+        RoomMessageEventContent::text_plain(&delivery.text),
+    ] {
+        let mut content = content;
+        content.mentions = Some(Mentions::new());
+        content.relates_to = relation.clone();
+        let size = serde_json::to_vec(&content).map_or(usize::MAX, |bytes| bytes.len());
+        if size <= CONTENT_BUDGET {
+            fitted = Some(content);
+            break;
+        }
+    }
+    fitted.ok_or_else(|| DeliveryError::Rejected {
+        message: format!(
+            "the message is too large for one Matrix event (over {CONTENT_BUDGET} bytes as plain text)"
+        ),
+    })
+}
+
+fn relation(
+    delivery: &Delivery,
+) -> Result<
+    Option<
+        Relation<matrix_sdk::ruma::events::room::message::RoomMessageEventContentWithoutRelation>,
+    >,
+    DeliveryError,
+> {
+    let event_id = |id: &str| {
+        EventId::parse(id).map_err(|_| DeliveryError::Rejected {
+            message: format!("{id:?} is not a Matrix event id"),
+        })
+    };
+    let reply_to = delivery.reply_to.as_deref().map(event_id).transpose()?;
+    let thread = delivery.thread.as_deref().map(event_id).transpose()?;
+    Ok(match (thread, reply_to) {
+        (Some(root), Some(reply_to)) => Some(Relation::Thread(Thread::reply(root, reply_to))),
+        (Some(root), None) => Some(Relation::Thread(Thread::without_fallback(root))),
+        (None, Some(reply_to)) => Some(Relation::Reply(Reply::new(InReplyTo::new(reply_to)))),
+        (None, None) => None,
+    })
+}
+
+fn sync_filter() -> Filter {
+    let mut definition = FilterDefinition::default();
+    definition.room.timeline.limit = Some(UInt::from(TIMELINE_LIMIT));
+    Filter::FilterDefinition(definition)
+}
+
+fn parse_user(user: &str) -> Result<OwnedUserId, String> {
+    UserId::parse(user.trim()).map_err(|error| {
+        format!("{user:?} is not a Matrix user id (such as @perch:example.org): {error}")
+    })
+}
+
+fn is_gone(error: &matrix_sdk::Error) -> bool {
+    error
+        .as_client_api_error()
+        .is_some_and(|api| matches!(api.status_code.as_u16(), 403 | 404))
+}
+
+fn sent_at(timestamp: MilliSecondsSinceUnixEpoch) -> DateTime<Utc> {
+    i64::try_from(u64::from(timestamp.0))
+        .ok()
+        .and_then(DateTime::from_timestamp_millis)
+        .unwrap_or_default()
+}
+
+fn disconnected(message: &str) -> ConnectorError {
+    ConnectorError::Disconnected {
+        message: message.to_owned(),
+    }
+}
+
+/// Status lines go to stderr, like the service's.
+#[expect(clippy::print_stderr, reason = "the service's status lines")]
+fn note(line: &str) {
+    eprintln!("perch: {line}");
+}
+
+/// Creates the store directory (mode 0700) and reads the saved session. A store without a
+/// session cannot be used, so its files are removed.
+fn prepare_store(dir: &Path) -> Result<Option<MatrixSession>, String> {
+    let cannot =
+        |what: &str, error: std::io::Error| format!("cannot {what} {}: {error}", dir.display());
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|error| cannot("create the Matrix store directory", error))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|error| cannot("restrict the Matrix store directory", error))?;
+    let path = dir.join(SESSION_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|error| {
+            format!(
+                "the saved Matrix session {} is unreadable ({error}); remove {} to log in again",
+                path.display(),
+                dir.display()
+            )
+        }),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            let entries = std::fs::read_dir(dir).map_err(|error| cannot("list", error))?;
+            for entry in entries.flatten() {
+                if entry
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(STORE_FILE_PREFIX)
+                {
+                    std::fs::remove_file(entry.path())
+                        .map_err(|error| cannot("clear the session-less store in", error))?;
+                }
+            }
+            Ok(None)
+        }
+        Err(error) => Err(cannot("read the session in", error)),
+    }
+}
+
+/// Writes `value` as JSON to `path` with mode 0600, replacing it atomically.
+fn write_private(path: &Path, value: &impl Serialize) -> Result<(), String> {
+    let failed = |error: &dyn fmt::Display| format!("cannot write {}: {error}", path.display());
+    let bytes = serde_json::to_vec_pretty(value).map_err(|error| failed(&error))?;
+    let temporary = path.with_extension("tmp");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&temporary)
+        .map_err(|error| failed(&error))?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(|error| failed(&error))?;
+    file.write_all(&bytes).map_err(|error| failed(&error))?;
+    file.sync_all().map_err(|error| failed(&error))?;
+    std::fs::rename(&temporary, path).map_err(|error| failed(&error))
+}
+
+/// Makes every file in the store directory private to the owner (matrix-sdk creates its
+/// databases with the process umask).
+fn restrict_files(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|kind| kind.is_file()) {
+            let _ = std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o600));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn me(display_name: Option<&str>) -> Me {
+        Me {
+            id: UserId::parse("@perch:example.org").unwrap(),
+            display_name: display_name.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn mentions_by_id_link_or_whole_display_name() {
+        let me = me(Some("Perch"));
+        assert!(mentions_user("hey @perch:example.org", &me));
+        assert!(mentions_user(
+            "<a href=\"https://matrix.to/#/%40perch:example.org\">Perch</a>",
+            &me
+        ));
+        assert!(mentions_user("perch, what time is it?", &me));
+        assert!(!mentions_user("perched on a branch", &me));
+        assert!(!mentions_user("hello", &self::me(None)));
+    }
+
+    #[test]
+    fn words_match_on_boundaries_only() {
+        assert!(contains_word("Hi Bot!", "bot"));
+        assert!(!contains_word("robot", "bot"));
+        assert!(!contains_word("anything", " "));
+        assert!(contains_word("ünïcode bot", "BOT"));
+    }
+
+    fn delivery(thread: Option<&str>, reply_to: Option<&str>, text: &str) -> Delivery {
+        Delivery {
+            id: "d1".into(),
+            room: "!room:example.org".into(),
+            thread: thread.map(str::to_owned),
+            reply_to: reply_to.map(str::to_owned),
+            text: text.into(),
+        }
+    }
+
+    #[test]
+    fn replies_keep_their_thread_and_mention_nobody() {
+        let reply = message_content(&delivery(None, Some("$a:example.org"), "**hi**")).unwrap();
+        let json = serde_json::to_value(&reply).unwrap();
+        assert_eq!(
+            json["m.relates_to"]["m.in_reply_to"]["event_id"],
+            "$a:example.org"
+        );
+        assert_eq!(json["m.mentions"], serde_json::json!({}));
+        assert_eq!(json["formatted_body"], "<strong>hi</strong>");
+        assert_eq!(json["body"], "**hi**");
+
+        let threaded = message_content(&delivery(Some("$root:x"), Some("$a:x"), "plain")).unwrap();
+        let json = serde_json::to_value(&threaded).unwrap();
+        assert_eq!(json["m.relates_to"]["rel_type"], "m.thread");
+        assert_eq!(json["m.relates_to"]["event_id"], "$root:x");
+        assert_eq!(json["m.relates_to"]["m.in_reply_to"]["event_id"], "$a:x");
+        assert!(json.get("formatted_body").is_none());
+
+        assert!(message_content(&delivery(None, Some("not an id"), "x")).is_err());
+    }
+
+    #[test]
+    fn a_piece_that_does_not_fit_with_html_goes_plain() {
+        let text = "**é** ".repeat(MAX_CHARS / 6);
+        let content = message_content(&delivery(None, None, &text)).unwrap();
+        let json = serde_json::to_value(&content).unwrap();
+        assert!(json.get("formatted_body").is_none());
+        let worst = "😀".repeat(MAX_CHARS);
+        let content = message_content(&delivery(None, None, &worst)).unwrap();
+        assert!(serde_json::to_vec(&content).unwrap().len() <= CONTENT_BUDGET);
+        let huge = "x".repeat(CONTENT_BUDGET + 1);
+        assert!(message_content(&delivery(None, None, &huge)).is_err());
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        let secret = || {
+            perch_core::secret::EnvRef::new(
+                perch_core::name::EnvName::try_from("MATRIX_PASSWORD").unwrap(),
+            )
+            .resolve(|_| Some("hunter2".into()))
+            .unwrap()
+        };
+        let dir = PathBuf::from("/nonexistent/perch-test");
+        assert!(
+            MatrixConnector::new("ftp://x", "@a:b", secret(), secret(), dir.clone(), vec![])
+                .is_err()
+        );
+        assert!(
+            MatrixConnector::new("http://x", "alice", secret(), secret(), dir.clone(), vec![])
+                .is_err()
+        );
+        let connector =
+            MatrixConnector::new("http://x/", "@a:b", secret(), secret(), dir, vec![]).unwrap();
+        assert!(!format!("{connector:?}").contains("hunter2"));
+        assert_eq!(
+            connector.redact("the password hunter2 leaked"),
+            "the password <redacted> leaked"
+        );
+    }
+
+    #[test]
+    fn a_store_without_its_session_is_cleared() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("matrix").join("ops");
+        std::fs::create_dir_all(&store).unwrap();
+        std::fs::write(store.join("matrix-sdk-crypto.sqlite3"), b"old").unwrap();
+        assert_eq!(prepare_store(&store).unwrap(), None);
+        assert!(!store.join("matrix-sdk-crypto.sqlite3").exists());
+        let mode = std::fs::metadata(&store).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        write_private(&store.join("x.json"), &serde_json::json!({"a": 1})).unwrap();
+        let mode = std::fs::metadata(store.join("x.json"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+}

@@ -1,0 +1,73 @@
+//! The durable inbox's ingest: events journaled (fsynced, group commit) per second, with many
+//! connectors' events arriving at once.
+
+use perch::channel::{InboundEvent, Sender};
+use perch::inbox::{Inbox, Recorded};
+use perch::log::system_clock;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const TARGET_EVENTS_PER_SECOND: f64 = 20_000.0;
+
+fn event(producer: usize, n: usize) -> InboundEvent {
+    InboundEvent {
+        platform_id: format!("{producer}:{n}"),
+        cursor: Some(n.to_string()),
+        room: format!("room-{}", producer % 50),
+        thread: None,
+        sender: Sender {
+            id: producer.to_string(),
+            name: format!("user {producer}"),
+            is_bot: false,
+        },
+        direct: false,
+        addressed: true,
+        text: format!("message {n} from {producer}: a short chat message of ordinary length"),
+        sent_at: chrono::Utc::now(),
+    }
+}
+
+pub async fn ingest(smoke: bool) {
+    let producers = 64;
+    let per_producer = if smoke { 50 } else { 500 };
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (inbox, _) = Inbox::open(dir.path(), system_clock()).expect("the inbox opens");
+    let inbox = Arc::new(inbox);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for producer in 0..producers {
+        let inbox = Arc::clone(&inbox);
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::with_capacity(per_producer);
+            for n in 0..per_producer {
+                let sent = Instant::now();
+                let recorded = inbox
+                    .record_event("bench", &event(producer, n))
+                    .await
+                    .expect("the event is journaled");
+                assert!(matches!(recorded, Recorded::New { .. }));
+                latencies.push(sent.elapsed());
+            }
+            latencies
+        }));
+    }
+    let mut latencies: Vec<Duration> = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.expect("a producer finishes"));
+    }
+    let elapsed = started.elapsed();
+    latencies.sort();
+    let total = producers * per_producer;
+    #[expect(clippy::cast_precision_loss, reason = "a rate for display")]
+    let rate = total as f64 / elapsed.as_secs_f64();
+    let p50 = latencies[latencies.len() / 2];
+    let p99 = latencies[latencies.len() * 99 / 100];
+    println!(
+        "inbox ingest: {producers} connectors x {per_producer} events, each fsynced before its ack\n  {rate:>10.0} events/s   p50 {p50:.2?}   p99 {p99:.2?}   (target: >= {TARGET_EVENTS_PER_SECOND:.0} events/s: {})",
+        if rate >= TARGET_EVENTS_PER_SECOND {
+            "met"
+        } else {
+            "MISSED"
+        }
+    );
+}

@@ -1,0 +1,706 @@
+//! The Matrix connector against a real Synapse (started by `.ci/test`): the session saved and
+//! restored, messages handed over and replies read back over the client-server API, invites,
+//! an encrypted room with a second matrix-sdk client playing the human, undecryptable events,
+//! and `perch run` end to end.
+
+use super::fake_model::{FakeModel, Script};
+use super::support::{new_agent, write};
+use super::synapse::{Account, Synapse};
+use matrix_sdk::config::SyncSettings;
+use matrix_sdk::deserialized_responses::TimelineEventKind;
+use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
+use matrix_sdk::ruma::{EventId, RoomId};
+use perch::channel::matrix::{MatrixConnector, read_undecryptable};
+use perch::channel::{Arrival, Connector, ConnectorError, Delivery, InboundEvent};
+use perch::doctor::Places;
+use perch_core::config::Api;
+use perch_core::name::EnvName;
+use perch_core::secret::{EnvRef, Secret};
+use serde_json::{Value, json};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const PASSPHRASE: &str = "store-passphrase-for-tests";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn secret(value: &str) -> Secret {
+    EnvRef::new(EnvName::try_from("MATRIX_SECRET").unwrap())
+        .resolve(|_| Some(value.to_owned()))
+        .unwrap()
+}
+
+fn connector(bot: &Account, store: &Path, allowed: &[&Account]) -> Arc<MatrixConnector> {
+    Arc::new(
+        MatrixConnector::new(
+            &bot.url,
+            &bot.user_id,
+            secret(&bot.password),
+            secret(PASSPHRASE),
+            store.to_path_buf(),
+            allowed.iter().map(|user| user.user_id.clone()).collect(),
+        )
+        .unwrap(),
+    )
+}
+
+/// A running `receive`, with perch's side of the inbox.
+struct Receiving {
+    arrivals: mpsc::Receiver<Arrival>,
+    cancel: CancellationToken,
+    task: JoinHandle<Result<(), ConnectorError>>,
+}
+
+impl Receiving {
+    fn start(connector: &Arc<MatrixConnector>, since: Vec<(String, String)>) -> Receiving {
+        let (inbound, arrivals) = mpsc::channel(64);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn({
+            let connector = connector.clone();
+            let cancel = cancel.clone();
+            async move { connector.receive(None, since, inbound, cancel).await }
+        });
+        Receiving {
+            arrivals,
+            cancel,
+            task,
+        }
+    }
+
+    /// The next event, acknowledged as journaled.
+    async fn next_acked(&mut self) -> InboundEvent {
+        let arrival = tokio::time::timeout(WAIT, self.arrivals.recv())
+            .await
+            .expect("an event arrives in time")
+            .expect("receive is still running");
+        arrival.journaled.send(()).unwrap();
+        arrival.event
+    }
+
+    async fn quiet_for(&mut self, wait: Duration) {
+        match tokio::time::timeout(wait, self.arrivals.recv()).await {
+            Err(_) => {}
+            Ok(None) => panic!("receive ended"),
+            Ok(Some(arrival)) => panic!("unexpected event {:?}", arrival.event),
+        }
+    }
+
+    async fn stop(self) {
+        self.cancel.cancel();
+        let result = tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .expect("receive stops promptly when cancelled")
+            .unwrap();
+        assert_eq!(result, Ok(()));
+    }
+}
+
+async fn wait_until<F, Fut>(what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + WAIT;
+    while !done().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_in_once_and_restores_the_session_on_every_start() {
+    let synapse = Synapse::from_env();
+    let bot = synapse.register("bot").await;
+    let state = tempfile::tempdir().unwrap();
+    let store = perch::channel::matrix::store_dir(state.path(), "mx");
+
+    let first = connector(&bot, &store, &[]);
+    let device = first.device_id().await.unwrap();
+    drop(first);
+    assert_eq!(mode(&store), 0o700);
+    assert_eq!(mode(&store.join("session.json")), 0o600);
+    for entry in std::fs::read_dir(&store).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            assert_eq!(mode(&path), 0o600, "{}", path.display());
+        }
+    }
+
+    let second = connector(&bot, &store, &[]);
+    assert_eq!(
+        second.device_id().await.unwrap(),
+        device,
+        "the saved device"
+    );
+    let perch_devices: Vec<Value> = bot
+        .devices()
+        .await
+        .into_iter()
+        .filter(|found| found["display_name"] == "perch")
+        .collect();
+    assert_eq!(perch_devices.len(), 1, "{perch_devices:?}");
+    assert_eq!(perch_devices[0]["device_id"], device.as_str());
+
+    let session = std::fs::read_to_string(store.join("session.json")).unwrap();
+    let token: Value = serde_json::from_str(&session).unwrap();
+    let token = token["access_token"].as_str().unwrap();
+    assert!(!format!("{second:?}").contains(token));
+
+    let wrong = MatrixConnector::new(
+        &bot.url,
+        &bot.user_id,
+        secret("not the password"),
+        secret(PASSPHRASE),
+        state.path().join("other"),
+        vec![],
+    )
+    .unwrap();
+    let refused = wrong.device_id().await.unwrap_err();
+    assert!(
+        matches!(&refused, ConnectorError::Unauthorized { message } if !message.contains("not the password")),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_in_a_fresh_room_is_handed_over_after_the_backlog_and_acknowledged() {
+    let synapse = Synapse::from_env();
+    let alice = synapse.register("alice").await;
+    let bob = synapse.register("bob").await;
+    let bot = synapse.register_named("bot", Some("Perchy")).await;
+    let room = alice.create_room(json!({ "preset": "public_chat" })).await;
+    bot.join(&room).await;
+    bob.join(&room).await;
+    alice.say(&room, "said before perch started").await;
+
+    let store = tempfile::tempdir().unwrap();
+    let connector = connector(&bot, store.path(), &[]);
+    let mut receiving = Receiving::start(&connector, Vec::new());
+    tokio::time::timeout(WAIT, connector.ready()).await.unwrap();
+
+    let sent = alice
+        .send(
+            &room,
+            "m.room.message",
+            json!({
+                "msgtype": "m.text",
+                "body": "hello Perchy-bot, are you there?",
+                "m.mentions": { "user_ids": [bot.user_id] },
+            }),
+        )
+        .await;
+    let event = receiving.next_acked().await;
+    assert_eq!(event.platform_id, sent);
+    assert_eq!(event.room, room);
+    assert_eq!(event.thread, None);
+    assert_eq!(event.sender.id, alice.user_id);
+    assert_eq!(event.sender.name, alice.localpart);
+    assert!(!event.sender.is_bot);
+    assert!(!event.direct, "four members");
+    assert!(event.addressed);
+    assert_eq!(event.text, "hello Perchy-bot, are you there?");
+    let age = chrono::Utc::now() - event.sent_at;
+    assert!(age < chrono::Duration::seconds(60), "{age}");
+
+    bob.say(&room, "Perchy, a question").await;
+    let by_name = receiving.next_acked().await;
+    assert!(by_name.addressed, "the display name as a word");
+    bob.say(&room, "just chatting").await;
+    let chatter = receiving.next_acked().await;
+    assert!(!chatter.addressed);
+    bob.send(
+        &room,
+        "m.room.message",
+        json!({ "msgtype": "m.notice", "body": "a bot's notice" }),
+    )
+    .await;
+    assert!(receiving.next_acked().await.sender.is_bot);
+    receiving.quiet_for(Duration::from_millis(500)).await;
+    receiving.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_carry_in_reply_to_keep_threads_mention_nobody_and_resend_once() {
+    let synapse = Synapse::from_env();
+    let alice = synapse.register("alice").await;
+    let bot = synapse.register("bot").await;
+    let store = tempfile::tempdir().unwrap();
+    let connector = connector(&bot, store.path(), &[&alice]);
+    let mut receiving = Receiving::start(&connector, Vec::new());
+    let room = alice.create_dm(&bot.user_id).await;
+    alice.wait_joined(&room, &bot.user_id).await;
+
+    let question = alice.say(&room, "what is 2 + 2?").await;
+    let event = receiving.next_acked().await;
+    assert_eq!(event.platform_id, question);
+    assert!(event.direct, "two members");
+    assert!(!event.addressed);
+
+    let delivery = Delivery {
+        id: "01jreply0000000000000001".into(),
+        room: room.clone(),
+        thread: None,
+        reply_to: Some(question.clone()),
+        text: "It is **4**. @room".into(),
+    };
+    let receipt = connector.deliver(&delivery).await.unwrap();
+    let posted = alice.event(&room, &receipt.platform_id).await;
+    assert_eq!(posted["sender"], bot.user_id.as_str());
+    let content = &posted["content"];
+    assert_eq!(content["msgtype"], "m.text");
+    assert_eq!(content["body"], "It is **4**. @room");
+    assert_eq!(content["format"], "org.matrix.custom.html");
+    assert!(
+        content["formatted_body"]
+            .as_str()
+            .unwrap()
+            .contains("<strong>4</strong>")
+    );
+    assert_eq!(
+        content["m.relates_to"]["m.in_reply_to"]["event_id"],
+        question
+    );
+    assert_eq!(content["m.mentions"], json!({}));
+
+    let again = connector.deliver(&delivery).await.unwrap();
+    assert_eq!(again, receipt, "the same transaction id is deduplicated");
+    let replies = alice
+        .messages(&room, 20)
+        .await
+        .into_iter()
+        .filter(|event| {
+            event["sender"] == bot.user_id.as_str() && event["type"] == "m.room.message"
+        })
+        .count();
+    assert_eq!(replies, 1);
+
+    let follow_up = alice
+        .send(
+            &room,
+            "m.room.message",
+            json!({
+                "msgtype": "m.text",
+                "body": "> <@bot> It is 4.\n\nthanks!",
+                "m.relates_to": { "m.in_reply_to": { "event_id": receipt.platform_id } },
+            }),
+        )
+        .await;
+    let reply = receiving.next_acked().await;
+    assert_eq!(reply.platform_id, follow_up);
+    assert!(reply.addressed, "a reply to the bot addresses it");
+    assert_eq!(reply.text, "thanks!");
+
+    let root = alice.say(&room, "thread root").await;
+    receiving.next_acked().await;
+    let in_thread = alice
+        .send(
+            &room,
+            "m.room.message",
+            json!({
+                "msgtype": "m.text",
+                "body": "inside the thread",
+                "m.relates_to": {
+                    "rel_type": "m.thread",
+                    "event_id": root,
+                    "is_falling_back": true,
+                    "m.in_reply_to": { "event_id": root },
+                },
+            }),
+        )
+        .await;
+    let threaded = receiving.next_acked().await;
+    assert_eq!(threaded.platform_id, in_thread);
+    assert_eq!(threaded.thread.as_deref(), Some(root.as_str()));
+    let receipt = connector
+        .deliver(&Delivery {
+            id: "01jreply0000000000000002".into(),
+            room: room.clone(),
+            thread: threaded.thread.clone(),
+            reply_to: Some(in_thread.clone()),
+            text: "answered in the thread".into(),
+        })
+        .await
+        .unwrap();
+    let posted = alice.event(&room, &receipt.platform_id).await;
+    let relation = &posted["content"]["m.relates_to"];
+    assert_eq!(relation["rel_type"], "m.thread");
+    assert_eq!(relation["event_id"], root);
+    assert_eq!(relation["m.in_reply_to"]["event_id"], in_thread);
+
+    connector.typing(&room, None).await;
+    receiving.quiet_for(Duration::from_millis(500)).await;
+    receiving.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invites_are_accepted_only_from_allowed_users() {
+    let synapse = Synapse::from_env();
+    let alice = synapse.register("alice").await;
+    let mallory = synapse.register("mallory").await;
+    let bot = synapse.register("bot").await;
+    let store = tempfile::tempdir().unwrap();
+    let connector = connector(&bot, store.path(), &[&alice]);
+    let stranger_room = mallory.create_dm(&bot.user_id).await;
+    let mut receiving = Receiving::start(&connector, Vec::new());
+    tokio::time::timeout(WAIT, connector.ready()).await.unwrap();
+    let allowed_room = alice.create_dm(&bot.user_id).await;
+    alice.wait_joined(&allowed_room, &bot.user_id).await;
+    mallory.say(&stranger_room, "let me in").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        mallory
+            .membership(&stranger_room, &bot.user_id)
+            .await
+            .as_deref(),
+        Some("invite"),
+        "the stranger's invite is left pending"
+    );
+    receiving.quiet_for(Duration::from_millis(200)).await;
+    receiving.stop().await;
+}
+
+/// Logs a second matrix-sdk client in as `account`: the human's own device.
+async fn human_client(account: &Account) -> matrix_sdk::Client {
+    let client = matrix_sdk::Client::builder()
+        .homeserver_url(&account.url)
+        .build()
+        .await
+        .unwrap();
+    client
+        .matrix_auth()
+        .login_username(&account.user_id, &account.password)
+        .initial_device_display_name("human")
+        .send()
+        .await
+        .unwrap();
+    client
+        .sync_once(SyncSettings::default().timeout(Duration::ZERO))
+        .await
+        .unwrap();
+    client
+}
+
+async fn human_sync(client: &matrix_sdk::Client) {
+    client
+        .sync_once(SyncSettings::default().timeout(Duration::from_millis(200)))
+        .await
+        .unwrap();
+}
+
+/// The text of `event_id` as the human's client decrypts it, once its keys have arrived.
+async fn human_reads(client: &matrix_sdk::Client, room: &str, event_id: &str) -> String {
+    let room = client.get_room(&RoomId::parse(room).unwrap()).unwrap();
+    let event_id = EventId::parse(event_id).unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        human_sync(client).await;
+        let event = room.event(&event_id, None).await.unwrap();
+        if let TimelineEventKind::Decrypted(decrypted) = &event.kind {
+            let json: Value = serde_json::from_str(decrypted.event.json().get()).unwrap();
+            return json["content"]["body"].as_str().unwrap().to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the human never decrypted {event_id}"
+        );
+    }
+}
+
+/// A well-formed Megolm message (version 3, message index 0, one AES block, MAC and signature)
+/// for a session nobody has the key of, in unpadded base64.
+fn megolm_message_for_no_session() -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut bytes: Vec<u8> = vec![3, 0x08, 0x00, 0x12, 16];
+    bytes.extend([7; 16]);
+    bytes.extend([1; 8 + 64]);
+    let mut text = String::new();
+    for chunk in bytes.chunks(3) {
+        let group = chunk.iter().enumerate().fold(0u32, |group, (index, byte)| {
+            group | u32::from(*byte) << (16 - 8 * index)
+        });
+        for index in 0..=chunk.len() {
+            text.push(char::from(
+                ALPHABET[(group >> (18 - 6 * index) & 63) as usize],
+            ));
+        }
+    }
+    text
+}
+
+fn encrypted_room() -> Value {
+    json!({
+        "initial_state": [{
+            "type": "m.room.encryption",
+            "state_key": "",
+            "content": { "algorithm": "m.megolm.v1.aes-sha2" },
+        }],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encrypted_room_works_both_ways_and_keys_survive_a_restart() {
+    let synapse = Synapse::from_env();
+    let alice = synapse.register("alice").await;
+    let bot = synapse.register("bot").await;
+    let human = human_client(&alice).await;
+    let store = tempfile::tempdir().unwrap();
+    let first = connector(&bot, store.path(), &[&alice]);
+    let device = first.device_id().await.unwrap();
+    let mut receiving = Receiving::start(&first, Vec::new());
+    tokio::time::timeout(WAIT, first.ready()).await.unwrap();
+
+    let mut create = encrypted_room();
+    create["invite"] = json!([bot.user_id]);
+    create["is_direct"] = json!(true);
+    let room_id = alice.create_room(create).await;
+    alice.wait_joined(&room_id, &bot.user_id).await;
+    human_sync(&human).await;
+    let room = human
+        .get_room(&RoomId::parse(&room_id).unwrap())
+        .expect("the human's client knows the room");
+    let sent = room
+        .send(RoomMessageEventContent::text_plain("a secret question"))
+        .await
+        .unwrap()
+        .response
+        .event_id;
+    let on_server = alice.event(&room_id, sent.as_str()).await;
+    assert_eq!(on_server["type"], "m.room.encrypted", "sent encrypted");
+    let event = receiving.next_acked().await;
+    assert_eq!(event.platform_id, sent.as_str());
+    assert_eq!(event.text, "a secret question", "decrypted by perch");
+
+    let receipt = first
+        .deliver(&Delivery {
+            id: "01jsecret000000000000001".into(),
+            room: room_id.clone(),
+            thread: None,
+            reply_to: Some(event.platform_id.clone()),
+            text: "a secret answer".into(),
+        })
+        .await
+        .unwrap();
+    let on_server = alice.event(&room_id, &receipt.platform_id).await;
+    assert_eq!(on_server["type"], "m.room.encrypted", "answered encrypted");
+    assert_eq!(
+        human_reads(&human, &room_id, &receipt.platform_id).await,
+        "a secret answer"
+    );
+    receiving.stop().await;
+    drop(first);
+
+    let restarted = connector(&bot, store.path(), &[&alice]);
+    assert_eq!(restarted.device_id().await.unwrap(), device);
+    let mut receiving = Receiving::start(&restarted, vec![(room_id.clone(), event.platform_id)]);
+    tokio::time::timeout(WAIT, restarted.ready()).await.unwrap();
+    let second = room
+        .send(RoomMessageEventContent::text_plain("another secret"))
+        .await
+        .unwrap()
+        .response
+        .event_id;
+    let mut seen = receiving.next_acked().await;
+    while seen.platform_id != second.as_str() {
+        seen = receiving.next_acked().await;
+    }
+    assert_eq!(seen.text, "another secret", "the restored keys decrypt it");
+    assert!(restarted.undecryptable().events.is_empty());
+    receiving.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecryptable_event_is_reported_not_dropped_silently() {
+    let synapse = Synapse::from_env();
+    let alice = synapse.register("alice").await;
+    let bot = synapse.register("bot").await;
+    let store = tempfile::tempdir().unwrap();
+    let connector = connector(&bot, store.path(), &[&alice]);
+    let mut receiving = Receiving::start(&connector, Vec::new());
+    let mut create = encrypted_room();
+    create["invite"] = json!([bot.user_id]);
+    let room = alice.create_room(create).await;
+    alice.wait_joined(&room, &bot.user_id).await;
+
+    let garbled = alice
+        .send(
+            &room,
+            "m.room.encrypted",
+            json!({
+                "algorithm": "m.megolm.v1.aes-sha2",
+                "sender_key": "nWFCfpaHzZQqpodd4C6JA9y5ML3CjxjjDWbpPkBvylI",
+                "device_id": "NOSUCHDEVICE",
+                "session_id": "vU4bJ3CgHQuKU3hSjH2Q1Hw3y4rPnXmYQ9KhR1F4xN8",
+                "ciphertext": megolm_message_for_no_session(),
+            }),
+        )
+        .await;
+    wait_until("the report", || {
+        let connector = connector.clone();
+        let garbled = garbled.clone();
+        async move {
+            connector
+                .undecryptable()
+                .events
+                .iter()
+                .any(|event| event.event_id == garbled)
+        }
+    })
+    .await;
+    let report = connector.undecryptable();
+    let entry = report
+        .events
+        .iter()
+        .find(|event| event.event_id == garbled)
+        .unwrap();
+    assert_eq!(entry.room, room);
+    assert_eq!(entry.sender, alice.user_id);
+    assert_eq!(entry.reason, "MissingMegolmSession");
+    assert_eq!(report.total, 1);
+    wait_until("the saved report", || {
+        let (store, report) = (store.path().to_path_buf(), report.clone());
+        async move { read_undecryptable(&store) == report }
+    })
+    .await;
+    receiving.quiet_for(Duration::from_millis(300)).await;
+    receiving.stop().await;
+}
+
+fn matrix_agent(model: &FakeModel, bot: &Account, alice: &Account) -> tempfile::TempDir {
+    let dir = new_agent();
+    write(dir.path(), "models.yml", &model.models_yml("fake", "m1"));
+    write(dir.path(), "agent.lua", "agent { model = \"fake/m1\" }\n");
+    write(
+        dir.path(),
+        "channels/mx.lua",
+        &format!(
+            "channel {{\n  kind = \"matrix\",\n  homeserver = {:?},\n  user = {:?},\n  \
+             password = env \"MATRIX_PASSWORD\",\n  store_passphrase = env \"MATRIX_STORE_PASSPHRASE\",\n  \
+             dm = \"allow\",\n  allow = {{ users = {{ {:?} }} }},\n}}\n",
+            bot.url, bot.user_id, alice.user_id
+        ),
+    );
+    dir
+}
+
+fn start_perch(dir: &Path, bot: &Account) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_perch"))
+        .args(["run", dir.to_str().unwrap()])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("PERCH_SANDBOX", "namespace-double")
+        .env("PERCH_CACHE", Places::from_environment().cache)
+        .env("MATRIX_PASSWORD", &bot.password)
+        .env("MATRIX_STORE_PASSPHRASE", PASSPHRASE)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn stop_perch(child: Child) -> String {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        output.status.success(),
+        "perch run did not stop cleanly: {stderr}"
+    );
+    stderr
+}
+
+async fn bot_replies(alice: &Account, room: &str, bot: &Account) -> Vec<Value> {
+    let mut replies: Vec<Value> = alice
+        .messages(room, 50)
+        .await
+        .into_iter()
+        .filter(|event| {
+            event["sender"] == bot.user_id.as_str() && event["type"] == "m.room.message"
+        })
+        .collect();
+    replies.reverse();
+    replies
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_matrix_message_is_answered_in_its_room_as_a_reply_through_perch_run() {
+    let synapse = Synapse::from_env();
+    let alice = synapse.register("alice").await;
+    let bot = synapse.register("bot").await;
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let dir = matrix_agent(&model, &bot, &alice);
+    model.push(Script::text("Hello **Alice**!"));
+    let child = start_perch(dir.path(), &bot);
+
+    let room = alice.create_dm(&bot.user_id).await;
+    alice.wait_joined(&room, &bot.user_id).await;
+    let question = alice.say(&room, "hi there").await;
+    wait_until("the reply", || {
+        let (alice, room, bot) = (alice.clone(), room.clone(), bot.clone());
+        async move { !bot_replies(&alice, &room, &bot).await.is_empty() }
+    })
+    .await;
+    let replies = bot_replies(&alice, &room, &bot).await;
+    assert_eq!(replies.len(), 1);
+    let content = &replies[0]["content"];
+    assert_eq!(content["body"], "Hello **Alice**!");
+    assert!(
+        content["formatted_body"]
+            .as_str()
+            .unwrap()
+            .contains("<strong>Alice</strong>")
+    );
+    assert_eq!(
+        content["m.relates_to"]["m.in_reply_to"]["event_id"],
+        question
+    );
+    assert!(model.last_request().body.to_string().contains("hi there"));
+    let first_stderr = stop_perch(child);
+
+    let store: PathBuf = dir.path().join(".perch/matrix/mx");
+    assert_eq!(mode(&store), 0o700);
+    assert_eq!(mode(&store.join("session.json")), 0o600);
+    let session: Value =
+        serde_json::from_str(&std::fs::read_to_string(store.join("session.json")).unwrap())
+            .unwrap();
+    let token = session["access_token"].as_str().unwrap();
+    let device = session["device_id"].as_str().unwrap().to_owned();
+
+    // A restart restores the session, neither loses nor repeats anything.
+    model.push(Script::text("second answer"));
+    let child = start_perch(dir.path(), &bot);
+    alice.say(&room, "and again").await;
+    wait_until("the second reply", || {
+        let (alice, room, bot) = (alice.clone(), room.clone(), bot.clone());
+        async move { bot_replies(&alice, &room, &bot).await.len() == 2 }
+    })
+    .await;
+    let second_stderr = stop_perch(child);
+    let replies = bot_replies(&alice, &room, &bot).await;
+    assert_eq!(replies[1]["content"]["body"], "second answer");
+    assert_eq!(model.requests().len(), 2, "nothing was answered twice");
+    let session: Value =
+        serde_json::from_str(&std::fs::read_to_string(store.join("session.json")).unwrap())
+            .unwrap();
+    assert_eq!(session["device_id"], device.as_str(), "the same device");
+    for stderr in [first_stderr, second_stderr] {
+        assert!(!stderr.contains(token), "the access token leaked: {stderr}");
+        assert!(
+            !stderr.contains(&bot.password),
+            "the password leaked: {stderr}"
+        );
+    }
+}
