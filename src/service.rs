@@ -76,6 +76,9 @@ struct Service {
     /// How many times `/new` was used per conversation, and where that is kept.
     generations: Mutex<BTreeMap<String, u32>>,
     generations_path: std::path::PathBuf,
+    /// The last group messages per (channel, room) that did not address the agent, offered to
+    /// the model with the next message that does.
+    context: Mutex<HashMap<(String, String), VecDeque<String>>>,
 }
 
 /// Runs the service until `shutdown` fires.
@@ -127,6 +130,7 @@ pub async fn run(
     let generations = read_generations(&generations_path)?;
     let service = Arc::new(Service {
         lanes: Mutex::new(HashMap::new()),
+        context: Mutex::new(HashMap::new()),
         generations: Mutex::new(generations),
         generations_path,
         pairing: Mutex::new(pairing),
@@ -347,7 +351,17 @@ impl Service {
                     HookVerdict::Error(reason) => Verdict::Error { reason },
                 }
             }
-            Admission::Context => Verdict::Context,
+            Admission::Context => {
+                let mut context = self.context.lock().await;
+                let room = context
+                    .entry((channel.to_owned(), event.room.clone()))
+                    .or_default();
+                room.push_back(format!("{}: {}", event.sender.name, event.text));
+                while room.len() > CONTEXT_MESSAGES {
+                    room.pop_front();
+                }
+                Verdict::Context
+            }
             Admission::Stale => Verdict::Stale,
             Admission::Pair => {
                 self.offer_pairing(&connected, &event).await?;
@@ -359,6 +373,18 @@ impl Service {
         };
         let Verdict::Item { lane, text } = verdict.clone() else {
             return self.settle(seq, verdict).await;
+        };
+        let earlier = self
+            .context
+            .lock()
+            .await
+            .remove(&(channel.to_owned(), event.room.clone()));
+        let text = match earlier {
+            Some(earlier) if !earlier.is_empty() => format!(
+                "[Earlier in this room, not addressed to you]\n{}\n\n{text}",
+                Vec::from(earlier).join("\n")
+            ),
+            _ => text,
         };
         let verdict_seq = self
             .inbox
@@ -881,6 +907,9 @@ impl Service {
         Ok(())
     }
 }
+
+/// Group messages kept per room as context.
+const CONTEXT_MESSAGES: usize = 5;
 
 /// What woke a conversation's task.
 enum Woken {

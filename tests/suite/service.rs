@@ -266,6 +266,12 @@ fn groups_bots_and_chat_commands() {
     let username = me.username.unwrap();
     telegram.push_message(&team, &carol, &format!("@{username} remember the number 7"));
     wait_until("the first answer", || telegram.sent().len() == 2);
+    let first = model.requests()[0].body.to_string();
+    assert!(
+        first.contains("Carol: just chatting among ourselves"),
+        "context is offered: {first}"
+    );
+    assert!(!first.contains("beep"), "a bot's message is not context");
     telegram.push_message(&team, &carol, "/new");
     wait_until("the /new reply", || telegram.sent().len() == 3);
     model.push(Script::text("second conversation"));
@@ -438,4 +444,82 @@ fn a_discord_message_is_answered_in_its_channel_as_a_reply_without_pings() {
             .is_some_and(|nonce| nonce.len() <= 25)
     );
     assert!(!stderr.contains(DISCORD_TOKEN));
+}
+
+#[test]
+fn a_crash_after_posting_on_discord_resends_with_the_same_nonce_and_posts_once() {
+    use super::fake_discord::{Author, BOT_ID, FakeDiscord, TOKEN as DISCORD_TOKEN};
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let discord = FakeDiscord::start();
+    let dir = agent_with_channel(&model, "");
+    std::fs::remove_file(dir.path().join("channels/tg.lua")).unwrap();
+    write(
+        dir.path(),
+        "channels/dc.lua",
+        &format!(
+            "channel {{ kind = \"discord\", token = env \"DISCORD_TOKEN\", api_url = {:?},\n  rooms = {{ general = \"555\" }}, allow = {{ rooms = {{ \"general\" }} }} }}\n",
+            discord.url()
+        ),
+    );
+    discord.guild_channel(555);
+    model.push(Script::text("posted exactly once"));
+    let run = |failpoint: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_perch"));
+        command
+            .args(["run", dir.path().to_str().unwrap()])
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("PERCH_SANDBOX", "namespace-double")
+            .env("PERCH_CACHE", Places::from_environment().cache)
+            .env("DISCORD_TOKEN", DISCORD_TOKEN)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(point) = failpoint {
+            command.env("PERCH_FAILPOINT", point);
+        }
+        command.spawn().unwrap()
+    };
+    let child = run(Some("after:delivery_sent"));
+    wait_until("the gateway session", || discord.live_sessions() > 0);
+    discord.push_message(
+        555,
+        &Author::user(77, "Dana"),
+        &format!("<@{BOT_ID}> hello"),
+    );
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        !output.status.success(),
+        "the failpoint fired after the post, before its receipt"
+    );
+    assert_eq!(discord.posted().len(), 1);
+
+    let posts = || {
+        discord
+            .requests()
+            .iter()
+            .filter(|request| {
+                request.starts_with("POST") && request.ends_with("/channels/555/messages")
+            })
+            .count()
+    };
+    let child = run(None);
+    wait_until("the resend", || posts() == 2);
+    stop(child);
+    assert_eq!(
+        discord.posted().len(),
+        1,
+        "Discord kept one message: the resend carried the same nonce"
+    );
+    let from_bot = discord
+        .messages(555)
+        .iter()
+        .filter(|message| message["author"]["id"] == BOT_ID.to_string())
+        .count();
+    assert_eq!(from_bot, 1);
+    assert_eq!(
+        model.requests().len(),
+        1,
+        "the message was not answered again"
+    );
 }
