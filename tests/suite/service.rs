@@ -514,7 +514,7 @@ fn a_crash_after_posting_on_discord_resends_with_the_same_nonce_and_posts_once()
     let from_bot = discord
         .messages(555)
         .iter()
-        .filter(|message| message["author"]["id"] == BOT_ID.to_string())
+        .filter(|message| message["author"]["id"].as_str() == Some(BOT_ID.to_string().as_str()))
         .count();
     assert_eq!(from_bot, 1);
     assert_eq!(
