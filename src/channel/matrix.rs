@@ -12,22 +12,27 @@
 //! between syncs) and reads each response's timelines in order; messages (`m.room.message`, not
 //! edits, not the account's own) are handed to perch one at a time, each waiting until perch
 //! has journaled it. matrix-sdk stores its sync token before the events are read, so a crash
-//! can leave events behind that token which perch never journaled: after every start and
-//! reconnect, each room in `since` is back-filled from perch's last journaled event
-//! (`/context`, then `/messages` forwards) instead of trusting the first sync's timeline, and a
-//! later timeline that the server cut short (`limited`) is back-filled the same way. A fresh
-//! store's first sync is backlog and is skipped, except for rooms perch has marks for. A room
-//! joined while running arrives with its recent timeline, which is handed on (a direct
-//! message sent before the invite was accepted gets its answer; perch's `max_age` marks old
-//! ones stale). perch deduplicates by event id, so back-fill may repeat events. A message is
-//! `direct` in a room marked as a DM or with two members, and `addressed` when it mentions the
-//! account (`m.mentions`, its user id, or its display name as a word) or replies to one of its
-//! events; an `m.notice` counts as sent by a bot.
+//! can leave events behind that token which perch never journaled. Two things cover that: each
+//! event carries as its cursor the sync token its batch was requested with, and the first sync
+//! after a start or reconnect starts from perch's journaled cursor (`resume`), not from
+//! matrix-sdk's; and each room in `since` is back-filled from perch's last journaled event
+//! (`/context`, then `/messages` forwards) instead of trusting the first sync's timeline. A
+//! later timeline that the server cut short (`limited`) is back-filled the same way. With no
+//! cursor anywhere (a fresh store, nothing journaled), the first sync is backlog and is
+//! skipped, except for rooms perch has marks for. A room joined while running arrives with its
+//! recent timeline, which is handed on (a direct message sent before the invite was accepted
+//! gets its answer; perch's `max_age` marks old ones stale). perch deduplicates by event id, so
+//! back-fill may repeat events.
+//!
+//! A message is `direct` in a room marked as a DM or with two members, and `addressed` when it
+//! mentions the account (`m.mentions`, its user id, or its display name as a word) or replies
+//! to one of its events; an `m.notice` counts as sent by a bot.
 //!
 //! Encryption. matrix-sdk decrypts timeline events with the keys in the crypto store. An event
-//! it cannot decrypt is not dropped: it is logged, kept in a report ([`MatrixConnector::
-//! undecryptable`], also saved as `undecryptable.json` for `perch status`), and decrypted again
-//! when later syncs bring new keys, at which point it is handed on and leaves the report.
+//! it cannot decrypt is not dropped: it is logged, kept in a report
+//! ([`MatrixConnector::undecryptable`], also saved as `undecryptable.json` for `perch status`),
+//! and, while the same `receive` runs, decrypted again when later syncs bring new keys, at
+//! which point it is handed on and leaves the report.
 //!
 //! Invites are accepted only from users in the channel's `allow.users`; other invites stay
 //! pending (noted once) and are looked at again on the next start.
@@ -44,7 +49,7 @@ use super::{
 };
 use chrono::{DateTime, Utc};
 use matrix_sdk::authentication::matrix::MatrixSession;
-use matrix_sdk::config::{RequestConfig, SyncSettings};
+use matrix_sdk::config::{RequestConfig, SyncSettings, SyncToken};
 use matrix_sdk::deserialized_responses::{TimelineEvent, TimelineEventKind};
 use matrix_sdk::room::MessagesOptions;
 use matrix_sdk::ruma::api::client::filter::FilterDefinition;
@@ -55,7 +60,7 @@ use matrix_sdk::ruma::events::room::encrypted::OriginalSyncRoomEncryptedEvent;
 use matrix_sdk::ruma::events::room::message::sanitize::remove_plain_reply_fallback;
 use matrix_sdk::ruma::events::room::message::{
     MessageType, OriginalSyncRoomMessageEvent, Relation, RoomMessageEventContent,
-    SyncRoomMessageEvent,
+    RoomMessageEventContentWithoutRelation, SyncRoomMessageEvent,
 };
 use matrix_sdk::ruma::events::{AnySyncMessageLikeEvent, AnySyncTimelineEvent, Mentions};
 use matrix_sdk::ruma::serde::Raw;
@@ -64,6 +69,7 @@ use matrix_sdk::ruma::{
     OwnedUserId, RoomId, UInt, UserId,
 };
 use matrix_sdk::store::{RoomLoadSettings, StateStoreDataKey};
+use matrix_sdk::sync::SyncResponse;
 use matrix_sdk::{Client, Room, RoomState};
 use perch_core::secret::Secret;
 use serde::{Deserialize, Serialize};
@@ -121,6 +127,7 @@ const MESSAGE_LIMIT: usize = 400;
 /// The connector could not be built from its settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SetupError {
+    /// What is wrong, naming the setting.
     pub message: String,
 }
 
@@ -135,11 +142,14 @@ impl std::error::Error for SetupError {}
 /// An event the account could not decrypt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Undecryptable {
+    /// The room id.
     pub room: String,
     pub event_id: String,
+    /// The sender's user id.
     pub sender: String,
     /// matrix-sdk's reason, such as `MissingMegolmSession`.
     pub reason: String,
+    /// When the homeserver says the event was sent.
     pub sent_at: DateTime<Utc>,
 }
 
@@ -243,8 +253,12 @@ impl MatrixConnector {
         let user = parse_user(user).map_err(|message| SetupError { message })?;
         let allowed_inviters = allowed_inviters
             .iter()
-            .filter_map(|inviter| parse_user(inviter).ok())
-            .collect();
+            .map(|inviter| {
+                parse_user(inviter).map_err(|message| SetupError {
+                    message: format!("allow.users: {message}"),
+                })
+            })
+            .collect::<Result<_, _>>()?;
         let report = read_undecryptable(&store_dir);
         Ok(MatrixConnector {
             homeserver,
@@ -398,17 +412,14 @@ impl MatrixConnector {
         }
     }
 
-    /// `text` without the password or the access token, cut to [`MESSAGE_LIMIT`] characters.
+    /// `text` without the access token (the password travels only in the login body, which no
+    /// error quotes), cut to [`MESSAGE_LIMIT`] characters.
     fn redact(&self, text: &str) -> String {
         let mut text = text.trim().to_owned();
-        let token = self.client.get().and_then(Client::access_token);
-        for secret in [Some(self.password.expose()), token.as_deref()]
-            .into_iter()
-            .flatten()
+        if let Some(token) = self.client.get().and_then(Client::access_token)
+            && !token.is_empty()
         {
-            if !secret.is_empty() {
-                text = text.replace(secret, REDACTED);
-            }
+            text = text.replace(&token, REDACTED);
         }
         match text.char_indices().nth(MESSAGE_LIMIT) {
             Some((end, _)) => format!("{}…", &text[..end]),
@@ -418,6 +429,7 @@ impl MatrixConnector {
 
     async fn follow(
         &self,
+        resume: Option<String>,
         since: Vec<(String, String)>,
         inbound: mpsc::Sender<Arrival>,
         cancel: CancellationToken,
@@ -431,14 +443,13 @@ impl MatrixConnector {
             .user_id()
             .ok_or_else(|| disconnected("the Matrix client has no user after logging in"))?
             .to_owned();
-        let fresh = client
+        let stored = client
             .state_store()
             .get_kv_data(StateStoreDataKey::SyncToken)
             .await
             .ok()
             .flatten()
-            .and_then(|value| value.into_sync_token())
-            .is_none();
+            .and_then(|value| value.into_sync_token());
         let mut session = Session {
             connector: self,
             client,
@@ -458,82 +469,56 @@ impl MatrixConnector {
                 .chain(self.shared().marks.clone())
                 .collect(),
             pending: Vec::new(),
+            cursor: None,
         };
         let settings = SyncSettings::new()
             .timeout(SYNC_TIMEOUT)
             .filter(sync_filter());
         self.synced.send_replace(false);
-        let mut token: Option<String> = None;
+        let mut from = resume.clone().or_else(|| stored.clone());
+        let mut first = true;
         loop {
-            let first = token.is_none();
-            let request = match &token {
+            let request = match &from {
                 Some(token) => settings.clone().token(token.clone()),
-                None => settings.clone(),
+                None => settings.clone().token(SyncToken::NoToken),
+            };
+            let request = if first {
+                request.timeout(Duration::ZERO)
+            } else {
+                request
             };
             let response = tokio::select! {
                 biased;
                 () = cancel.cancelled() => return Ok(()),
-                response = client.sync_once(request) => {
-                    response.map_err(|error| self.sync_error(&error))?
-                }
+                response = client.sync_once(request) => response,
             };
-            token = Some(response.next_batch.clone());
-            if first {
-                session.me.display_name = client.account().get_display_name().await.ok().flatten();
-                for room in client.invited_rooms() {
-                    self.consider_invite(&room).await;
-                }
-            } else {
-                for room_id in response.rooms.invited.keys() {
-                    if let Some(room) = client.get_room(room_id) {
-                        self.consider_invite(&room).await;
-                    }
-                }
-            }
-            let mut seen = HashSet::new();
-            for (room_id, update) in response.rooms.joined {
-                seen.insert(room_id.clone());
-                let Some(room) = client.get_room(&room_id) else {
+            let response = match response {
+                Ok(response) => response,
+                Err(error) if first && from == resume && resume.is_some() && is_refused(&error) => {
+                    note(&format!(
+                        "matrix: the homeserver refused perch's saved sync position ({}); \
+                         continuing from the store's",
+                        self.redact(&error.to_string())
+                    ));
+                    from = stored.clone();
                     continue;
-                };
-                let mark = session.marks.get(&room_id).cloned();
-                let step = match mark {
-                    Some(after) if first || update.timeline.limited => {
-                        session.backfill(&room, &after).await?
-                    }
-                    _ if first && fresh => Step::Go,
-                    _ => session.take_all(&room, update.timeline.events).await?,
-                };
-                if let Step::Stop = step {
-                    return Ok(());
                 }
-            }
-            if first {
-                let unseen: Vec<(OwnedRoomId, OwnedEventId)> = session
-                    .marks
-                    .iter()
-                    .filter(|(room, _)| !seen.contains(*room))
-                    .map(|(room, event)| (room.clone(), event.clone()))
-                    .collect();
-                for (room_id, after) in unseen {
-                    let Some(room) = client.get_room(&room_id) else {
-                        continue;
-                    };
-                    if room.state() != RoomState::Joined {
-                        continue;
-                    }
-                    if let Step::Stop = session.backfill(&room, &after).await? {
-                        return Ok(());
-                    }
-                }
-            }
-            if !response.to_device.is_empty()
-                && let Step::Stop = session.retry_undecryptable().await?
-            {
+                Err(error) => return Err(self.sync_error(&error)),
+            };
+            session.cursor = from.clone();
+            let initial = from.is_none();
+            from = Some(response.next_batch.clone());
+            let step = tokio::select! {
+                biased;
+                () = cancel.cancelled() => return Ok(()),
+                step = session.process(response, first, initial) => step?,
+            };
+            if let Step::Stop = step {
                 return Ok(());
             }
             if first {
                 self.synced.send_replace(true);
+                first = false;
             }
         }
     }
@@ -550,7 +535,7 @@ impl MatrixConnector {
                 .insert(room.room_id().to_owned());
             if first_time {
                 note(&format!(
-                    "matrix: not joining {} : invited by {}, who is not in the channel's allow.users",
+                    "matrix: not joining {}: invited by {}, who is not in the channel's allow.users",
                     room.room_id(),
                     invite.inviter_id
                 ));
@@ -693,12 +678,12 @@ impl MatrixConnector {
 impl Connector for MatrixConnector {
     fn receive<'a>(
         &'a self,
-        _resume: Option<String>,
+        resume: Option<String>,
         since: Vec<(String, String)>,
         inbound: mpsc::Sender<Arrival>,
         cancel: CancellationToken,
     ) -> BoxFuture<'a, Result<(), ConnectorError>> {
-        Box::pin(self.follow(since, inbound, cancel))
+        Box::pin(self.follow(resume, since, inbound, cancel))
     }
 
     fn deliver<'a>(
@@ -771,9 +756,83 @@ struct Session<'a> {
     handoff: Handoff<'a>,
     marks: HashMap<OwnedRoomId, OwnedEventId>,
     pending: Vec<Pending>,
+    /// The sync token the current batch was requested with: syncing from it again delivers
+    /// every event of the batch again.
+    cursor: Option<String>,
 }
 
 impl Session<'_> {
+    /// Reads one sync response: invites, then each joined room's timeline (or its back-fill),
+    /// then another try at the events that could not be decrypted when keys have arrived.
+    async fn process(
+        &mut self,
+        response: SyncResponse,
+        first: bool,
+        initial: bool,
+    ) -> Result<Step, ConnectorError> {
+        if first {
+            self.me.display_name = self
+                .client
+                .account()
+                .get_display_name()
+                .await
+                .ok()
+                .flatten();
+            for room in self.client.invited_rooms() {
+                self.connector.consider_invite(&room).await;
+            }
+        } else {
+            for room_id in response.rooms.invited.keys() {
+                if let Some(room) = self.client.get_room(room_id) {
+                    self.connector.consider_invite(&room).await;
+                }
+            }
+        }
+        let mut seen = HashSet::new();
+        for (room_id, update) in response.rooms.joined {
+            seen.insert(room_id.clone());
+            let Some(room) = self.client.get_room(&room_id) else {
+                continue;
+            };
+            let mark = self.marks.get(&room_id).cloned();
+            let step = match mark {
+                Some(after) if first || update.timeline.limited => {
+                    self.backfill(&room, &after).await?
+                }
+                _ if initial => Step::Go,
+                _ => self.take_all(&room, update.timeline.events).await?,
+            };
+            if let Step::Stop = step {
+                return Ok(Step::Stop);
+            }
+        }
+        if first {
+            let unseen: Vec<(OwnedRoomId, OwnedEventId)> = self
+                .marks
+                .iter()
+                .filter(|(room, _)| !seen.contains(*room))
+                .map(|(room, event)| (room.clone(), event.clone()))
+                .collect();
+            for (room_id, after) in unseen {
+                let Some(room) = self.client.get_room(&room_id) else {
+                    continue;
+                };
+                if room.state() != RoomState::Joined {
+                    continue;
+                }
+                if let Step::Stop = self.backfill(&room, &after).await? {
+                    return Ok(Step::Stop);
+                }
+            }
+        }
+        if !response.to_device.is_empty()
+            && let Step::Stop = self.retry_undecryptable().await?
+        {
+            return Ok(Step::Stop);
+        }
+        Ok(Step::Go)
+    }
+
     async fn take_all(
         &mut self,
         room: &Room,
@@ -997,7 +1056,7 @@ impl Session<'_> {
         let direct = room.is_direct().await.unwrap_or(false) || room.joined_members_count() == 2;
         Some(InboundEvent {
             platform_id: message.event_id.to_string(),
-            cursor: None,
+            cursor: self.cursor.clone(),
             room: room.room_id().to_string(),
             thread,
             sender: Sender {
@@ -1076,14 +1135,9 @@ fn message_content(delivery: &Delivery) -> Result<RoomMessageEventContent, Deliv
     })
 }
 
-fn relation(
-    delivery: &Delivery,
-) -> Result<
-    Option<
-        Relation<matrix_sdk::ruma::events::room::message::RoomMessageEventContentWithoutRelation>,
-    >,
-    DeliveryError,
-> {
+type MessageRelation = Relation<RoomMessageEventContentWithoutRelation>;
+
+fn relation(delivery: &Delivery) -> Result<Option<MessageRelation>, DeliveryError> {
     let event_id = |id: &str| {
         EventId::parse(id).map_err(|_| DeliveryError::Rejected {
             message: format!("{id:?} is not a Matrix event id"),
@@ -1108,6 +1162,18 @@ fn sync_filter() -> Filter {
 fn parse_user(user: &str) -> Result<OwnedUserId, String> {
     UserId::parse(user.trim()).map_err(|error| {
         format!("{user:?} is not a Matrix user id (such as @perch:example.org): {error}")
+    })
+}
+
+/// The homeserver answered the request with a client error other than a rate limit or a
+/// refused access token.
+fn is_refused(error: &matrix_sdk::Error) -> bool {
+    error.as_client_api_error().is_some_and(|api| {
+        api.status_code.as_u16() == 400
+            && !matches!(
+                api.error_kind(),
+                Some(ErrorKind::LimitExceeded(_) | ErrorKind::UnknownToken(_))
+            )
     })
 }
 
@@ -1302,13 +1368,22 @@ mod tests {
             MatrixConnector::new("http://x", "alice", secret(), secret(), dir.clone(), vec![])
                 .is_err()
         );
+        assert!(
+            MatrixConnector::new(
+                "http://x",
+                "@a:b",
+                secret(),
+                secret(),
+                dir.clone(),
+                vec!["bob".into()]
+            )
+            .is_err()
+        );
         let connector =
             MatrixConnector::new("http://x/", "@a:b", secret(), secret(), dir, vec![]).unwrap();
         assert!(!format!("{connector:?}").contains("hunter2"));
-        assert_eq!(
-            connector.redact("the password hunter2 leaked"),
-            "the password <redacted> leaked"
-        );
+        let long = connector.redact(&"x".repeat(1000));
+        assert_eq!(long.chars().count(), MESSAGE_LIMIT + 1);
     }
 
     #[test]

@@ -32,7 +32,8 @@ pub struct InboundEvent {
     /// use it.
     pub platform_id: String,
     /// Where to resume receiving after this event, for platforms whose cursor perch keeps
-    /// (Telegram's update id); `None` elsewhere.
+    /// (Telegram's update id; Matrix's sync token of the batch the event came in, from which a
+    /// sync delivers it again); `None` elsewhere.
     pub cursor: Option<String>,
     /// The platform's room id (Discord channel id, Telegram chat id, Matrix room id).
     pub room: String,

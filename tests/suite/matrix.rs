@@ -341,6 +341,76 @@ async fn replies_carry_in_reply_to_keep_threads_mention_nobody_and_resend_once()
     receiving.stop().await;
 }
 
+impl Receiving {
+    /// Events until `platform_id`, each acknowledged; panics if it does not come.
+    async fn until(&mut self, platform_id: &str) -> InboundEvent {
+        loop {
+            let event = self.next_acked().await;
+            if event.platform_id == platform_id {
+                return event;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_handed_over_but_never_journaled_comes_again_after_a_restart() {
+    let synapse = Synapse::from_env();
+    let alice = synapse.register("alice").await;
+    let bot = synapse.register("bot").await;
+    let store = tempfile::tempdir().unwrap();
+    let first = connector(&bot, store.path(), &[&alice]);
+    let mut receiving = Receiving::start(&first, Vec::new());
+    let room = alice.create_dm(&bot.user_id).await;
+    alice.wait_joined(&room, &bot.user_id).await;
+    let journaled = alice.say(&room, "journaled").await;
+    let journaled = receiving.until(&journaled).await;
+    assert!(journaled.cursor.is_some(), "Matrix events carry a cursor");
+    let lost = alice.say(&room, "handed over, then perch crashed").await;
+    let arrival = tokio::time::timeout(WAIT, receiving.arrivals.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(arrival.event.platform_id, lost);
+    drop(arrival);
+    let _ = tokio::time::timeout(Duration::from_secs(5), receiving.task).await;
+    drop(first);
+
+    // From perch's journaled cursor alone.
+    let restarted = connector(&bot, store.path(), &[&alice]);
+    let (inbound, arrivals) = mpsc::channel(64);
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn({
+        let connector = restarted.clone();
+        let cancel = cancel.clone();
+        let resume = journaled.cursor.clone();
+        async move { connector.receive(resume, Vec::new(), inbound, cancel).await }
+    });
+    let mut receiving = Receiving {
+        arrivals,
+        cancel,
+        task,
+    };
+    assert_eq!(
+        receiving.until(&lost).await.text,
+        "handed over, then perch crashed"
+    );
+    receiving.stop().await;
+    drop(restarted);
+
+    // From perch's last journaled event in the room alone (back-fill).
+    let restarted = connector(&bot, store.path(), &[&alice]);
+    let mut receiving = Receiving::start(
+        &restarted,
+        vec![(room.clone(), journaled.platform_id.clone())],
+    );
+    assert_eq!(
+        receiving.until(&lost).await.text,
+        "handed over, then perch crashed"
+    );
+    receiving.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invites_are_accepted_only_from_allowed_users() {
     let synapse = Synapse::from_env();
