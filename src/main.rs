@@ -703,9 +703,14 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
             problems.len()
         )],
     };
+    let live_channels = match &live {
+        Some(Ok(answer)) => answer["channels"].clone(),
+        _ => serde_json::Value::Null,
+    };
     let report = serde_json::json!({
         "running": matches!(live, Some(Ok(_))),
         "channels": channels,
+        "channel_health": live_channels,
         "inbox_pending": inbox.pending.len(),
         "outbox_pending": outbox.pending.len(),
         "deliveries_unknown": unknown,
@@ -735,6 +740,23 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
                 channels.join(", ")
             }
         ));
+        if let Some(live) = report["channel_health"].as_array() {
+            for channel in live {
+                out.push_str(&format!(
+                    "  {:<16} {}{}\n",
+                    channel["name"].as_str().unwrap_or_default(),
+                    channel["connection"].as_str().unwrap_or_default(),
+                    if channel["healthy"] == true {
+                        String::new()
+                    } else {
+                        format!(
+                            "; UNHEALTHY: {}",
+                            channel["last_hook_error"].as_str().unwrap_or("stopped")
+                        )
+                    }
+                ));
+            }
+        }
         out.push_str(&format!("inbox pending      {}\n", inbox.pending.len()));
         out.push_str(&format!("outbox pending     {}\n", outbox.pending.len()));
         out.push_str(&format!("unknown deliveries {}\n", unknown.len()));

@@ -57,6 +57,60 @@ struct Channel {
     loaded: LoadedChannel,
     connector: Arc<dyn Connector>,
     hooks: Mutex<ChannelHooks>,
+    health: std::sync::Mutex<Health>,
+}
+
+/// How a channel is doing, for `perch status`.
+#[derive(Debug, Clone, Default)]
+struct Health {
+    /// `receiving`, `reconnecting: <why>` or `stopped: <why>`.
+    connection: String,
+    /// `on_message` failures in a row; from [`UNHEALTHY_AFTER`] on, the channel is reported
+    /// unhealthy.
+    hook_failures: u32,
+    last_hook_error: Option<String>,
+}
+
+/// Hook failures in a row after which a channel is reported unhealthy.
+const UNHEALTHY_AFTER: u32 = 5;
+
+impl Channel {
+    fn set_connection(&self, connection: String) {
+        self.health
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .connection = connection;
+    }
+
+    fn hook_result(&self, error: Option<&str>) {
+        let mut health = self
+            .health
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match error {
+            Some(error) => {
+                health.hook_failures += 1;
+                health.last_hook_error = Some(error.to_owned());
+            }
+            None => health.hook_failures = 0,
+        }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let health = self
+            .health
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        serde_json::json!({
+            "name": self.loaded.config.name.to_string(),
+            "kind": self.loaded.config.kind().as_str(),
+            "connection": health.connection,
+            "healthy": health.hook_failures < UNHEALTHY_AFTER && !health.connection.starts_with("stopped"),
+            "hook_failures_in_a_row": health.hook_failures,
+            "last_hook_error": health.last_hook_error,
+        })
+    }
 }
 
 /// Shared by every task of the service.
@@ -120,6 +174,7 @@ pub async fn run(
                 loaded,
                 connector,
                 hooks: Mutex::new(hooks),
+                health: std::sync::Mutex::new(Health::default()),
             }),
         );
     }
@@ -237,6 +292,7 @@ async fn receive_forever(
                 last_cursor
             })
         };
+        channel.set_connection("receiving".into());
         let result = channel
             .connector
             .receive(resume.clone(), since.clone(), events, shutdown.clone())
@@ -250,9 +306,13 @@ async fn receive_forever(
         match result {
             Err(crate::channel::ConnectorError::Unauthorized { message }) => {
                 tracing_note(&format!("channel {name}: {message}; not reconnecting"));
+                channel.set_connection(format!("stopped: {message}"));
                 return;
             }
-            Err(error) => tracing_note(&format!("channel {name}: {error}; reconnecting")),
+            Err(error) => {
+                tracing_note(&format!("channel {name}: {error}; reconnecting"));
+                channel.set_connection(format!("reconnecting: {error}"));
+            }
             Ok(()) => wait = first_wait,
         }
         tokio::select! {
@@ -331,6 +391,13 @@ impl Service {
             Admission::Answer => {
                 let message = crate::channel::hooks::message_input(config, &event);
                 let verdict = connected.hooks.lock().await.run_on_message(&message).await;
+                match &verdict {
+                    HookVerdict::Error(error) => {
+                        tracing_note(&format!("channel {channel}: on_message failed: {error}"));
+                        connected.hook_result(Some(error));
+                    }
+                    HookVerdict::Item(_) | HookVerdict::Drop => connected.hook_result(None),
+                }
                 match verdict {
                     HookVerdict::Item(item) => {
                         let lane = match item.lane {
@@ -522,12 +589,7 @@ impl Service {
                 let channels: Vec<serde_json::Value> = self
                     .channels
                     .values()
-                    .map(|channel| {
-                        serde_json::json!({
-                            "name": channel.loaded.config.name.to_string(),
-                            "kind": channel.loaded.config.kind().as_str(),
-                        })
-                    })
+                    .map(|channel| channel.status())
                     .collect();
                 serde_json::json!({
                     "ok": true,

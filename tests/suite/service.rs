@@ -200,6 +200,8 @@ fn an_unknown_sender_is_paired_by_the_owner_then_answered() {
     let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(status["running"], true);
     assert_eq!(status["pairings_pending"].as_array().unwrap().len(), 1);
+    assert_eq!(status["channel_health"][0]["connection"], "receiving");
+    assert_eq!(status["channel_health"][0]["healthy"], true);
 
     let approved = perch_cli(&["pair", "approve", &code, path]);
     assert!(
@@ -522,4 +524,37 @@ fn a_crash_after_posting_on_discord_resends_with_the_same_nonce_and_posts_once()
         1,
         "the message was not answered again"
     );
+}
+
+#[test]
+fn a_hook_that_keeps_failing_marks_its_channel_unhealthy() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = agent_with_channel(
+        &model,
+        &format!(
+            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {:?}, dm = \"allow\",\n  on_message = function(msg, store) error(\"boom\") end }}\n",
+            telegram.api_url()
+        ),
+    );
+    let path = dir.path().to_str().unwrap().to_owned();
+    let child = start(dir.path(), None);
+    let alice = User::human(42, "Alice");
+    for n in 0..5 {
+        telegram.push_message(&Chat::private(&alice), &alice, &format!("try {n}"));
+    }
+    wait_until("the channel to be reported unhealthy", || {
+        let status = perch_cli(&["status", &path, "--json"]);
+        let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap_or_default();
+        status["channel_health"][0]["healthy"] == false
+    });
+    let status = perch_cli(&["status", &path]);
+    let text = String::from_utf8_lossy(&status.stdout).into_owned();
+    assert!(
+        text.contains("UNHEALTHY: channels/tg.lua:2: boom"),
+        "{text}"
+    );
+    stop(child);
+    assert!(telegram.sent().is_empty());
+    assert_eq!(model.requests().len(), 0);
 }
