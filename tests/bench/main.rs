@@ -26,6 +26,7 @@ fn main() {
     runtime.block_on(log::group_commit(smoke));
     runtime.block_on(log::reopen(smoke));
     runtime.block_on(inbox::ingest(smoke));
+    runtime.block_on(inbox::arrival_to_lane(smoke));
     runtime.block_on(sandbox::warm_exec(smoke));
     runtime.block_on(lane::host_overhead(smoke));
 }
