@@ -506,7 +506,17 @@ impl MatrixConnector {
                 Err(error) => return Err(self.sync_error(&error)),
             };
             session.cursor = from.clone();
-            eprintln!("DBG sync from {:?} -> {} rooms {:?}", from, response.next_batch, response.rooms.joined.iter().map(|(r,u)| (r.to_string(), u.timeline.events.len(), u.timeline.limited)).collect::<Vec<_>>());
+            eprintln!(
+                "DBG sync from {:?} -> {} rooms {:?}",
+                from,
+                response.next_batch,
+                response
+                    .rooms
+                    .joined
+                    .iter()
+                    .map(|(r, u)| (r.to_string(), u.timeline.events.len(), u.timeline.limited))
+                    .collect::<Vec<_>>()
+            );
             let initial = from.is_none();
             from = Some(response.next_batch.clone());
             let step = tokio::select! {

@@ -558,3 +558,61 @@ fn a_hook_that_keeps_failing_marks_its_channel_unhealthy() {
     assert!(telegram.sent().is_empty());
     assert_eq!(model.requests().len(), 0);
 }
+
+#[test]
+fn a_burst_over_fifty_discord_channels_is_answered_once_each_in_order() {
+    use super::fake_discord::{Author, FakeDiscord, TOKEN as DISCORD_TOKEN};
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let discord = FakeDiscord::start();
+    let dir = agent_with_channel(&model, "");
+    std::fs::remove_file(dir.path().join("channels/tg.lua")).unwrap();
+    write(
+        dir.path(),
+        "channels/dc.lua",
+        &format!(
+            "channel {{ kind = \"discord\", token = env \"DISCORD_TOKEN\", api_url = {:?}, dm = \"allow\" }}\n",
+            discord.url()
+        ),
+    );
+    let channels: Vec<u64> = (0..50).map(|n| 7_000 + n).collect();
+    for channel in &channels {
+        discord.dm_channel(*channel);
+    }
+    let child = Command::new(env!("CARGO_BIN_EXE_perch"))
+        .args(["run", dir.path().to_str().unwrap()])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("PERCH_SANDBOX", "namespace-double")
+        .env("PERCH_CACHE", Places::from_environment().cache)
+        .env("DISCORD_TOKEN", DISCORD_TOKEN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("the gateway session", || discord.live_sessions() > 0);
+    let rounds = 6;
+    for round in 0..rounds {
+        for channel in &channels {
+            let author = Author::user(*channel + 100_000, "someone");
+            discord.push_message(*channel, &author, &format!("c{channel}-m{round}"));
+        }
+    }
+    let total = channels.len() * rounds;
+    wait_until("every answer", || discord.posted().len() >= total);
+    stop(child);
+    assert_eq!(discord.posted().len(), total, "answered once each");
+    let mut seen: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+    for request in model.requests() {
+        let text = user_text(&request.body);
+        let (chat, round) = text.split_once("-m").unwrap();
+        let round: i64 = round.parse().unwrap();
+        let last = seen.insert(chat.to_owned(), round);
+        assert_eq!(
+            last.map_or(0, |last| last + 1),
+            round,
+            "{chat} out of order"
+        );
+    }
+    assert_eq!(seen.len(), channels.len());
+}
