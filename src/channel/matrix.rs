@@ -15,7 +15,9 @@
 //! can leave events behind that token which perch never journaled. Two things cover that: each
 //! event carries as its cursor the sync token its batch was requested with, and the first sync
 //! after a start or reconnect starts from perch's journaled cursor (`resume`), not from
-//! matrix-sdk's; and each room in `since` is back-filled from perch's last journaled event
+//! matrix-sdk's (matrix-sdk ignores a response ending where its own token already is, so when
+//! nothing newer has happened the rooms are read from that cursor with `/messages` instead);
+//! and each room in `since` is back-filled from perch's last journaled event
 //! (`/context`, then `/messages` forwards) instead of trusting the first sync's timeline. A
 //! later timeline that the server cut short (`limited`) is back-filled the same way. With no
 //! cursor anywhere (a fresh store, nothing journaled), the first sync is backlog and is
@@ -506,23 +508,20 @@ impl MatrixConnector {
                 Err(error) => return Err(self.sync_error(&error)),
             };
             session.cursor = from.clone();
-            eprintln!(
-                "DBG sync from {:?} -> {} rooms {:?}",
-                from,
-                response.next_batch,
-                response
-                    .rooms
-                    .joined
-                    .iter()
-                    .map(|(r, u)| (r.to_string(), u.timeline.events.len(), u.timeline.limited))
-                    .collect::<Vec<_>>()
-            );
-            let initial = from.is_none();
+            let batch = Batch {
+                first,
+                initial: from.is_none(),
+                catch_up: from.clone().filter(|from| {
+                    first
+                        && stored.as_ref() == Some(&response.next_batch)
+                        && stored.as_ref() != Some(from)
+                }),
+            };
             from = Some(response.next_batch.clone());
             let step = tokio::select! {
                 biased;
                 () = cancel.cancelled() => return Ok(()),
-                step = session.process(response, first, initial) => step?,
+                step = session.process(response, batch) => step?,
             };
             if let Step::Stop = step {
                 return Ok(());
@@ -752,6 +751,18 @@ impl Handoff<'_> {
     }
 }
 
+/// How to read one sync response.
+struct Batch {
+    /// The first sync of this `receive` call.
+    first: bool,
+    /// Requested without a token: the backlog.
+    initial: bool,
+    /// matrix-sdk drops a response whose `next_batch` is the token it already has, so a first
+    /// sync from perch's older cursor that brings nothing newer comes back empty: the joined
+    /// rooms are then read from this token with `/messages` instead.
+    catch_up: Option<String>,
+}
+
 /// An event that could not be decrypted yet, kept to try again when keys arrive.
 struct Pending {
     room: OwnedRoomId,
@@ -778,9 +789,13 @@ impl Session<'_> {
     async fn process(
         &mut self,
         response: SyncResponse,
-        first: bool,
-        initial: bool,
+        batch: Batch,
     ) -> Result<Step, ConnectorError> {
+        let Batch {
+            first,
+            initial,
+            catch_up,
+        } = batch;
         if first {
             self.me.display_name = self
                 .client
@@ -832,6 +847,16 @@ impl Session<'_> {
                     continue;
                 }
                 if let Step::Stop = self.backfill(&room, &after).await? {
+                    return Ok(Step::Stop);
+                }
+            }
+        }
+        if let Some(from) = catch_up {
+            for room in self.client.joined_rooms() {
+                if self.marks.contains_key(room.room_id()) || seen.contains(room.room_id()) {
+                    continue;
+                }
+                if let Step::Stop = self.paginate(&room, Some(from.clone())).await? {
                     return Ok(Step::Stop);
                 }
             }
@@ -992,7 +1017,17 @@ impl Session<'_> {
         if let Step::Stop = self.take_all(room, context.events_after).await? {
             return Ok(Step::Stop);
         }
-        let mut from = context.next_batch_token;
+        self.paginate(room, context.next_batch_token).await
+    }
+
+    /// Hands on every message in `room` after the pagination or sync token `from`, oldest
+    /// first.
+    async fn paginate(
+        &mut self,
+        room: &Room,
+        from: Option<String>,
+    ) -> Result<Step, ConnectorError> {
+        let mut from = from;
         for _ in 0..BACKFILL_PAGES {
             let Some(token) = from.take() else {
                 break;
