@@ -686,11 +686,19 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
         .map(|item| item.body.clone())
         .collect();
     let pairing = control::read_pairing(&control::pairing_path(&agent_dir))?;
+    let mut undecryptable = serde_json::Map::new();
     let channels: Vec<String> = match agent::load(&agent_dir) {
         Ok(loaded) => loaded
             .channels
             .iter()
             .map(|channel| {
+                if channel.config.kind() == perch_core::config::ChannelKind::Matrix {
+                    let name = channel.config.name.to_string();
+                    let report = perch::channel::matrix::read_undecryptable(
+                        &perch::channel::matrix::store_dir(&state, &name),
+                    );
+                    undecryptable.insert(name, serde_json::json!(report.events.len()));
+                }
                 format!(
                     "{} ({})",
                     channel.config.name,
@@ -711,6 +719,7 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
         "running": matches!(live, Some(Ok(_))),
         "channels": channels,
         "channel_health": live_channels,
+        "undecryptable": undecryptable,
         "inbox_pending": inbox.pending.len(),
         "outbox_pending": outbox.pending.len(),
         "deliveries_unknown": unknown,
@@ -756,6 +765,11 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
                     }
                 ));
             }
+        }
+        for (channel, count) in report["undecryptable"].as_object().into_iter().flatten() {
+            out.push_str(&format!(
+                "undecryptable      {count} event(s) in Matrix channel {channel}\n"
+            ));
         }
         out.push_str(&format!("inbox pending      {}\n", inbox.pending.len()));
         out.push_str(&format!("outbox pending     {}\n", outbox.pending.len()));
