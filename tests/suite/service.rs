@@ -26,6 +26,11 @@ fn telegram_agent(model: &FakeModel, telegram: &FakeTelegram) -> tempfile::TempD
 }
 
 fn start(dir: &Path, failpoint: Option<&str>) -> Child {
+    launch(dir, ("TELEGRAM_TOKEN", TOKEN), failpoint)
+}
+
+/// `perch run DIR` on the namespace double, with one platform token in its environment.
+fn launch(dir: &Path, token: (&str, &str), failpoint: Option<&str>) -> Child {
     let mut command = Command::new(env!("CARGO_BIN_EXE_perch"));
     command
         .args(["run", dir.to_str().unwrap()])
@@ -33,7 +38,7 @@ fn start(dir: &Path, failpoint: Option<&str>) -> Child {
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("PERCH_SANDBOX", "namespace-double")
         .env("PERCH_CACHE", Places::from_environment().cache)
-        .env("TELEGRAM_TOKEN", TOKEN)
+        .env(token.0, token.1)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
@@ -412,18 +417,7 @@ fn a_discord_message_is_answered_in_its_channel_as_a_reply_without_pings() {
     );
     discord.guild_channel(555);
     model.push(Script::text("Hi @everyone, the answer is 42."));
-    let child = Command::new(env!("CARGO_BIN_EXE_perch"))
-        .args(["run", dir.path().to_str().unwrap()])
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("PERCH_SANDBOX", "namespace-double")
-        .env("PERCH_CACHE", Places::from_environment().cache)
-        .env("DISCORD_TOKEN", DISCORD_TOKEN)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = launch(dir.path(), ("DISCORD_TOKEN", DISCORD_TOKEN), None);
     let dana = Author::user(77, "Dana");
     wait_until("the gateway session", || discord.live_sessions() > 0);
     let asked = discord.push_message(555, &dana, &format!("<@{BOT_ID}> what is the answer?"));
@@ -465,23 +459,7 @@ fn a_crash_after_posting_on_discord_resends_with_the_same_nonce_and_posts_once()
     );
     discord.guild_channel(555);
     model.push(Script::text("posted exactly once"));
-    let run = |failpoint: Option<&str>| {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_perch"));
-        command
-            .args(["run", dir.path().to_str().unwrap()])
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("PERCH_SANDBOX", "namespace-double")
-            .env("PERCH_CACHE", Places::from_environment().cache)
-            .env("DISCORD_TOKEN", DISCORD_TOKEN)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if let Some(point) = failpoint {
-            command.env("PERCH_FAILPOINT", point);
-        }
-        command.spawn().unwrap()
-    };
+    let run = |failpoint| launch(dir.path(), ("DISCORD_TOKEN", DISCORD_TOKEN), failpoint);
     let child = run(Some("after:delivery_sent"));
     wait_until("the gateway session", || discord.live_sessions() > 0);
     discord.push_message(
@@ -578,18 +556,7 @@ fn a_burst_over_fifty_discord_channels_is_answered_once_each_in_order() {
     for channel in &channels {
         discord.dm_channel(*channel);
     }
-    let child = Command::new(env!("CARGO_BIN_EXE_perch"))
-        .args(["run", dir.path().to_str().unwrap()])
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("PERCH_SANDBOX", "namespace-double")
-        .env("PERCH_CACHE", Places::from_environment().cache)
-        .env("DISCORD_TOKEN", DISCORD_TOKEN)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = launch(dir.path(), ("DISCORD_TOKEN", DISCORD_TOKEN), None);
     wait_until("the gateway session", || discord.live_sessions() > 0);
     let rounds = 6;
     for round in 0..rounds {
