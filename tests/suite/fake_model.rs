@@ -21,13 +21,14 @@
     reason = "a harness shared by several suites, each using part of it"
 )]
 
+use super::support::read_request;
 use perch_core::config::Api;
 use serde_json::{Value, json};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 /// What the fake answers to one request.
@@ -317,13 +318,6 @@ async fn accept(listener: TcpListener, api: Api, state: Arc<Mutex<State>>) {
     }
 }
 
-struct Request {
-    method: String,
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
 async fn serve(mut socket: TcpStream, api: Api, state: Arc<Mutex<State>>) {
     let mut buffer = Vec::new();
     while let Some(request) = read_request(&mut socket, &mut buffer).await {
@@ -363,51 +357,6 @@ fn path(api: Api) -> &'static str {
         Api::OpenAiResponses => "/responses",
         Api::AnthropicMessages => "/messages",
     }
-}
-
-async fn read_request(socket: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<Request> {
-    let head_end = loop {
-        if let Some(end) = buffer.windows(4).position(|window| window == b"\r\n\r\n") {
-            break end;
-        }
-        let mut chunk = [0u8; 8192];
-        let read = socket.read(&mut chunk).await.ok()?;
-        if read == 0 {
-            return None;
-        }
-        buffer.extend_from_slice(&chunk[..read]);
-    };
-    let head = String::from_utf8_lossy(&buffer[..head_end]).into_owned();
-    let mut lines = head.split("\r\n");
-    let mut request_line = lines.next()?.split(' ');
-    let method = request_line.next()?.to_owned();
-    let path = request_line.next()?.to_owned();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|line| line.split_once(':'))
-        .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
-        .collect();
-    let length: usize = headers
-        .iter()
-        .find(|(name, _)| name == "content-length")
-        .and_then(|(_, value)| value.parse().ok())
-        .unwrap_or(0);
-    let body_start = head_end + 4;
-    while buffer.len() < body_start + length {
-        let mut chunk = [0u8; 8192];
-        let read = socket.read(&mut chunk).await.ok()?;
-        if read == 0 {
-            return None;
-        }
-        buffer.extend_from_slice(&chunk[..read]);
-    }
-    let body = buffer[body_start..body_start + length].to_vec();
-    buffer.drain(..body_start + length);
-    Some(Request {
-        method,
-        path,
-        headers,
-        body,
-    })
 }
 
 /// How a scripted stream ends.

@@ -26,13 +26,14 @@
     reason = "a harness shared by several suites, each using part of it"
 )]
 
+use super::support::{Request, read_request};
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
@@ -740,13 +741,6 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-struct Request {
-    method: String,
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
 /// An answer: the HTTP status and the JSON body.
 struct Answer(u16, Value);
 
@@ -1057,49 +1051,4 @@ fn reason(status: u16) -> &'static str {
         429 => "Too Many Requests",
         _ => "Error",
     }
-}
-
-async fn read_request(socket: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<Request> {
-    let head_end = loop {
-        if let Some(end) = buffer.windows(4).position(|window| window == b"\r\n\r\n") {
-            break end;
-        }
-        let mut chunk = [0u8; 8192];
-        let read = socket.read(&mut chunk).await.ok()?;
-        if read == 0 {
-            return None;
-        }
-        buffer.extend_from_slice(&chunk[..read]);
-    };
-    let head = String::from_utf8_lossy(&buffer[..head_end]).into_owned();
-    let mut lines = head.split("\r\n");
-    let mut request_line = lines.next()?.split(' ');
-    let method = request_line.next()?.to_owned();
-    let path = request_line.next()?.to_owned();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|line| line.split_once(':'))
-        .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
-        .collect();
-    let length: usize = headers
-        .iter()
-        .find(|(name, _)| name == "content-length")
-        .and_then(|(_, value)| value.parse().ok())
-        .unwrap_or(0);
-    let body_start = head_end + 4;
-    while buffer.len() < body_start + length {
-        let mut chunk = [0u8; 8192];
-        let read = socket.read(&mut chunk).await.ok()?;
-        if read == 0 {
-            return None;
-        }
-        buffer.extend_from_slice(&chunk[..read]);
-    }
-    let body = buffer[body_start..body_start + length].to_vec();
-    buffer.drain(..body_start + length);
-    Some(Request {
-        method,
-        path,
-        headers,
-        body,
-    })
 }

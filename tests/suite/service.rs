@@ -155,11 +155,31 @@ fn a_crash_after_the_delivery_intent_is_reported_not_resent_on_telegram() {
 }
 
 fn agent_with_channel(model: &FakeModel, channel: &str) -> tempfile::TempDir {
+    agent_with(model, "channels/tg.lua", channel)
+}
+
+fn agent_with(model: &FakeModel, file: &str, channel: &str) -> tempfile::TempDir {
     let dir = new_agent();
     write(dir.path(), "models.yml", &model.models_yml("fake", "m1"));
     write(dir.path(), "agent.lua", "agent { model = \"fake/m1\" }\n");
-    write(dir.path(), "channels/tg.lua", channel);
+    write(dir.path(), file, channel);
     dir
+}
+
+/// An agent with one Discord channel on the fake; `options` go inside `channel { ... }`.
+fn discord_agent(
+    model: &FakeModel,
+    discord: &super::fake_discord::FakeDiscord,
+    options: &str,
+) -> tempfile::TempDir {
+    agent_with(
+        model,
+        "channels/dc.lua",
+        &format!(
+            "channel {{ kind = \"discord\", token = env \"DISCORD_TOKEN\", api_url = {:?},\n  {options} }}\n",
+            discord.url()
+        ),
+    )
 }
 
 fn perch_cli(args: &[&str]) -> std::process::Output {
@@ -405,15 +425,10 @@ fn a_discord_message_is_answered_in_its_channel_as_a_reply_without_pings() {
     use super::fake_discord::{Author, BOT_ID, FakeDiscord, TOKEN as DISCORD_TOKEN};
     let model = FakeModel::start(Api::AnthropicMessages);
     let discord = FakeDiscord::start();
-    let dir = agent_with_channel(&model, "");
-    std::fs::remove_file(dir.path().join("channels/tg.lua")).unwrap();
-    write(
-        dir.path(),
-        "channels/dc.lua",
-        &format!(
-            "channel {{ kind = \"discord\", token = env \"DISCORD_TOKEN\", api_url = {:?},\n  rooms = {{ general = \"555\" }}, allow = {{ rooms = {{ \"general\" }} }} }}\n",
-            discord.url()
-        ),
+    let dir = discord_agent(
+        &model,
+        &discord,
+        "rooms = { general = \"555\" }, allow = { rooms = { \"general\" } }",
     );
     discord.guild_channel(555);
     model.push(Script::text("Hi @everyone, the answer is 42."));
@@ -447,15 +462,10 @@ fn a_crash_after_posting_on_discord_resends_with_the_same_nonce_and_posts_once()
     use super::fake_discord::{Author, BOT_ID, FakeDiscord, TOKEN as DISCORD_TOKEN};
     let model = FakeModel::start(Api::OpenAiCompletions);
     let discord = FakeDiscord::start();
-    let dir = agent_with_channel(&model, "");
-    std::fs::remove_file(dir.path().join("channels/tg.lua")).unwrap();
-    write(
-        dir.path(),
-        "channels/dc.lua",
-        &format!(
-            "channel {{ kind = \"discord\", token = env \"DISCORD_TOKEN\", api_url = {:?},\n  rooms = {{ general = \"555\" }}, allow = {{ rooms = {{ \"general\" }} }} }}\n",
-            discord.url()
-        ),
+    let dir = discord_agent(
+        &model,
+        &discord,
+        "rooms = { general = \"555\" }, allow = { rooms = { \"general\" } }",
     );
     discord.guild_channel(555);
     model.push(Script::text("posted exactly once"));
@@ -542,16 +552,7 @@ fn a_burst_over_fifty_discord_channels_is_answered_once_each_in_order() {
     use super::fake_discord::{Author, FakeDiscord, TOKEN as DISCORD_TOKEN};
     let model = FakeModel::start(Api::OpenAiCompletions);
     let discord = FakeDiscord::start();
-    let dir = agent_with_channel(&model, "");
-    std::fs::remove_file(dir.path().join("channels/tg.lua")).unwrap();
-    write(
-        dir.path(),
-        "channels/dc.lua",
-        &format!(
-            "channel {{ kind = \"discord\", token = env \"DISCORD_TOKEN\", api_url = {:?}, dm = \"allow\" }}\n",
-            discord.url()
-        ),
-    );
+    let dir = discord_agent(&model, &discord, "dm = \"allow\"");
     let channels: Vec<u64> = (0..50).map(|n| 7_000 + n).collect();
     for channel in &channels {
         discord.dm_channel(*channel);

@@ -59,3 +59,65 @@ pub fn tree(dir: &Path) -> Vec<String> {
     out.sort();
     out
 }
+
+/// One HTTP/1.1 request as the loopback fakes read it.
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+/// Reads one HTTP/1.1 request (head and `content-length` body) from `socket`, keeping what
+/// follows it in `buffer` for the next request on the connection. `None` at end of stream.
+pub async fn read_request(
+    socket: &mut tokio::net::TcpStream,
+    buffer: &mut Vec<u8>,
+) -> Option<Request> {
+    let head_end = loop {
+        if let Some(end) = buffer.windows(4).position(|window| window == b"\r\n\r\n") {
+            break end;
+        }
+        let mut chunk = [0u8; 8192];
+        let read = tokio::io::AsyncReadExt::read(socket, &mut chunk)
+            .await
+            .ok()?;
+        if read == 0 {
+            return None;
+        }
+        buffer.extend_from_slice(&chunk[..read]);
+    };
+    let head = String::from_utf8_lossy(&buffer[..head_end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let mut request_line = lines.next()?.split(' ');
+    let method = request_line.next()?.to_owned();
+    let path = request_line.next()?.to_owned();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
+        .collect();
+    let length: usize = headers
+        .iter()
+        .find(|(name, _)| name == "content-length")
+        .and_then(|(_, value)| value.parse().ok())
+        .unwrap_or(0);
+    let body_start = head_end + 4;
+    while buffer.len() < body_start + length {
+        let mut chunk = [0u8; 8192];
+        let read = tokio::io::AsyncReadExt::read(socket, &mut chunk)
+            .await
+            .ok()?;
+        if read == 0 {
+            return None;
+        }
+        buffer.extend_from_slice(&chunk[..read]);
+    }
+    let body = buffer[body_start..body_start + length].to_vec();
+    buffer.drain(..body_start + length);
+    Some(Request {
+        method,
+        path,
+        headers,
+        body,
+    })
+}
