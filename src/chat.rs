@@ -60,6 +60,7 @@ async fn turn<O: Write, N: Write>(
     let input = Input {
         text,
         consumes: Vec::new(),
+        fresh: false,
     };
     let run = lane.send(input, Some(events));
     tokio::pin!(run);

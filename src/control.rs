@@ -17,6 +17,9 @@ use tokio::net::{UnixListener, UnixStream};
 pub enum ControlRequest {
     PairApprove { code: String },
     Status,
+    HeartbeatRun { task: String, dry_run: bool },
+    HeartbeatResume { task: String },
+    HeartbeatList,
 }
 
 pub fn socket_path(dir: &AgentDir) -> PathBuf {

@@ -3,12 +3,14 @@
 //! live in `perch-core`.
 
 pub mod agent;
+pub mod attachments;
 pub mod builtin;
 pub mod channel;
 pub mod chat;
 pub mod control;
 pub mod doctor;
 pub mod failpoint;
+pub mod heartbeat;
 pub mod image;
 pub mod inbox;
 pub mod info;
@@ -16,6 +18,7 @@ pub mod lane;
 pub mod log;
 pub mod lua;
 pub mod model;
+pub mod notify;
 pub mod outbox;
 pub mod prompt;
 pub mod runtime;

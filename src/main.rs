@@ -4,10 +4,12 @@
 use clap::{Parser, Subcommand};
 use perch::agent::{self, AgentDir, InitStatus};
 use perch::control::{self, ControlRequest};
+use perch::heartbeat;
 use perch::lane::{Lane, RunLimits};
 use perch::log::system_clock;
 use perch::model;
 use perch::model::ToolSpec;
+use perch::notify::Notifier;
 use perch::runtime::Runtime;
 use perch::sandbox::{self, End, Machine, MachineSetup};
 use perch::service::ServiceSetup;
@@ -125,6 +127,47 @@ enum Command {
         #[command(subcommand)]
         command: ChannelCommand,
     },
+    /// The scheduled tasks in workspace/HEARTBEAT.yml
+    Heartbeat {
+        #[command(subcommand)]
+        command: HeartbeatCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum HeartbeatCommand {
+    /// List each task with its schedule, its next firing, its last outcome, and the error of an
+    /// edit that did not check (the last good schedule keeps running). Read-only.
+    List {
+        /// The agent directory [default: the current directory]
+        dir: Option<PathBuf>,
+        /// Print one JSON object instead of text
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a task now, without consuming a slot, through the running `perch run` (which
+    /// delivers its message). With --dry-run, run the whole turn, tools included, in the task's
+    /// dry-run lane, print the verdict and its judgement, and deliver nothing; a dry run works
+    /// without a running service too.
+    Run {
+        /// The task's name
+        name: String,
+        /// The agent directory [default: the current directory]
+        dir: Option<PathBuf>,
+        #[arg(long)]
+        dry_run: bool,
+        /// Print one JSON object instead of text
+        #[arg(long)]
+        json: bool,
+    },
+    /// Resume a task that stopped on an authentication or quota error. Editing the task's entry
+    /// in HEARTBEAT.yml resumes it too.
+    Resume {
+        /// The task's name
+        name: String,
+        /// The agent directory [default: the current directory]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -207,6 +250,25 @@ fn main() -> ExitCode {
             command: PairCommand::Approve { code, dir },
         } => pair_approve(dir.unwrap_or_else(|| PathBuf::from(".")), &code),
         Command::Run { dir } => run_service(dir.unwrap_or_else(|| PathBuf::from("."))),
+        Command::Heartbeat { command } => match command {
+            HeartbeatCommand::List { dir, json } => {
+                heartbeat_list(dir.unwrap_or_else(|| PathBuf::from(".")), json)
+            }
+            HeartbeatCommand::Run {
+                name,
+                dir,
+                dry_run,
+                json,
+            } => heartbeat_run(
+                dir.unwrap_or_else(|| PathBuf::from(".")),
+                &name,
+                dry_run,
+                json,
+            ),
+            HeartbeatCommand::Resume { name, dir } => {
+                heartbeat_resume(dir.unwrap_or_else(|| PathBuf::from(".")), &name)
+            }
+        },
         Command::Chat { dir } => chat(dir.unwrap_or_else(|| PathBuf::from("."))),
         Command::Compact { dir, lane } => compact(dir.unwrap_or_else(|| PathBuf::from(".")), &lane),
         Command::Exec { dir, command } => exec(dir.unwrap_or_else(|| PathBuf::from(".")), &command),
@@ -591,6 +653,10 @@ fn run_service(dir: PathBuf) -> Result<ExitCode, String> {
     runtime()?.block_on(async {
         let lookup = |name: &str| std::env::var(name).ok();
         let endpoint = model::endpoint_for(&agent, lookup)?;
+        let notifier = Notifier::from_env().unwrap_or_else(|error| {
+            eprintln!("perch: not notifying systemd: {error}");
+            Notifier::disabled()
+        });
         let setup = ServiceSetup {
             machine: MachineSetup::from_environment(),
             model: model::connect(endpoint),
@@ -603,31 +669,54 @@ fn run_service(dir: PathBuf) -> Result<ExitCode, String> {
             clock: system_clock(),
             limits: RunLimits::default(),
             reconnect: std::time::Duration::from_secs(1),
+            heartbeat_reload: heartbeat::RELOAD_EVERY,
+            notifier,
+            drain: std::time::Duration::from_secs(30),
         };
         let shutdown = CancellationToken::new();
         let on_signal = shutdown.clone();
+        let mut signals = StopSignals::listen()?;
         tokio::spawn(async move {
-            let mut terminate =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            let terminated = async {
-                match terminate.as_mut() {
-                    Some(signal) => {
-                        signal.recv().await;
-                    }
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                () = terminated => {}
-            }
+            signals.next().await;
+            eprintln!(
+                "perch: stopping: finishing the runs in progress (a second signal exits now)"
+            );
             on_signal.cancel();
+            signals.next().await;
+            eprintln!("perch: second signal: exiting now; the next start recovers what was open");
+            std::process::exit(130);
         });
         eprintln!("perch: running {}", dir.display());
         perch::service::run(agent, setup, shutdown).await?;
         eprintln!("perch: stopped");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// SIGTERM and SIGINT, as one stream.
+struct StopSignals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn listen() -> Result<StopSignals, String> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let listen = |kind: SignalKind| {
+            signal(kind).map_err(|error| format!("cannot listen for signals: {error}"))
+        };
+        Ok(StopSignals {
+            terminate: listen(SignalKind::terminate())?,
+            interrupt: listen(SignalKind::interrupt())?,
+        })
+    }
+
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
+        }
+    }
 }
 
 fn pair_approve(dir: PathBuf, code: &str) -> Result<ExitCode, String> {
@@ -668,6 +757,213 @@ fn pair_approve(dir: PathBuf, code: &str) -> Result<ExitCode, String> {
             .unwrap_or("the approval failed")
             .to_owned())
     }
+}
+
+/// The heartbeat tasks as the running service sees them, or, when none runs, as the file and
+/// the ledger say.
+fn heartbeat_listing(agent_dir: &AgentDir) -> Result<serde_json::Value, String> {
+    let live = runtime()?.block_on(control::ask(agent_dir, &ControlRequest::HeartbeatList));
+    if let Some(Ok(answer)) = live
+        && answer["ok"] == true
+    {
+        return Ok(answer["list"].clone());
+    }
+    let loaded = agent::load(agent_dir).map_err(|problems| {
+        format!(
+            "{} problem(s) in the agent's files: run `perch info`",
+            problems.len()
+        )
+    })?;
+    let env = heartbeat::heartbeat_env(&loaded, heartbeat::host_tz());
+    let (tasks, error) = match heartbeat::read_file(&heartbeat::file_path(agent_dir), &env) {
+        Ok(file) => (file.tasks, None),
+        Err(error) => (Vec::new(), Some(error)),
+    };
+    let state = heartbeat::peek_ledger(agent_dir)?;
+    let now = chrono::Utc::now();
+    Ok(heartbeat::list_json(
+        &tasks,
+        &state,
+        &heartbeat::first_seen_now(&tasks, now),
+        now,
+        error.as_deref(),
+    ))
+}
+
+fn heartbeat_list(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
+    let agent_dir = AgentDir::open(&dir).map_err(|error| error.to_string())?;
+    let list = heartbeat_listing(&agent_dir)?;
+    if json {
+        emit(&format!("{list:#}\n"))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut text = String::new();
+    let tasks = list["tasks"].as_array().cloned().unwrap_or_default();
+    if tasks.is_empty() {
+        text.push_str("no heartbeat tasks\n");
+    }
+    for task in &tasks {
+        text.push_str(&format!(
+            "{}  {}  {}{}\n",
+            task["name"].as_str().unwrap_or_default(),
+            task["schedule"].as_str().unwrap_or_default(),
+            task["status"].as_str().unwrap_or_default(),
+            task["next"]
+                .as_str()
+                .map(|next| format!(", next {next}"))
+                .unwrap_or_default(),
+        ));
+        if let Some(last) = task["last"].as_object() {
+            text.push_str(&format!(
+                "    last: {} ({})\n",
+                last.get("outcome")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or_default(),
+                last.get("at").and_then(|v| v.as_str()).unwrap_or_default(),
+            ));
+        }
+    }
+    if let Some(error) = list["reload_error"].as_str() {
+        text.push_str(&format!(
+            "the last edit of workspace/HEARTBEAT.yml does not check; the last good schedule keeps running:\n{error}\n"
+        ));
+    }
+    emit(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn heartbeat_run(dir: PathBuf, name: &str, dry_run: bool, json: bool) -> Result<ExitCode, String> {
+    let agent_dir = AgentDir::open(&dir).map_err(|error| error.to_string())?;
+    let request = ControlRequest::HeartbeatRun {
+        task: name.to_owned(),
+        dry_run,
+    };
+    let end = match runtime()?.block_on(control::ask(&agent_dir, &request)) {
+        Some(answer) => {
+            let answer = answer?;
+            if answer["ok"] != true {
+                return Err(answer["error"]
+                    .as_str()
+                    .unwrap_or("the run failed")
+                    .to_owned());
+            }
+            answer["end"].clone()
+        }
+        None if dry_run => heartbeat_dry_run_here(&dir, name)?,
+        None => {
+            return Err(format!(
+                "no perch run serves {}: start it, or try the task with --dry-run (which delivers nothing)",
+                dir.display()
+            ));
+        }
+    };
+    if json {
+        emit(&format!("{end:#}\n"))?;
+    } else {
+        let judgement = if end["valid"] == true {
+            "valid verdict"
+        } else {
+            "invalid verdict"
+        };
+        emit(&format!(
+            "{}\n{judgement}: {}\n",
+            end["reply"].as_str().unwrap_or_default(),
+            end["outcome"].as_str().unwrap_or_default()
+        ))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A dry run without a running service: the task's turn in its dry-run lane, in this process.
+fn heartbeat_dry_run_here(dir: &Path, name: &str) -> Result<serde_json::Value, String> {
+    let agent = match load_agent(dir)? {
+        Ok(agent) => agent,
+        Err(_) => return Err("the agent's files do not check: run `perch info`".into()),
+    };
+    let env = heartbeat::heartbeat_env(&agent, heartbeat::host_tz());
+    let file = heartbeat::read_file(&heartbeat::file_path(&agent.dir), &env)?;
+    let task = file
+        .tasks
+        .into_iter()
+        .find(|task| task.name.as_str() == name)
+        .ok_or_else(|| format!("no task {name} in workspace/HEARTBEAT.yml"))?;
+    runtime()?.block_on(async {
+        let lookup = |name: &str| std::env::var(name).ok();
+        let endpoint = model::endpoint_for(&agent, lookup)?;
+        let runtime = Runtime::start(
+            agent,
+            &MachineSetup::from_environment(),
+            model::connect(endpoint),
+            system_clock(),
+            lookup,
+        )?;
+        let origin = Origin {
+            channel: "heartbeat".into(),
+            room: Some(task.name.to_string()),
+            sender: None,
+        };
+        let lane_name = task.name.dry_run_lane();
+        let (lane, _) = match &task.model {
+            Some(model) => {
+                runtime
+                    .open_lane_with_model(&lane_name, origin, RunLimits::default(), model)
+                    .await?
+            }
+            None => runtime
+                .open_lane(&lane_name, origin, RunLimits::default())
+                .await
+                .map_err(|error| error.to_string())?,
+        };
+        let job = heartbeat::Job {
+            task,
+            slot: chrono::Utc::now(),
+            run: uuid::Uuid::now_v7().to_string(),
+            coalesced: 0,
+            last: None,
+            mode: heartbeat::Mode::DryRun,
+        };
+        let end = match heartbeat::take_turn(&lane, runtime.machine(), &job).await {
+            heartbeat::Turned::Ended(end) => end,
+            heartbeat::Turned::Verdict { verdict, reply } => heartbeat::JobEnd {
+                outcome: heartbeat::dry_outcome(&job, verdict),
+                reply,
+                stop: None,
+            },
+        };
+        let _ = lane
+            .note("heartbeat_outcome", heartbeat::outcome_note(&job, &end))
+            .await;
+        let closed = lane.close().await;
+        let stopped = runtime.machine().stop().await;
+        closed.map_err(|error| error.to_string())?;
+        stopped.map_err(|error| error.to_string())?;
+        Ok(heartbeat::end_json(&end))
+    })
+}
+
+fn heartbeat_resume(dir: PathBuf, name: &str) -> Result<ExitCode, String> {
+    let agent_dir = AgentDir::open(&dir).map_err(|error| error.to_string())?;
+    let request = ControlRequest::HeartbeatResume {
+        task: name.to_owned(),
+    };
+    match runtime()?.block_on(control::ask(&agent_dir, &request)) {
+        Some(answer) => {
+            let answer = answer?;
+            if answer["ok"] != true {
+                return Err(answer["error"]
+                    .as_str()
+                    .unwrap_or("the resume failed")
+                    .to_owned());
+            }
+        }
+        None => {
+            let _lock =
+                perch::agent::OwnerLock::acquire(&agent_dir).map_err(|error| error.to_string())?;
+            runtime()?.block_on(heartbeat::resume_here(&agent_dir, name))?;
+        }
+    }
+    emit(&format!("resumed {name}\n"))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
@@ -725,6 +1021,7 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
         "deliveries_unknown": unknown,
         "pairings_pending": pairing.pending.iter().map(|pending| serde_json::json!({"channel": pending.channel, "sender": pending.sender, "name": pending.name, "expires": pending.expires})).collect::<Vec<_>>(),
         "approved_senders": pairing.approved.len(),
+        "heartbeats": heartbeat_listing(&agent_dir).unwrap_or_else(|error| serde_json::json!({ "error": error })),
     });
     if json {
         emit(&format!(
@@ -781,6 +1078,28 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
             ));
         }
         out.push_str(&format!("pairings pending   {}\n", pairing.pending.len()));
+        for task in report["heartbeats"]["tasks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            out.push_str(&format!(
+                "heartbeat          {}: {}{}{}\n",
+                task["name"].as_str().unwrap_or_default(),
+                task["status"].as_str().unwrap_or_default(),
+                task["next"]
+                    .as_str()
+                    .map(|next| format!(", next {next}"))
+                    .unwrap_or_default(),
+                task["last"]["outcome"]
+                    .as_str()
+                    .map(|last| format!(", last {last}"))
+                    .unwrap_or_default(),
+            ));
+        }
+        if let Some(error) = report["heartbeats"]["reload_error"].as_str() {
+            out.push_str(&format!("heartbeat file     does not check: {error}\n"));
+        }
         emit(&out)?;
     }
     Ok(ExitCode::SUCCESS)

@@ -1,6 +1,7 @@
 //! Assembling an agent's system prompt: `instructions.md` as loaded, the workspace's
 //! `AGENTS.md`, `SOUL.md` and `KNOWLEDGE.md` read on the host without following symlinks, and
-//! the skills catalog. The text itself is made by the core's
+//! the skills catalog; a conversation on one of the agent's chat channels is told how files
+//! travel. The text itself is made by the core's
 //! [`system_prompt`](perch_core::prompt::system_prompt).
 
 use crate::agent::LoadedAgent;
@@ -25,6 +26,12 @@ pub fn system_prompt(agent: &LoadedAgent, origin: Option<Origin>) -> (String, Ve
         PROMPT_FILES.map(|name| workspace_file(&workspace, name, &mut problems));
     let (skills, skill_problems) = skills_catalog(&workspace);
     problems.extend(skill_problems);
+    let files = origin.as_ref().is_some_and(|origin| {
+        agent
+            .channels
+            .iter()
+            .any(|channel| channel.config.name.as_str() == origin.channel)
+    });
     let parts = PromptParts {
         instructions: agent.instructions.as_ref().map(|text| PromptFile {
             name: "instructions.md".to_owned(),
@@ -36,6 +43,7 @@ pub fn system_prompt(agent: &LoadedAgent, origin: Option<Origin>) -> (String, Ve
         knowledge,
         skills,
         origin,
+        files,
     };
     (perch_core::prompt::system_prompt(&parts), problems)
 }

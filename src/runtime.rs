@@ -9,7 +9,7 @@ use crate::prompt;
 use crate::sandbox::{self, Machine, MachineSetup};
 use crate::tools::Toolbox;
 use perch_core::Problem;
-use perch_core::name::LaneName;
+use perch_core::name::{LaneName, ModelRef};
 use perch_core::prompt::Origin;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
@@ -75,14 +75,56 @@ impl Runtime {
         origin: Origin,
         limits: RunLimits,
     ) -> Result<(Lane, RecoveryReport), LaneError> {
-        let agent = Arc::clone(&self.agent);
         let (_, spec) = self.agent.definition.model();
+        let context_window = u64::from(spec.context_window);
+        self.open_lane_on(
+            name,
+            origin,
+            limits,
+            Arc::clone(&self.model),
+            context_window,
+        )
+        .await
+    }
+
+    /// Like [`Runtime::open_lane`], on `model` (one `models.yml` declares) instead of the
+    /// agent's; its provider's key is read from the environment.
+    pub async fn open_lane_with_model(
+        &self,
+        name: &LaneName,
+        origin: Origin,
+        limits: RunLimits,
+        model: &ModelRef,
+    ) -> Result<(Lane, RecoveryReport), String> {
+        let endpoint =
+            crate::model::endpoint_for_model(&self.agent, model, |name| std::env::var(name).ok())?;
+        let context_window = u64::from(endpoint.model.context_window);
+        self.open_lane_on(
+            name,
+            origin,
+            limits,
+            crate::model::connect(endpoint),
+            context_window,
+        )
+        .await
+        .map_err(|error| error.to_string())
+    }
+
+    async fn open_lane_on(
+        &self,
+        name: &LaneName,
+        origin: Origin,
+        limits: RunLimits,
+        model: Arc<dyn Model>,
+        context_window: u64,
+    ) -> Result<(Lane, RecoveryReport), LaneError> {
+        let agent = Arc::clone(&self.agent);
         let setup = LaneSetup {
-            model: Arc::clone(&self.model),
+            model,
             toolbox: Arc::clone(&self.toolbox),
             system_prompt: Arc::new(move || prompt::system_prompt(&agent, Some(origin.clone())).0),
             thinking: self.agent.definition.agent.thinking,
-            context_window: u64::from(spec.context_window),
+            context_window,
             limits,
             clock: self.clock.clone(),
             active_runs: Arc::clone(&self.active_runs),

@@ -3,24 +3,28 @@
 //!
 //! One inbound event goes: connector → inbox journal (fsynced) → acknowledged to the platform →
 //! admission (age, bots, who may talk, addressing) → the channel's `on_message` hook → the
-//! verdict, journaled under the event → the conversation's queue → a lane run naming the event
-//! → the reply, through `format`, split to the platform's limit → the outbox (intent fsynced)
-//! → the platform → the receipt → the inbox item consumed.
+//! verdict, journaled under the event → the conversation's queue → its files saved under
+//! `workspace/inbox/` → a lane run naming the event → the reply, its `attach:` lines checked,
+//! through `format`, split to the platform's limit (the files on the last piece) → the outbox
+//! (intent fsynced) → the platform → the receipt → the inbox item consumed.
 
 use crate::agent::{LoadedAgent, LoadedChannel};
 use crate::channel::hooks::{ChannelHooks, HookVerdict};
-use crate::channel::{Arrival, Connector, Delivery, DeliveryError, InboundEvent};
+use crate::channel::{Arrival, Connector, Delivery, DeliveryError, InboundEvent, OutboundFile};
 use crate::control::{self, ControlRequest};
+use crate::heartbeat::{self, Heartbeats, Job, JobEnd, Ledger, Mode, SchedulerSetup, Turned};
 use crate::inbox::{Backlog, Inbox, PendingItem, Recorded, Verdict, consumes_id};
 use crate::lane::{Input, Lane, RunLimits, Steered};
 use crate::log::{Clock, LogError};
 use crate::model::Model;
+use crate::notify::{Notifier, status_line};
 use crate::outbox::{Outbox, OutboxRecord, Unsettled};
 use crate::runtime::Runtime;
 use crate::sandbox::MachineSetup;
 use perch_core::admission::{Admission, Arrived, admit};
 use perch_core::config::BusyPolicy;
 use perch_core::delivery::{Unreceipted, lane_for, split_message};
+use perch_core::heartbeat::{SlotOutcome, Target, Verdict as HeartbeatVerdict};
 use perch_core::log::Outcome;
 use perch_core::name::LaneName;
 use perch_core::pairing::{Approval, Issued, Pairing, pairing_code};
@@ -30,6 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// Makes the connector of one channel (the real platform, or a test's).
 pub type ConnectorFactory =
@@ -44,7 +49,16 @@ pub struct ServiceSetup {
     pub limits: RunLimits,
     /// The first wait before reconnecting a dropped channel; it doubles up to a minute.
     pub reconnect: Duration,
+    /// How often `HEARTBEAT.yml` is looked at for changes.
+    pub heartbeat_reload: Duration,
+    /// Tells systemd when the service is ready, alive and stopping.
+    pub notifier: Notifier,
+    /// How long a run in progress at shutdown may go on before it is aborted.
+    pub drain: Duration,
 }
+
+/// How long past the drain the service waits for aborted runs to be recorded.
+const DRAIN_MARGIN: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for ServiceSetup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -133,6 +147,11 @@ struct Service {
     /// The last group messages per (channel, room) that did not address the agent, offered to
     /// the model with the next message that does.
     context: Mutex<HashMap<(String, String), VecDeque<String>>>,
+    /// The heartbeat scheduler, once started.
+    heartbeats: std::sync::OnceLock<Heartbeats>,
+    /// Every conversation's task and run, waited for at shutdown.
+    tasks: TaskTracker,
+    drain: Duration,
 }
 
 /// Runs the service until `shutdown` fires.
@@ -198,6 +217,9 @@ pub async fn run(
         limits: setup.limits,
         clock,
         shutdown: shutdown.clone(),
+        heartbeats: std::sync::OnceLock::new(),
+        tasks: TaskTracker::new(),
+        drain: setup.drain,
     });
     {
         let service = Arc::clone(&service);
@@ -222,6 +244,7 @@ pub async fn run(
     }
     service.settle_outbox(unsettled.unsettled).await?;
     service.resume_inbox(backlog.clone()).await?;
+    service.start_heartbeats(setup.heartbeat_reload)?;
     let (arrivals, mut incoming) = mpsc::channel::<(String, Arrival)>(256);
     for (name, channel) in &service.channels {
         let resume = backlog.cursors.get(name).cloned();
@@ -246,14 +269,50 @@ pub async fn run(
         ));
     }
     drop(arrivals);
+    let notifier = &setup.notifier;
+    if let Err(error) = notifier.notify(&format!("READY=1\n{}", service.status_line().await)) {
+        tracing_note(&format!(
+            "systemd was not told that perch is ready: {error}"
+        ));
+    }
+    let mut watchdog = notifier.watchdog().map(|interval| {
+        let mut ticks = tokio::time::interval(interval / 2);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks
+    });
+    let mut receiving = true;
     loop {
+        let tick = async {
+            match watchdog.as_mut() {
+                Some(ticks) => {
+                    ticks.tick().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = shutdown.cancelled() => break,
-            arrival = incoming.recv() => match arrival {
+            () = tick => {
+                let _ = notifier.notify(&format!("WATCHDOG=1\n{}", service.status_line().await));
+            }
+            arrival = incoming.recv(), if receiving => match arrival {
                 Some((channel, arrival)) => service.arrive(&channel, arrival).await?,
-                None => shutdown.cancelled().await,
+                None => receiving = false,
             },
         }
+    }
+    let _ = notifier.notify(&format!(
+        "STOPPING=1\n{}",
+        status_line("stopping: finishing the runs in progress")
+    ));
+    service.tasks.close();
+    if tokio::time::timeout(service.drain + DRAIN_MARGIN, service.tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing_note(
+            "some conversations did not stop in time; their lanes are recovered at the next start",
+        );
     }
     service
         .runtime
@@ -330,6 +389,15 @@ fn tracing_note(line: &str) {
 }
 
 impl Service {
+    /// The service's `STATUS=` line for systemd.
+    async fn status_line(&self) -> String {
+        status_line(&format!(
+            "{} channel(s), inbox {} waiting",
+            self.channels.len(),
+            self.inbox.depth().await
+        ))
+    }
+
     /// Journals the event, acknowledges it, and decides what it is.
     async fn arrive(self: &Arc<Self>, channel: &str, arrival: Arrival) -> Result<(), String> {
         let Arrival { event, journaled } = arrival;
@@ -423,7 +491,7 @@ impl Service {
                 let room = context
                     .entry((channel.to_owned(), event.room.clone()))
                     .or_default();
-                room.push_back(format!("{}: {}", event.sender.name, event.text));
+                room.push_back(context_line(&event));
                 while room.len() > CONTEXT_MESSAGES {
                     room.pop_front();
                 }
@@ -585,6 +653,33 @@ impl Service {
                     }),
                 }
             }
+            Ok(ControlRequest::HeartbeatRun { task, dry_run }) => match self.heartbeats.get() {
+                None => {
+                    serde_json::json!({ "ok": false, "error": "heartbeats are not running yet" })
+                }
+                Some(heartbeats) => match heartbeats.run_now(&task, dry_run).await {
+                    Ok(end) => serde_json::json!({ "ok": true, "end": heartbeat::end_json(&end) }),
+                    Err(error) => serde_json::json!({ "ok": false, "error": error }),
+                },
+            },
+            Ok(ControlRequest::HeartbeatResume { task }) => match self.heartbeats.get() {
+                None => {
+                    serde_json::json!({ "ok": false, "error": "heartbeats are not running yet" })
+                }
+                Some(heartbeats) => match heartbeats.resume(&task).await {
+                    Ok(()) => serde_json::json!({ "ok": true }),
+                    Err(error) => serde_json::json!({ "ok": false, "error": error }),
+                },
+            },
+            Ok(ControlRequest::HeartbeatList) => match self.heartbeats.get() {
+                None => {
+                    serde_json::json!({ "ok": false, "error": "heartbeats are not running yet" })
+                }
+                Some(heartbeats) => match heartbeats.list().await {
+                    Ok(list) => serde_json::json!({ "ok": true, "list": list }),
+                    Err(error) => serde_json::json!({ "ok": false, "error": error }),
+                },
+            },
             Ok(ControlRequest::Status) => {
                 let channels: Vec<serde_json::Value> = self
                     .channels
@@ -600,6 +695,200 @@ impl Service {
                     "pairings_pending": self.pairing.lock().await.pending.len(),
                 })
             }
+        }
+    }
+
+    /// The open lane `name`, opened (and recovered) first if it is not open yet, on `model` or
+    /// the agent's. Conversations and heartbeats share lanes through here, so a lane is never
+    /// opened twice.
+    async fn lane(
+        &self,
+        name: &LaneName,
+        origin: Origin,
+        model: Option<&perch_core::name::ModelRef>,
+    ) -> Result<Lane, String> {
+        let mut lanes = self.lanes.lock().await;
+        if let Some(lane) = lanes.get(name) {
+            return Ok(lane.clone());
+        }
+        let lane = match model {
+            None => {
+                self.runtime
+                    .open_lane(name, origin, self.limits)
+                    .await
+                    .map_err(|error| error.to_string())?
+                    .0
+            }
+            Some(model) => {
+                self.runtime
+                    .open_lane_with_model(name, origin, self.limits, model)
+                    .await?
+                    .0
+            }
+        };
+        lanes.insert(name.clone(), lane.clone());
+        Ok(lane)
+    }
+
+    /// Starts the heartbeat scheduler over the ledger in `.perch/heartbeats/`.
+    fn start_heartbeats(self: &Arc<Self>, reload_every: Duration) -> Result<(), String> {
+        let agent = self.runtime.agent();
+        let env = heartbeat::heartbeat_env(agent, heartbeat::host_tz());
+        let (ledger, records) =
+            Ledger::open(&agent.dir, self.clock.clone()).map_err(|error| error.to_string())?;
+        let service = Arc::clone(self);
+        let setup = SchedulerSetup {
+            dir: agent.dir.clone(),
+            env,
+            clock: self.clock.clone(),
+            reload_every,
+            run_job: Arc::new(move |job: Job| {
+                let service = Arc::clone(&service);
+                Box::pin(async move { service.heartbeat(job).await })
+            }),
+        };
+        let heartbeats = heartbeat::start(setup, ledger, records, self.shutdown.clone());
+        let _ = self.heartbeats.set(heartbeats);
+        Ok(())
+    }
+
+    /// One heartbeat run: the check, the judged turn in the task's lane, then the verdict's
+    /// effect — a `Message:` through the outbox, a `Steer:` into its lane. The outcome is left in
+    /// the lane as a note.
+    async fn heartbeat(self: &Arc<Self>, job: Job) -> JobEnd {
+        let lane_name = match job.mode {
+            Mode::DryRun => job.task.name.dry_run_lane(),
+            Mode::Scheduled | Mode::Manual => job.task.name.own_lane(),
+        };
+        let origin = Origin {
+            channel: "heartbeat".into(),
+            room: Some(job.task.name.to_string()),
+            sender: None,
+        };
+        let lane = self.lane(&lane_name, origin, job.task.model.as_ref()).await;
+        let end = match &lane {
+            Ok(lane) => self.heartbeat_turn(lane, &job).await,
+            Err(reason) => JobEnd {
+                outcome: SlotOutcome::Failed {
+                    reason: reason.clone(),
+                },
+                reply: String::new(),
+                stop: None,
+            },
+        };
+        if let Ok(lane) = lane
+            && let Err(error) = lane
+                .note("heartbeat_outcome", heartbeat::outcome_note(&job, &end))
+                .await
+        {
+            tracing_note(&format!(
+                "heartbeat {}: the outcome was not noted in its lane: {error}",
+                job.task.name
+            ));
+        }
+        end
+    }
+
+    async fn heartbeat_turn(self: &Arc<Self>, lane: &Lane, job: &Job) -> JobEnd {
+        let (verdict, reply) = match heartbeat::take_turn(lane, self.runtime.machine(), job).await {
+            Turned::Ended(end) => return end,
+            Turned::Verdict { verdict, reply } => (verdict, reply),
+        };
+        let outcome = match verdict {
+            _ if job.mode == Mode::DryRun => heartbeat::dry_outcome(job, verdict),
+            HeartbeatVerdict::Silence => SlotOutcome::Silent,
+            HeartbeatVerdict::Message(text) => match &job.task.delivery {
+                None => SlotOutcome::Message {
+                    text,
+                    target: String::new(),
+                    delivery: String::new(),
+                },
+                Some(target) => match self.post_to(target, &text).await {
+                    Ok(delivery) => SlotOutcome::Message {
+                        text,
+                        target: target.to_string(),
+                        delivery,
+                    },
+                    Err(reason) => SlotOutcome::Failed {
+                        reason: format!("the message to {target} was not delivered: {reason}"),
+                    },
+                },
+            },
+            HeartbeatVerdict::Steer(text) => {
+                let into = job.task.steer_lane();
+                match self.steer_from_heartbeat(job, &into, &text).await {
+                    Ok(()) => SlotOutcome::Steer { text, lane: into },
+                    Err(reason) => SlotOutcome::Failed { reason },
+                }
+            }
+        };
+        JobEnd {
+            outcome,
+            reply,
+            stop: None,
+        }
+    }
+
+    /// Delivers a heartbeat's message to its target room, through the outbox.
+    async fn post_to(&self, target: &Target, text: &str) -> Result<String, String> {
+        let channel = self
+            .channels
+            .get(target.channel.as_str())
+            .ok_or_else(|| format!("the channel {} is not connected", target.channel))?;
+        let room = channel
+            .loaded
+            .config
+            .rooms
+            .get(&target.room)
+            .ok_or_else(|| format!("{} declares no room {}", target.channel, target.room))?
+            .clone();
+        let ids = self
+            .post(
+                channel,
+                &room,
+                target.thread.as_deref(),
+                None,
+                text.to_owned(),
+            )
+            .await?;
+        Ok(ids.join(","))
+    }
+
+    /// Adds a heartbeat's steer to `into`: to its active run at the next tool boundary, or, when
+    /// the lane is idle, as a run of its own. That run's reply stays in the lane: a heartbeat
+    /// reaches a chat only through `Message:`.
+    async fn steer_from_heartbeat(
+        self: &Arc<Self>,
+        job: &Job,
+        into: &LaneName,
+        text: &str,
+    ) -> Result<(), String> {
+        let origin = Origin {
+            channel: "heartbeat".into(),
+            room: Some(job.task.name.to_string()),
+            sender: None,
+        };
+        let lane = self.lane(into, origin, None).await?;
+        let text = format!("[steer from heartbeat {}]\n\n{text}", job.task.name);
+        match lane.steer(text.clone()).await {
+            Ok(Steered::Delivered) => Ok(()),
+            Ok(Steered::Idle) => {
+                let task = job.task.name.clone();
+                tokio::spawn(async move {
+                    let input = Input {
+                        text,
+                        consumes: Vec::new(),
+                        fresh: false,
+                    };
+                    if let Err(error) = lane.send(input, None).await {
+                        tracing_note(&format!(
+                            "heartbeat {task}: the steered run failed: {error}"
+                        ));
+                    }
+                });
+                Ok(())
+            }
+            Err(error) => Err(error.to_string()),
         }
     }
 
@@ -632,7 +921,7 @@ impl Service {
         conversations.insert(lane.clone(), queue);
         drop(conversations);
         let service = Arc::clone(self);
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             if let Err(error) = service.converse(lane, channel, items).await {
                 tracing_note(&error);
             }
@@ -657,12 +946,7 @@ impl Service {
             room: None,
             sender: None,
         };
-        let (lane, _) = self
-            .runtime
-            .open_lane(&name, origin, self.limits)
-            .await
-            .map_err(|error| error.to_string())?;
-        self.lanes.lock().await.insert(name.clone(), lane.clone());
+        let lane = self.lane(&name, origin, None).await?;
         let config = connected.loaded.config.clone();
         let shutdown = self.shutdown.clone();
         let mut queue: VecDeque<PendingItem> = VecDeque::new();
@@ -674,7 +958,7 @@ impl Service {
             {
                 active = None;
             }
-            if active.is_none() && !queue.is_empty() {
+            if active.is_none() && !queue.is_empty() && !shutdown.is_cancelled() {
                 let batch: Vec<PendingItem> = match config.busy {
                     BusyPolicy::Collect { .. } => queue.drain(..).collect(),
                     _ => queue.pop_front().into_iter().collect(),
@@ -682,7 +966,7 @@ impl Service {
                 let service = Arc::clone(&self);
                 let lane = lane.clone();
                 let connected = Arc::clone(&connected);
-                active = Some(tokio::spawn(async move {
+                active = Some(self.tasks.spawn(async move {
                     if let Err(error) = service.answer(&lane, &connected, batch).await {
                         tracing_note(&error);
                     }
@@ -705,7 +989,9 @@ impl Service {
             };
             let item = match woken {
                 Woken::Shutdown => {
-                    let _ = lane.abort();
+                    if let Some(run) = active.take() {
+                        self.drain_run(&lane, run).await;
+                    }
                     let _ = lane.close().await;
                     return Ok(());
                 }
@@ -729,7 +1015,8 @@ impl Service {
             let limit = usize::try_from(config.queue_limit).unwrap_or(usize::MAX);
             match (busy, config.busy) {
                 (true, BusyPolicy::Steer) => {
-                    if matches!(lane.steer(item.text.clone()).await, Ok(Steered::Delivered)) {
+                    let text = self.item_text(&connected, &item).await;
+                    if matches!(lane.steer(text).await, Ok(Steered::Delivered)) {
                         self.inbox
                             .consume(vec![item.event_seq, item.verdict_seq])
                             .await
@@ -748,6 +1035,19 @@ impl Service {
         }
     }
 
+    /// At shutdown: lets the active run finish, and deliver its reply, within the drain; then
+    /// aborts it, so that its operation is closed as cancelled.
+    async fn drain_run(&self, lane: &Lane, mut run: tokio::task::JoinHandle<()>) {
+        if tokio::time::timeout(self.drain, &mut run).await.is_ok() {
+            return;
+        }
+        tracing_note("a run did not finish within the drain; aborting it");
+        let _ = lane.abort();
+        if tokio::time::timeout(DRAIN_MARGIN, &mut run).await.is_err() {
+            run.abort();
+        }
+    }
+
     /// Runs the lane on `items` (one, or several collected) and delivers the reply.
     async fn answer(
         &self,
@@ -758,28 +1058,48 @@ impl Service {
         let Some(last) = items.last().cloned() else {
             return Ok(());
         };
-        let text = items
-            .iter()
-            .map(|item| item.text.as_str())
-            .collect::<Vec<_>>()
-            .join("\n\n");
-        let consumes = items.iter().map(PendingItem::consumes_id).collect();
         let typing = self.keep_typing(channel, &last.event);
+        let mut texts = Vec::with_capacity(items.len());
+        for item in &items {
+            texts.push(self.item_text(channel, item).await);
+        }
+        let text = texts.join("\n\n");
+        let consumes = items.iter().map(PendingItem::consumes_id).collect();
         let finished = lane
-            .send(Input { text, consumes }, None)
+            .send(
+                Input {
+                    text,
+                    consumes,
+                    fresh: false,
+                },
+                None,
+            )
             .await
             .map_err(|error| error.to_string());
         typing.cancel();
         let finished = finished?;
-        let reply = match &finished.outcome {
-            Outcome::Completed => finished.text.clone(),
-            Outcome::Cancelled => String::new(),
-            Outcome::Failed { reason } | Outcome::Interrupted { reason } => {
-                format!("Sorry, I could not finish that: {reason}")
-            }
+        let (reply, files) = match &finished.outcome {
+            Outcome::Completed => crate::attachments::reply_files(
+                &self.runtime.agent().dir.workspace(),
+                &finished.text,
+            ),
+            Outcome::Cancelled => (String::new(), Vec::new()),
+            Outcome::Failed { reason } | Outcome::Interrupted { reason } => (
+                format!("Sorry, I could not finish that: {reason}"),
+                Vec::new(),
+            ),
         };
-        if !reply.trim().is_empty() {
-            self.reply(channel, last.event.clone(), reply).await?;
+        if !reply.trim().is_empty() || !files.is_empty() {
+            let to = &last.event;
+            self.post_files(
+                channel,
+                &to.room,
+                to.thread.as_deref(),
+                Some(&to.platform_id),
+                reply,
+                files,
+            )
+            .await?;
         }
         let seqs = items
             .iter()
@@ -789,6 +1109,29 @@ impl Service {
             .consume(seqs)
             .await
             .map_err(|error| error.to_string())
+    }
+
+    /// The item's text as the agent reads it: with a line per attachment, each fetched and saved
+    /// under `workspace/inbox/` first (or said not to be there, and why).
+    async fn item_text(&self, channel: &Channel, item: &PendingItem) -> String {
+        if item.event.attachments.is_empty() {
+            return item.text.clone();
+        }
+        let workspace = self.runtime.agent().dir.workspace();
+        let received = crate::attachments::receive(
+            channel.connector.as_ref(),
+            &workspace,
+            &item.channel,
+            &item.event,
+        )
+        .await;
+        for unsaved in &received.unsaved {
+            tracing_note(&format!(
+                "channel {}: an attachment of {} was not saved: {unsaved}",
+                item.channel, item.event.platform_id
+            ));
+        }
+        perch_core::attachment::with_lines(&item.text, &received.lines)
     }
 
     fn keep_typing(&self, channel: &Channel, event: &InboundEvent) -> CancellationToken {
@@ -822,6 +1165,42 @@ impl Service {
 
     /// Formats, splits and delivers a reply through the outbox.
     async fn reply(&self, channel: &Channel, to: InboundEvent, text: String) -> Result<(), String> {
+        self.post(
+            channel,
+            &to.room,
+            to.thread.as_deref(),
+            Some(&to.platform_id),
+            text,
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Formats, splits and delivers `text` to `room` through the outbox, the first piece as a
+    /// reply to `reply_to`; returns the deliveries' ids.
+    async fn post(
+        &self,
+        channel: &Channel,
+        room: &str,
+        thread: Option<&str>,
+        reply_to: Option<&str>,
+        text: String,
+    ) -> Result<Vec<String>, String> {
+        self.post_files(channel, room, thread, reply_to, text, Vec::new())
+            .await
+    }
+
+    /// [`Service::post`] with workspace files, attached to the last piece. If the platform
+    /// refuses that piece with its files, it is sent again without them, saying so.
+    async fn post_files(
+        &self,
+        channel: &Channel,
+        room: &str,
+        thread: Option<&str>,
+        reply_to: Option<&str>,
+        text: String,
+        files: Vec<OutboundFile>,
+    ) -> Result<Vec<String>, String> {
         let formatted = {
             let mut hooks = channel.hooks.lock().await;
             hooks.run_format(&text).await
@@ -833,44 +1212,100 @@ impl Service {
             text
         });
         let limits = channel.connector.limits();
-        for (index, piece) in split_message(&formatted, limits.max_chars)
+        let mut pieces = split_message(&formatted, limits.max_chars);
+        if pieces.is_empty() && !files.is_empty() {
+            pieces.push(String::new());
+        }
+        let last = pieces.len().saturating_sub(1);
+        let mut files = Some(files);
+        let mut ids = Vec::new();
+        let mut queue: VecDeque<(Option<String>, String, Vec<OutboundFile>)> = pieces
             .into_iter()
             .enumerate()
-        {
+            .map(|(index, piece)| {
+                let reply_to = reply_to.filter(|_| index == 0).map(str::to_owned);
+                let attached = if index == last {
+                    files.take().unwrap_or_default()
+                } else {
+                    Vec::new()
+                };
+                (reply_to, piece, attached)
+            })
+            .collect();
+        while let Some((reply_to, text, attachments)) = queue.pop_front() {
             let delivery = Delivery {
                 id: Outbox::new_id(),
-                room: to.room.clone(),
-                thread: to.thread.clone(),
-                reply_to: if index == 0 {
-                    Some(to.platform_id.clone())
-                } else {
-                    None
-                },
-                text: piece,
+                room: room.to_owned(),
+                thread: thread.map(str::to_owned),
+                reply_to,
+                text,
+                attachments,
             };
+            ids.push(delivery.id.clone());
             let intent = self
                 .outbox
                 .intend(&channel.loaded.config.name.to_string(), &delivery)
                 .await
                 .map_err(|error| error.to_string())?;
             crate::failpoint::hit("after:delivery_intent");
-            self.send(channel, intent, &delivery).await?;
+            if let Some(reason) = self.send(channel, intent, &delivery).await? {
+                let paths: Vec<&str> = delivery
+                    .attachments
+                    .iter()
+                    .map(|file| file.path.as_str())
+                    .collect();
+                let note = perch_core::attachment::could_not_attach(
+                    &paths.join(", "),
+                    &perch_core::attachment::FileRefusal::Failed(format!(
+                        "the platform refused it: {reason}"
+                    )),
+                );
+                let text = crate::attachments::with_notes(&delivery.text, &[note]);
+                for (index, piece) in split_message(&text, limits.max_chars)
+                    .into_iter()
+                    .enumerate()
+                {
+                    let reply_to = delivery.reply_to.clone().filter(|_| index == 0);
+                    queue.push_back((reply_to, piece, Vec::new()));
+                }
+            }
         }
-        Ok(())
+        Ok(ids)
     }
 
-    /// Sends one recorded delivery and settles it.
+    /// Sends one recorded delivery, with the workspace files it attaches, and settles it. Returns
+    /// the platform's reason when it refused a delivery that carried files.
     async fn send(
         &self,
         channel: &Channel,
         intent: u64,
         delivery: &Delivery,
-    ) -> Result<(), String> {
+    ) -> Result<Option<String>, String> {
+        let (uploads, notes) = if delivery.attachments.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            crate::attachments::uploads(
+                &self.runtime.agent().dir.workspace(),
+                &delivery.attachments,
+            )
+            .await
+        };
+        let noted;
+        let delivery = if notes.is_empty() {
+            delivery
+        } else {
+            noted = Delivery {
+                text: crate::attachments::with_notes(&delivery.text, &notes),
+                ..delivery.clone()
+            };
+            &noted
+        };
         let window = channel.connector.limits().resend_window;
         let mut attempts = 0;
+        let mut refused = None;
         let record = loop {
             attempts += 1;
-            match channel.connector.deliver(delivery).await {
+            match channel.connector.post(delivery, &uploads).await {
                 Ok(receipt) => {
                     crate::failpoint::hit("after:delivery_sent");
                     break OutboxRecord::Receipt { intent, receipt };
@@ -879,6 +1314,9 @@ impl Service {
                     tokio::time::sleep(retry_after).await;
                 }
                 Err(DeliveryError::Rejected { message }) => {
+                    if !uploads.is_empty() {
+                        refused = Some(message.clone());
+                    }
                     break OutboxRecord::Dropped {
                         intent,
                         reason: message,
@@ -901,7 +1339,8 @@ impl Service {
         self.outbox
             .settle(intent, record)
             .await
-            .map_err(|error| error.to_string())
+            .map_err(|error| error.to_string())?;
+        Ok(refused)
     }
 
     /// After a restart: resend inside the platform's window, report unknowns, drop the old.
@@ -912,7 +1351,9 @@ impl Service {
             };
             let window = channel.connector.limits().resend_window;
             match self.outbox.decide(&delivery, window) {
-                Unreceipted::Resend => self.send(channel, delivery.seq, &delivery.delivery).await?,
+                Unreceipted::Resend => {
+                    self.send(channel, delivery.seq, &delivery.delivery).await?;
+                }
                 Unreceipted::Unknown => {
                     let reason = "perch stopped between recording this delivery and its receipt; it is not resent, so it is never posted twice".to_owned();
                     tracing_note(&format!(
@@ -972,6 +1413,17 @@ impl Service {
 
 /// Group messages kept per room as context.
 const CONTEXT_MESSAGES: usize = 5;
+
+/// How a group message that did not address the agent is offered as context: its sender and
+/// text, and the names of its files, which are not saved.
+fn context_line(event: &InboundEvent) -> String {
+    let mut line = format!("{}: {}", event.sender.name, event.text);
+    if !event.attachments.is_empty() {
+        let names = perch_core::attachment::saved_names(&event.attachments).join(", ");
+        line.push_str(&format!(" [files, not saved: {names}]"));
+    }
+    line
+}
 
 /// What woke a conversation's task.
 enum Woken {

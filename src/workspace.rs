@@ -1,19 +1,23 @@
-//! Reading workspace files on the host, for perch's own use: the files of the system prompt and
-//! the skills. The guest can change anything under `workspace/`, including replacing a file or
-//! a directory with a symlink to a host path, so a path is walked one component at a time from
+//! Reading and writing workspace files on the host, for perch's own use: the files of the system
+//! prompt and the skills, the files a chat message brings (saved under `inbox/`) and the files a
+//! reply attaches. The guest can change anything under `workspace/`, including replacing a file
+//! or a directory with a symlink to a host path, so a path is walked one component at a time from
 //! directories held open (`openat`), never followed through a symlink, and a file is opened
-//! only if it is a regular file, the same one that was checked. Each file is read up to
-//! [`WORKSPACE_FILE_LIMIT`] bytes.
+//! only if it is a regular file, the same one that was checked. Text files are read up to
+//! [`WORKSPACE_FILE_LIMIT`] bytes. A file perch writes is written under a temporary hidden name
+//! in its directory, synced, and renamed into place, so a file under its own name is complete.
 
 use nix::dir::{Dir, Type};
 use nix::errno::Errno;
-use nix::fcntl::{AtFlags, OFlag, openat};
-use nix::sys::stat::{Mode, SFlag, fstatat};
+use nix::fcntl::{AtFlags, OFlag, openat, renameat};
+use nix::sys::stat::{Mode, SFlag, fstatat, mkdirat};
+use nix::unistd::{UnlinkatFlags, unlinkat};
 use perch_core::Problem;
+use perch_core::attachment::FileRefusal;
 use perch_core::problem::Pos;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -236,6 +240,174 @@ impl WorkspaceDir {
     }
 }
 
+/// The directory `relative` under `workspace`, held open; with `create`, missing directories
+/// are made (mode 0755). `Ok(None)` when it is missing and not created. A symlink or a file on
+/// the way is refused.
+fn walk_dirs(
+    workspace: &Path,
+    relative: &Path,
+    create: bool,
+) -> Result<Option<OwnedFd>, FileRefusal> {
+    let failed = |error: Errno| FileRefusal::Failed(io::Error::from(error).to_string());
+    let mut fd = nix::fcntl::open(
+        workspace,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(failed)?;
+    for component in relative.components() {
+        let Component::Normal(name) = component else {
+            return Err(FileRefusal::Outside);
+        };
+        let mut created = false;
+        fd = loop {
+            match openat(&fd, name, DIRECTORY, Mode::empty()) {
+                Ok(next) => break next,
+                Err(Errno::ENOENT) if create && !created => {
+                    match mkdirat(&fd, name, Mode::from_bits_truncate(0o755)) {
+                        Ok(()) | Err(Errno::EEXIST) => created = true,
+                        Err(error) => return Err(failed(error)),
+                    }
+                }
+                Err(Errno::ENOENT) => return Ok(None),
+                Err(Errno::ENOTDIR | Errno::ELOOP) => {
+                    let kind = fstatat(&fd, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+                        .ok()
+                        .map(|stat| kind_of_mode(stat.st_mode));
+                    return Err(match kind {
+                        Some(EntryKind::Symlink) => FileRefusal::Symlink,
+                        _ => FileRefusal::NotAFile,
+                    });
+                }
+                Err(error) => return Err(failed(error)),
+            }
+        };
+    }
+    Ok(Some(fd))
+}
+
+/// The entry `name` in the directory `dir`: its size when it is a regular file, `None` when
+/// there is none; a symlink or anything else is refused.
+fn regular_size(dir: &OwnedFd, name: &OsStr) -> Result<Option<u64>, FileRefusal> {
+    match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(stat) => match kind_of_mode(stat.st_mode) {
+            EntryKind::File => Ok(Some(u64::try_from(stat.st_size).unwrap_or_default())),
+            EntryKind::Symlink => Err(FileRefusal::Symlink),
+            EntryKind::Directory | EntryKind::Other => Err(FileRefusal::NotAFile),
+        },
+        Err(Errno::ENOENT) => Ok(None),
+        Err(error) => Err(FileRefusal::Failed(io::Error::from(error).to_string())),
+    }
+}
+
+/// The size of the regular file `name` in the directory `dir` under `workspace`, when there is
+/// one: a file perch saved there before (it is complete, see [`save_workspace_file`]).
+pub fn saved_file_size(
+    workspace: &Path,
+    dir: &Path,
+    name: &str,
+) -> Result<Option<u64>, FileRefusal> {
+    match walk_dirs(workspace, dir, false)? {
+        Some(fd) => regular_size(&fd, OsStr::new(name)),
+        None => Ok(None),
+    }
+}
+
+/// Writes `bytes` as the file `name` in the directory `dir` under `workspace`, making missing
+/// directories: under a temporary hidden name first, synced, then renamed into place. An
+/// existing regular file of that name is left as it is (it was saved before); a symlink or a
+/// directory in the way is refused.
+pub fn save_workspace_file(
+    workspace: &Path,
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+) -> Result<(), FileRefusal> {
+    let failed = |error: &dyn std::fmt::Display| FileRefusal::Failed(error.to_string());
+    let Some(dir) = walk_dirs(workspace, dir, true)? else {
+        return Err(FileRefusal::NotFound);
+    };
+    if regular_size(&dir, OsStr::new(name))?.is_some() {
+        return Ok(());
+    }
+    let temporary = format!(".{name}.part-{}", uuid::Uuid::new_v4().simple());
+    let created = openat(
+        &dir,
+        temporary.as_str(),
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o644),
+    )
+    .map_err(|error| failed(&io::Error::from(error)))?;
+    let mut file = File::from(created);
+    let written = file
+        .write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(|error| failed(&error))
+        .and_then(|()| {
+            renameat(&dir, temporary.as_str(), &dir, name)
+                .map_err(|error| failed(&io::Error::from(error)))
+        });
+    if written.is_err() {
+        let _ = unlinkat(&dir, temporary.as_str(), UnlinkatFlags::NoRemoveDir);
+    }
+    written
+}
+
+/// Reads the regular file `relative` under `workspace` (a plain relative path) whole, refusing
+/// it when it is larger than `limit` bytes, a symlink is on its path, or it is not a regular
+/// file.
+pub fn read_workspace_bytes(
+    workspace: &Path,
+    relative: &Path,
+    limit: u64,
+) -> Result<Vec<u8>, FileRefusal> {
+    let (file, size) = open_regular(workspace, relative)?;
+    if size > limit {
+        return Err(FileRefusal::TooLarge { size: Some(size) });
+    }
+    let mut bytes = Vec::new();
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|error| FileRefusal::Failed(error.to_string()))?;
+    if bytes.len() as u64 > limit {
+        return Err(FileRefusal::TooLarge { size: None });
+    }
+    Ok(bytes)
+}
+
+/// The size of the regular file `relative` under `workspace`, refused like
+/// [`read_workspace_bytes`] refuses it.
+pub fn workspace_file_size(workspace: &Path, relative: &Path) -> Result<u64, FileRefusal> {
+    open_regular(workspace, relative).map(|(_, size)| size)
+}
+
+fn open_regular(workspace: &Path, relative: &Path) -> Result<(File, u64), FileRefusal> {
+    let (Some(parent), Some(name)) = (relative.parent(), relative.file_name()) else {
+        return Err(FileRefusal::Outside);
+    };
+    let dir = walk_dirs(workspace, parent, false)?.ok_or(FileRefusal::NotFound)?;
+    let Some(_) = regular_size(&dir, name)? else {
+        return Err(FileRefusal::NotFound);
+    };
+    let checked = fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+        .map_err(|error| FileRefusal::Failed(io::Error::from(error).to_string()))?;
+    let file = match openat(&dir, name, FILE, Mode::empty()) {
+        Ok(fd) => File::from(fd),
+        Err(Errno::ENOENT) => return Err(FileRefusal::NotFound),
+        Err(Errno::ELOOP) => return Err(FileRefusal::Symlink),
+        Err(error) => return Err(FileRefusal::Failed(io::Error::from(error).to_string())),
+    };
+    let opened = file
+        .metadata()
+        .map_err(|error| FileRefusal::Failed(error.to_string()))?;
+    if !opened.is_file() || opened.dev() != checked.st_dev || opened.ino() != checked.st_ino {
+        return Err(FileRefusal::Failed(
+            "it was replaced while perch was reading it".into(),
+        ));
+    }
+    Ok((file, opened.len()))
+}
+
 fn kind_of_mode(mode: u32) -> EntryKind {
     match SFlag::from_bits_truncate(mode) & SFlag::S_IFMT {
         SFlag::S_IFDIR => EntryKind::Directory,
@@ -346,6 +518,80 @@ mod tests {
             root.subdir(OsStr::new("b")).unwrap().unwrap().relative(),
             Path::new("b")
         );
+    }
+
+    #[test]
+    fn files_are_saved_without_following_symlinks_and_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let workspace = dir.path().join("workspace");
+        fs::create_dir_all(&workspace).unwrap();
+        let inbox = Path::new("inbox/tg/1");
+        save_workspace_file(&workspace, inbox, "a.txt", b"hello").unwrap();
+        assert_eq!(
+            fs::read(workspace.join("inbox/tg/1/a.txt")).unwrap(),
+            b"hello"
+        );
+        assert_eq!(saved_file_size(&workspace, inbox, "a.txt"), Ok(Some(5)));
+        assert_eq!(saved_file_size(&workspace, inbox, "b.txt"), Ok(None));
+        assert_eq!(
+            saved_file_size(&workspace, Path::new("inbox/none"), "b.txt"),
+            Ok(None)
+        );
+        save_workspace_file(&workspace, inbox, "a.txt", b"other").unwrap();
+        assert_eq!(
+            fs::read(workspace.join("inbox/tg/1/a.txt")).unwrap(),
+            b"hello"
+        );
+        let names: Vec<_> = fs::read_dir(workspace.join("inbox/tg/1"))
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["a.txt"], "no temporary file is left behind");
+
+        let outside = dir.path().join("outside");
+        fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, workspace.join("inbox/dc")).unwrap();
+        assert_eq!(
+            save_workspace_file(&workspace, Path::new("inbox/dc/2"), "x", b"x"),
+            Err(FileRefusal::Symlink)
+        );
+        std::os::unix::fs::symlink("/etc/passwd", workspace.join("inbox/tg/1/p")).unwrap();
+        assert_eq!(
+            save_workspace_file(&workspace, inbox, "p", b"x"),
+            Err(FileRefusal::Symlink)
+        );
+        assert!(fs::read_dir(&outside).unwrap().next().is_none());
+        assert_eq!(
+            save_workspace_file(&workspace, Path::new("inbox/tg/1/a.txt"), "x", b"x"),
+            Err(FileRefusal::NotAFile)
+        );
+    }
+
+    #[test]
+    fn files_to_send_are_read_only_when_regular_and_small_enough() {
+        let dir = tempfile::tempdir().unwrap();
+        let workspace = dir.path().join("workspace");
+        fs::create_dir_all(workspace.join("notes")).unwrap();
+        fs::write(workspace.join("notes/a.pdf"), b"%PDF").unwrap();
+        fs::write(dir.path().join("secret"), b"host").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("secret"), workspace.join("link")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), workspace.join("up")).unwrap();
+        let read = |path: &str, limit| read_workspace_bytes(&workspace, Path::new(path), limit);
+        assert_eq!(read("notes/a.pdf", 10), Ok(b"%PDF".to_vec()));
+        assert_eq!(
+            workspace_file_size(&workspace, Path::new("notes/a.pdf")),
+            Ok(4)
+        );
+        assert_eq!(
+            read("notes/a.pdf", 3),
+            Err(FileRefusal::TooLarge { size: Some(4) })
+        );
+        assert_eq!(read("link", 10), Err(FileRefusal::Symlink));
+        assert_eq!(read("up/secret", 10), Err(FileRefusal::Symlink));
+        assert_eq!(read("notes", 10), Err(FileRefusal::NotAFile));
+        assert_eq!(read("missing", 10), Err(FileRefusal::NotFound));
+        assert_eq!(read("nodir/x", 10), Err(FileRefusal::NotFound));
+        assert_eq!(read("../secret", 10), Err(FileRefusal::Outside));
     }
 
     #[test]

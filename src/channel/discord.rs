@@ -25,19 +25,24 @@
 //! resend inside Discord's deduplication window returns the first message instead of posting
 //! twice, and an empty `allowed_mentions`, so no text can ping `@everyone`, `@here`, a role or
 //! a user. A reply references the message it answers with `fail_if_not_exists: false`, so a
-//! deleted original still gets its answer.
+//! deleted original still gets its answer. Files go in the same message, as a multipart upload.
+//!
+//! Files. A message's attachments are handed on as [`Attachment`]s whose source is the
+//! attachment's CDN URL; [`Connector::fetch`] downloads it without the bot token (the CDN needs
+//! none), refusing a file whose size says it is too large and stopping a download that runs past
+//! the limit.
 
 use super::{
-    Arrival, BoxFuture, Connector, ConnectorError, Delivery, DeliveryError, InboundEvent,
-    PlatformLimits, Receipt, Sender,
+    Arrival, Attachment, BoxFuture, Connector, ConnectorError, Delivery, DeliveryError, FetchError,
+    InboundEvent, PlatformLimits, Receipt, Sender, Upload,
 };
 use chrono::{DateTime, Utc};
 use perch_core::secret::Secret;
 use serenity::all::{
     Channel, ChannelId, ClientBuilder, CollectorCallback, ConnectionStage, CreateAllowedMentions,
-    CreateMessage, Event, GatewayError, GatewayIntents, Http, HttpBuilder, HttpError, LightMethod,
-    Message, MessageId, MessagePagination, MessageReference, MessageType, Nonce, ShardId,
-    ShardManager, ShardRunnerMessage, UserId,
+    CreateAttachment, CreateMessage, Event, GatewayError, GatewayIntents, Http, HttpBuilder,
+    HttpError, LightMethod, Message, MessageId, MessagePagination, MessageReference, MessageType,
+    Nonce, ShardId, ShardManager, ShardRunnerMessage, UserId,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -70,12 +75,16 @@ const WATCH_TICK: Duration = Duration::from_millis(250);
 const SHARD: ShardId = ShardId(0);
 const CLOSE_WAIT: Duration = Duration::from_secs(6);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a file download or a message with files may take.
+const FILE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// A Discord bot connection.
 pub struct DiscordConnector {
     token: Secret,
     api_url: Option<String>,
     client: Option<reqwest012::Client>,
+    /// Downloads attachments from the CDN; it never carries the token.
+    downloads: reqwest012::Client,
     http: Arc<Http>,
     notices: broadcast::Sender<RateNotice>,
     liveness: Duration,
@@ -113,6 +122,10 @@ impl DiscordConnector {
             token,
             api_url,
             client: None,
+            downloads: reqwest012::Client::builder()
+                .use_rustls_tls()
+                .build()
+                .unwrap_or_default(),
             http: Arc::new(http),
             notices,
             liveness: DEFAULT_LIVENESS,
@@ -142,6 +155,7 @@ impl DiscordConnector {
             Some(&client),
             &self.notices,
         ));
+        self.downloads = client.clone();
         self.client = Some(client);
         Ok(self)
     }
@@ -357,7 +371,51 @@ impl DiscordConnector {
         Ok(Step::Go)
     }
 
-    async fn send(&self, delivery: &Delivery) -> Result<Receipt, DeliveryError> {
+    /// Downloads an attachment from its URL, stopping past `limit` bytes.
+    async fn download(&self, attachment: &Attachment, limit: u64) -> Result<Vec<u8>, FetchError> {
+        if let Some(size) = attachment.size.filter(|size| *size > limit) {
+            return Err(FetchError::TooLarge { size: Some(size) });
+        }
+        let failed = |message: String| FetchError::Failed { message };
+        let url = url::Url::parse(&attachment.source)
+            .ok()
+            .filter(|url| matches!(url.scheme(), "http" | "https"))
+            .ok_or_else(|| failed("the attachment's URL is not an http(s) URL".into()))?;
+        let fetched = async {
+            let mut response = self
+                .downloads
+                .get(url)
+                .send()
+                .await
+                .and_then(reqwest012::Response::error_for_status)
+                .map_err(|error| failed(describe_download(error)))?;
+            if let Some(size) = response.content_length().filter(|size| *size > limit) {
+                return Err(FetchError::TooLarge { size: Some(size) });
+            }
+            let mut bytes = Vec::new();
+            while let Some(chunk) = response
+                .chunk()
+                .await
+                .map_err(|error| failed(describe_download(error)))?
+            {
+                if (bytes.len() + chunk.len()) as u64 > limit {
+                    return Err(FetchError::TooLarge { size: None });
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+            Ok(bytes)
+        };
+        tokio::time::timeout(FILE_TIMEOUT, fetched)
+            .await
+            .unwrap_or_else(|_| {
+                Err(failed(format!(
+                    "the CDN did not send the file within {} s",
+                    FILE_TIMEOUT.as_secs()
+                )))
+            })
+    }
+
+    async fn send(&self, delivery: &Delivery, files: &[Upload]) -> Result<Receipt, DeliveryError> {
         let room = delivery.thread.as_deref().unwrap_or(&delivery.room);
         let channel: ChannelId = room.parse().map_err(|_| DeliveryError::Rejected {
             message: format!("{room:?} is not a Discord channel id"),
@@ -377,13 +435,26 @@ impl DiscordConnector {
         }
         let route = format!("/channels/{channel}/messages");
         let mut notices = self.notices.subscribe();
-        let post = self.http.send_message(channel, Vec::new(), &message);
+        let (post, timeout): (BoxFuture<'_, serenity::Result<Message>>, _) = if files.is_empty() {
+            (
+                Box::pin(self.http.send_message(channel, Vec::new(), &message)),
+                REQUEST_TIMEOUT,
+            )
+        } else {
+            let attachments = files
+                .iter()
+                .map(|file| CreateAttachment::bytes(file.bytes.clone(), file.name.clone()));
+            (
+                Box::pin(channel.send_message(self.http.as_ref(), message.files(attachments))),
+                FILE_TIMEOUT,
+            )
+        };
         tokio::select! {
-            posted = tokio::time::timeout(REQUEST_TIMEOUT, post) => match posted {
+            posted = tokio::time::timeout(timeout, post) => match posted {
                 Ok(Ok(posted)) => Ok(Receipt { platform_id: posted.id.to_string() }),
                 Ok(Err(error)) => Err(delivery_error(error)),
                 Err(_) => Err(DeliveryError::Failed {
-                    message: "Discord did not answer within 30 s; whether the message was posted is unknown".into(),
+                    message: format!("Discord did not answer within {} s; whether the message was posted is unknown", timeout.as_secs()),
                 }),
             },
             retry_after = rate_notice(&mut notices, &route) => {
@@ -444,11 +515,21 @@ impl Connector for DiscordConnector {
         Box::pin(self.session(since, inbound, cancel))
     }
 
-    fn deliver<'a>(
+    fn post<'a>(
         &'a self,
         delivery: &'a Delivery,
+        files: &'a [Upload],
     ) -> BoxFuture<'a, Result<Receipt, DeliveryError>> {
-        Box::pin(self.send(delivery))
+        Box::pin(self.send(delivery, files))
+    }
+
+    fn fetch<'a>(
+        &'a self,
+        _event: &'a InboundEvent,
+        attachment: &'a Attachment,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<Vec<u8>, FetchError>> {
+        Box::pin(self.download(attachment, limit))
     }
 
     fn typing<'a>(&'a self, room: &'a str, thread: Option<&'a str>) -> BoxFuture<'a, ()> {
@@ -577,7 +658,34 @@ fn inbound_event(message: &Message, me: UserId, direct: bool) -> Option<InboundE
         addressed,
         text: message.content.clone(),
         sent_at: sent_at(message),
+        attachments: message
+            .attachments
+            .iter()
+            .map(|attachment| Attachment {
+                source: attachment.url.clone(),
+                name: Some(attachment.filename.clone()),
+                content_type: attachment.content_type.clone(),
+                size: Some(u64::from(attachment.size)),
+                encrypted: false,
+            })
+            .collect(),
     })
+}
+
+/// A download error on one line, without the URL (a signed CDN link).
+fn describe_download(error: reqwest012::Error) -> String {
+    let error = error.without_url();
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 fn sent_at(message: &Message) -> DateTime<Utc> {
@@ -787,6 +895,9 @@ fn delivery_error(error: serenity::Error) -> DeliveryError {
                 _ => DeliveryError::Failed { message },
             }
         }
+        serenity::Error::Model(error) => DeliveryError::Rejected {
+            message: format!("Discord would refuse the message: {error}"),
+        },
         other => DeliveryError::Failed {
             message: format!("sending to Discord failed: {other}"),
         },

@@ -26,6 +26,12 @@
 //! gets its answer; perch's `max_age` marks old ones stale). perch deduplicates by event id, so
 //! back-fill may repeat events.
 //!
+//! Files. An `m.file`, `m.image`, `m.audio` or `m.video` message is handed on with an
+//! [`Attachment`] (its `mxc://` URI, name, type and size; its caption, if any, is the text). An
+//! encrypted file's key is not put in the attachment, so it never reaches perch's journal:
+//! [`Connector::fetch`] fetches the event again, decrypts it with the crypto store and
+//! downloads and decrypts the file through matrix-sdk's media API.
+//!
 //! A message is `direct` in a room marked as a DM or with two members, and `addressed` when it
 //! mentions the account (`m.mentions`, its user id, or its display name as a word) or replies
 //! to one of its events; an `m.notice` counts as sent by a bot.
@@ -43,23 +49,28 @@
 //! the HTML would not fit in one event), an `m.in_reply_to` relation (inside the thread when
 //! there is one), and an empty `m.mentions`, so no reply pings anyone or the room. The transaction
 //! id is the delivery id: the restored device makes the homeserver return the first event for a
-//! resend instead of posting again.
+//! resend instead of posting again. A reply's files are uploaded (encrypted in an encrypted room)
+//! and each is posted as an `m.file` event after the text, with the same relations, under the
+//! transaction id `<delivery id>-<n>`.
 
 use super::{
-    Arrival, BoxFuture, Connector, ConnectorError, Delivery, DeliveryError, InboundEvent,
-    PlatformLimits, Receipt, Sender,
+    Arrival, Attachment, BoxFuture, Connector, ConnectorError, Delivery, DeliveryError, FetchError,
+    InboundEvent, PlatformLimits, Receipt, Sender, Upload,
 };
 use chrono::{DateTime, Utc};
 use matrix_sdk::authentication::matrix::MatrixSession;
 use matrix_sdk::config::{RequestConfig, SyncSettings, SyncToken};
 use matrix_sdk::deserialized_responses::{TimelineEvent, TimelineEventKind};
+use matrix_sdk::media::{MediaFormat, MediaRequestParameters};
 use matrix_sdk::room::MessagesOptions;
 use matrix_sdk::ruma::api::client::filter::FilterDefinition;
 use matrix_sdk::ruma::api::client::sync::sync_events::v3::Filter;
 use matrix_sdk::ruma::api::error::{ErrorKind, RetryAfter};
 use matrix_sdk::ruma::events::relation::{InReplyTo, Reply, Thread};
+use matrix_sdk::ruma::events::room::MediaSource;
 use matrix_sdk::ruma::events::room::encrypted::OriginalSyncRoomEncryptedEvent;
 use matrix_sdk::ruma::events::room::message::sanitize::remove_plain_reply_fallback;
+use matrix_sdk::ruma::events::room::message::{FileInfo, FileMessageEventContent, FormattedBody};
 use matrix_sdk::ruma::events::room::message::{
     MessageType, OriginalSyncRoomMessageEvent, Relation, RoomMessageEventContent,
     RoomMessageEventContentWithoutRelation, SyncRoomMessageEvent,
@@ -67,8 +78,8 @@ use matrix_sdk::ruma::events::room::message::{
 use matrix_sdk::ruma::events::{AnySyncMessageLikeEvent, AnySyncTimelineEvent, Mentions};
 use matrix_sdk::ruma::serde::Raw;
 use matrix_sdk::ruma::{
-    EventId, MilliSecondsSinceUnixEpoch, OwnedEventId, OwnedRoomId, OwnedTransactionId,
-    OwnedUserId, RoomId, UInt, UserId,
+    EventId, MilliSecondsSinceUnixEpoch, OwnedEventId, OwnedMxcUri, OwnedRoomId,
+    OwnedTransactionId, OwnedUserId, RoomId, UInt, UserId,
 };
 use matrix_sdk::store::{RoomLoadSettings, StateStoreDataKey};
 use matrix_sdk::sync::SyncResponse;
@@ -615,7 +626,7 @@ impl MatrixConnector {
         }
     }
 
-    async fn send(&self, delivery: &Delivery) -> Result<Receipt, DeliveryError> {
+    async fn send(&self, delivery: &Delivery, files: &[Upload]) -> Result<Receipt, DeliveryError> {
         let client = self.client().await.map_err(|error| DeliveryError::Failed {
             message: error.to_string(),
         })?;
@@ -628,8 +639,29 @@ impl MatrixConnector {
             .ok_or_else(|| DeliveryError::Rejected {
                 message: format!("{} has not joined the room {room_id}", self.user),
             })?;
-        let content = message_content(delivery)?;
-        let transaction = OwnedTransactionId::from(delivery.id.as_str());
+        let mut first = None;
+        if files.is_empty() || !delivery.text.trim().is_empty() {
+            let content = message_content(delivery)?;
+            first = Some(self.send_event(&room, content, &delivery.id).await?);
+        }
+        for (index, file) in files.iter().enumerate() {
+            let content = self.file_content(client, &room, delivery, file).await?;
+            let transaction = format!("{}-{}", delivery.id, index + 1);
+            let sent = self.send_event(&room, content, &transaction).await?;
+            first.get_or_insert(sent);
+        }
+        first.ok_or_else(|| DeliveryError::Rejected {
+            message: "nothing to send".into(),
+        })
+    }
+
+    async fn send_event(
+        &self,
+        room: &Room,
+        content: RoomMessageEventContent,
+        transaction: &str,
+    ) -> Result<Receipt, DeliveryError> {
+        let transaction = OwnedTransactionId::from(transaction);
         match room.send(content).with_transaction_id(transaction).await {
             Ok(sent) => {
                 let event_id = sent.response.event_id;
@@ -640,6 +672,112 @@ impl MatrixConnector {
             }
             Err(error) => Err(self.delivery_error(&error)),
         }
+    }
+
+    /// Uploads `file` (encrypted in an encrypted room) and makes its `m.file` event, with the
+    /// delivery's relations and no mentions.
+    async fn file_content(
+        &self,
+        client: &Client,
+        room: &Room,
+        delivery: &Delivery,
+        file: &Upload,
+    ) -> Result<RoomMessageEventContent, DeliveryError> {
+        let relation = relation(delivery)?;
+        let encrypted = room
+            .latest_encryption_state()
+            .await
+            .map_err(|error| self.delivery_error(&error))?
+            .is_encrypted();
+        let source = if encrypted {
+            let mut reader = std::io::Cursor::new(file.bytes.as_slice());
+            let uploaded = client
+                .upload_encrypted_file(&mut reader)
+                .await
+                .map_err(|error| self.delivery_error(&error))?;
+            MediaSource::Encrypted(Box::new(uploaded))
+        } else {
+            let kind: mime::Mime = file
+                .content_type
+                .parse()
+                .unwrap_or(mime::APPLICATION_OCTET_STREAM);
+            let uploaded = client
+                .media()
+                .upload(&kind, file.bytes.clone(), None)
+                .await
+                .map_err(|error| self.delivery_error(&error))?;
+            MediaSource::Plain(uploaded.content_uri)
+        };
+        let mut info = FileInfo::new();
+        info.mimetype = Some(file.content_type.clone());
+        info.size = UInt::new(file.bytes.len() as u64);
+        let mut content = FileMessageEventContent::new(file.name.clone(), source);
+        content.info = Some(Box::new(info));
+        let mut content = RoomMessageEventContent::new(MessageType::File(content));
+        content.mentions = Some(Mentions::new());
+        content.relates_to = relation;
+        Ok(content)
+    }
+
+    /// Downloads (and, if encrypted, decrypts) the file of `attachment`, refusing it past
+    /// `limit` bytes.
+    async fn download(
+        &self,
+        event: &InboundEvent,
+        attachment: &Attachment,
+        limit: u64,
+    ) -> Result<Vec<u8>, FetchError> {
+        if let Some(size) = attachment.size.filter(|size| *size > limit) {
+            return Err(FetchError::TooLarge { size: Some(size) });
+        }
+        let failed = |message: String| FetchError::Failed { message };
+        let client = self
+            .client()
+            .await
+            .map_err(|error| failed(error.to_string()))?;
+        let source = if attachment.encrypted {
+            let room = RoomId::parse(&event.room)
+                .ok()
+                .and_then(|room| client.get_room(&room))
+                .ok_or_else(|| failed(format!("{} is not a room of this account", event.room)))?;
+            let event_id = EventId::parse(&event.platform_id)
+                .map_err(|_| failed(format!("{} is not an event id", event.platform_id)))?;
+            let fetched = room
+                .event(&event_id, None)
+                .await
+                .map_err(|error| failed(self.redact(&error.to_string())))?;
+            let Ok(AnySyncTimelineEvent::MessageLike(AnySyncMessageLikeEvent::RoomMessage(
+                SyncRoomMessageEvent::Original(message),
+            ))) = fetched.raw().deserialize()
+            else {
+                return Err(failed(
+                    "the message could not be decrypted again to read the file's key".into(),
+                ));
+            };
+            media_source(&message.content.msgtype)
+                .filter(|source| match source {
+                    MediaSource::Encrypted(file) => file.url.as_str() == attachment.source,
+                    MediaSource::Plain(_) => false,
+                })
+                .ok_or_else(|| failed("the message no longer names this file".into()))?
+        } else {
+            MediaSource::Plain(OwnedMxcUri::from(attachment.source.as_str()))
+        };
+        let request = MediaRequestParameters {
+            source,
+            format: MediaFormat::File,
+        };
+        let bytes = client
+            .media()
+            .get_media_content(&request, false)
+            .await
+            .map_err(|error| failed(self.redact(&error.to_string())))?;
+        if bytes.len() as u64 > limit {
+            return Err(FetchError::TooLarge {
+                size: Some(bytes.len() as u64),
+            });
+        }
+        Ok(bytes)
     }
 
     fn delivery_error(&self, error: &matrix_sdk::Error) -> DeliveryError {
@@ -696,11 +834,21 @@ impl Connector for MatrixConnector {
         Box::pin(self.follow(resume, since, inbound, cancel))
     }
 
-    fn deliver<'a>(
+    fn post<'a>(
         &'a self,
         delivery: &'a Delivery,
+        files: &'a [Upload],
     ) -> BoxFuture<'a, Result<Receipt, DeliveryError>> {
-        Box::pin(self.send(delivery))
+        Box::pin(self.send(delivery, files))
+    }
+
+    fn fetch<'a>(
+        &'a self,
+        event: &'a InboundEvent,
+        attachment: &'a Attachment,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<Vec<u8>, FetchError>> {
+        Box::pin(self.download(event, attachment, limit))
     }
 
     fn typing<'a>(&'a self, room: &'a str, _thread: Option<&'a str>) -> BoxFuture<'a, ()> {
@@ -1055,12 +1203,18 @@ impl Session<'_> {
         message: &OriginalSyncRoomMessageEvent,
     ) -> Option<InboundEvent> {
         let content = &message.content;
-        let (body, formatted, is_notice) = match &content.msgtype {
-            MessageType::Text(text) => (&text.body, text.formatted.as_ref(), false),
-            MessageType::Notice(notice) => (&notice.body, notice.formatted.as_ref(), true),
-            MessageType::Emote(emote) => (&emote.body, emote.formatted.as_ref(), false),
-            _ => return None,
-        };
+        let (body, formatted, is_notice, attachments): (&str, Option<&FormattedBody>, bool, _) =
+            match &content.msgtype {
+                MessageType::Text(text) => (&text.body, text.formatted.as_ref(), false, vec![]),
+                MessageType::Notice(notice) => {
+                    (&notice.body, notice.formatted.as_ref(), true, vec![])
+                }
+                MessageType::Emote(emote) => (&emote.body, emote.formatted.as_ref(), false, vec![]),
+                other => {
+                    let (caption, formatted, attachment) = media_attachment(other)?;
+                    (caption, formatted, false, vec![attachment])
+                }
+            };
         let (thread, replied) = match &content.relates_to {
             Some(Relation::Replacement(_)) => return None,
             Some(Relation::Reply(reply)) => (None, Some(&reply.in_reply_to.event_id)),
@@ -1077,7 +1231,7 @@ impl Session<'_> {
         let text = if replied.is_some() {
             remove_plain_reply_fallback(body).to_owned()
         } else {
-            body.clone()
+            body.to_owned()
         };
         let mentioned = content
             .mentions
@@ -1114,6 +1268,7 @@ impl Session<'_> {
             addressed,
             text,
             sent_at: sent_at(message.origin_server_ts),
+            attachments,
         })
     }
 
@@ -1126,6 +1281,64 @@ impl Session<'_> {
             Ok(event) => event.sender().is_some_and(|sender| sender == self.me.id),
             Err(_) => false,
         }
+    }
+}
+
+/// The caption, formatted caption and attachment of a file, image, audio or video message;
+/// `None` for every other kind.
+fn media_attachment(msgtype: &MessageType) -> Option<(&str, Option<&FormattedBody>, Attachment)> {
+    let (caption, formatted, name, mimetype, size) = match msgtype {
+        MessageType::File(file) => (
+            file.caption(),
+            file.formatted_caption(),
+            file.filename(),
+            file.info.as_ref().and_then(|info| info.mimetype.clone()),
+            file.info.as_ref().and_then(|info| info.size),
+        ),
+        MessageType::Image(image) => (
+            image.caption(),
+            image.formatted_caption(),
+            image.filename(),
+            image.info.as_ref().and_then(|info| info.mimetype.clone()),
+            image.info.as_ref().and_then(|info| info.size),
+        ),
+        MessageType::Audio(audio) => (
+            audio.caption(),
+            audio.formatted_caption(),
+            audio.filename(),
+            audio.info.as_ref().and_then(|info| info.mimetype.clone()),
+            audio.info.as_ref().and_then(|info| info.size),
+        ),
+        MessageType::Video(video) => (
+            video.caption(),
+            video.formatted_caption(),
+            video.filename(),
+            video.info.as_ref().and_then(|info| info.mimetype.clone()),
+            video.info.as_ref().and_then(|info| info.size),
+        ),
+        _ => return None,
+    };
+    let (source, encrypted) = match media_source(msgtype)? {
+        MediaSource::Plain(uri) => (uri.to_string(), false),
+        MediaSource::Encrypted(file) => (file.url.to_string(), true),
+    };
+    let attachment = Attachment {
+        source,
+        name: Some(name.to_owned()),
+        content_type: mimetype,
+        size: size.map(u64::from),
+        encrypted,
+    };
+    Some((caption.unwrap_or_default(), formatted, attachment))
+}
+
+fn media_source(msgtype: &MessageType) -> Option<MediaSource> {
+    match msgtype {
+        MessageType::File(file) => Some(file.source.clone()),
+        MessageType::Image(image) => Some(image.source.clone()),
+        MessageType::Audio(audio) => Some(audio.source.clone()),
+        MessageType::Video(video) => Some(video.source.clone()),
+        _ => None,
     }
 }
 
@@ -1358,6 +1571,7 @@ mod tests {
             thread: thread.map(str::to_owned),
             reply_to: reply_to.map(str::to_owned),
             text: text.into(),
+            attachments: Vec::new(),
         }
     }
 

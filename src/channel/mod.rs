@@ -4,8 +4,9 @@
 //!
 //! Rust owns the sockets: a connector receives events and hands each to perch, waiting until perch
 //! has journaled it before it confirms the event to the platform; it delivers replies perch has
-//! recorded in its outbox. Filtering, routing and formatting happen in the channel's Lua hooks,
-//! not here.
+//! recorded in its outbox, with the workspace files they attach. An event names its files as
+//! [`Attachment`] references; the connector downloads one when perch asks ([`Connector::fetch`]).
+//! Filtering, routing and formatting happen in the channel's Lua hooks, not here.
 
 pub mod discord;
 pub mod hooks;
@@ -13,6 +14,7 @@ pub mod matrix;
 pub mod telegram;
 
 use perch_core::Timestamp;
+pub use perch_core::attachment::{Attachment, OutboundFile};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::future::Future;
@@ -47,6 +49,10 @@ pub struct InboundEvent {
     pub text: String,
     /// When the platform says the message was sent.
     pub sent_at: Timestamp,
+    /// The files attached to the message, as references to fetch with
+    /// [`Connector::fetch`]; absent in journals written before attachments existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<Attachment>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,6 +74,49 @@ pub struct Delivery {
     /// The `platform_id` of the message this answers.
     pub reply_to: Option<String>,
     pub text: String,
+    /// Workspace files to attach, read at delivery time and handed to [`Connector::post`]; the
+    /// outbox journals which files, never their bytes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<OutboundFile>,
+}
+
+/// The bytes of one file a delivery attaches, read from the workspace.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Upload {
+    /// The file name shown on the platform.
+    pub name: String,
+    /// The MIME type, from the name's extension.
+    pub content_type: String,
+    pub bytes: Vec<u8>,
+}
+
+impl fmt::Debug for Upload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Upload")
+            .field("name", &self.name)
+            .field("content_type", &self.content_type)
+            .field("bytes", &self.bytes.len())
+            .finish()
+    }
+}
+
+/// Why an attachment could not be fetched. Never holds a credential.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FetchError {
+    /// The file is larger than the limit asked for; its size when known.
+    TooLarge { size: Option<u64> },
+    /// The platform or the network failed, or the reference is no longer valid.
+    Failed { message: String },
+}
+
+impl fmt::Display for FetchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FetchError::TooLarge { size: Some(size) } => write!(f, "too large ({size} bytes)"),
+            FetchError::TooLarge { size: None } => f.write_str("too large"),
+            FetchError::Failed { message } => write!(f, "the download failed: {message}"),
+        }
+    }
 }
 
 /// What the platform answered to a delivery.
@@ -155,11 +204,31 @@ pub trait Connector: Send + Sync + fmt::Debug {
         cancel: CancellationToken,
     ) -> BoxFuture<'a, Result<(), ConnectorError>>;
 
-    /// Posts one message.
+    /// Posts one message with `files` (the delivery's attachments, read from the workspace)
+    /// attached. With files, the platform may need several messages (text, then each file); the
+    /// receipt names the first.
+    fn post<'a>(
+        &'a self,
+        delivery: &'a Delivery,
+        files: &'a [Upload],
+    ) -> BoxFuture<'a, Result<Receipt, DeliveryError>>;
+
+    /// Posts one message without files.
     fn deliver<'a>(
         &'a self,
         delivery: &'a Delivery,
-    ) -> BoxFuture<'a, Result<Receipt, DeliveryError>>;
+    ) -> BoxFuture<'a, Result<Receipt, DeliveryError>> {
+        self.post(delivery, &[])
+    }
+
+    /// Downloads `attachment` of `event`, refusing with [`FetchError::TooLarge`] as soon as it
+    /// is known to be over `limit` bytes.
+    fn fetch<'a>(
+        &'a self,
+        event: &'a InboundEvent,
+        attachment: &'a Attachment,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<Vec<u8>, FetchError>>;
 
     /// Shows a typing indicator in the room for the platform's usual few seconds.
     fn typing<'a>(&'a self, room: &'a str, thread: Option<&'a str>) -> BoxFuture<'a, ()>;

@@ -9,29 +9,42 @@
 //!
 //! Only `message` updates are requested. Edited messages, channel posts and every other kind of
 //! update are not received; an update teloxide cannot parse is skipped. A message with neither
-//! text nor a caption (a sticker, a photo without caption, a service message) is skipped too.
-//! Inbound attachments are out of scope for now: a photo's or document's caption arrives as the
-//! text, the file itself does not.
+//! text, caption nor file (a sticker, a service message) is skipped too.
+//!
+//! Files. A document, a photo (its largest size), an audio file, a video or a voice note is
+//! handed on as an [`Attachment`] whose source is the Telegram file id; the caption is the
+//! text. [`Connector::fetch`] asks `getFile` for the file's path and downloads it, refusing a
+//! file whose size says it is too large before downloading and stopping a download that runs
+//! past the limit. The download URL holds the bot token, so it is never kept or shown.
 //!
 //! Replies are converted from Markdown to MarkdownV2 and sent again as plain text if Telegram
-//! cannot parse the entities. The bot token is part of every request URL, and teloxide's errors
-//! can quote that URL, so every error text is redacted before it leaves this module.
+//! cannot parse the entities. A reply with files sends each with `sendDocument`, replying like
+//! the text would; the text is the first file's caption when it fits Telegram's 1,024
+//! characters, and a message of its own before the files otherwise. The bot token is part of
+//! every request URL, and teloxide's errors can quote that URL, so every error text is redacted
+//! before it leaves this module.
 
 use super::{
-    Arrival, BoxFuture, Connector, ConnectorError, Delivery, DeliveryError, InboundEvent,
-    PlatformLimits, Receipt, Sender,
+    Arrival, Attachment, BoxFuture, Connector, ConnectorError, Delivery, DeliveryError, FetchError,
+    InboundEvent, PlatformLimits, Receipt, Sender, Upload,
 };
 use perch_core::markdown::to_telegram_markdown_v2;
 use perch_core::secret::Secret;
 use std::fmt;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
-use teloxide::payloads::{GetUpdatesSetters, SendChatActionSetters, SendMessageSetters};
+use teloxide::net::Download;
+use teloxide::payloads::{
+    GetUpdatesSetters, SendChatActionSetters, SendDocumentSetters, SendMessageSetters,
+};
 use teloxide::requests::{Request, Requester};
 use teloxide::types::{
-    AllowedUpdate, ChatAction, ChatId, Message, MessageEntity, MessageEntityKind, MessageId,
-    ParseMode, Recipient, ReplyParameters, ThreadId, Update, UpdateKind,
+    AllowedUpdate, ChatAction, ChatId, FileId, FileMeta, InputFile, Message, MessageEntity,
+    MessageEntityKind, MessageId, ParseMode, Recipient, ReplyParameters, ThreadId, Update,
+    UpdateKind,
 };
-use teloxide::{ApiError, Bot, RequestError};
+use teloxide::{ApiError, Bot, DownloadError, RequestError};
 use tokio::sync::{OnceCell, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -43,6 +56,8 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(40);
 const TYPING_TIMEOUT: Duration = Duration::from_secs(5);
 /// Telegram's limit on a message's text, in characters after entity parsing.
 const MAX_CHARS: usize = 4096;
+/// Telegram's limit on a caption, in characters after entity parsing.
+const MAX_CAPTION: usize = 1024;
 const REDACTED: &str = "<token>";
 /// The longest error text passed on, in characters (a server's error page can be huge).
 const MESSAGE_LIMIT: usize = 400;
@@ -205,7 +220,7 @@ impl TelegramConnector {
         }
     }
 
-    async fn send(&self, delivery: &Delivery) -> Result<Receipt, DeliveryError> {
+    async fn send(&self, delivery: &Delivery, files: &[Upload]) -> Result<Receipt, DeliveryError> {
         let chat = parse_chat(&delivery.room)?;
         let thread = delivery.thread.as_deref().map(parse_thread).transpose()?;
         let reply = delivery
@@ -213,7 +228,88 @@ impl TelegramConnector {
             .as_deref()
             .map(|platform_id| reply_parameters(platform_id, chat))
             .transpose()?;
-        let formatted = to_telegram_markdown_v2(&delivery.text);
+        if files.is_empty() {
+            return self.send_text(chat, thread, reply, &delivery.text).await;
+        }
+        let caption = delivery.text.trim();
+        let as_caption = caption.chars().count() <= MAX_CAPTION;
+        let mut first = None;
+        if !as_caption {
+            first = Some(
+                self.send_text(chat, thread, reply.clone(), &delivery.text)
+                    .await?,
+            );
+        }
+        for (index, file) in files.iter().enumerate() {
+            let caption = (as_caption && index == 0 && !caption.is_empty()).then_some(caption);
+            let sent = self
+                .send_document(chat, thread, reply.clone(), file, caption)
+                .await
+                .map_err(|error| match (&first, error) {
+                    (None, error) => error,
+                    (Some(_), error) => DeliveryError::Failed {
+                        message: format!(
+                            "the reply was posted in part; then sending {}: {error}",
+                            file.name
+                        ),
+                    },
+                })?;
+            first.get_or_insert(sent);
+        }
+        first.ok_or_else(|| DeliveryError::Rejected {
+            message: "nothing to send".into(),
+        })
+    }
+
+    async fn send_document(
+        &self,
+        chat: ChatId,
+        thread: Option<ThreadId>,
+        reply: Option<ReplyParameters>,
+        file: &Upload,
+        caption: Option<&str>,
+    ) -> Result<Receipt, DeliveryError> {
+        let request = |caption: Option<(String, Option<ParseMode>)>| {
+            let document = InputFile::memory(file.bytes.clone()).file_name(file.name.clone());
+            let mut request = self.bot.send_document(chat, document);
+            if let Some((caption, parse_mode)) = caption {
+                request = request.caption(caption);
+                if let Some(parse_mode) = parse_mode {
+                    request = request.parse_mode(parse_mode);
+                }
+            }
+            if let Some(thread) = thread {
+                request = request.message_thread_id(thread);
+            }
+            if let Some(reply) = reply.clone() {
+                request = request.reply_parameters(reply);
+            }
+            request.send()
+        };
+        let formatted =
+            caption.map(|text| (to_telegram_markdown_v2(text), Some(ParseMode::MarkdownV2)));
+        let sent = match request(formatted).await {
+            Err(RequestError::Api(ApiError::CantParseEntities(_))) => {
+                request(caption.map(|text| (text.to_owned(), None))).await
+            }
+            other => other,
+        };
+        match sent {
+            Ok(message) => Ok(Receipt {
+                platform_id: platform_id(&message),
+            }),
+            Err(error) => Err(self.delivery_error(error)),
+        }
+    }
+
+    async fn send_text(
+        &self,
+        chat: ChatId,
+        thread: Option<ThreadId>,
+        reply: Option<ReplyParameters>,
+        text: &str,
+    ) -> Result<Receipt, DeliveryError> {
+        let formatted = to_telegram_markdown_v2(text);
         let sent = match self
             .send_message(
                 chat,
@@ -225,7 +321,7 @@ impl TelegramConnector {
             .await
         {
             Err(RequestError::Api(ApiError::CantParseEntities(_))) => {
-                self.send_message(chat, delivery.text.clone(), None, thread, reply)
+                self.send_message(chat, text.to_owned(), None, thread, reply)
                     .await
             }
             other => other,
@@ -257,6 +353,47 @@ impl TelegramConnector {
             request = request.reply_parameters(reply);
         }
         request.send().await
+    }
+
+    /// Downloads the file `attachment` names: `getFile` for its path, then the file itself,
+    /// stopping past `limit` bytes.
+    async fn download(&self, attachment: &Attachment, limit: u64) -> Result<Vec<u8>, FetchError> {
+        if let Some(size) = attachment.size.filter(|size| *size > limit) {
+            return Err(FetchError::TooLarge { size: Some(size) });
+        }
+        let file = self
+            .bot
+            .get_file(FileId(attachment.source.clone()))
+            .send()
+            .await
+            .map_err(|error| match error {
+                RequestError::Api(ApiError::Unknown(text)) if text.contains("too big") => {
+                    FetchError::Failed {
+                        message: "Telegram lets bots download files of up to 20 MB only".into(),
+                    }
+                }
+                other => FetchError::Failed {
+                    message: self.describe(&other),
+                },
+            })?;
+        if u64::from(file.meta.size) > limit {
+            return Err(FetchError::TooLarge {
+                size: Some(u64::from(file.meta.size)),
+            });
+        }
+        let mut capped = Capped {
+            bytes: Vec::new(),
+            limit,
+        };
+        match self.bot.download_file(&file.path, &mut capped).await {
+            Ok(()) => Ok(capped.bytes),
+            Err(DownloadError::Io(error)) if error.kind() == std::io::ErrorKind::FileTooLarge => {
+                Err(FetchError::TooLarge { size: None })
+            }
+            Err(error) => Err(FetchError::Failed {
+                message: self.describe(&error),
+            }),
+        }
     }
 
     async fn show_typing(&self, room: &str, thread: Option<&str>) {
@@ -355,11 +492,21 @@ impl Connector for TelegramConnector {
         Box::pin(self.poll(resume, inbound, cancel))
     }
 
-    fn deliver<'a>(
+    fn post<'a>(
         &'a self,
         delivery: &'a Delivery,
+        files: &'a [Upload],
     ) -> BoxFuture<'a, Result<Receipt, DeliveryError>> {
-        Box::pin(self.send(delivery))
+        Box::pin(self.send(delivery, files))
+    }
+
+    fn fetch<'a>(
+        &'a self,
+        _event: &'a InboundEvent,
+        attachment: &'a Attachment,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<Vec<u8>, FetchError>> {
+        Box::pin(self.download(attachment, limit))
     }
 
     fn typing<'a>(&'a self, room: &'a str, thread: Option<&'a str>) -> BoxFuture<'a, ()> {
@@ -371,6 +518,38 @@ impl Connector for TelegramConnector {
             max_chars: MAX_CHARS,
             resend_window: None,
         }
+    }
+}
+
+/// A download's destination that refuses to grow past `limit` bytes.
+struct Capped {
+    bytes: Vec<u8>,
+    limit: u64,
+}
+
+impl tokio::io::AsyncWrite for Capped {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        chunk: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let size = (self.bytes.len() + chunk.len()) as u64;
+        if size > self.limit {
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::FileTooLarge,
+                format!("the file is larger than {} bytes", self.limit),
+            )));
+        }
+        self.bytes.extend_from_slice(chunk);
+        Poll::Ready(Ok(chunk.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -459,9 +638,11 @@ fn message_event(update: &Update, me: &BotIdentity) -> Option<InboundEvent> {
     let UpdateKind::Message(message) = &update.kind else {
         return None;
     };
+    let attachments = attachments(message);
     let (text, entities) = match (message.text(), message.caption()) {
         (Some(text), _) => (text, message.entities().unwrap_or_default()),
         (None, Some(caption)) => (caption, message.caption_entities().unwrap_or_default()),
+        (None, None) if !attachments.is_empty() => ("", &[][..]),
         (None, None) => return None,
     };
     let sender = sender(message)?;
@@ -480,7 +661,59 @@ fn message_event(update: &Update, me: &BotIdentity) -> Option<InboundEvent> {
         addressed,
         text: text.to_owned(),
         sent_at: message.date,
+        attachments,
     })
+}
+
+/// The file of a message: a document, the largest size of a photo, an audio file, a video or a
+/// voice note.
+fn attachments(message: &Message) -> Vec<Attachment> {
+    let file = |meta: &FileMeta, name: Option<&str>, content_type: Option<String>| Attachment {
+        source: meta.id.0.clone(),
+        name: name.map(str::to_owned),
+        content_type,
+        size: Some(u64::from(meta.size)),
+        encrypted: false,
+    };
+    if let Some(document) = message.document() {
+        return vec![file(
+            &document.file,
+            document.file_name.as_deref(),
+            document.mime_type.as_ref().map(ToString::to_string),
+        )];
+    }
+    if let Some(largest) = message.photo().and_then(|sizes| {
+        sizes.iter().max_by_key(|size| {
+            (
+                u64::from(size.width) * u64::from(size.height),
+                size.file.size,
+            )
+        })
+    }) {
+        return vec![file(&largest.file, None, Some("image/jpeg".to_owned()))];
+    }
+    if let Some(audio) = message.audio() {
+        return vec![file(
+            &audio.file,
+            audio.file_name.as_deref(),
+            audio.mime_type.as_ref().map(ToString::to_string),
+        )];
+    }
+    if let Some(video) = message.video() {
+        return vec![file(
+            &video.file,
+            video.file_name.as_deref(),
+            video.mime_type.as_ref().map(ToString::to_string),
+        )];
+    }
+    if let Some(voice) = message.voice() {
+        return vec![file(
+            &voice.file,
+            None,
+            voice.mime_type.as_ref().map(ToString::to_string),
+        )];
+    }
+    Vec::new()
 }
 
 /// Who sent the message: the chat it was sent on behalf of (an anonymous group admin, a linked

@@ -6,11 +6,13 @@
 //! callers pass the time in. The I/O shell is the `perch` package.
 
 pub mod admission;
+pub mod attachment;
 pub mod builtin;
 pub mod config;
 pub mod conversation;
 pub mod delivery;
 pub mod edit;
+pub mod heartbeat;
 pub mod id;
 pub mod image;
 pub mod journal;

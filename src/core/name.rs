@@ -88,6 +88,30 @@ validated_name!(
 );
 
 validated_name!(
+    /// A heartbeat task in `workspace/HEARTBEAT.yml`.
+    TaskName,
+    |v| {
+        !v.is_empty()
+            && v.len() <= 40
+            && v.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+    },
+    "1 to 40 lowercase letters, digits, '-' or '_'"
+);
+
+impl TaskName {
+    /// The lane the task's runs use unless it names another: `heartbeat-<name>`.
+    pub fn own_lane(&self) -> LaneName {
+        LaneName(format!("heartbeat-{}", self.0))
+    }
+
+    /// The lane of the task's dry runs: `heartbeat-<name>-dry-run`.
+    pub fn dry_run_lane(&self) -> LaneName {
+        LaneName(format!("heartbeat-{}-dry-run", self.0))
+    }
+}
+
+validated_name!(
     /// A tool the model can call.
     ToolName,
     |v| word(v, 64, &['-', '_']) && v.starts_with(|c: char| c.is_ascii_alphabetic()),
@@ -215,5 +239,20 @@ mod tests {
         assert!(EnvName::try_from("GITHUB_TOKEN").is_ok());
         assert!(EnvName::try_from("1X").is_err());
         assert!(EnvName::try_from("A-B").is_err());
+        assert!(TaskName::try_from("standup_2-a").is_ok());
+        assert!(TaskName::try_from("Standup").is_err());
+        assert!(TaskName::try_from("a".repeat(41)).is_err());
+    }
+
+    #[test]
+    fn heartbeat_lanes_are_valid_lane_names() {
+        let task = TaskName::try_from("_".repeat(40)).unwrap();
+        for lane in [task.own_lane(), task.dry_run_lane()] {
+            assert_eq!(LaneName::try_from(lane.as_str()).unwrap(), lane);
+        }
+        assert_eq!(
+            task.dry_run_lane().as_str(),
+            format!("heartbeat-{}-dry-run", "_".repeat(40))
+        );
     }
 }

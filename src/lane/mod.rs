@@ -87,6 +87,9 @@ pub struct Input {
     /// Inbox items this input came from; the run's first record names them, so a crash never
     /// loses or doubles a message.
     pub consumes: Vec<String>,
+    /// Start a new branch for this input instead of continuing the conversation: the run sees
+    /// only the system prompt and this input (a heartbeat's fresh run).
+    pub fresh: bool,
 }
 
 /// What a run shows while it works, for display.
@@ -166,6 +169,11 @@ enum Request {
     Compact {
         events: Events,
         reply: Reply,
+    },
+    Note {
+        name: String,
+        value: serde_json::Value,
+        reply: oneshot::Sender<Result<(), LaneError>>,
     },
     Steer {
         text: String,
@@ -257,6 +265,18 @@ impl Lane {
     pub async fn compact(&self, events: Events) -> Result<Finished, LaneError> {
         let (reply, answer) = oneshot::channel();
         self.request(Request::Compact { events, reply })?;
+        answer.await.map_err(|_| LaneError::Closed)?
+    }
+
+    /// Appends a data entry (`name`, `value`) to the conversation after the active and queued
+    /// runs: kept in the lane's tree, never shown to the model.
+    pub async fn note(&self, name: &str, value: serde_json::Value) -> Result<(), LaneError> {
+        let (reply, answer) = oneshot::channel();
+        self.request(Request::Note {
+            name: name.to_owned(),
+            value,
+            reply,
+        })?;
         answer.await.map_err(|_| LaneError::Closed)?
     }
 
@@ -360,6 +380,11 @@ enum Work {
         events: Events,
         reply: Reply,
     },
+    Note {
+        name: String,
+        value: serde_json::Value,
+        reply: oneshot::Sender<Result<(), LaneError>>,
+    },
 }
 
 type ActiveRun = Pin<Box<dyn Future<Output = Vec<Entry>> + Send>>;
@@ -435,6 +460,9 @@ impl LaneTask {
                     Request::Compact { events, reply } => {
                         self.queue.push_back(Work::Compact { events, reply });
                     }
+                    Request::Note { name, value, reply } => {
+                        self.queue.push_back(Work::Note { name, value, reply });
+                    }
                     Request::Steer { text, reply } => {
                         let answer = if active.is_some() {
                             self.shared
@@ -452,8 +480,14 @@ impl LaneTask {
                     Request::Close { reply } => {
                         self.cancel.cancel();
                         for work in self.queue.drain(..) {
-                            let (Work::Run { reply, .. } | Work::Compact { reply, .. }) = work;
-                            let _ = reply.send(Err(LaneError::Closed));
+                            match work {
+                                Work::Run { reply, .. } | Work::Compact { reply, .. } => {
+                                    let _ = reply.send(Err(LaneError::Closed));
+                                }
+                                Work::Note { reply, .. } => {
+                                    let _ = reply.send(Err(LaneError::Closed));
+                                }
+                            }
                         }
                         closing = Some(reply);
                     }
@@ -486,6 +520,9 @@ impl LaneTask {
                 Work::Compact { events, reply } => {
                     let result = runner.compact(&events).await;
                     let _ = reply.send(result);
+                }
+                Work::Note { name, value, reply } => {
+                    let _ = reply.send(runner.note(name, value).await);
                 }
             }
             drop(permit);

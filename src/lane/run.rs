@@ -47,7 +47,9 @@ impl Runner<'_> {
         input: Input,
         events: &Events,
     ) -> Result<Finished, LaneError> {
-        if self.needs_compaction(&input.text) {
+        if input.fresh {
+            self.branch.clear();
+        } else if self.needs_compaction(&input.text) {
             let compacted = self.compact(events).await?;
             if compacted.outcome == Outcome::Completed {
                 emit(events, LaneEvent::Compacted);
@@ -368,6 +370,20 @@ impl Runner<'_> {
                     is_error,
                 }],
             )),
+        };
+        self.append_entry(entry).await
+    }
+
+    pub(super) async fn note(
+        &mut self,
+        name: String,
+        value: serde_json::Value,
+    ) -> Result<(), LaneError> {
+        let entry = Entry {
+            id: self.new_id(),
+            parent: self.leaf(),
+            at: self.now(),
+            body: EntryBody::Data { name, value },
         };
         self.append_entry(entry).await
     }

@@ -33,9 +33,22 @@ pub fn endpoint_for(
     agent: &LoadedAgent,
     lookup: impl Fn(&str) -> Option<String>,
 ) -> Result<Endpoint, String> {
-    let definition = &agent.definition;
-    let (provider, spec) = definition.model();
-    let name = definition.agent.model.provider.as_str();
+    endpoint_for_model(agent, &agent.definition.agent.model, lookup)
+}
+
+/// The endpoint of `model`, one of the models `models.yml` declares (a heartbeat task's own
+/// model, say), with its provider's key read through `lookup`.
+pub fn endpoint_for_model(
+    agent: &LoadedAgent,
+    model: &perch_core::name::ModelRef,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Endpoint, String> {
+    let (provider, spec) = agent
+        .definition
+        .models
+        .model(model)
+        .ok_or_else(|| format!("models.yml does not declare the model {model}"))?;
+    let name = model.provider.as_str();
     let api_key = match &provider.api_key {
         None => None,
         Some(reference) => Some(

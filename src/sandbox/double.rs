@@ -17,6 +17,7 @@
 
 use super::{
     Boot, BoxFuture, Command, End, GUEST_WORKSPACE, ImageRef, Output, Sandbox, SandboxError, Spec,
+    Up,
 };
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -285,18 +286,23 @@ impl NamespaceDouble {
 }
 
 impl Sandbox for NamespaceDouble {
-    fn up(&self, boot: Boot) -> BoxFuture<'_, Result<(), SandboxError>> {
+    fn up(&self, boot: Boot) -> BoxFuture<'_, Result<Up, SandboxError>> {
         Box::pin(async move {
             let mut holder = self.holder.lock().await;
             if let Some(running) = holder.as_mut() {
                 if boot == Boot::Resume && running.is_alive() {
-                    return Ok(());
+                    return Ok(Up::Resumed);
                 }
                 stop_holder(running).await;
                 *holder = None;
             }
+            let up = if boot == Boot::Resume && self.disk().join("upper").is_dir() {
+                Up::Resumed
+            } else {
+                Up::Created
+            };
             *holder = Some(self.boot(boot).await?);
-            Ok(())
+            Ok(up)
         })
     }
 

@@ -2,7 +2,7 @@
 //! command (not before), stops it after a quiet spell, keeping its disk, and decides between
 //! resuming the stored machine and recreating it by comparing fingerprints.
 
-use super::{Boot, Command, Output, Sandbox, SandboxError};
+use super::{Boot, Command, Output, Sandbox, SandboxError, Up};
 use crate::agent::{LockError, OwnerLock};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -240,9 +240,11 @@ impl Owner {
             // boot fails half way.
             remove_file(&fingerprint_path)?;
         }
-        self.sandbox.up(boot).await?;
+        let up = self.sandbox.up(boot).await?;
         self.running = true;
-        if boot == Boot::Fresh {
+        // A stored machine that is gone (a directory restored on another host) is created
+        // anew, so it is bootstrapped like a fresh one.
+        if up == Up::Created {
             if let Err(error) = self.bootstrap().await {
                 let _ = self.halt().await;
                 return Err(error);

@@ -17,6 +17,7 @@
 
 use super::{
     Boot, BoxFuture, Command, End, GUEST_WORKSPACE, ImageRef, Output, Sandbox, SandboxError, Spec,
+    Up,
 };
 use microsandbox::protocol::exec::{ExecFailed, ExecFailureKind};
 use microsandbox::sandbox::{
@@ -56,25 +57,28 @@ impl Microvm {
         }
     }
 
-    async fn boot(&self, boot: Boot) -> Result<(), SandboxError> {
+    async fn boot(&self, boot: Boot) -> Result<Up, SandboxError> {
         let mut machine = self.machine.lock().await;
         match boot {
             Boot::Resume => {
                 if let Some(current) = machine.take() {
                     if matches!(current.status().await, Ok(SandboxStatus::Running)) {
                         *machine = Some(current);
-                        return Ok(());
+                        return Ok(Up::Resumed);
                     }
                     // Our handle outlived its machine (it crashed or is going down): let it
                     // finish, then restart the stored machine like any other stopped one.
                     let _ = self.halt(&current).await;
                 }
-                let started = match microsandbox::Sandbox::start(&self.spec.name).await {
-                    Ok(started) => started,
-                    Err(MicrosandboxError::SandboxNotFound(_)) => self.create(false).await?,
+                let (started, up) = match microsandbox::Sandbox::start(&self.spec.name).await {
+                    Ok(started) => (started, Up::Resumed),
+                    Err(MicrosandboxError::SandboxNotFound(_)) => {
+                        (self.create(false).await?, Up::Created)
+                    }
                     Err(error) => return Err(self.failure("boot", &error)),
                 };
                 *machine = Some(started);
+                Ok(up)
             }
             Boot::Fresh => {
                 if let Some(current) = machine.take()
@@ -84,9 +88,9 @@ impl Microvm {
                     return Err(error);
                 }
                 *machine = Some(self.create(true).await?);
+                Ok(Up::Created)
             }
         }
-        Ok(())
     }
 
     async fn create(&self, replace: bool) -> Result<microsandbox::Sandbox, SandboxError> {
@@ -293,7 +297,7 @@ impl fmt::Debug for Microvm {
 }
 
 impl Sandbox for Microvm {
-    fn up(&self, boot: Boot) -> BoxFuture<'_, Result<(), SandboxError>> {
+    fn up(&self, boot: Boot) -> BoxFuture<'_, Result<Up, SandboxError>> {
         Box::pin(self.boot(boot))
     }
 

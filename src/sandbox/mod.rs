@@ -27,12 +27,22 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// The guest path of the agent's workspace, and every command's working directory.
 pub const GUEST_WORKSPACE: &str = "/workspace";
 
+/// What [`Sandbox::up`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Up {
+    /// The machine was running, or was restarted with its disk.
+    Resumed,
+    /// The machine was created with an empty disk (asked for, or nothing stored to resume).
+    Created,
+}
+
 /// The one effect boundary of the sandbox: boot it, run commands in it, stop it.
 pub trait Sandbox: Send + Sync + fmt::Debug {
     /// Makes sure the machine is up. [`Boot::Resume`] restarts the stored machine with its disk
     /// when there is one (and creates it otherwise); [`Boot::Fresh`] discards any stored machine
-    /// and creates it anew. Calling it on a running machine with `Resume` does nothing.
-    fn up(&self, boot: Boot) -> BoxFuture<'_, Result<(), SandboxError>>;
+    /// and creates it anew. Calling it on a running machine with `Resume` does nothing. Says
+    /// whether the machine was created, so the caller knows to bootstrap it.
+    fn up(&self, boot: Boot) -> BoxFuture<'_, Result<Up, SandboxError>>;
 
     /// Runs one command in the running machine. A non-zero exit is data in [`Output`], not an
     /// error; cancellation and timeouts kill the command and leave the machine usable.

@@ -24,6 +24,7 @@ pub(crate) fn event(producer: usize, n: usize) -> InboundEvent {
         addressed: true,
         text: format!("message {n} from {producer}: a short chat message of ordinary length"),
         sent_at: chrono::Utc::now(),
+        attachments: Vec::new(),
     }
 }
 
@@ -149,13 +150,27 @@ mod double {
             })
         }
 
-        fn deliver<'a>(
+        fn post<'a>(
             &'a self,
             delivery: &'a Delivery,
+            _files: &'a [perch::channel::Upload],
         ) -> ChannelFuture<'a, Result<Receipt, DeliveryError>> {
             Box::pin(async move {
                 Ok(Receipt {
                     platform_id: delivery.id.clone(),
+                })
+            })
+        }
+
+        fn fetch<'a>(
+            &'a self,
+            _event: &'a InboundEvent,
+            _attachment: &'a perch::channel::Attachment,
+            _limit: u64,
+        ) -> ChannelFuture<'a, Result<Vec<u8>, perch::channel::FetchError>> {
+            Box::pin(async {
+                Err(perch::channel::FetchError::Failed {
+                    message: "the benchmark's connector has no files".into(),
                 })
             })
         }
@@ -239,6 +254,9 @@ mod double {
             clock: system_clock(),
             limits: RunLimits::default(),
             reconnect: Duration::from_millis(10),
+            heartbeat_reload: perch::heartbeat::RELOAD_EVERY,
+            notifier: perch::notify::Notifier::disabled(),
+            drain: Duration::from_secs(30),
         };
         let shutdown = CancellationToken::new();
         let service = tokio::spawn(run(loaded, setup, shutdown.clone()));

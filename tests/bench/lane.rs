@@ -181,6 +181,7 @@ mod double {
                 Input {
                     text,
                     consumes: Vec::new(),
+                    fresh: false,
                 },
                 None,
             )

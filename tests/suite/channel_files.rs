@@ -213,6 +213,7 @@ fn event(text: &str) -> InboundEvent {
         addressed: true,
         text: text.into(),
         sent_at: "2026-01-02T03:04:05Z".parse().unwrap(),
+        attachments: Vec::new(),
     }
 }
 

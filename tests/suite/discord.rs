@@ -1,10 +1,13 @@
 //! The Discord connector against the fake REST API and gateway, and the fake's own rules, each
 //! checked on the wire.
 
-use super::fake_discord::{Author, BOT_ID, Failure, FakeDiscord, Route, TOKEN};
+use super::fake_discord::{Author, BOT_ID, Failure, FakeDiscord, FakeFile, Route, TOKEN};
 use futures_util::{SinkExt, StreamExt};
 use perch::channel::discord::{DiscordConnector, FALLBACK_RETRY_AFTER, RESEND_WINDOW};
-use perch::channel::{Arrival, Connector, ConnectorError, Delivery, DeliveryError, InboundEvent};
+use perch::channel::{
+    Arrival, Connector, ConnectorError, Delivery, DeliveryError, FetchError, InboundEvent,
+    OutboundFile, Upload,
+};
 use perch_core::name::EnvName;
 use perch_core::secret::{EnvRef, Secret};
 use serde_json::{Value, json};
@@ -41,6 +44,7 @@ fn delivery(id: &str, room: u64, reply_to: Option<u64>, text: &str) -> Delivery 
         thread: None,
         reply_to: reply_to.map(|id| id.to_string()),
         text: text.into(),
+        attachments: Vec::new(),
     }
 }
 
@@ -1094,4 +1098,136 @@ async fn with_serenitys_ratelimiter_on_a_wait_becomes_rate_limited_with_its_leng
             .all(|line| line.starts_with("CONNECT discord.com:443 "))
     );
     assert!(!tls.tunnels().is_empty());
+}
+
+// Files.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attachments_are_handed_on_and_fetched_without_the_token() {
+    let fake = FakeDiscord::start();
+    let connector = connector(&fake);
+    let mut receiving = receive(&connector, Vec::new());
+    connected(&fake).await;
+    let mut big = FakeFile::new("big.zip", "application/zip", b"zip");
+    big.declared = Some(30_000_000);
+    let mut liar = FakeFile::new("liar.bin", "application/octet-stream", &[9u8; 4000]);
+    liar.declared = Some(10);
+    fake.push_files(
+        ROOM,
+        &alice(),
+        "",
+        &[
+            FakeFile::new("notes v2.txt", "text/plain", b"the notes"),
+            big,
+            liar,
+        ],
+    );
+    let event = receiving.next().await;
+    receiving.stop().await.unwrap();
+    assert_eq!(event.text, "", "a message with only files still arrives");
+    let names: Vec<_> = event
+        .attachments
+        .iter()
+        .map(|attachment| attachment.name.clone().unwrap())
+        .collect();
+    assert_eq!(names, ["notes v2.txt", "big.zip", "liar.bin"]);
+    let notes = &event.attachments[0];
+    assert_eq!(notes.content_type.as_deref(), Some("text/plain"));
+    assert_eq!(notes.size, Some(9));
+    assert_eq!(
+        connector.fetch(&event, notes, 100).await.unwrap(),
+        b"the notes"
+    );
+    assert_eq!(
+        connector
+            .fetch(&event, &event.attachments[1], 25_000_000)
+            .await,
+        Err(FetchError::TooLarge {
+            size: Some(30_000_000)
+        })
+    );
+    assert_eq!(
+        connector.fetch(&event, &event.attachments[2], 1000).await,
+        Err(FetchError::TooLarge { size: Some(4000) }),
+        "the CDN's content-length gives a liar away"
+    );
+    let downloads = fake.downloads();
+    assert_eq!(downloads.len(), 2, "{downloads:?}");
+    assert!(
+        downloads.iter().all(|(_, authorized)| !authorized),
+        "the bot token never goes to the CDN: {downloads:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_carries_files_as_a_multipart_upload_with_its_nonce() {
+    let fake = FakeDiscord::start();
+    let connector = connector(&fake);
+    let question = fake.push_message(ROOM, &alice(), "send me the files");
+    let mut reply = delivery("d-files-1", ROOM, Some(question), "Here you go.");
+    reply.attachments = vec![
+        OutboundFile {
+            path: "out/a.txt".into(),
+            name: "a.txt".into(),
+        },
+        OutboundFile {
+            path: "out/b.png".into(),
+            name: "b.png".into(),
+        },
+    ];
+    let uploads = [
+        Upload {
+            name: "a.txt".into(),
+            content_type: "text/plain".into(),
+            bytes: b"alpha".to_vec(),
+        },
+        Upload {
+            name: "b.png".into(),
+            content_type: "image/png".into(),
+            bytes: vec![0x89, b'P', b'N', b'G', 0, 255],
+        },
+    ];
+    let receipt = connector.post(&reply, &uploads).await.unwrap();
+    let posted = fake.posted();
+    assert_eq!(posted.len(), 1);
+    let sent = &posted[0];
+    assert_eq!(sent.body["content"], "Here you go.");
+    assert_eq!(sent.body["nonce"], "d-files-1");
+    assert_eq!(sent.body["enforce_nonce"], true);
+    assert_eq!(
+        sent.body["message_reference"]["message_id"],
+        question.to_string()
+    );
+    assert_eq!(
+        sent.body["allowed_mentions"],
+        json!({"parse": [], "users": [], "roles": []})
+    );
+    let files: Vec<(String, Vec<u8>)> = sent
+        .files
+        .iter()
+        .map(|file| (file.name.clone(), file.bytes.clone()))
+        .collect();
+    assert_eq!(
+        files,
+        [
+            ("a.txt".to_owned(), b"alpha".to_vec()),
+            ("b.png".to_owned(), vec![0x89, b'P', b'N', b'G', 0, 255])
+        ]
+    );
+    assert_eq!(sent.message["attachments"].as_array().unwrap().len(), 2);
+    assert_eq!(receipt.platform_id, sent.message["id"].as_str().unwrap());
+
+    let only_files = delivery("d-files-2", ROOM, None, "");
+    connector.post(&only_files, &uploads[..1]).await.unwrap();
+    assert_eq!(
+        fake.posted().len(),
+        2,
+        "a message of files alone is allowed"
+    );
+    connector.post(&reply, &uploads).await.unwrap();
+    assert_eq!(
+        fake.posted().len(),
+        2,
+        "a resend with the same nonce posts nothing new"
+    );
 }

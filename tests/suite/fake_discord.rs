@@ -10,7 +10,10 @@
 //! 5 s by default) answers 429 with `retry-after` and `x-ratelimit-*` headers and
 //! `retry_after` in the body, and successful posts carry the bucket's headers too;
 //! `GET /channels/{id}/messages` pages with `after`/`before`/`limit`, newest first within a page,
-//! and, like all REST message objects, without `guild_id`.
+//! and, like all REST message objects, without `guild_id`. A message with files is
+//! `multipart/form-data`: the JSON body in `payload_json`, each file in a `files[n]` part with
+//! its file name; an empty message is refused unless it has files. Attachments are served from
+//! `GET /attachments/{channel}/{id}/{name}` (the CDN, which needs no token).
 //!
 //! Gateway (`ws://`, JSON text frames, `?v=10` required): HELLO, IDENTIFY whose token must carry
 //! the `Bot ` prefix (close 4004 otherwise), READY, heartbeat ACKs, MESSAGE_CREATE dispatches for
@@ -30,6 +33,7 @@
     reason = "a harness shared by several suites, each using part of it"
 )]
 
+use super::support::parse_multipart;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade};
@@ -145,6 +149,29 @@ pub struct Posted {
     pub channel: u64,
     pub body: Value,
     pub message: Value,
+    /// The files uploaded with it.
+    pub files: Vec<FakeFile>,
+}
+
+/// A file attached to a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeFile {
+    pub name: String,
+    pub content_type: Option<String>,
+    pub bytes: Vec<u8>,
+    /// The `size` announced, when it is not the real one.
+    pub declared: Option<u64>,
+}
+
+impl FakeFile {
+    pub fn new(name: &str, content_type: &str, bytes: &[u8]) -> FakeFile {
+        FakeFile {
+            name: name.to_owned(),
+            content_type: Some(content_type.to_owned()),
+            bytes: bytes.to_vec(),
+            declared: None,
+        }
+    }
 }
 
 enum Out {
@@ -200,6 +227,10 @@ struct Platform {
     buckets: HashMap<u64, Bucket>,
     bucket_limit: u32,
     bucket_window: Duration,
+    /// Attachment id → bytes.
+    cdn: HashMap<u64, Vec<u8>>,
+    /// Every CDN download: the path, and whether it carried an `Authorization` header.
+    downloads: Vec<(String, bool)>,
 }
 
 type Shared = Arc<Mutex<Platform>>;
@@ -245,6 +276,8 @@ impl FakeDiscord {
             buckets: HashMap::new(),
             bucket_limit: 5,
             bucket_window: Duration::from_secs(5),
+            cdn: HashMap::new(),
+            downloads: Vec::new(),
         }));
         let (stop, stopped) = oneshot::channel::<()>();
         let shared = Arc::clone(&state);
@@ -318,6 +351,26 @@ impl FakeDiscord {
         self.push(channel, author, content, Some(reply_to))
     }
 
+    /// A user sends `content` with `files` to `channel`; returns the message id.
+    pub fn push_files(
+        &self,
+        channel: u64,
+        author: &Author,
+        content: &str,
+        files: &[FakeFile],
+    ) -> u64 {
+        self.guild_channel(channel);
+        let mut state = self.state();
+        state.users.insert(author.id, author.clone());
+        let message = state.create(channel, author, content, None, None, files);
+        message["id"].as_str().unwrap().parse().unwrap()
+    }
+
+    /// Every CDN download: the path, and whether it carried an `Authorization` header.
+    pub fn downloads(&self) -> Vec<(String, bool)> {
+        self.state().downloads.clone()
+    }
+
     fn push(&self, channel: u64, author: &Author, content: &str, reply_to: Option<u64>) -> u64 {
         self.guild_channel(channel);
         let mut state = self.state();
@@ -327,7 +380,7 @@ impl FakeDiscord {
                 .find(channel, id)
                 .expect("the message replied to exists")
         });
-        let message = state.create(channel, author, content, reference, None);
+        let message = state.create(channel, author, content, reference, None, &[]);
         message["id"].as_str().unwrap().parse().unwrap()
     }
 
@@ -600,8 +653,24 @@ impl Platform {
         content: &str,
         reference: Option<Value>,
         nonce: Option<Value>,
+        files: &[FakeFile],
     ) -> Value {
         let id = self.next_id();
+        let mut attachments = Vec::new();
+        for file in files {
+            let file_id = self.next_id();
+            let url = format!(
+                "http://{}/attachments/{channel}/{file_id}/{}",
+                self.addr,
+                percent_encode(&file.name)
+            );
+            self.cdn.insert(file_id, file.bytes.clone());
+            attachments.push(json!({
+                "id": file_id.to_string(), "filename": file.name,
+                "size": file.declared.unwrap_or(file.bytes.len() as u64),
+                "url": url, "proxy_url": url, "content_type": file.content_type,
+            }));
+        }
         let millis = (id >> 22) + DISCORD_EPOCH_MS;
         let timestamp = chrono::DateTime::from_timestamp_millis(millis as i64)
             .unwrap()
@@ -617,7 +686,7 @@ impl Platform {
             "mention_everyone": false,
             "mentions": self.mentions(content),
             "mention_roles": [],
-            "attachments": [],
+            "attachments": attachments,
             "embeds": [],
             "pinned": false,
             "type": if reference.is_some() { 19 } else { 0 },
@@ -730,6 +799,18 @@ impl Platform {
     }
 }
 
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|byte| {
+            if byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'-' | b'_') {
+                (byte as char).to_string()
+            } else {
+                format!("%{byte:02X}")
+            }
+        })
+        .collect()
+}
+
 fn error(status: u16, code: i64, message: &str) -> Response {
     error_with(status, json!({"code": code, "message": message}))
 }
@@ -814,6 +895,20 @@ async fn rest(
         .unwrap_or_default();
     let mut state = state.lock().unwrap();
     state.requests.push(format!("{method} {path}"));
+    if let Some(rest) = path.strip_prefix("/attachments/") {
+        let authorized = headers.contains_key("authorization");
+        state.downloads.push((path.clone(), authorized));
+        let id = rest.split('/').nth(1).and_then(|id| id.parse::<u64>().ok());
+        return match id.and_then(|id| state.cdn.get(&id)) {
+            Some(bytes) if method == Method::GET => (
+                StatusCode::OK,
+                [("content-type", "application/octet-stream")],
+                bytes.clone(),
+            )
+                .into_response(),
+            _ => (StatusCode::NOT_FOUND, "Not Found").into_response(),
+        };
+    }
     let Some(rest) = path.strip_prefix("/api/v10/") else {
         return error(404, 0, "404: Not Found");
     };
@@ -890,7 +985,14 @@ async fn rest(
             state.typing.push(channel);
             StatusCode::NO_CONTENT.into_response()
         }
-        Route::CreateMessage => create_message(&mut state, channel, &body),
+        Route::CreateMessage => {
+            let content_type = headers
+                .get("content-type")
+                .and_then(|value| value.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            create_message(&mut state, channel, &content_type, &body)
+        }
     };
     if let Some((limit, remaining, reset_after)) = bucket {
         rate_headers(response.headers_mut(), limit, remaining, reset_after);
@@ -942,8 +1044,35 @@ fn get_messages(state: &Platform, channel: u64, query: &HashMap<String, String>)
     json_response(StatusCode::OK, &Value::Array(page))
 }
 
-fn create_message(state: &mut Platform, channel: u64, body: &Bytes) -> Response {
-    let Ok(body) = serde_json::from_slice::<Value>(body) else {
+fn create_message(
+    state: &mut Platform,
+    channel: u64,
+    content_type: &str,
+    body: &Bytes,
+) -> Response {
+    let mut files = Vec::new();
+    let json = if content_type.starts_with("multipart/form-data") {
+        let Some(parts) = parse_multipart(content_type, body) else {
+            return error(400, 50035, "Invalid Form Body");
+        };
+        let mut json = None;
+        for part in parts {
+            if part.name == "payload_json" {
+                json = Some(part.body);
+            } else if part.name.starts_with("files[") {
+                files.push(FakeFile {
+                    name: part.filename.unwrap_or_default(),
+                    content_type: part.content_type,
+                    bytes: part.body,
+                    declared: None,
+                });
+            }
+        }
+        json.unwrap_or_default()
+    } else {
+        body.to_vec()
+    };
+    let Ok(body) = serde_json::from_slice::<Value>(&json) else {
         return error(400, 50109, "The request body contains invalid JSON.");
     };
     if !state.channels.contains_key(&channel) {
@@ -986,7 +1115,8 @@ fn create_message(state: &mut Platform, channel: u64, body: &Bytes) -> Response 
             json!({"code": 50035, "message": "Invalid Form Body", "errors": errors}),
         );
     }
-    if content.is_empty() && body["embeds"].as_array().is_none_or(Vec::is_empty) {
+    if content.is_empty() && files.is_empty() && body["embeds"].as_array().is_none_or(Vec::is_empty)
+    {
         return error(400, 50006, "Cannot send an empty message");
     }
     let enforce = body["enforce_nonce"] == json!(true);
@@ -998,7 +1128,7 @@ fn create_message(state: &mut Platform, channel: u64, body: &Bytes) -> Response 
         return json_response(StatusCode::OK, first);
     }
     let bot = state.users[&BOT_ID].clone();
-    let message = state.create(channel, &bot, &content, reference, nonce);
+    let message = state.create(channel, &bot, &content, reference, nonce, &files);
     if let Some(key) = key {
         state.nonces.insert(key, (message.clone(), Instant::now()));
     }
@@ -1006,6 +1136,7 @@ fn create_message(state: &mut Platform, channel: u64, body: &Bytes) -> Response 
         channel,
         body,
         message: message.clone(),
+        files,
     });
     json_response(StatusCode::OK, &message)
 }

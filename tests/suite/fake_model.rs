@@ -56,6 +56,33 @@ pub enum Script {
     Garbage,
     /// The stream starts and one text delta arrives, then nothing more, ever.
     Stall,
+    /// `script`, answered only once the test opens `gate`; until then the request waits with
+    /// no response at all.
+    Held { script: Box<Script>, gate: Gate },
+}
+
+/// Holds back a [`Script::Held`] reply until the test calls [`Gate::open`].
+#[derive(Debug, Clone)]
+pub struct Gate(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Default for Gate {
+    fn default() -> Gate {
+        Gate::new()
+    }
+}
+
+impl Gate {
+    pub fn new() -> Gate {
+        Gate(Arc::new(tokio::sync::watch::Sender::new(false)))
+    }
+
+    pub fn open(&self) {
+        self.0.send_replace(true);
+    }
+
+    async fn opened(&self) {
+        let _ = self.0.subscribe().wait_for(|open| *open).await;
+    }
 }
 
 impl Script {
@@ -99,6 +126,14 @@ impl Script {
                 body,
             },
             other => other,
+        }
+    }
+
+    /// `script`, held until `gate` is opened.
+    pub fn held(script: impl Into<Script>, gate: &Gate) -> Script {
+        Script::Held {
+            script: Box::new(script.into()),
+            gate: gate.clone(),
         }
     }
 
@@ -345,6 +380,13 @@ async fn serve(mut socket: TcpStream, api: Api, state: Arc<Mutex<State>>) {
             };
             (script, state.responses)
         };
+        let script = match script {
+            Script::Held { script, gate } => {
+                gate.opened().await;
+                *script
+            }
+            script => script,
+        };
         if !respond(&mut socket, api, n, &body, script).await {
             return;
         }
@@ -549,6 +591,7 @@ fn render(api: Api, n: u64, request: &Value, script: Script) -> (Vec<Vec<u8>>, E
             End::Stall
         }
         Script::Status { .. } => unreachable!("statuses are answered without a stream"),
+        Script::Held { .. } => unreachable!("a held script is released before it is answered"),
     };
     (stream.into_events(), end)
 }

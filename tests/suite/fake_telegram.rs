@@ -16,6 +16,11 @@
 //!   MarkdownV2 that does not parse (reserved characters outside entities, unclosed entities),
 //!   unknown reply target (unless `allow_sending_without_reply`) and unknown forum thread are
 //!   refused with Telegram's descriptions;
+//! - `getFile` answers a file's `file_path` (400 `invalid file_id` for an unknown one, `file is
+//!   too big` over 20 MB), and `GET /file/bot<token>/<file_path>` serves its bytes;
+//! - `sendDocument` takes `multipart/form-data` (fields as text, `reply_parameters` as JSON, the
+//!   file as a part with a file name, named `document` or by `document=attach://<part>`), with
+//!   the caption checked like `sendMessage`'s text (1,024 characters);
 //! - `fail_next` forces one answer, such as 429 `Too Many Requests: retry after N` with
 //!   `parameters.retry_after`.
 //!
@@ -26,7 +31,7 @@
     reason = "a harness shared by several suites, each using part of it"
 )]
 
-use super::support::{Request, read_request};
+use super::support::{Request, parse_multipart, read_request};
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -148,6 +153,32 @@ impl Chat {
     }
 }
 
+/// The longest caption, in characters after entity parsing.
+pub const MAX_CAPTION: usize = 1024;
+/// The largest file `getFile` hands to a bot.
+pub const MAX_DOWNLOAD: u64 = 20 * 1024 * 1024;
+
+/// The kind of file a message carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Media {
+    /// A photo, in two sizes (a thumbnail and the file's bytes as the largest).
+    Photo,
+    Document {
+        name: Option<String>,
+        mime: Option<String>,
+    },
+    Voice,
+}
+
+/// A file attached to an incoming message.
+#[derive(Debug, Clone)]
+struct IncomingFile {
+    media: Media,
+    bytes: Vec<u8>,
+    /// The `file_size` announced, when it is not the real one.
+    declared: Option<u64>,
+}
+
 /// A message someone sends to the bot. Mention and command entities are computed from the
 /// text the way Telegram does; text mentions (of users without a username) are added by hand.
 #[derive(Debug, Clone)]
@@ -156,6 +187,7 @@ pub struct Incoming {
     from: User,
     text: Option<String>,
     caption: bool,
+    file: Option<IncomingFile>,
     reply_to: Option<i64>,
     thread: Option<i64>,
     text_mentions: Vec<(String, User)>,
@@ -168,6 +200,7 @@ impl Incoming {
             from: from.clone(),
             text: Some(text.to_owned()),
             caption: false,
+            file: None,
             reply_to: None,
             thread: None,
             text_mentions: Vec::new(),
@@ -176,11 +209,52 @@ impl Incoming {
 
     /// A photo, captioned with the text (or without caption for `None`).
     pub fn photo(chat: &Chat, from: &User, caption: Option<&str>) -> Incoming {
+        Incoming::media(chat, from, Media::Photo, b"\xff\xd8fake jpeg", caption)
+    }
+
+    /// A file of `media` kind with `bytes`, captioned with the text (or without caption for
+    /// `None`).
+    pub fn media(
+        chat: &Chat,
+        from: &User,
+        media: Media,
+        bytes: &[u8],
+        caption: Option<&str>,
+    ) -> Incoming {
         Incoming {
             text: caption.map(str::to_owned),
             caption: true,
+            file: Some(IncomingFile {
+                media,
+                bytes: bytes.to_vec(),
+                declared: None,
+            }),
             ..Incoming::new(chat, from, "")
         }
+    }
+
+    /// A document named `name` of type `mime`.
+    pub fn document(
+        chat: &Chat,
+        from: &User,
+        name: &str,
+        mime: &str,
+        bytes: &[u8],
+        caption: Option<&str>,
+    ) -> Incoming {
+        let media = Media::Document {
+            name: Some(name.to_owned()),
+            mime: Some(mime.to_owned()),
+        };
+        Incoming::media(chat, from, media, bytes, caption)
+    }
+
+    /// Announces `size` as the file's `file_size` instead of its real size.
+    pub fn declared_size(mut self, size: u64) -> Incoming {
+        if let Some(file) = &mut self.file {
+            file.declared = Some(size);
+        }
+        self
     }
 
     /// A reply to the message with this id in the same chat.
@@ -229,8 +303,10 @@ pub struct Sent {
     pub shown: String,
     pub reply_to: Option<i64>,
     pub thread: Option<i64>,
-    /// Every parameter of the call.
+    /// Every parameter of the call (for `sendDocument`, the form's text fields).
     pub params: Value,
+    /// `sendDocument`: the file's name and bytes.
+    pub document: Option<(String, Vec<u8>)>,
 }
 
 /// A forced answer for the next call of one method.
@@ -276,6 +352,13 @@ struct State {
     actions: Vec<(i64, String, Option<i64>)>,
     failures: VecDeque<(String, Failure)>,
     calls: Vec<Call>,
+    next_file: u64,
+    /// File id → (file path, bytes, the size `getFile` announces).
+    files: HashMap<String, (String, Vec<u8>, u64)>,
+    /// The paths of every file download, in order.
+    downloads: Vec<String>,
+    /// Every download answers 404.
+    downloads_broken: bool,
 }
 
 #[derive(Debug)]
@@ -310,6 +393,10 @@ impl FakeTelegram {
                 actions: Vec::new(),
                 failures: VecDeque::new(),
                 calls: Vec::new(),
+                next_file: 0,
+                files: HashMap::new(),
+                downloads: Vec::new(),
+                downloads_broken: false,
             }),
             changed: Notify::new(),
         });
@@ -354,6 +441,11 @@ impl FakeTelegram {
     /// Queues a message as a `message` update.
     pub fn push(&self, incoming: Incoming) -> Pushed {
         let mut state = self.shared.state.lock().unwrap();
+        let media = incoming
+            .file
+            .as_ref()
+            .map(|file| state.media_json(file))
+            .unwrap_or_default();
         let chat = state.chat(&incoming.chat);
         let message_id = chat.next_message_id;
         chat.next_message_id += 1;
@@ -372,8 +464,9 @@ impl FakeTelegram {
                 }
             }
             (caption, _) => {
-                message["photo"] = json!([{"file_id": format!("photo-{message_id}"),
-                    "file_unique_id": format!("u{message_id}"), "width": 90, "height": 90}]);
+                if let Value::Object(fields) = media {
+                    message.as_object_mut().unwrap().extend(fields);
+                }
                 if let Some(caption) = caption {
                     message["caption"] = json!(caption);
                     let entities = entities(caption, &incoming.text_mentions);
@@ -405,6 +498,21 @@ impl FakeTelegram {
             chat_id: incoming.chat.id,
             message_id,
         }
+    }
+
+    /// The path of every file downloaded, in order.
+    pub fn downloads(&self) -> Vec<String> {
+        self.shared.state.lock().unwrap().downloads.clone()
+    }
+
+    /// From now on every file download answers 404.
+    pub fn break_downloads(&self) {
+        self.shared.state.lock().unwrap().downloads_broken = true;
+    }
+
+    /// The URL of a file's bytes, for raw requests (`path` as `getFile` gives it).
+    pub fn file_url(&self, token: &str, path: &str) -> String {
+        format!("http://{}/file/bot{token}/{path}", self.addr)
     }
 
     /// Queues an `edited_message` update changing a pushed message's text.
@@ -518,6 +626,45 @@ impl State {
             next_message_id: 1,
             ..ChatState::default()
         })
+    }
+
+    /// Registers a file with `bytes`; returns its `file_id`, `file_unique_id` and size fields.
+    fn register_file(&mut self, bytes: &[u8], declared: Option<u64>) -> Value {
+        self.next_file += 1;
+        let id = format!("AgADfile{}", self.next_file);
+        let path = format!("documents/file_{}.bin", self.next_file);
+        let size = declared.unwrap_or(bytes.len() as u64);
+        self.files.insert(id.clone(), (path, bytes.to_vec(), size));
+        json!({"file_id": id, "file_unique_id": format!("u{}", self.next_file), "file_size": size})
+    }
+
+    /// The message fields of a file: `photo`, `document` or `voice`.
+    fn media_json(&mut self, file: &IncomingFile) -> Value {
+        let mut meta = self.register_file(&file.bytes, file.declared);
+        match &file.media {
+            Media::Photo => {
+                let mut thumbnail = self.register_file(b"thumb", None);
+                thumbnail["width"] = json!(90);
+                thumbnail["height"] = json!(60);
+                meta["width"] = json!(1280);
+                meta["height"] = json!(853);
+                json!({"photo": [thumbnail, meta]})
+            }
+            Media::Document { name, mime } => {
+                if let Some(name) = name {
+                    meta["file_name"] = json!(name);
+                }
+                if let Some(mime) = mime {
+                    meta["mime_type"] = json!(mime);
+                }
+                json!({"document": meta})
+            }
+            Media::Voice => {
+                meta["duration"] = json!(3);
+                meta["mime_type"] = json!("audio/ogg");
+                json!({"voice": meta})
+            }
+        }
     }
 
     fn queue(&mut self, kind: &'static str, message: Value) -> i64 {
@@ -762,18 +909,71 @@ fn bad_request(description: &str) -> Answer {
 async fn serve(mut socket: TcpStream, shared: Arc<Shared>) {
     let mut buffer = Vec::new();
     while let Some(request) = read_request(&mut socket, &mut buffer).await {
-        let Answer(status, body) = answer(&shared, request).await;
-        let body = body.to_string();
+        let (status, content_type, body) = if request.path.starts_with("/file/") {
+            download(&shared, &request)
+        } else {
+            let Answer(status, body) = answer(&shared, request).await;
+            (status, "application/json", body.to_string().into_bytes())
+        };
         let head = format!(
-            "HTTP/1.1 {status} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            "HTTP/1.1 {status} {}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
             reason(status),
             body.len()
         );
         if socket.write_all(head.as_bytes()).await.is_err()
-            || socket.write_all(body.as_bytes()).await.is_err()
+            || socket.write_all(&body).await.is_err()
         {
             return;
         }
+    }
+}
+
+/// `%XX` escapes decoded, as the Bot API server decodes a file path.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|hex| std::str::from_utf8(hex).ok())
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                decoded.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                decoded.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&decoded).into_owned()
+}
+
+/// `GET /file/bot<token>/<file_path>`: the file's bytes.
+fn download(shared: &Shared, request: &Request) -> (u16, &'static str, Vec<u8>) {
+    let not_found = (404, "text/plain", b"Not Found".to_vec());
+    let Some((token, path)) = request
+        .path
+        .strip_prefix("/file/bot")
+        .and_then(|rest| rest.split_once('/'))
+    else {
+        return not_found;
+    };
+    if token != TOKEN || request.method != "GET" {
+        return not_found;
+    }
+    let path = percent_decode(path);
+    let mut state = shared.state.lock().unwrap();
+    state.downloads.push(path.clone());
+    if state.downloads_broken {
+        return not_found;
+    }
+    match state.files.values().find(|(known, _, _)| *known == path) {
+        Some((_, bytes, _)) => (200, "application/octet-stream", bytes.clone()),
+        None => not_found,
     }
 }
 
@@ -797,16 +997,51 @@ async fn answer(shared: &Shared, request: Request) -> Answer {
             | "sendchataction"
             | "getwebhookinfo"
             | "deletewebhook"
+            | "getfile"
+            | "senddocument"
     ) {
         return error(404, "Not Found: method not found");
     }
-    let json_body = request.headers.iter().any(|(name, value)| {
-        name == "content-type" && value.to_ascii_lowercase().starts_with("application/json")
-    });
-    let params: Option<Value> = serde_json::from_slice(&request.body).ok();
+    let content_type = request
+        .headers
+        .iter()
+        .find(|(name, _)| name == "content-type")
+        .map(|(_, value)| value.clone())
+        .unwrap_or_default();
+    let json_body = content_type
+        .to_ascii_lowercase()
+        .starts_with("application/json");
+    let mut uploaded = Vec::new();
+    let params: Option<Value> = if json_body {
+        serde_json::from_slice(&request.body).ok()
+    } else {
+        parse_multipart(&content_type, &request.body).map(|parts| {
+            let mut fields = serde_json::Map::new();
+            for part in parts {
+                match part.filename {
+                    Some(filename) => uploaded.push((part.name, filename, part.body)),
+                    None => {
+                        let text = String::from_utf8_lossy(&part.body).into_owned();
+                        let value = match part.name.as_str() {
+                            "chat_id" | "message_thread_id" | "reply_parameters" => {
+                                serde_json::from_str(&text).unwrap_or(Value::String(text))
+                            }
+                            _ => Value::String(text),
+                        };
+                        fields.insert(part.name, value);
+                    }
+                }
+            }
+            Value::Object(fields)
+        })
+    };
     let params = match params {
-        Some(params @ Value::Object(_)) if request.method == "POST" && json_body => params,
-        _ => return bad_request("the fake Bot API accepts only POST with a JSON object body"),
+        Some(params @ Value::Object(_)) if request.method == "POST" => params,
+        _ => {
+            return bad_request(
+                "the fake Bot API accepts only POST with a JSON object or multipart body",
+            );
+        }
     };
     let forced = {
         let mut state = shared.state.lock().unwrap();
@@ -844,7 +1079,9 @@ async fn answer(shared: &Shared, request: Request) -> Answer {
         }
         "deletewebhook" => ok(json!(true)),
         "getupdates" => get_updates(shared, &params).await,
-        "sendmessage" => send_message(&mut shared.state.lock().unwrap(), &params),
+        "sendmessage" => send_message(&mut shared.state.lock().unwrap(), &params, None),
+        "getfile" => get_file(&shared.state.lock().unwrap(), &params),
+        "senddocument" => send_document(&mut shared.state.lock().unwrap(), &params, uploaded),
         _ => send_chat_action(&mut shared.state.lock().unwrap(), &params),
     }
 }
@@ -921,12 +1158,45 @@ async fn get_updates(shared: &Shared, params: &Value) -> Answer {
     }
 }
 
-fn send_message(state: &mut State, params: &Value) -> Answer {
+fn get_file(state: &State, params: &Value) -> Answer {
+    let id = params.get("file_id").and_then(Value::as_str).unwrap_or("");
+    let Some((path, _, size)) = state.files.get(id) else {
+        return bad_request("invalid file_id");
+    };
+    if *size > MAX_DOWNLOAD {
+        return bad_request("file is too big");
+    }
+    ok(json!({"file_id": id, "file_unique_id": format!("u-{id}"),
+        "file_size": size, "file_path": path}))
+}
+
+fn send_document(
+    state: &mut State,
+    params: &Value,
+    uploaded: Vec<(String, String, Vec<u8>)>,
+) -> Answer {
+    let field = match params.get("document").and_then(Value::as_str) {
+        Some(value) => value.strip_prefix("attach://").unwrap_or(value).to_owned(),
+        None => "document".to_owned(),
+    };
+    let Some((_, name, bytes)) = uploaded.into_iter().find(|(name, _, _)| *name == field) else {
+        return bad_request("there is no document in the request");
+    };
+    if bytes.is_empty() {
+        return bad_request("file must be non-empty");
+    }
+    send_message(state, params, Some((name, bytes)))
+}
+
+fn send_message(state: &mut State, params: &Value, document: Option<(String, Vec<u8>)>) -> Answer {
     let Some(chat_id) = params.get("chat_id").and_then(Value::as_i64) else {
         return bad_request("chat not found");
     };
-    let Some(text) = params.get("text").and_then(Value::as_str) else {
-        return bad_request("message text is empty");
+    let text = match (&document, params.get("text"), params.get("caption")) {
+        (None, Some(Value::String(text)), _) => text.as_str(),
+        (Some(_), _, Some(Value::String(caption))) => caption.as_str(),
+        (Some(_), _, None) => "",
+        _ => return bad_request("message text is empty"),
     };
     let parse_mode = params
         .get("parse_mode")
@@ -940,11 +1210,14 @@ fn send_message(state: &mut State, params: &Value) -> Answer {
         },
         Some(_) => return bad_request("unsupported parse_mode"),
     };
-    if shown.trim().is_empty() {
+    if document.is_none() && shown.trim().is_empty() {
         return bad_request("message text is empty");
     }
-    if shown.chars().count() > MAX_TEXT {
+    if document.is_none() && shown.chars().count() > MAX_TEXT {
         return bad_request("message is too long");
+    }
+    if document.is_some() && shown.chars().count() > MAX_CAPTION {
+        return bad_request("message caption is too long");
     }
     let Some(chat) = state.chats.get_mut(&chat_id) else {
         return bad_request("chat not found");
@@ -985,8 +1258,18 @@ fn send_message(state: &mut State, params: &Value) -> Answer {
         "from": User::me().json(),
         "chat": chat.json,
         "date": now(),
-        "text": shown,
     });
+    match &document {
+        None => message["text"] = json!(shown),
+        Some((name, bytes)) => {
+            message["document"] = json!({"file_id": format!("sent-{message_id}"),
+                "file_unique_id": format!("s{message_id}"), "file_name": name,
+                "file_size": bytes.len()});
+            if !shown.is_empty() {
+                message["caption"] = json!(shown);
+            }
+        }
+    }
     if let Some(thread) = thread {
         message["message_thread_id"] = json!(thread);
         message["is_topic_message"] = json!(true);
@@ -1008,6 +1291,7 @@ fn send_message(state: &mut State, params: &Value) -> Answer {
         reply_to,
         thread,
         params: params.clone(),
+        document,
     });
     ok(message)
 }

@@ -30,6 +30,7 @@ fn event(id: &str, room: &str, cursor: Option<&str>) -> InboundEvent {
         addressed: true,
         text: format!("message {id}"),
         sent_at: at(),
+        attachments: Vec::new(),
     }
 }
 

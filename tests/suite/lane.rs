@@ -71,6 +71,7 @@ async fn say(lane: &Lane, text: &str) -> Finished {
         Input {
             text: text.into(),
             consumes: vec![format!("test:{text}")],
+            fresh: false,
         },
         None,
     )
@@ -549,6 +550,7 @@ async fn a_lane_near_its_context_window_is_compacted_before_the_next_run() {
             Input {
                 text: "again".into(),
                 consumes: Vec::new(),
+                fresh: false,
             },
             Some(events),
         )

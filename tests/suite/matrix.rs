@@ -251,6 +251,7 @@ async fn replies_carry_in_reply_to_keep_threads_mention_nobody_and_resend_once()
         thread: None,
         reply_to: Some(question.clone()),
         text: "It is **4**. @room".into(),
+        attachments: Vec::new(),
     };
     let receipt = connector.deliver(&delivery).await.unwrap();
     let posted = alice.event(&room, &receipt.platform_id).await;
@@ -327,6 +328,7 @@ async fn replies_carry_in_reply_to_keep_threads_mention_nobody_and_resend_once()
             thread: threaded.thread.clone(),
             reply_to: Some(in_thread.clone()),
             text: "answered in the thread".into(),
+            attachments: Vec::new(),
         })
         .await
         .unwrap();
@@ -556,6 +558,7 @@ async fn an_encrypted_room_works_both_ways_and_keys_survive_a_restart() {
             thread: None,
             reply_to: Some(event.platform_id.clone()),
             text: "a secret answer".into(),
+            attachments: Vec::new(),
         })
         .await
         .unwrap();
@@ -773,4 +776,224 @@ async fn a_matrix_message_is_answered_in_its_room_as_a_reply_through_perch_run()
             "the password leaked: {stderr}"
         );
     }
+}
+
+// Files.
+
+/// Uploads `bytes` to the homeserver's media repository as `account`; returns the `mxc://` URI.
+async fn upload_media(account: &Account, content_type: &str, bytes: &[u8]) -> String {
+    let response = reqwest::Client::new()
+        .post(format!("{}/_matrix/media/v3/upload", account.url))
+        .bearer_auth(&account.access_token)
+        .header("content-type", content_type)
+        .body(bytes.to_vec())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let body: Value = response.json().await.unwrap();
+    assert!(status.is_success(), "upload: {status} {body}");
+    body["content_uri"].as_str().unwrap().to_owned()
+}
+
+/// The bytes of an `mxc://` URI, through the authenticated media API, as `account`.
+async fn download_media(account: &Account, mxc: &str) -> Vec<u8> {
+    let path = mxc.strip_prefix("mxc://").unwrap();
+    let response = reqwest::Client::new()
+        .get(format!(
+            "{}/_matrix/client/v1/media/download/{path}",
+            account.url
+        ))
+        .bearer_auth(&account.access_token)
+        .send()
+        .await
+        .unwrap();
+    assert!(response.status().is_success(), "{}", response.status());
+    response.bytes().await.unwrap().to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encrypted_file_is_fetched_and_a_file_is_sent_encrypted() {
+    use matrix_sdk::attachment::{AttachmentConfig, AttachmentInfo, BaseFileInfo};
+    use matrix_sdk::media::{MediaFormat, MediaRequestParameters};
+    use matrix_sdk::ruma::events::room::message::MessageType;
+
+    let synapse = Synapse::from_env();
+    let alice = synapse.register("alice").await;
+    let bot = synapse.register("bot").await;
+    let human = human_client(&alice).await;
+    let store = tempfile::tempdir().unwrap();
+    let connector = connector(&bot, store.path(), &[&alice]);
+    let mut receiving = Receiving::start(&connector, Vec::new());
+    tokio::time::timeout(WAIT, connector.ready()).await.unwrap();
+
+    let mut create = encrypted_room();
+    create["invite"] = json!([bot.user_id]);
+    create["is_direct"] = json!(true);
+    let room_id = alice.create_room(create).await;
+    alice.wait_joined(&room_id, &bot.user_id).await;
+    human_sync(&human).await;
+    let room = human.get_room(&RoomId::parse(&room_id).unwrap()).unwrap();
+    let secret = b"a secret file's bytes".to_vec();
+    let sent = room
+        .send_attachment(
+            "secret.txt",
+            &mime::TEXT_PLAIN,
+            secret.clone(),
+            AttachmentConfig::new().info(AttachmentInfo::File(BaseFileInfo {
+                size: matrix_sdk::ruma::UInt::new(secret.len() as u64),
+            })),
+        )
+        .await
+        .unwrap()
+        .event_id;
+    let event = receiving.next_acked().await;
+    assert_eq!(event.platform_id, sent.as_str());
+    assert_eq!(event.text, "", "a file without caption");
+    let [attachment] = event.attachments.as_slice() else {
+        panic!("{event:?}");
+    };
+    assert!(attachment.encrypted);
+    assert!(attachment.source.starts_with("mxc://"), "{attachment:?}");
+    assert_eq!(attachment.name.as_deref(), Some("secret.txt"));
+    assert_eq!(attachment.content_type.as_deref(), Some("text/plain"));
+    assert_eq!(attachment.size, Some(secret.len() as u64));
+    let journaled = serde_json::to_string(&event).unwrap();
+    assert!(
+        !journaled.contains("\"key\"") && !journaled.contains("\"iv\""),
+        "the file's key stays out of the journal: {journaled}"
+    );
+    let on_server = download_media(&alice, &attachment.source).await;
+    assert_ne!(on_server, secret, "the homeserver holds it encrypted");
+    assert_eq!(
+        connector.fetch(&event, attachment, 1000).await.unwrap(),
+        secret
+    );
+    assert_eq!(
+        connector.fetch(&event, attachment, 5).await,
+        Err(perch::channel::FetchError::TooLarge {
+            size: Some(secret.len() as u64)
+        })
+    );
+
+    let reply = Delivery {
+        id: "d0000000000000000files001".into(),
+        room: room_id.clone(),
+        thread: None,
+        reply_to: Some(event.platform_id.clone()),
+        text: String::new(),
+        attachments: vec![perch::channel::OutboundFile {
+            path: "out/answer.txt".into(),
+            name: "answer.txt".into(),
+        }],
+    };
+    let upload = perch::channel::Upload {
+        name: "answer.txt".into(),
+        content_type: "text/plain".into(),
+        bytes: b"an encrypted answer".to_vec(),
+    };
+    let receipt = connector
+        .post(&reply, std::slice::from_ref(&upload))
+        .await
+        .unwrap();
+    let on_server = alice.event(&room_id, &receipt.platform_id).await;
+    assert_eq!(on_server["type"], "m.room.encrypted", "posted encrypted");
+    let event_id = EventId::parse(&receipt.platform_id).unwrap();
+    let deadline = Instant::now() + WAIT;
+    let content = loop {
+        human_sync(&human).await;
+        let fetched = room.event(&event_id, None).await.unwrap();
+        if let TimelineEventKind::Decrypted(decrypted) = &fetched.kind {
+            let json: Value = serde_json::from_str(decrypted.event.json().get()).unwrap();
+            break json["content"].clone();
+        }
+        assert!(Instant::now() < deadline, "the human never decrypted it");
+    };
+    assert_eq!(content["msgtype"], "m.file");
+    assert_eq!(content["body"], "answer.txt");
+    assert_eq!(
+        content["m.relates_to"]["m.in_reply_to"]["event_id"],
+        event.platform_id
+    );
+    let file: matrix_sdk::ruma::events::room::message::RoomMessageEventContent =
+        serde_json::from_value(content).unwrap();
+    let MessageType::File(file) = file.msgtype else {
+        panic!("not a file");
+    };
+    let bytes = human
+        .media()
+        .get_media_content(
+            &MediaRequestParameters {
+                source: file.source,
+                format: MediaFormat::File,
+            },
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(bytes, b"an encrypted answer");
+    receiving.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_matrix_file_reaches_the_model_and_a_reply_attaches_a_file_through_perch_run() {
+    let synapse = Synapse::from_env();
+    let alice = synapse.register("alice").await;
+    let bot = synapse.register("bot").await;
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let dir = matrix_agent(&model, &bot, &alice);
+    write(
+        &dir.path().join("workspace"),
+        "out/summary.md",
+        "# Summary\n",
+    );
+    model.push(Script::text("Read it.\n\nattach: out/summary.md"));
+    let child = start_perch(dir.path(), &bot);
+
+    let room = alice.create_dm(&bot.user_id).await;
+    alice.wait_joined(&room, &bot.user_id).await;
+    let bytes = b"alice's notes".to_vec();
+    let mxc = upload_media(&alice, "text/plain", &bytes).await;
+    let question = alice
+        .send(
+            &room,
+            "m.room.message",
+            json!({
+                "msgtype": "m.file",
+                "body": "please read",
+                "filename": "../.notes.txt",
+                "url": mxc,
+                "info": { "mimetype": "text/plain", "size": bytes.len() },
+            }),
+        )
+        .await;
+    wait_until("the reply", || {
+        let (alice, room, bot) = (alice.clone(), room.clone(), bot.clone());
+        async move { bot_replies(&alice, &room, &bot).await.len() == 2 }
+    })
+    .await;
+    let stderr = stop_perch(child);
+
+    let inbox = perch_core::attachment::inbox_dir("mx", &question);
+    let saved = dir.path().join("workspace").join(&inbox).join("notes.txt");
+    assert_eq!(std::fs::read(&saved).unwrap(), bytes);
+    let asked = model.last_request().body.to_string();
+    assert!(
+        asked.contains(&format!(
+            "please read\\n[attachment: /workspace/{inbox}/notes.txt (text/plain, 13 bytes)]"
+        )),
+        "{asked}"
+    );
+
+    let replies = bot_replies(&alice, &room, &bot).await;
+    assert_eq!(replies[0]["content"]["body"], "Read it.");
+    let file = &replies[1]["content"];
+    assert_eq!(file["msgtype"], "m.file");
+    assert_eq!(file["body"], "summary.md");
+    assert_eq!(file["info"]["size"], 10);
+    assert_eq!(file["m.relates_to"]["m.in_reply_to"]["event_id"], question);
+    assert_eq!(file["m.mentions"], json!({}));
+    let sent = download_media(&alice, file["url"].as_str().unwrap()).await;
+    assert_eq!(sent, b"# Summary\n");
+    assert!(!stderr.contains(&bot.password));
 }

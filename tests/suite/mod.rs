@@ -1,13 +1,16 @@
 mod agent_dir;
+mod attachments;
 mod builtin;
 mod catalog;
 mod channel_files;
 mod config;
+mod deploy;
 mod discord;
 mod doctor;
 mod fake_discord;
 mod fake_model;
 mod fake_telegram;
+mod heartbeat;
 mod image;
 mod inbox;
 mod journal;

@@ -382,6 +382,50 @@ async fn a_failed_bootstrap_leaves_nothing_running_and_is_retried() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_machine_gone_behind_a_matching_fingerprint_is_bootstrapped_again() {
+    let agent_dir = new_agent();
+    let root = agent_dir.path();
+    write(
+        root,
+        "sandbox.lua",
+        "sandbox { allow = {}, bootstrap = { \"echo ready > /root/bootstrapped\" } }\n",
+    );
+    let agent = load(root);
+    let machine = sandbox::machine_for(&agent, &double(), lookup).unwrap();
+    let first = machine
+        .run(
+            Command::shell("cat /root/bootstrapped"),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&first.stdout), "ready\n");
+    machine.stop().await.unwrap();
+    drop(machine);
+    let state_dir = root.join(".perch/sandbox");
+    wait_until_no_process_mentions(&state_dir.display().to_string());
+    // The directory was restored on a host that never held its machine: the fingerprint is
+    // there, the machine's disk is not.
+    assert!(state_dir.join("fingerprint.json").exists());
+    std::fs::remove_dir_all(state_dir.join("disk")).unwrap();
+    let machine = sandbox::machine_for(&agent, &double(), lookup).unwrap();
+    let again = machine
+        .run(
+            Command::shell("cat /root/bootstrapped"),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout),
+        "ready\n",
+        "bootstrap ran on the recreated machine: {}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    machine.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_missing_image_is_refused_before_anything_starts() {
     let agent_dir = new_agent();
     let empty_cache = tempfile::tempdir().unwrap();

@@ -31,6 +31,16 @@ fn start(dir: &Path, failpoint: Option<&str>) -> Child {
 
 /// `perch run DIR` on the namespace double, with one platform token in its environment.
 fn launch(dir: &Path, token: (&str, &str), failpoint: Option<&str>) -> Child {
+    launch_with(dir, token, failpoint, &[])
+}
+
+/// [`launch`] with more variables in the environment.
+fn launch_with(
+    dir: &Path,
+    token: (&str, &str),
+    failpoint: Option<&str>,
+    env: &[(&str, &str)],
+) -> Child {
     let mut command = Command::new(env!("CARGO_BIN_EXE_perch"));
     command
         .args(["run", dir.to_str().unwrap()])
@@ -45,15 +55,25 @@ fn launch(dir: &Path, token: (&str, &str), failpoint: Option<&str>) -> Child {
     if let Some(point) = failpoint {
         command.env("PERCH_FAILPOINT", point);
     }
+    command.envs(env.iter().copied());
     command.spawn().unwrap()
 }
 
 fn stop(child: Child) -> String {
+    terminate(&child);
+    finish(child)
+}
+
+fn terminate(child: &Child) {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
+}
+
+/// Waits for `perch run` to exit, asserts that it exited 0, and returns its stderr.
+fn finish(child: Child) -> String {
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(
@@ -583,4 +603,314 @@ fn a_burst_over_fifty_discord_channels_is_answered_once_each_in_order() {
         );
     }
     assert_eq!(seen.len(), channels.len());
+}
+
+#[test]
+fn a_heartbeat_message_is_posted_once_an_invalid_verdict_never_and_a_dry_run_delivers_nothing() {
+    use super::fake_discord::{FakeDiscord, TOKEN as DISCORD_TOKEN};
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let discord = FakeDiscord::start();
+    let dir = discord_agent(&model, &discord, "rooms = { standup = \"555\" }");
+    discord.guild_channel(555);
+    write(
+        dir.path(),
+        "workspace/HEARTBEAT.yml",
+        "tasks:\n  - name: digest\n    prompt: Post the stand-up digest.\n    cron: \"0 9 * * Mon-Fri\"\n    tz: Europe/Berlin\n    delivery: dc:standup\n  - name: quiet\n    prompt: Only when there is news.\n    every: 1h\n    check: \"test -e /workspace/news\"\n",
+    );
+    let path = dir.path().to_str().unwrap();
+    let child = launch(dir.path(), ("DISCORD_TOKEN", DISCORD_TOKEN), None);
+    wait_until("the gateway session", || discord.live_sessions() > 0);
+
+    model.push(Script::text("Message: All green today.\nTwo reviews wait."));
+    let run = perch_cli(&["heartbeat", "run", "digest", path]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&run.stdout).contains("valid verdict: message to dc:standup"),
+        "{}",
+        String::from_utf8_lossy(&run.stdout)
+    );
+    let posted = discord.posted();
+    assert_eq!(posted.len(), 1);
+    assert_eq!(posted[0].channel, 555);
+    assert_eq!(
+        posted[0].body["content"],
+        "All green today.\nTwo reviews wait."
+    );
+    let asked = &model.requests()[0].body["messages"];
+    let prompt = asked.as_array().unwrap().last().unwrap()["content"].to_string();
+    assert!(prompt.contains("Post the stand-up digest."), "{prompt}");
+    assert!(prompt.contains("SILENCE"), "the rule is stated: {prompt}");
+    assert_eq!(
+        asked.as_array().unwrap().len(),
+        2,
+        "a fresh run holds the system prompt and the task's prompt only: {asked}"
+    );
+
+    model.push(Script::text("SILENCE."));
+    model.push(Script::text("I looked around. SILENCE"));
+    let run = perch_cli(&["heartbeat", "run", "digest", path]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let shown = String::from_utf8_lossy(&run.stdout);
+    assert!(shown.contains("invalid verdict"), "{shown}");
+    let correction = model.requests()[2].body["messages"].to_string();
+    assert!(
+        correction.contains("SILENCE."),
+        "the retry carries the first reply and the correction: {correction}"
+    );
+    assert!(
+        model.requests()[1].body["messages"]
+            .to_string()
+            .contains("last run of this task"),
+        "a fresh run is told the task's last outcome"
+    );
+
+    model.push(Script::text("Message: a dry one"));
+    let dry = perch_cli(&["heartbeat", "run", "digest", path, "--dry-run"]);
+    assert!(
+        dry.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    assert!(String::from_utf8_lossy(&dry.stdout).contains("valid verdict: message to dc:standup"));
+    assert_eq!(
+        discord.posted().len(),
+        1,
+        "nothing but the valid message was posted"
+    );
+
+    let list = perch_cli(&["heartbeat", "list", path, "--json"]);
+    let list: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    assert_eq!(list["tasks"][0]["name"], "digest");
+    assert!(
+        list["tasks"][0]["last"]["outcome"]
+            .as_str()
+            .unwrap()
+            .starts_with("invalid verdict"),
+        "{list}"
+    );
+    assert!(
+        list["tasks"][0]["next"]
+            .as_str()
+            .unwrap()
+            .ends_with(":00:00+00:00")
+    );
+
+    let asked_before = model.requests().len();
+    let quiet = perch_cli(&["heartbeat", "run", "quiet", path]);
+    assert!(
+        String::from_utf8_lossy(&quiet.stdout).contains("skipped: the check exited 1"),
+        "{}",
+        String::from_utf8_lossy(&quiet.stdout)
+    );
+    assert_eq!(
+        model.requests().len(),
+        asked_before,
+        "a failed check costs no model turn"
+    );
+
+    model.push(Script::status(401, "invalid api key"));
+    let refused = perch_cli(&["heartbeat", "run", "digest", path]);
+    assert!(String::from_utf8_lossy(&refused.stdout).contains("failed"));
+    let list = perch_cli(&["heartbeat", "list", path, "--json"]);
+    let list: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    assert!(
+        list["tasks"][0]["status"]
+            .as_str()
+            .unwrap()
+            .starts_with("stopped: "),
+        "a refused key stops the task: {list}"
+    );
+    let resumed = perch_cli(&["heartbeat", "resume", "digest", path]);
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    let list = perch_cli(&["heartbeat", "list", path, "--json"]);
+    let list: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    assert_eq!(list["tasks"][0]["status"], "scheduled");
+    stop(child);
+
+    let after = perch_cli(&["heartbeat", "list", path]);
+    let after = String::from_utf8_lossy(&after.stdout).into_owned();
+    assert!(
+        after.contains("digest  cron 0 9 * * Mon-Fri (Europe/Berlin)  scheduled"),
+        "{after}"
+    );
+}
+
+/// The service manager's end of `NOTIFY_SOCKET`: a datagram socket in a temporary directory
+/// that keeps every line `perch run` sends.
+struct NotifySocket {
+    _dir: tempfile::TempDir,
+    path: String,
+    socket: std::os::unix::net::UnixDatagram,
+    lines: Vec<String>,
+}
+
+impl NotifySocket {
+    fn bind() -> NotifySocket {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let socket = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        NotifySocket {
+            path: path.to_str().unwrap().to_owned(),
+            _dir: dir,
+            socket,
+            lines: Vec::new(),
+        }
+    }
+
+    /// Receives datagrams until one holds `line`; returns that line's index in [`Self::lines`].
+    fn wait_for(&mut self, line: &str) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut buffer = [0; 4096];
+        loop {
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {line}; received {:?}",
+                self.lines
+            );
+            match self.socket.recv(&mut buffer) {
+                Ok(length) => {
+                    let first = self.lines.len();
+                    let datagram = String::from_utf8_lossy(&buffer[..length]).into_owned();
+                    self.lines.extend(datagram.lines().map(str::to_owned));
+                    if let Some(found) = self.lines[first..].iter().position(|sent| sent == line) {
+                        return first + found;
+                    }
+                }
+                Err(error)
+                    if matches!(
+                        error.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(error) => panic!("the notify socket failed: {error}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn systemd_is_told_ready_then_pinged_then_stopping() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let mut notify = NotifySocket::bind();
+    let child = launch_with(
+        dir.path(),
+        ("TELEGRAM_TOKEN", TOKEN),
+        None,
+        &[
+            ("NOTIFY_SOCKET", notify.path.as_str()),
+            ("WATCHDOG_USEC", "400000"),
+        ],
+    );
+    let ready = notify.wait_for("READY=1");
+    assert_eq!(ready, 0, "READY=1 comes first: {:?}", notify.lines);
+    assert_eq!(
+        notify.lines.get(ready + 1).map(String::as_str),
+        Some("STATUS=1 channel(s), inbox 0 waiting"),
+        "READY=1 carries the status"
+    );
+    let first = notify.wait_for("WATCHDOG=1");
+    let second = notify.wait_for("WATCHDOG=1");
+    assert!(ready < first && first < second);
+    assert!(
+        notify.lines[first..]
+            .iter()
+            .any(|line| line.starts_with("STATUS=")),
+        "a ping refreshes the status: {:?}",
+        notify.lines
+    );
+    terminate(&child);
+    notify.wait_for("STOPPING=1");
+    finish(child);
+}
+
+/// The ids of operations started in any lane of `dir` and never finished.
+fn open_operations(dir: &Path) -> Vec<String> {
+    let mut started = Vec::new();
+    let mut finished = Vec::new();
+    for lane in std::fs::read_dir(dir.join(".perch/sessions")).unwrap() {
+        for file in std::fs::read_dir(lane.unwrap().path()).unwrap() {
+            let path = file.unwrap().path();
+            if path.extension().is_none_or(|ext| ext != "jsonl") {
+                continue;
+            }
+            for line in std::fs::read_to_string(&path).unwrap().lines() {
+                let value: serde_json::Value = serde_json::from_str(line).unwrap();
+                let op = value["op"].as_str().unwrap_or_default().to_owned();
+                match value["type"].as_str() {
+                    Some("operation_started") => started.push(op),
+                    Some("operation_finished") => finished.push(op),
+                    _ => {}
+                }
+            }
+        }
+    }
+    assert!(!started.is_empty(), "a run was recorded");
+    started.retain(|op| !finished.contains(op));
+    started
+}
+
+#[test]
+fn sigterm_lets_a_run_in_progress_finish_and_post_its_reply() {
+    use super::fake_model::Gate;
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let gate = Gate::new();
+    model.push(Script::held(Script::text("finished while draining"), &gate));
+    let mut notify = NotifySocket::bind();
+    let socket = notify.path.clone();
+    let run = || {
+        launch_with(
+            dir.path(),
+            ("TELEGRAM_TOKEN", TOKEN),
+            None,
+            &[("NOTIFY_SOCKET", socket.as_str())],
+        )
+    };
+    let child = run();
+    notify.wait_for("READY=1");
+    let alice = User::human(42, "Alice");
+    let pushed = telegram.push_message(&Chat::private(&alice), &alice, "take your time");
+    wait_until("the model to be asked", || model.requests().len() == 1);
+    terminate(&child);
+    notify.wait_for("STOPPING=1");
+    assert!(telegram.sent().is_empty(), "the reply is still held");
+    gate.open();
+    let stderr = finish(child);
+    let sent = telegram.sent();
+    assert_eq!(sent.len(), 1, "{stderr}");
+    assert_eq!(sent[0].shown, "finished while draining");
+    assert_eq!(sent[0].reply_to, Some(pushed.message_id));
+    assert_eq!(
+        open_operations(dir.path()),
+        Vec::<String>::new(),
+        "the run was recorded as finished"
+    );
+
+    let child = run();
+    let ready = notify.wait_for("READY=1");
+    assert_eq!(
+        notify.lines.get(ready + 1).map(String::as_str),
+        Some("STATUS=1 channel(s), inbox 0 waiting"),
+        "the answered message was consumed"
+    );
+    stop(child);
+    assert_eq!(model.requests().len(), 1, "nothing was answered twice");
+    assert_eq!(telegram.sent().len(), 1);
 }

@@ -121,3 +121,76 @@ pub async fn read_request(
         body,
     })
 }
+
+/// One part of a `multipart/form-data` body.
+#[derive(Debug, Clone)]
+pub struct FormPart {
+    pub name: String,
+    pub filename: Option<String>,
+    pub content_type: Option<String>,
+    pub body: Vec<u8>,
+}
+
+/// Parses a `multipart/form-data` body whose `content-type` header is `content_type`; `None`
+/// when it is not one, or is malformed.
+pub fn parse_multipart(content_type: &str, body: &[u8]) -> Option<Vec<FormPart>> {
+    let (kind, params) = content_type.split_once(';')?;
+    if !kind.trim().eq_ignore_ascii_case("multipart/form-data") {
+        return None;
+    }
+    let boundary = params
+        .split(';')
+        .filter_map(|param| param.trim().split_once('='))
+        .find(|(key, _)| key.eq_ignore_ascii_case("boundary"))
+        .map(|(_, value)| value.trim_matches('"').to_owned())?;
+    let delimiter = format!("--{boundary}").into_bytes();
+    let find = |from: usize| {
+        body[from..]
+            .windows(delimiter.len())
+            .position(|window| window == delimiter.as_slice())
+            .map(|at| at + from)
+    };
+    let mut at = find(0)?;
+    let mut parts = Vec::new();
+    loop {
+        let start = at + delimiter.len();
+        if body[start..].starts_with(b"--") {
+            return Some(parts);
+        }
+        let start = start + 2;
+        let next = find(start)?;
+        let part = &body[start..next.checked_sub(2)?];
+        let head_end = part.windows(4).position(|window| window == b"\r\n\r\n")?;
+        let head = String::from_utf8_lossy(&part[..head_end]).into_owned();
+        let mut name = None;
+        let mut filename = None;
+        let mut content_type = None;
+        for line in head.split("\r\n") {
+            let Some((header, value)) = line.split_once(':') else {
+                continue;
+            };
+            if header.trim().eq_ignore_ascii_case("content-disposition") {
+                for param in value.split(';').skip(1) {
+                    let Some((key, value)) = param.trim().split_once('=') else {
+                        continue;
+                    };
+                    let value = value.trim_matches('"').to_owned();
+                    match key {
+                        "name" => name = Some(value),
+                        "filename" => filename = Some(value),
+                        _ => {}
+                    }
+                }
+            } else if header.trim().eq_ignore_ascii_case("content-type") {
+                content_type = Some(value.trim().to_owned());
+            }
+        }
+        parts.push(FormPart {
+            name: name?,
+            filename,
+            content_type,
+            body: part[head_end + 4..].to_vec(),
+        });
+        at = next;
+    }
+}

@@ -2,11 +2,14 @@
 //! each checked with raw requests.
 
 use super::fake_telegram::{
-    BOT_ID, CONFLICT, Chat, Failure, FakeTelegram, Incoming, MAX_TEXT, TOKEN, User,
+    BOT_ID, CONFLICT, Chat, Failure, FakeTelegram, Incoming, MAX_TEXT, Media, TOKEN, User,
     parse_markdown_v2,
 };
 use perch::channel::telegram::TelegramConnector;
-use perch::channel::{Arrival, Connector, ConnectorError, Delivery, DeliveryError, InboundEvent};
+use perch::channel::{
+    Arrival, Attachment, Connector, ConnectorError, Delivery, DeliveryError, FetchError,
+    InboundEvent, OutboundFile, Upload,
+};
 use perch_core::markdown::to_telegram_markdown_v2;
 use perch_core::name::EnvName;
 use perch_core::secret::{EnvRef, Secret};
@@ -97,6 +100,7 @@ fn delivery(room: &str, text: &str) -> Delivery {
         thread: None,
         reply_to: None,
         text: text.into(),
+        attachments: Vec::new(),
     }
 }
 
@@ -531,10 +535,15 @@ async fn a_restart_resumes_from_the_cursor_perch_gives() {
 }
 
 #[tokio::test]
-async fn receive_skips_what_is_not_a_text_message_and_confirms_it() {
+async fn receive_skips_what_is_not_a_message_and_confirms_it() {
     let fake = FakeTelegram::start();
     let chat = Chat::group(-300, "Team");
-    fake.push(Incoming::photo(&chat, &alice(), None));
+    fake.push_raw_message(
+        json!({"message_id": 1, "chat": {"id": -300, "type": "group",
+        "title": "Team"}, "date": 1, "from": {"id": 1001, "is_bot": false, "first_name": "A"},
+        "sticker": {"file_id": "s", "file_unique_id": "s", "type": "regular", "width": 1,
+        "height": 1, "is_animated": false, "is_video": false}}),
+    );
     let text = fake.push_message(&chat, &alice(), "first");
     fake.push_edit(text, "first, edited");
     let broken = fake.push_raw_message(json!({"message_id": "not a number", "chat": 7}));
@@ -699,6 +708,7 @@ async fn deliver_replies_in_the_thread_with_markdown_v2() {
             thread: Some("77".into()),
             reply_to: Some(question.platform_id()),
             text: "**Answer:** call `a.b()` (see [docs](https://e.com/x)).".into(),
+            attachments: Vec::new(),
         })
         .await
         .unwrap();
@@ -873,4 +883,322 @@ async fn identity_is_fetched_once() {
         .count();
     assert_eq!(calls, 1);
     assert!(format!("{connector:?}").contains("perch_test_bot"));
+}
+
+// Files.
+
+#[tokio::test]
+async fn fake_serves_files_by_their_path() {
+    let fake = FakeTelegram::start();
+    let chat = Chat::private(&alice());
+    fake.push(Incoming::document(
+        &chat,
+        &alice(),
+        "a.txt",
+        "text/plain",
+        b"file bytes",
+        None,
+    ));
+    let (_, updates) = post(&fake.method_url(TOKEN, "getUpdates"), &json!({})).await;
+    let document = &updates["result"][0]["message"]["document"];
+    assert_eq!(document["file_name"], json!("a.txt"));
+    assert_eq!(document["file_size"], json!(10));
+    let (status, file) = post(
+        &fake.method_url(TOKEN, "getFile"),
+        &json!({"file_id": document["file_id"]}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let path = file["result"]["file_path"].as_str().unwrap();
+    let bytes = reqwest::get(fake.file_url(TOKEN, path))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(&bytes[..], b"file bytes");
+    let wrong = reqwest::get(fake.file_url("7357001:wrong", path))
+        .await
+        .unwrap();
+    assert_eq!(wrong.status().as_u16(), 404);
+    let (status, body) = post(
+        &fake.method_url(TOKEN, "getFile"),
+        &json!({"file_id": "nope"}),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(body["description"], json!("Bad Request: invalid file_id"));
+}
+
+#[tokio::test]
+async fn receive_hands_on_files_with_their_captions() {
+    let fake = FakeTelegram::start();
+    let chat = Chat::private(&alice());
+    fake.push(Incoming::document(
+        &chat,
+        &alice(),
+        "report.pdf",
+        "application/pdf",
+        b"%PDF-1.7 report",
+        Some("the report"),
+    ));
+    fake.push(Incoming::media(
+        &chat,
+        &alice(),
+        Media::Photo,
+        b"large photo bytes",
+        None,
+    ));
+    fake.push(Incoming::media(
+        &chat,
+        &alice(),
+        Media::Voice,
+        b"OggS",
+        None,
+    ));
+    let connector = connector(&fake);
+    let mut receiving = Receiving::start(&connector, None);
+    let document = receiving.next_acked().await;
+    let photo = receiving.next_acked().await;
+    let voice = receiving.next_acked().await;
+    receiving.stop().await.unwrap();
+
+    assert_eq!(document.text, "the report");
+    let [attachment] = document.attachments.as_slice() else {
+        panic!("{document:?}");
+    };
+    assert_eq!(attachment.name.as_deref(), Some("report.pdf"));
+    assert_eq!(attachment.content_type.as_deref(), Some("application/pdf"));
+    assert_eq!(attachment.size, Some(15));
+    assert!(!attachment.encrypted);
+
+    assert_eq!(photo.text, "", "a photo without caption still arrives");
+    let [largest] = photo.attachments.as_slice() else {
+        panic!("{photo:?}");
+    };
+    assert_eq!(largest.name, None);
+    assert_eq!(largest.content_type.as_deref(), Some("image/jpeg"));
+    assert_eq!(
+        largest.size,
+        Some(17),
+        "the largest size, not the thumbnail"
+    );
+    assert_eq!(
+        connector.fetch(&photo, largest, 1000).await.unwrap(),
+        b"large photo bytes"
+    );
+
+    assert_eq!(
+        voice.attachments[0].content_type.as_deref(),
+        Some("audio/ogg")
+    );
+    let journaled = serde_json::to_string(&document).unwrap();
+    assert!(!journaled.contains(TOKEN.split_once(':').unwrap().1));
+    let old: InboundEvent = serde_json::from_str(
+        &serde_json::to_string(&InboundEvent {
+            attachments: Vec::new(),
+            ..document.clone()
+        })
+        .unwrap(),
+    )
+    .unwrap();
+    assert!(old.attachments.is_empty());
+}
+
+#[tokio::test]
+async fn fetch_downloads_a_file_and_stops_at_the_limit() {
+    let fake = FakeTelegram::start();
+    let chat = Chat::private(&alice());
+    let connector = connector(&fake);
+    fake.push(Incoming::document(
+        &chat,
+        &alice(),
+        "a.bin",
+        "application/octet-stream",
+        &[7u8; 100],
+        None,
+    ));
+    fake.push(
+        Incoming::document(&chat, &alice(), "big.bin", "application/zip", b"x", None)
+            .declared_size(30_000_000),
+    );
+    fake.push(
+        Incoming::document(
+            &chat,
+            &alice(),
+            "liar.bin",
+            "application/zip",
+            &[1u8; 5000],
+            None,
+        )
+        .declared_size(10),
+    );
+    fake.push(
+        Incoming::document(
+            &chat,
+            &alice(),
+            "bot-limit.bin",
+            "application/zip",
+            b"x",
+            None,
+        )
+        .declared_size(21_000_000),
+    );
+    let mut receiving = Receiving::start(&connector, None);
+    let small = receiving.next_acked().await;
+    let big = receiving.next_acked().await;
+    let liar = receiving.next_acked().await;
+    let over_bot_limit = receiving.next_acked().await;
+    receiving.stop().await.unwrap();
+
+    let error = connector
+        .fetch(&over_bot_limit, &over_bot_limit.attachments[0], 25_000_000)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, FetchError::Failed { message } if message.contains("up to 20 MB")),
+        "{error:?}"
+    );
+
+    let bytes = connector
+        .fetch(&small, &small.attachments[0], 100)
+        .await
+        .unwrap();
+    assert_eq!(bytes, vec![7u8; 100]);
+    assert_eq!(
+        connector.fetch(&small, &small.attachments[0], 99).await,
+        Err(FetchError::TooLarge { size: Some(100) })
+    );
+
+    let gets = || {
+        fake.calls()
+            .iter()
+            .filter(|call| call.method == "GetFile")
+            .count()
+    };
+    let before = gets();
+    assert_eq!(
+        connector.fetch(&big, &big.attachments[0], 25_000_000).await,
+        Err(FetchError::TooLarge {
+            size: Some(30_000_000)
+        })
+    );
+    assert_eq!(
+        gets(),
+        before,
+        "refused by its declared size, not asked for"
+    );
+
+    let downloads = fake.downloads().len();
+    assert_eq!(
+        connector.fetch(&liar, &liar.attachments[0], 1000).await,
+        Err(FetchError::TooLarge { size: None }),
+        "a file larger than it said is stopped while downloading"
+    );
+    assert_eq!(fake.downloads().len(), downloads + 1);
+
+    let unknown = Attachment {
+        source: "no-such-file".into(),
+        name: None,
+        content_type: None,
+        size: None,
+        encrypted: false,
+    };
+    let error = connector.fetch(&small, &unknown, 1000).await.unwrap_err();
+    assert!(
+        matches!(&error, FetchError::Failed { message } if message.contains("invalid file_id")),
+        "{error:?}"
+    );
+    fake.break_downloads();
+    let error = connector
+        .fetch(&small, &small.attachments[0], 1000)
+        .await
+        .unwrap_err();
+    let text = format!("{error} {error:?}");
+    assert!(text.contains("404"), "{text}");
+    assert!(
+        !text.contains(TOKEN.split_once(':').unwrap().1),
+        "the download URL holds the token: {text}"
+    );
+}
+
+fn upload(name: &str, bytes: &[u8]) -> Upload {
+    Upload {
+        name: name.into(),
+        content_type: "text/plain".into(),
+        bytes: bytes.to_vec(),
+    }
+}
+
+#[tokio::test]
+async fn deliver_sends_files_as_documents_replying_with_the_caption() {
+    let fake = FakeTelegram::start();
+    let forum = Chat::forum(-100_200, "Team");
+    let question = fake.push(Incoming::new(&forum, &alice(), "the notes?").in_thread(77));
+    let connector = connector(&fake);
+    let delivery = Delivery {
+        id: "d-0003".into(),
+        room: "-100200".into(),
+        thread: Some("77".into()),
+        reply_to: Some(question.platform_id()),
+        text: "Here they are. **Both**.".into(),
+        attachments: vec![OutboundFile {
+            path: "notes/a.txt".into(),
+            name: "a.txt".into(),
+        }],
+    };
+    let receipt = connector
+        .post(&delivery, &[upload("a.txt", b"alpha")])
+        .await
+        .unwrap();
+    let sent = fake.sent();
+    assert_eq!(sent.len(), 1, "the text is the document's caption");
+    assert_eq!(
+        sent[0].document,
+        Some(("a.txt".to_owned(), b"alpha".to_vec()))
+    );
+    assert_eq!(sent[0].shown, "Here they are. Both.");
+    assert_eq!(sent[0].parse_mode.as_deref(), Some("MarkdownV2"));
+    assert_eq!(sent[0].reply_to, Some(question.message_id));
+    assert_eq!(sent[0].thread, Some(77));
+    assert_eq!(
+        receipt.platform_id,
+        format!("-100200:{}", sent[0].message_id)
+    );
+
+    let long = Delivery {
+        text: "word ".repeat(400),
+        ..delivery.clone()
+    };
+    let receipt = connector
+        .post(
+            &long,
+            &[upload("b.txt", b"beta"), upload("c.txt", b"gamma")],
+        )
+        .await
+        .unwrap();
+    let sent = fake.sent();
+    assert_eq!(sent.len(), 4, "a long text goes first, then each file");
+    assert!(sent[1].document.is_none());
+    assert_eq!(
+        receipt.platform_id,
+        format!("-100200:{}", sent[1].message_id)
+    );
+    let names: Vec<_> = sent[2..]
+        .iter()
+        .map(|sent| sent.document.clone().unwrap().0)
+        .collect();
+    assert_eq!(names, ["b.txt", "c.txt"]);
+    assert!(sent[2..].iter().all(|sent| sent.shown.is_empty()));
+    assert!(
+        sent[1..]
+            .iter()
+            .all(|sent| sent.reply_to == Some(question.message_id))
+    );
+
+    let empty = connector.post(&delivery, &[upload("empty.txt", b"")]).await;
+    assert!(
+        matches!(&empty, Err(DeliveryError::Failed { message }) if message.contains("non-empty")),
+        "{empty:?}"
+    );
 }

@@ -1,0 +1,905 @@
+//! `workspace/HEARTBEAT.yml`: the agent's heartbeat tasks, checked.
+//!
+//! ```yaml
+//! tasks:
+//!   - name: standup
+//!     prompt: "Summarise yesterday's merged pull requests."
+//!     cron: "0 9 * * Mon-Fri"      # or every: 30m
+//!     tz: Europe/Berlin
+//!     active_hours: "08:00-18:00"
+//!     delivery: ops:standup
+//! ```
+
+use super::schedule::{self, ActiveHours, Schedule};
+use crate::name::{ChannelName, LaneName, ModelRef, RoomAlias, TaskName};
+use crate::problem::{Pos, Problem};
+use crate::tree::{Checker, Fields, Node, Path, Value};
+use crate::yaml;
+use chrono_tz::Tz;
+use sha2::{Digest, Sha256};
+use std::fmt::{self, Write as _};
+
+/// The file's path relative to the agent directory, as problems name it.
+pub const FILE: &str = "workspace/HEARTBEAT.yml";
+
+const TASK_KEYS: &[&str] = &[
+    "name",
+    "prompt",
+    "cron",
+    "every",
+    "tz",
+    "active_hours",
+    "delivery",
+    "lane",
+    "model",
+    "check",
+    "continue",
+    "missed",
+    "enabled",
+];
+
+/// How many slots the check that a schedule meets its active hours looks at.
+const ACTIVE_HOURS_SAMPLE: usize = 2000;
+
+/// What the rest of the agent's configuration says, for checking the file against it.
+#[derive(Debug, Clone)]
+pub struct HeartbeatEnv {
+    /// The zone of tasks that name none.
+    pub host_tz: Tz,
+    /// The `channel:room` pairs the agent's channels declare; a delivery must name one.
+    pub targets: Vec<TargetSpec>,
+    /// The models `models.yml` declares; a task's model must be one.
+    pub models: Vec<ModelRef>,
+}
+
+/// A room alias a channel declares, which a delivery may name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetSpec {
+    pub channel: ChannelName,
+    pub room: RoomAlias,
+}
+
+/// The checked file.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HeartbeatFile {
+    pub tasks: Vec<HeartbeatTask>,
+}
+
+impl HeartbeatFile {
+    /// The task called `name`.
+    pub fn task(&self, name: &TaskName) -> Option<&HeartbeatTask> {
+        self.tasks.iter().find(|task| task.name == *name)
+    }
+}
+
+/// One task of the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeartbeatTask {
+    pub name: TaskName,
+    /// Where the task's entry starts in the file.
+    pub pos: Pos,
+    pub prompt: String,
+    pub schedule: Schedule,
+    /// The zone of the task's cron pattern and active hours: its `tz:`, or the host's.
+    pub tz: Tz,
+    pub active_hours: Option<ActiveHours>,
+    /// Where a `Message:` verdict goes.
+    pub delivery: Option<Target>,
+    /// Where a `Steer:` verdict goes; without one, the task's own lane.
+    pub lane: Option<LaneName>,
+    pub model: Option<ModelRef>,
+    /// A shell command run first; a non-zero exit skips the slot.
+    pub check: Option<String>,
+    /// `continue:`: runs continue the lane's history instead of starting fresh.
+    pub continue_history: bool,
+    pub missed: Missed,
+    pub enabled: bool,
+}
+
+/// What happens to slots that came due while they could not run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Missed {
+    /// `run_once`: every due slot folds into one run of the latest.
+    #[default]
+    RunOnce,
+    /// `skip`: slots that cannot run on time are skipped.
+    Skip,
+}
+
+impl Missed {
+    /// The word the file uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Missed::RunOnce => "run_once",
+            Missed::Skip => "skip",
+        }
+    }
+}
+
+/// A delivery target: `<channel>:<room alias>[/<thread>]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Target {
+    pub channel: ChannelName,
+    pub room: RoomAlias,
+    pub thread: Option<String>,
+}
+
+impl Target {
+    /// Reads `<channel>:<room alias>[/<thread>]`.
+    pub fn parse(text: &str) -> Result<Target, String> {
+        let Some((channel, rest)) = text.split_once(':') else {
+            return Err(format!(
+                "{text:?} names no room; write it as <channel>:<room alias>, such as ops:standup"
+            ));
+        };
+        let (room, thread) = match rest.split_once('/') {
+            Some((room, thread)) => (room, Some(thread)),
+            None => (rest, None),
+        };
+        let channel = ChannelName::try_from(channel)?;
+        let room = RoomAlias::try_from(room)?;
+        let thread = match thread {
+            None => None,
+            Some(thread) if thread.is_empty() || thread.chars().any(char::is_whitespace) => {
+                return Err(format!(
+                    "{text:?} has an empty or spaced thread after '/'; write <channel>:<room>/<thread>"
+                ));
+            }
+            Some(thread) => Some(thread.to_owned()),
+        };
+        Ok(Target {
+            channel,
+            room,
+            thread,
+        })
+    }
+
+    /// Whether the target names a room the agent declares.
+    pub fn is_declared(&self, targets: &[TargetSpec]) -> bool {
+        targets
+            .iter()
+            .any(|spec| spec.channel == self.channel && spec.room == self.room)
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.channel, self.room)?;
+        if let Some(thread) = &self.thread {
+            write!(f, "/{thread}")?;
+        }
+        Ok(())
+    }
+}
+
+impl HeartbeatTask {
+    /// A stable digest of the entry's content (not its position), which changes when the entry
+    /// does.
+    pub fn fingerprint(&self) -> String {
+        let canonical = format!(
+            "name={:?}\nprompt={:?}\nschedule={}\ntz={}\nactive_hours={:?}\ndelivery={:?}\n\
+             lane={:?}\nmodel={:?}\ncheck={:?}\ncontinue={}\nmissed={}\nenabled={}\n",
+            self.name.as_str(),
+            self.prompt,
+            self.schedule,
+            self.tz.name(),
+            self.active_hours.map(|hours| hours.to_string()),
+            self.delivery.as_ref().map(Target::to_string),
+            self.lane.as_ref().map(LaneName::as_str),
+            self.model.as_ref().map(ModelRef::to_string),
+            self.check,
+            self.continue_history,
+            self.missed.as_str(),
+            self.enabled,
+        );
+        let digest = Sha256::digest(canonical.as_bytes());
+        let mut hex = String::with_capacity(32);
+        for byte in &digest[..16] {
+            let _ = write!(hex, "{byte:02x}");
+        }
+        hex
+    }
+
+    /// The lane the task's runs use: `heartbeat-<name>`.
+    pub fn own_lane(&self) -> LaneName {
+        self.name.own_lane()
+    }
+
+    /// The lane a `Steer:` verdict goes to: `lane:`, or the task's own lane.
+    pub fn steer_lane(&self) -> LaneName {
+        self.lane.clone().unwrap_or_else(|| self.name.own_lane())
+    }
+}
+
+/// Parses and checks the file, reporting every problem with its line. An empty file, or
+/// `tasks: []`, has no tasks.
+pub fn parse_heartbeat_file(text: &str, env: &HeartbeatEnv) -> Result<HeartbeatFile, Vec<Problem>> {
+    let tree = yaml::parse(FILE, text)?;
+    let mut checker = Checker::new(FILE);
+    let tasks = read_file(&mut checker, &tree, env);
+    if checker.has_problems() {
+        Err(checker.into_problems())
+    } else {
+        Ok(HeartbeatFile { tasks })
+    }
+}
+
+fn read_file(checker: &mut Checker, tree: &Node, env: &HeartbeatEnv) -> Vec<HeartbeatTask> {
+    if tree.value == Value::Nil {
+        return Vec::new();
+    }
+    let root = Path::root();
+    let Some(mut fields) = checker.fields(tree, &root) else {
+        return Vec::new();
+    };
+    let tasks_node = fields.optional("tasks");
+    fields.finish(checker, &["tasks"]);
+    let Some(tasks_node) = tasks_node else {
+        return Vec::new();
+    };
+    let path = root.key("tasks");
+    let Some(items) = checker.list(tasks_node, &path) else {
+        return Vec::new();
+    };
+    let mut tasks: Vec<HeartbeatTask> = Vec::new();
+    for (index, item) in items.iter().enumerate() {
+        let Some(task) = read_task(checker, item, &path.index(index), env) else {
+            continue;
+        };
+        if let Some(first) = tasks.iter().find(|other| other.name == task.name) {
+            checker.report_fix(
+                task.pos,
+                &path.index(index).key("name"),
+                format!(
+                    "task {} is listed twice (first at line {})",
+                    task.name, first.pos.line
+                ),
+                "give each task its own name",
+            );
+            continue;
+        }
+        tasks.push(task);
+    }
+    tasks
+}
+
+fn read_task(
+    checker: &mut Checker,
+    item: &Node,
+    path: &Path,
+    env: &HeartbeatEnv,
+) -> Option<HeartbeatTask> {
+    let mut fields = checker.fields(item, path)?;
+    let name = fields
+        .required(checker, "name", "name: standup")
+        .and_then(|node| {
+            let text = checker.str(node, &path.key("name"))?;
+            match TaskName::try_from(text) {
+                Ok(name) => Some(name),
+                Err(_) => {
+                    checker.report_fix(
+                        node.pos,
+                        &path.key("name"),
+                        format!("{text:?} is not a task name"),
+                        format!("use {}", TaskName::RULE),
+                    );
+                    None
+                }
+            }
+        });
+    let prompt = fields
+        .required(
+            checker,
+            "prompt",
+            "prompt: what the agent should look at on every run",
+        )
+        .and_then(|node| checker.non_empty_str(node, &path.key("prompt")))
+        .map(str::to_owned);
+    let tz = match fields.optional("tz") {
+        None => Some(env.host_tz),
+        Some(node) => read_tz(checker, node, &path.key("tz")),
+    };
+    let schedule = read_schedule(checker, &mut fields, item.pos, path, tz);
+    let active_hours = optional(
+        checker,
+        &mut fields,
+        "active_hours",
+        |checker, node, path| {
+            let text = checker.str(node, path)?;
+            ActiveHours::parse(text)
+                .map_err(|error| {
+                    checker.report_fix(
+                        node.pos,
+                        path,
+                        error,
+                        "write the hours in the task's zone as HH:MM-HH:MM, such as 08:00-18:00 or \
+                     22:00-06:00",
+                    );
+                })
+                .ok()
+        },
+    );
+    let delivery = optional(checker, &mut fields, "delivery", |checker, node, path| {
+        read_delivery(checker, node, path, env)
+    });
+    let lane = optional(checker, &mut fields, "lane", |checker, node, path| {
+        let text = checker.str(node, path)?;
+        LaneName::try_from(text)
+            .map_err(|_| {
+                checker.report_fix(
+                    node.pos,
+                    path,
+                    format!("{text:?} is not a lane name"),
+                    format!("use {}", LaneName::RULE),
+                );
+            })
+            .ok()
+    });
+    let model = optional(checker, &mut fields, "model", |checker, node, path| {
+        read_model(checker, node, path, env)
+    });
+    let check = optional(checker, &mut fields, "check", |checker, node, path| {
+        checker.non_empty_str(node, path).map(str::to_owned)
+    });
+    let continue_history = optional(checker, &mut fields, "continue", |checker, node, path| {
+        checker.bool(node, path)
+    });
+    let missed = optional(checker, &mut fields, "missed", |checker, node, path| {
+        let text = checker.str(node, path)?;
+        match text {
+            "run_once" => Some(Missed::RunOnce),
+            "skip" => Some(Missed::Skip),
+            _ => {
+                checker.report_fix(
+                    node.pos,
+                    path,
+                    format!("unknown missed policy {text:?}"),
+                    "use run_once (missed slots fold into one run) or skip",
+                );
+                None
+            }
+        }
+    });
+    let enabled = optional(checker, &mut fields, "enabled", |checker, node, path| {
+        checker.bool(node, path)
+    });
+    fields.finish(checker, TASK_KEYS);
+    let (schedule, tz, active_hours) = (schedule?, tz?, active_hours?);
+    if let Some(hours) = &active_hours {
+        check_meets_active_hours(checker, item.pos, path, &schedule, tz, hours);
+    }
+    Some(HeartbeatTask {
+        name: name?,
+        pos: Pos::line(item.pos.line),
+        prompt: prompt?,
+        schedule,
+        tz,
+        active_hours,
+        delivery: delivery?,
+        lane: lane?,
+        model: model?,
+        check: check?,
+        continue_history: continue_history?.unwrap_or(false),
+        missed: missed?.unwrap_or_default(),
+        enabled: enabled?.unwrap_or(true),
+    })
+}
+
+/// Reads an optional key: `Some(None)` when absent, `None` when present and wrong.
+fn optional<T>(
+    checker: &mut Checker,
+    fields: &mut Fields<'_>,
+    key: &str,
+    read: impl FnOnce(&mut Checker, &Node, &Path) -> Option<T>,
+) -> Option<Option<T>> {
+    let path = fields.path_of(key);
+    match fields.optional(key) {
+        None => Some(None),
+        Some(node) => read(checker, node, &path).map(Some),
+    }
+}
+
+fn read_tz(checker: &mut Checker, node: &Node, path: &Path) -> Option<Tz> {
+    let text = checker.str(node, path)?;
+    match text.parse::<Tz>() {
+        Ok(tz) => Some(tz),
+        Err(_) => {
+            let near = chrono_tz::TZ_VARIANTS
+                .iter()
+                .find(|tz| tz.name().eq_ignore_ascii_case(text));
+            let fix = match near {
+                Some(tz) => format!("did you mean {}?", tz.name()),
+                None => "use an IANA time zone name, such as Europe/Berlin, America/New_York or \
+                         UTC"
+                .to_owned(),
+            };
+            checker.report_fix(node.pos, path, format!("unknown time zone {text:?}"), fix);
+            None
+        }
+    }
+}
+
+fn read_schedule(
+    checker: &mut Checker,
+    fields: &mut Fields<'_>,
+    pos: Pos,
+    path: &Path,
+    tz: Option<Tz>,
+) -> Option<Schedule> {
+    let cron = fields.optional("cron");
+    let every = fields.optional("every");
+    let schedule = match (cron, every) {
+        (Some(_), Some(_)) => {
+            checker.report_fix(
+                pos,
+                path,
+                "a task has both cron and every",
+                "keep one of them",
+            );
+            return None;
+        }
+        (None, None) => {
+            checker.report_fix(
+                pos,
+                path,
+                "missing cron or every",
+                "add cron: \"0 9 * * Mon-Fri\" or every: 30m",
+            );
+            return None;
+        }
+        (Some(node), None) => {
+            let path = path.key("cron");
+            let text = checker.str(node, &path)?;
+            let schedule = Schedule::cron(text, tz?)
+                .map_err(|error| {
+                    checker.report_fix(
+                        node.pos,
+                        &path,
+                        error,
+                        "write five fields, minute hour day-of-month month day-of-week, such as \
+                         \"0 9 * * Mon-Fri\" (a sixth field in front gives seconds)",
+                    );
+                })
+                .ok()?;
+            (node, path, schedule)
+        }
+        (None, Some(node)) => {
+            let path = path.key("every");
+            let Value::Str(text) = &node.value else {
+                checker.report_fix(
+                    node.pos,
+                    &path,
+                    format!("expected an interval, found {}", node.value.kind()),
+                    "write a number and a unit (s, m, h, d), such as 30m or 1h30m",
+                );
+                return None;
+            };
+            let interval = schedule::parse_every(text)
+                .map_err(|error| {
+                    checker.report_fix(
+                        node.pos,
+                        &path,
+                        error,
+                        "write a number and a unit (s, m, h, d), such as 30m or 1h30m",
+                    );
+                })
+                .ok()?;
+            (node, path, Schedule::Every(interval))
+        }
+    };
+    let (node, path, schedule) = schedule;
+    if let Err(error) = schedule.check_floor() {
+        checker.report_fix(
+            node.pos,
+            &path,
+            error,
+            "let at least 5 minutes pass between runs, such as every: 5m or cron: \"*/5 * * * *\"",
+        );
+        return None;
+    }
+    Some(schedule)
+}
+
+fn check_meets_active_hours(
+    checker: &mut Checker,
+    pos: Pos,
+    path: &Path,
+    schedule: &Schedule,
+    tz: Tz,
+    hours: &ActiveHours,
+) {
+    let mut cursor = schedule::SAMPLE_START;
+    for _ in 0..ACTIVE_HOURS_SAMPLE {
+        let Some(slot) = schedule::next_slot(schedule, cursor) else {
+            break;
+        };
+        if schedule::in_active_hours(hours, tz, slot) {
+            return;
+        }
+        cursor = slot;
+    }
+    checker.report_fix(
+        pos,
+        &path.key("active_hours"),
+        format!("the schedule never fires inside the active hours {hours} ({tz})"),
+        "widen active_hours, or move the schedule inside them",
+    );
+}
+
+fn read_delivery(
+    checker: &mut Checker,
+    node: &Node,
+    path: &Path,
+    env: &HeartbeatEnv,
+) -> Option<Target> {
+    let text = checker.str(node, path)?;
+    let target = match Target::parse(text) {
+        Ok(target) => target,
+        Err(error) => {
+            checker.report_fix(
+                node.pos,
+                path,
+                error,
+                "write <channel>:<room alias>[/<thread>], such as ops:standup",
+            );
+            return None;
+        }
+    };
+    if !target.is_declared(&env.targets) {
+        let fix = if env.targets.is_empty() {
+            "no channel declares a room; give a channel file rooms = { alias = \"...\" } first"
+                .to_owned()
+        } else {
+            let declared: Vec<String> = env
+                .targets
+                .iter()
+                .map(|spec| format!("{}:{}", spec.channel, spec.room))
+                .collect();
+            format!("use a declared room: {}", declared.join(", "))
+        };
+        checker.report_fix(
+            node.pos,
+            path,
+            format!(
+                "{}:{} is not a room the agent's channels declare",
+                target.channel, target.room
+            ),
+            fix,
+        );
+        return None;
+    }
+    Some(target)
+}
+
+fn read_model(
+    checker: &mut Checker,
+    node: &Node,
+    path: &Path,
+    env: &HeartbeatEnv,
+) -> Option<ModelRef> {
+    let text = checker.str(node, path)?;
+    let model = match ModelRef::parse(text) {
+        Ok(model) => model,
+        Err(error) => {
+            checker.report_fix(
+                node.pos,
+                path,
+                error,
+                "write provider/model-id, as models.yml declares it",
+            );
+            return None;
+        }
+    };
+    if !env.models.contains(&model) {
+        let declared: Vec<String> = env.models.iter().map(ModelRef::to_string).collect();
+        let fix = if declared.is_empty() {
+            "models.yml declares no models; declare it there first".to_owned()
+        } else {
+            format!("use a model models.yml declares: {}", declared.join(", "))
+        };
+        checker.report_fix(
+            node.pos,
+            path,
+            format!("model {model} is not declared in models.yml"),
+            fix,
+        );
+        return None;
+    }
+    Some(model)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn env() -> HeartbeatEnv {
+        HeartbeatEnv {
+            host_tz: chrono_tz::Europe::Berlin,
+            targets: vec![
+                TargetSpec {
+                    channel: ChannelName::try_from("ops").unwrap(),
+                    room: RoomAlias::try_from("standup").unwrap(),
+                },
+                TargetSpec {
+                    channel: ChannelName::try_from("ops").unwrap(),
+                    room: RoomAlias::try_from("alerts").unwrap(),
+                },
+            ],
+            models: vec![ModelRef::parse("openai/gpt-mini").unwrap()],
+        }
+    }
+
+    fn problems(text: &str) -> Vec<String> {
+        parse_heartbeat_file(text, &env())
+            .unwrap_err()
+            .iter()
+            .map(|problem| format!("{}|{}|{}", problem.pos.line, problem.path, problem.message))
+            .collect()
+    }
+
+    const FULL: &str = r#"tasks:
+  - name: standup
+    prompt: "Summarise yesterday's merged pull requests."
+    cron: "0 9 * * Mon-Fri"
+    tz: America/New_York
+    active_hours: "08:00-18:00"
+    delivery: ops:standup/daily
+    lane: ops-standup
+    model: openai/gpt-mini
+    check: "test -n \"$(ls /workspace/inbox)\""
+    continue: true
+    missed: skip
+    enabled: false
+  - name: inbox
+    prompt: Look at the inbox.
+    every: 30m
+"#;
+
+    #[test]
+    fn a_full_file_reads_back() {
+        let file = parse_heartbeat_file(FULL, &env()).unwrap();
+        let new_york = chrono_tz::America::New_York;
+        assert_eq!(
+            file.tasks,
+            vec![
+                HeartbeatTask {
+                    name: TaskName::try_from("standup").unwrap(),
+                    pos: Pos::line(2),
+                    prompt: "Summarise yesterday's merged pull requests.".into(),
+                    schedule: Schedule::cron("0 9 * * Mon-Fri", new_york).unwrap(),
+                    tz: new_york,
+                    active_hours: Some(ActiveHours {
+                        start: 480,
+                        end: 1080
+                    }),
+                    delivery: Some(Target::parse("ops:standup/daily").unwrap()),
+                    lane: Some(LaneName::try_from("ops-standup").unwrap()),
+                    model: Some(ModelRef::parse("openai/gpt-mini").unwrap()),
+                    check: Some("test -n \"$(ls /workspace/inbox)\"".into()),
+                    continue_history: true,
+                    missed: Missed::Skip,
+                    enabled: false,
+                },
+                HeartbeatTask {
+                    name: TaskName::try_from("inbox").unwrap(),
+                    pos: Pos::line(14),
+                    prompt: "Look at the inbox.".into(),
+                    schedule: Schedule::Every(Duration::from_secs(1800)),
+                    tz: chrono_tz::Europe::Berlin,
+                    active_hours: None,
+                    delivery: None,
+                    lane: None,
+                    model: None,
+                    check: None,
+                    continue_history: false,
+                    missed: Missed::RunOnce,
+                    enabled: true,
+                },
+            ]
+        );
+        let inbox = &file.tasks[1];
+        assert_eq!(inbox.steer_lane().as_str(), "heartbeat-inbox");
+        assert_eq!(file.tasks[0].steer_lane().as_str(), "ops-standup");
+    }
+
+    #[test]
+    fn an_empty_file_has_no_tasks() {
+        for text in ["", "\n# nothing yet\n", "tasks: []\n", "tasks:\n", "{}\n"] {
+            assert_eq!(
+                parse_heartbeat_file(text, &env()),
+                Ok(HeartbeatFile::default()),
+                "{text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_line() {
+        let text = r#"tasks:
+  - name: standup
+    prompt: hi
+    cron: "0 9 * * Mon-Fri"
+    shedule: daily
+  - name: standup
+    prompt: again
+    every: 1h
+  - name: Bad Name
+    prompt: ""
+    cron: "0 25 * * *"
+  - name: both
+    prompt: x
+    cron: "*/5 * * * *"
+    every: 5m
+  - name: neither
+    prompt: x
+  - name: fast
+    prompt: x
+    every: 4m
+  - name: zone
+    prompt: x
+    cron: "0 9 * * *"
+    tz: Mars/Olympus
+  - name: places
+    prompt: x
+    every: 1h
+    delivery: ops:random
+    model: openai/gpt-huge
+    missed: later
+    lane: "../etc"
+    continue: "yes"
+    active_hours: "9-17"
+"#;
+        assert_eq!(
+            problems(text),
+            vec![
+                "5|tasks[1].shedule|unknown key",
+                "6|tasks[2].name|task standup is listed twice (first at line 2)",
+                "9|tasks[3].name|\"Bad Name\" is not a task name",
+                "10|tasks[3].prompt|must not be empty",
+                "11|tasks[3].cron|invalid cron pattern \"0 25 * * *\": Component error: Number out of bounds.",
+                "12|tasks[4]|a task has both cron and every",
+                "16|tasks[5]|missing cron or every",
+                "20|tasks[6].every|every 4m is more often than the floor of one run per 5m",
+                "24|tasks[7].tz|unknown time zone \"Mars/Olympus\"",
+                "33|tasks[8].active_hours|\"9-17\" is not a range of hours; write it as 08:00-18:00",
+                "28|tasks[8].delivery|ops:random is not a room the agent's channels declare",
+                "31|tasks[8].lane|\"../etc\" is not a lane name",
+                "29|tasks[8].model|model openai/gpt-huge is not declared in models.yml",
+                "32|tasks[8].continue|expected true or false, found a string",
+                "30|tasks[8].missed|unknown missed policy \"later\"",
+            ]
+        );
+    }
+
+    #[test]
+    fn fixes_name_what_is_declared() {
+        let text = "tasks:\n  - name: a\n    prompt: x\n    every: 1h\n    delivery: ops:random\n    model: openai/gpt-huge\n    tz: europe/berlin\n";
+        let problems = parse_heartbeat_file(text, &env()).unwrap_err();
+        let rendered: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            rendered,
+            vec![
+                "workspace/HEARTBEAT.yml:7:9: tasks[1].tz: unknown time zone \"europe/berlin\"\n  \
+                 fix: did you mean Europe/Berlin?",
+                "workspace/HEARTBEAT.yml:5:15: tasks[1].delivery: ops:random is not a room the \
+                 agent's channels declare\n  fix: use a declared room: ops:standup, ops:alerts",
+                "workspace/HEARTBEAT.yml:6:12: tasks[1].model: model openai/gpt-huge is not \
+                 declared in models.yml\n  fix: use a model models.yml declares: openai/gpt-mini",
+            ]
+        );
+        let bare = HeartbeatEnv {
+            targets: Vec::new(),
+            models: Vec::new(),
+            ..env()
+        };
+        let problems = parse_heartbeat_file(text, &bare).unwrap_err();
+        assert!(
+            problems[1]
+                .fix
+                .as_deref()
+                .unwrap()
+                .starts_with("no channel declares a room")
+        );
+        assert!(
+            problems[2]
+                .fix
+                .as_deref()
+                .unwrap()
+                .starts_with("models.yml declares no models")
+        );
+    }
+
+    #[test]
+    fn bad_yaml_is_a_problem_with_its_line() {
+        let problems =
+            parse_heartbeat_file("tasks:\n  - name: a\n   prompt: [\n", &env()).unwrap_err();
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].message.starts_with("invalid YAML"));
+        assert!(problems[0].pos.line >= 2);
+        let problems = parse_heartbeat_file("tasks: standup\n", &env()).unwrap_err();
+        assert_eq!(
+            problems[0].to_string(),
+            "workspace/HEARTBEAT.yml:1:8: tasks: expected a list, found a string"
+        );
+        let problems = parse_heartbeat_file("task: []\n", &env()).unwrap_err();
+        assert_eq!(
+            problems[0].to_string(),
+            "workspace/HEARTBEAT.yml:1:1: task: unknown key\n  fix: did you mean tasks? known \
+             keys: tasks"
+        );
+    }
+
+    #[test]
+    fn cron_patterns_below_the_floor_are_refused() {
+        let task =
+            |cron: &str| format!("tasks:\n  - name: a\n    prompt: x\n    cron: \"{cron}\"\n");
+        assert!(parse_heartbeat_file(&task("*/5 * * * *"), &env()).is_ok());
+        assert!(parse_heartbeat_file(&task("0 9 * * Mon-Fri"), &env()).is_ok());
+        for refused in ["* * * * *", "0,1 9 * * *", "*/10 0 9 * * *"] {
+            let problems = parse_heartbeat_file(&task(refused), &env()).unwrap_err();
+            assert_eq!(problems.len(), 1, "{refused}");
+            assert_eq!(problems[0].pos.line, 4);
+            assert!(
+                problems[0].message.contains("more often than the floor"),
+                "{refused}: {}",
+                problems[0].message
+            );
+            assert!(problems[0].fix.as_deref().unwrap().contains("every: 5m"));
+        }
+    }
+
+    #[test]
+    fn active_hours_the_schedule_never_meets_are_refused() {
+        let text = "tasks:\n  - name: a\n    prompt: x\n    cron: \"0 20 * * *\"\n    active_hours: \"08:00-18:00\"\n";
+        assert_eq!(
+            problems(text),
+            vec![
+                "2|tasks[1].active_hours|the schedule never fires inside the active hours \
+                 08:00-18:00 (Europe/Berlin)"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_fingerprint_follows_the_content_not_the_position() {
+        let file = parse_heartbeat_file(FULL, &env()).unwrap();
+        let moved =
+            parse_heartbeat_file(&FULL.replace("tasks:\n", "tasks:\n\n\n"), &env()).unwrap();
+        assert_ne!(file.tasks[0].pos, moved.tasks[0].pos);
+        assert_eq!(file.tasks[0].fingerprint(), moved.tasks[0].fingerprint());
+        assert_eq!(file.tasks[0].fingerprint().len(), 32);
+        assert_ne!(file.tasks[0].fingerprint(), file.tasks[1].fingerprint());
+        let edited =
+            parse_heartbeat_file(&FULL.replace("Look at the inbox.", "Look again."), &env())
+                .unwrap();
+        assert_eq!(file.tasks[0].fingerprint(), edited.tasks[0].fingerprint());
+        assert_ne!(file.tasks[1].fingerprint(), edited.tasks[1].fingerprint());
+        let mut enabled = file.tasks[0].clone();
+        enabled.enabled = true;
+        assert_ne!(file.tasks[0].fingerprint(), enabled.fingerprint());
+    }
+
+    #[test]
+    fn targets_read_channel_room_and_thread() {
+        let target = Target::parse("ops:standup/42").unwrap();
+        assert_eq!(target.channel.as_str(), "ops");
+        assert_eq!(target.room.as_str(), "standup");
+        assert_eq!(target.thread.as_deref(), Some("42"));
+        assert_eq!(target.to_string(), "ops:standup/42");
+        assert_eq!(
+            Target::parse("ops:standup").unwrap().to_string(),
+            "ops:standup"
+        );
+        for bad in [
+            "ops",
+            "ops:",
+            ":standup",
+            "ops:stand up",
+            "ops:standup/",
+            "o/p:s",
+        ] {
+            assert!(Target::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! Heartbeats: tasks in `workspace/HEARTBEAT.yml` that wake the agent on a schedule.
+//!
+//! [`file`] checks the file into [`HeartbeatTask`]s, [`schedule`] computes their slots,
+//! [`verdict`] judges the model's reply to a heartbeat, and [`ledger`] folds the slot ledger
+//! (`.perch/heartbeats.jsonl`) into per-task state and plans what to do next. All of it takes the
+//! time as an argument.
+
+pub mod file;
+pub mod ledger;
+pub mod schedule;
+pub mod verdict;
+
+pub use file::{
+    FILE, HeartbeatEnv, HeartbeatFile, HeartbeatTask, Missed, Target, TargetSpec,
+    parse_heartbeat_file,
+};
+pub use ledger::{
+    BACKOFF, Finished, LedgerRecord, LedgerState, ON_TIME, OpenRun, PendingRetry, Plan,
+    SlotOutcome, Stop, TaskState, plan, reduce,
+};
+pub use schedule::{
+    ActiveHours, MAX_INTERVAL, MIN_INTERVAL, SLOT_LIMIT, Schedule, format_duration,
+    in_active_hours, next_slot, parse_every, slots_between,
+};
+pub use verdict::{InvalidVerdict, VERDICT_RULE, Verdict, correction, judge};
+
+use crate::name::{LaneName, TaskName};
+
+/// The lane a task's runs use unless it names another: `heartbeat-<name>`.
+pub fn own_lane(task: &TaskName) -> LaneName {
+    task.own_lane()
+}
+
+/// The lane of a task's dry runs: `heartbeat-<name>-dry-run`.
+pub fn dry_run_lane(task: &TaskName) -> LaneName {
+    task.dry_run_lane()
+}

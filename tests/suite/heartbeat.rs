@@ -1,0 +1,369 @@
+//! The heartbeat scheduler on paused tokio time: a simulated week of mixed schedules across a
+//! DST change, restarts mid-slot, downtime, and reloads. The runs are recorded, not performed;
+//! the end-to-end tests through `perch run` are in `service_heartbeat`.
+
+use super::support::{new_agent, write};
+use chrono::{TimeZone, Timelike, Utc};
+use perch::agent::AgentDir;
+use perch::heartbeat::{self, Heartbeats, Job, JobEnd, Ledger, Mode, SchedulerSetup};
+use perch::log::Clock;
+use perch_core::Timestamp;
+use perch_core::heartbeat::{HeartbeatEnv, LedgerRecord, SlotOutcome, TargetSpec};
+use perch_core::name::{ChannelName, RoomAlias};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// A clock that reads tokio's (paused) time, starting at `start`.
+fn tokio_clock(start: Timestamp) -> Clock {
+    let base = tokio::time::Instant::now();
+    Clock::new(move || start + chrono::Duration::from_std(base.elapsed()).unwrap())
+}
+
+fn env() -> HeartbeatEnv {
+    HeartbeatEnv {
+        host_tz: chrono_tz::Tz::UTC,
+        targets: vec![TargetSpec {
+            channel: ChannelName::try_from("ops").unwrap(),
+            room: RoomAlias::try_from("standup").unwrap(),
+        }],
+        models: Vec::new(),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Fired {
+    task: String,
+    slot: Timestamp,
+    coalesced: u32,
+    mode: Mode,
+}
+
+/// Records every job; a job of a task in `hold` never ends (a run in progress at a crash).
+#[derive(Clone, Default)]
+struct Recorder {
+    fired: Arc<Mutex<Vec<Fired>>>,
+    hold: Arc<Mutex<Vec<String>>>,
+}
+
+impl Recorder {
+    fn run_job(&self) -> heartbeat::RunJob {
+        let recorder = self.clone();
+        Arc::new(move |job: Job| {
+            let recorder = recorder.clone();
+            Box::pin(async move {
+                recorder.fired.lock().unwrap().push(Fired {
+                    task: job.task.name.to_string(),
+                    slot: job.slot,
+                    coalesced: job.coalesced,
+                    mode: job.mode,
+                });
+                if recorder
+                    .hold
+                    .lock()
+                    .unwrap()
+                    .contains(&job.task.name.to_string())
+                {
+                    std::future::pending::<()>().await;
+                }
+                JobEnd {
+                    outcome: SlotOutcome::Silent,
+                    reply: "SILENCE".into(),
+                    stop: None,
+                }
+            })
+        })
+    }
+
+    fn slots(&self, task: &str) -> Vec<Timestamp> {
+        self.fired
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|fired| fired.task == task && fired.mode == Mode::Scheduled)
+            .map(|fired| fired.slot)
+            .collect()
+    }
+}
+
+/// Opens the ledger, retrying while a stopped scheduler's writer lets go of it.
+async fn open_ledger(dir: &AgentDir, clock: Clock) -> (Ledger, Vec<(u64, LedgerRecord)>) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match Ledger::open(dir, clock.clone()) {
+            Ok(opened) => return opened,
+            Err(error) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the ledger stayed held: {error}"
+                );
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+}
+
+async fn start(
+    dir: &AgentDir,
+    clock: Clock,
+    recorder: &Recorder,
+) -> (Heartbeats, CancellationToken) {
+    let (ledger, records) = open_ledger(dir, clock.clone()).await;
+    let shutdown = CancellationToken::new();
+    let setup = SchedulerSetup {
+        dir: dir.clone(),
+        env: env(),
+        clock,
+        reload_every: Duration::from_secs(60),
+        run_job: recorder.run_job(),
+    };
+    (
+        heartbeat::start(setup, ledger, records, shutdown.clone()),
+        shutdown,
+    )
+}
+
+/// Lets paused time pass a minute at a time. After each minute it waits for the scheduler to
+/// answer, so the scheduler has finished what was due (the ledger's fsync happens on another
+/// thread, and paused time would otherwise run on while it waits).
+async fn pass(heartbeats: &Heartbeats, duration: Duration) {
+    let mut left = duration;
+    while !left.is_zero() {
+        let step = left.min(Duration::from_secs(60));
+        tokio::time::sleep(step).await;
+        heartbeats.list().await.unwrap();
+        left -= step;
+    }
+}
+
+fn utc(y: i32, mo: u32, d: u32, h: u32, mi: u32) -> Timestamp {
+    Utc.with_ymd_and_hms(y, mo, d, h, mi, 0).unwrap()
+}
+
+const WEEK: &str = r#"tasks:
+  - name: digest
+    prompt: Post the stand-up digest.
+    cron: "0 9 * * Mon-Fri"
+    tz: Europe/Berlin
+    delivery: ops:standup
+  - name: prs
+    prompt: Check the open pull requests; stay silent unless one needs a human.
+    every: 1h
+    tz: Europe/Berlin
+    active_hours: "08:00-18:00"
+  - name: nightly
+    prompt: Tidy the notes.
+    cron: "30 2 * * *"
+    tz: Europe/Berlin
+  - name: off
+    prompt: Never.
+    every: 30m
+    enabled: false
+"#;
+
+#[tokio::test(start_paused = true)]
+async fn a_simulated_week_fires_every_slot_once_across_a_dst_change() {
+    let agent = new_agent();
+    write(agent.path(), "workspace/HEARTBEAT.yml", WEEK);
+    let dir = AgentDir::open(agent.path()).unwrap();
+    // Thursday 22 October 2026, 12:00:30 UTC; Berlin leaves summer time on Sunday the 25th.
+    let clock = tokio_clock(utc(2026, 10, 22, 12, 0) + chrono::Duration::seconds(30));
+    let recorder = Recorder::default();
+    let (heartbeats, shutdown) = start(&dir, clock, &recorder).await;
+    pass(&heartbeats, Duration::from_secs(7 * 24 * 3600 - 45 * 60)).await;
+    shutdown.cancel();
+
+    // 09:00 in Berlin on weekdays: 07:00 UTC in summer time, 08:00 UTC after the change.
+    assert_eq!(
+        recorder.slots("digest"),
+        vec![
+            utc(2026, 10, 23, 7, 0),
+            utc(2026, 10, 26, 8, 0),
+            utc(2026, 10, 27, 8, 0),
+            utc(2026, 10, 28, 8, 0),
+            utc(2026, 10, 29, 8, 0),
+        ]
+    );
+    // 02:30 happens twice on the 25th (summer time, then winter time): it fires once.
+    assert_eq!(
+        recorder.slots("nightly"),
+        vec![
+            utc(2026, 10, 23, 0, 30),
+            utc(2026, 10, 24, 0, 30),
+            utc(2026, 10, 25, 0, 30),
+            utc(2026, 10, 26, 1, 30),
+            utc(2026, 10, 27, 1, 30),
+            utc(2026, 10, 28, 1, 30),
+            utc(2026, 10, 29, 1, 30),
+        ]
+    );
+    // Hourly, epoch-aligned, only from 08:00 to 18:00 Berlin time.
+    let berlin = chrono_tz::Europe::Berlin;
+    let mut expected = Vec::new();
+    let mut at = utc(2026, 10, 22, 13, 0);
+    while at < utc(2026, 10, 29, 11, 15) {
+        let local = at.with_timezone(&berlin).hour();
+        if (8..18).contains(&local) {
+            expected.push(at);
+        }
+        at += chrono::Duration::hours(1);
+    }
+    assert_eq!(recorder.slots("prs"), expected);
+    assert!(
+        recorder.slots("off").is_empty(),
+        "a disabled task never runs"
+    );
+}
+
+const HOURLY: &str = r#"tasks:
+  - name: hourly
+    prompt: Look around.
+    every: 1h
+"#;
+
+#[tokio::test(start_paused = true)]
+async fn a_restart_mid_slot_does_not_repeat_it_and_downtime_coalesces_into_one_run() {
+    let agent = new_agent();
+    write(agent.path(), "workspace/HEARTBEAT.yml", HOURLY);
+    let dir = AgentDir::open(agent.path()).unwrap();
+    let clock = tokio_clock(utc(2026, 3, 1, 10, 0) + chrono::Duration::seconds(30));
+    let recorder = Recorder::default();
+    recorder.hold.lock().unwrap().push("hourly".into());
+    let (heartbeats, shutdown) = start(&dir, clock.clone(), &recorder).await;
+    pass(&heartbeats, Duration::from_secs(3600)).await;
+    assert_eq!(recorder.slots("hourly"), vec![utc(2026, 3, 1, 11, 0)]);
+    // perch stops while the 11:00 run is in progress, and stays down for five hours.
+    shutdown.cancel();
+    tokio::time::advance(Duration::from_secs(5 * 3600)).await;
+    recorder.hold.lock().unwrap().clear();
+    recorder.fired.lock().unwrap().clear();
+
+    let (heartbeats, shutdown) = start(&dir, clock.clone(), &recorder).await;
+    pass(&heartbeats, Duration::from_secs(120)).await;
+    let fired = recorder.fired.lock().unwrap().clone();
+    assert_eq!(
+        fired,
+        vec![Fired {
+            task: "hourly".into(),
+            slot: utc(2026, 3, 1, 16, 0),
+            coalesced: 4,
+            mode: Mode::Scheduled,
+        }],
+        "the 12:00 to 16:00 slots fold into one run; the interrupted 11:00 one is not repeated"
+    );
+    let list = heartbeats.list().await.unwrap();
+    assert_eq!(list["tasks"][0]["last"]["outcome"], "silent");
+    assert_eq!(list["tasks"][0]["next"], "2026-03-01T17:00:00+00:00");
+    pass(&heartbeats, Duration::from_secs(3600)).await;
+    assert_eq!(
+        recorder.slots("hourly"),
+        vec![utc(2026, 3, 1, 16, 0), utc(2026, 3, 1, 17, 0)]
+    );
+    shutdown.cancel();
+    drop(heartbeats);
+
+    let state = heartbeat::peek_ledger(&dir).unwrap();
+    let task = state
+        .task(&perch_core::name::TaskName::try_from("hourly").unwrap())
+        .unwrap();
+    assert!(task.open.is_empty(), "no run is left open: {task:?}");
+    let ledger = std::fs::read_dir(heartbeat::ledger_dir(&dir))
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|entry| std::fs::read_to_string(entry.path()).unwrap_or_default())
+        .collect::<String>();
+    assert!(
+        ledger.contains("\"interrupted\""),
+        "the 11:00 run is recorded as interrupted: {ledger}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_invalid_edit_keeps_the_last_good_schedule_and_a_valid_one_takes_over() {
+    let agent = new_agent();
+    write(agent.path(), "workspace/HEARTBEAT.yml", HOURLY);
+    let dir = AgentDir::open(agent.path()).unwrap();
+    let clock = tokio_clock(utc(2026, 6, 1, 10, 0) + chrono::Duration::seconds(30));
+    let recorder = Recorder::default();
+    let (heartbeats, shutdown) = start(&dir, clock, &recorder).await;
+    pass(&heartbeats, Duration::from_secs(3600)).await;
+    assert_eq!(recorder.slots("hourly"), vec![utc(2026, 6, 1, 11, 0)]);
+
+    write(
+        agent.path(),
+        "workspace/HEARTBEAT.yml",
+        "tasks:\n  - name: hourly\n    prompt: Look around.\n    cron: \"0 25 * * *\"\n",
+    );
+    pass(&heartbeats, Duration::from_secs(120)).await;
+    let list = heartbeats.list().await.unwrap();
+    let error = list["reload_error"].as_str().unwrap();
+    assert!(
+        error.contains("workspace/HEARTBEAT.yml:4"),
+        "the error names the file and line: {error}"
+    );
+    pass(&heartbeats, Duration::from_secs(3600)).await;
+    assert_eq!(
+        recorder.slots("hourly"),
+        vec![utc(2026, 6, 1, 11, 0), utc(2026, 6, 1, 12, 0)],
+        "the last good schedule kept running"
+    );
+
+    write(
+        agent.path(),
+        "workspace/HEARTBEAT.yml",
+        "tasks:\n  - name: hourly\n    prompt: Look around.\n    every: 20m\n",
+    );
+    pass(&heartbeats, Duration::from_secs(3600)).await;
+    let list = heartbeats.list().await.unwrap();
+    assert!(list["reload_error"].is_null());
+    assert_eq!(
+        recorder.slots("hourly"),
+        vec![
+            utc(2026, 6, 1, 11, 0),
+            utc(2026, 6, 1, 12, 0),
+            utc(2026, 6, 1, 12, 20),
+            utc(2026, 6, 1, 12, 40),
+            utc(2026, 6, 1, 13, 0),
+        ]
+    );
+    shutdown.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_manual_run_consumes_no_slot_and_a_dry_run_leaves_no_record() {
+    let agent = new_agent();
+    write(agent.path(), "workspace/HEARTBEAT.yml", HOURLY);
+    let dir = AgentDir::open(agent.path()).unwrap();
+    let clock = tokio_clock(utc(2026, 6, 1, 10, 30));
+    let recorder = Recorder::default();
+    let (heartbeats, shutdown) = start(&dir, clock, &recorder).await;
+    let end = heartbeats.run_now("hourly", false).await.unwrap();
+    assert_eq!(end.outcome, SlotOutcome::Silent);
+    heartbeats.run_now("hourly", true).await.unwrap();
+    let unknown = heartbeats.run_now("nope", false).await.unwrap_err();
+    assert!(unknown.contains("the tasks are hourly"), "{unknown}");
+    pass(&heartbeats, Duration::from_secs(3600)).await;
+    let fired = recorder.fired.lock().unwrap().clone();
+    let modes: Vec<(Mode, Timestamp)> = fired.iter().map(|f| (f.mode, f.slot)).collect();
+    assert_eq!(
+        modes,
+        vec![
+            (Mode::Manual, utc(2026, 6, 1, 10, 30)),
+            (Mode::DryRun, utc(2026, 6, 1, 10, 30)),
+            (Mode::Scheduled, utc(2026, 6, 1, 11, 0)),
+        ],
+        "the manual run did not take the 11:00 slot"
+    );
+    shutdown.cancel();
+    drop(heartbeats);
+    let ledger: String = std::fs::read_dir(heartbeat::ledger_dir(&dir))
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|entry| std::fs::read_to_string(entry.path()).unwrap_or_default())
+        .collect();
+    assert_eq!(
+        ledger.matches("\"slot_started\"").count(),
+        2,
+        "the manual run and the 11:00 run are recorded, the dry run is not: {ledger}"
+    );
+}
