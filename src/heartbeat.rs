@@ -234,7 +234,12 @@ pub struct SchedulerSetup {
     pub clock: Clock,
     pub reload_every: Duration,
     pub run_job: RunJob,
+    /// Told when a task stops until it is resumed (its name and why), to alert the owner.
+    pub on_stop: Option<OnStop>,
 }
+
+/// Told when a heartbeat task stops: its name and the reason.
+pub type OnStop = Arc<dyn Fn(&TaskName, &str) + Send + Sync>;
 
 impl std::fmt::Debug for SchedulerSetup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -369,7 +374,7 @@ impl Scheduler {
             let wake = match self.step(&done_tx).await {
                 Ok(wake) => wake,
                 Err(error) => {
-                    note(&format!("heartbeats: the ledger failed, stopping: {error}"));
+                    tracing::error!("heartbeats: the ledger failed, stopping: {error}");
                     return;
                 }
             };
@@ -390,7 +395,7 @@ impl Scheduler {
                     None => return,
                 },
                 Some(done) = done_rx.recv() => if let Err(error) = self.finish(done).await {
-                    note(&format!("heartbeats: the ledger failed, stopping: {error}"));
+                    tracing::error!("heartbeats: the ledger failed, stopping: {error}");
                     return;
                 },
             }
@@ -420,11 +425,12 @@ impl Scheduler {
                     self.first_seen.entry(task.name.clone()).or_insert(now);
                 }
                 if self.seen_text.is_some() {
-                    note(&format!(
+                    tracing::info!(
+                        tasks = file.tasks.len(),
                         "heartbeats: reloaded {} ({} tasks)",
                         perch_core::heartbeat::FILE,
                         file.tasks.len()
-                    ));
+                    );
                 }
                 self.loaded = Some(file);
                 self.reload_error = None;
@@ -435,9 +441,9 @@ impl Scheduler {
                     .map(ToString::to_string)
                     .collect::<Vec<_>>()
                     .join("\n");
-                note(&format!(
+                tracing::warn!(
                     "heartbeats: the edit does not check; the last good schedule keeps running:\n{error}"
-                ));
+                );
                 self.reload_error = Some(error);
             }
         }
@@ -515,10 +521,11 @@ impl Scheduler {
                         entry_changed: true,
                         ..
                     } => {
-                        note(&format!(
+                        tracing::info!(
+                            task = %task.name,
                             "heartbeats: {} changed since it stopped; resuming it",
                             task.name
-                        ));
+                        );
                         self.record(LedgerRecord::TaskResumed {
                             task: task.name.clone(),
                             at: now,
@@ -593,12 +600,25 @@ impl Scheduler {
         self.in_flight.remove(&done.run);
         let now = self.setup.clock.now();
         if done.mode != Mode::DryRun {
-            note(&format!(
+            let line = format!(
                 "heartbeats: {} ({}): {}",
                 done.task,
                 done.slot.to_rfc3339(),
                 describe(&done.end.outcome)
-            ));
+            );
+            let (task, slot) = (done.task.as_str(), done.slot.to_rfc3339());
+            let outcome = crate::metrics::outcome_label(&done.end.outcome);
+            match &done.end.outcome {
+                SlotOutcome::Invalid { .. }
+                | SlotOutcome::Failed { .. }
+                | SlotOutcome::Interrupted { .. } => {
+                    tracing::warn!(task, slot, outcome, "{line}");
+                }
+                SlotOutcome::Silent
+                | SlotOutcome::Message { .. }
+                | SlotOutcome::Steer { .. }
+                | SlotOutcome::Skipped { .. } => tracing::info!(task, slot, outcome, "{line}"),
+            }
             self.record(LedgerRecord::SlotFinished {
                 task: done.task.clone(),
                 slot: done.slot,
@@ -614,7 +634,11 @@ impl Scheduler {
                     .find(|task| task.name == done.task)
                     .map(HeartbeatTask::fingerprint)
                     .unwrap_or_default();
-                note(&format!("heartbeats: {} stopped: {reason}", done.task));
+                tracing::warn!(
+                    task = %done.task,
+                    "heartbeats: {} stopped: {reason}",
+                    done.task
+                );
                 self.record(LedgerRecord::TaskStopped {
                     task: done.task.clone(),
                     reason: reason.clone(),
@@ -622,6 +646,9 @@ impl Scheduler {
                     at: now,
                 })
                 .await?;
+                if let Some(on_stop) = &self.setup.on_stop {
+                    on_stop(&done.task, reason);
+                }
             }
         }
         if let Some(reply) = done.reply {
@@ -644,7 +671,7 @@ impl Scheduler {
                 let mode = if dry_run { Mode::DryRun } else { Mode::Manual };
                 let now = self.setup.clock.now();
                 if let Err(error) = self.launch(&found, now, 0, mode, Some(reply), done).await {
-                    note(&format!("heartbeats: cannot record a manual run: {error}"));
+                    tracing::error!(task, "heartbeats: cannot record a manual run: {error}");
                 }
             }
             Request::Resume { task, reply } => {
@@ -1082,12 +1109,6 @@ pub fn outcome_note(job: &Job, end: &JobEnd) -> serde_json::Value {
         },
         "outcome": serde_json::to_value(&end.outcome).unwrap_or(serde_json::Value::Null),
     })
-}
-
-/// Status lines go to stderr, where systemd's journal picks them up.
-#[expect(clippy::print_stderr, reason = "the service's status lines")]
-fn note(line: &str) {
-    eprintln!("perch: {line}");
 }
 
 /// First-seen instants for a list made outside the service: now, for every task.

@@ -65,6 +65,10 @@ pub struct Backlog {
     pub cursors: BTreeMap<String, String>,
     /// The newest `platform_id` journaled per channel and room, for back-fill.
     pub last_seen: BTreeMap<String, BTreeMap<String, String>>,
+    /// Group messages kept as context (verdict `context`) since the last message answered in
+    /// their room, oldest first: `(channel, event)`. The journal keeps consumed items for its
+    /// retention window, so the context a restart would otherwise forget is rebuilt from it.
+    pub context: Vec<(String, InboundEvent)>,
 }
 
 /// An item waiting for its lane.
@@ -113,10 +117,32 @@ impl Inbox {
             Journal::open_retaining(dir, MAX_SEGMENT_BYTES, DEDUP_WINDOW, clock)?;
         let mut seen = HashSet::new();
         let mut backlog = Backlog::default();
-        for item in contents.consumed.iter().chain(&contents.pending) {
-            if let Ok(InboxRecord::Event { channel, event }) = decode(item) {
-                note_event(&mut backlog, &channel, &event);
-                seen.insert(dedup_key(&channel, &event));
+        let mut all: Vec<&JournalItem> =
+            contents.consumed.iter().chain(&contents.pending).collect();
+        all.sort_by_key(|item| item.seq);
+        let mut journaled: BTreeMap<u64, (String, InboundEvent)> = BTreeMap::new();
+        for item in &all {
+            match decode(item) {
+                Ok(InboxRecord::Event { channel, event }) => {
+                    note_event(&mut backlog, &channel, &event);
+                    seen.insert(dedup_key(&channel, &event));
+                    journaled.insert(item.seq, (channel, event));
+                }
+                Ok(InboxRecord::Verdict { event, verdict }) => {
+                    if let Some((channel, event)) = journaled.get(&event) {
+                        let same_room = |(kept_channel, kept): &(String, InboundEvent)| {
+                            kept_channel == channel && kept.room == event.room
+                        };
+                        match verdict {
+                            Verdict::Context => {
+                                backlog.context.push((channel.clone(), event.clone()));
+                            }
+                            Verdict::Item { .. } => backlog.context.retain(|kept| !same_room(kept)),
+                            _ => {}
+                        }
+                    }
+                }
+                Err(_) => {}
             }
         }
         let mut events: BTreeMap<u64, (String, InboundEvent)> = BTreeMap::new();

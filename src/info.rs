@@ -3,6 +3,7 @@
 
 use crate::agent::{LoadedAgent, LoadedChannel};
 use perch_core::config::{BusyPolicy, Platform, ToolDecl};
+use perch_core::spend::{HEARTBEAT_PAUSE_PERCENT, Money, SpendPolicy};
 use serde_json::json;
 use std::fmt::Write as _;
 
@@ -24,6 +25,13 @@ pub fn to_json(agent: &LoadedAgent) -> serde_json::Value {
         "contextWindow": model.context_window,
         "maxTokens": model.max_tokens,
         "reasoning": model.reasoning,
+        "price": model.price.map(|price| json!({
+            "input": money(price.input),
+            "output": money(price.output),
+            "cached": price.cached.map(money),
+        })),
+        "spend": spend_json(definition.agent.spend),
+        "owner": definition.agent.owner.as_ref().map(ToString::to_string),
         "sandbox": {
             "image": sandbox.image,
             "cpus": sandbox.cpus,
@@ -40,6 +48,30 @@ pub fn to_json(agent: &LoadedAgent) -> serde_json::Value {
         "tools": definition.tools.iter().map(tool_json).collect::<Vec<_>>(),
         "channels": agent.channels.iter().map(channel_json).collect::<Vec<_>>(),
     })
+}
+
+/// The daily spend caps and where they come from: `default` (agent.lua sets no spend),
+/// `agent.lua`, or `off` (`spend = false`).
+fn spend_json(policy: SpendPolicy) -> serde_json::Value {
+    let caps = policy.caps();
+    let source = match policy {
+        SpendPolicy::BuiltIn => "default",
+        SpendPolicy::Set(_) => "agent.lua",
+        SpendPolicy::Off => "off",
+    };
+    json!({
+        "source": source,
+        "tokensPerDay": caps.tokens_per_day,
+        "costPerDay": caps.cost_per_day.map(money),
+        "heartbeatsPauseAtPercent": HEARTBEAT_PAUSE_PERCENT,
+    })
+}
+
+/// An amount of money as a JSON number of whole units.
+fn money(amount: Money) -> serde_json::Value {
+    #[expect(clippy::cast_precision_loss, reason = "shown, not computed with")]
+    let units = amount.micros() as f64 / 1_000_000.0;
+    json!(units)
 }
 
 /// A channel by its settings and the names of its credential variables, never their values.
@@ -175,6 +207,14 @@ pub fn to_text(agent: &LoadedAgent) -> String {
         ),
     );
     row("thinking", definition.agent.thinking.as_str().to_owned());
+    row("spend", definition.agent.spend.describe());
+    row(
+        "owner",
+        definition.agent.owner.as_ref().map_or_else(
+            || "(none: alerts go to the log only)".to_owned(),
+            |owner| format!("{owner} (alerts go there)"),
+        ),
+    );
     row(
         "context",
         format!(

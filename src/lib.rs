@@ -3,6 +3,7 @@
 //! live in `perch-core`.
 
 pub mod agent;
+pub mod alert;
 pub mod attachments;
 pub mod builtin;
 pub mod channel;
@@ -16,7 +17,9 @@ pub mod inbox;
 pub mod info;
 pub mod lane;
 pub mod log;
+pub mod logging;
 pub mod lua;
+pub mod metrics;
 pub mod model;
 pub mod notify;
 pub mod outbox;
@@ -25,6 +28,8 @@ pub mod runtime;
 pub mod sandbox;
 pub mod service;
 pub mod skills;
+pub mod spend;
+pub mod starts;
 pub mod toolbox;
 pub mod tools;
 pub mod workspace;

@@ -7,6 +7,7 @@ use perch::control::{self, ControlRequest};
 use perch::heartbeat;
 use perch::lane::{Lane, RunLimits};
 use perch::log::system_clock;
+use perch::logging::LogFormat;
 use perch::model;
 use perch::model::ToolSpec;
 use perch::notify::Notifier;
@@ -53,12 +54,19 @@ enum Command {
         json: bool,
     },
     /// Check that this machine can run perch's microVMs: KVM, hardware virtualization, the
-    /// microsandbox runtime, the cache directory and the image. Quick and local: nothing is
-    /// booted or downloaded. PERCH_ASSUME_KVM=1 turns a failed virtualization check into a
-    /// warning.
+    /// microsandbox runtime, the cache directory, the image and the clock; with an agent
+    /// directory, also the permissions of its secrets. Quick and local: nothing is booted or
+    /// downloaded, and nothing is sent unless --online. PERCH_ASSUME_KVM=1 turns a failed
+    /// virtualization check into a warning; PERCH_ENV_FILE names the agent's environment file
+    /// when it is not /etc/perch/NAME.env.
     Doctor {
-        /// An agent directory: check the image its sandbox.lua names instead of perch:default
+        /// An agent directory: check the image its sandbox.lua names instead of perch:default,
+        /// and its secrets [default: the current directory, if it is an agent directory]
         dir: Option<PathBuf>,
+        /// Also check, over the network, every channel's credentials and every model provider's
+        /// key (all at once, 5 s each); never prints a credential
+        #[arg(long)]
+        online: bool,
     },
     /// perch's own image, perch:default
     Image {
@@ -80,6 +88,20 @@ enum Command {
     Run {
         /// The agent directory [default: the current directory]
         dir: Option<PathBuf>,
+        /// How log lines on stderr are written
+        #[arg(long, value_enum, value_name = "FORMAT", default_value = "human")]
+        log_format: LogFormat,
+        /// Serve Prometheus metrics at http://ADDR/metrics (off without this flag; `--metrics`
+        /// alone listens on 127.0.0.1:9464). They are not authenticated: an address other than
+        /// loopback is warned about
+        #[arg(
+            long,
+            value_name = "ADDR",
+            num_args = 0..=1,
+            require_equals = true,
+            default_missing_value = perch::metrics::DEFAULT_ADDR
+        )]
+        metrics: Option<std::net::SocketAddr>,
     },
     /// Show what a running (or stopped) service holds: channels, inbox items waiting, deliveries
     /// waiting or of unknown fate, pending pairings. Read-only: takes no lock.
@@ -223,10 +245,14 @@ enum ImageCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    perch::logging::init(match &cli.command {
+        Command::Run { log_format, .. } => *log_format,
+        _ => LogFormat::Human,
+    });
     let result = match cli.command {
         Command::Init { dir } => init(dir.unwrap_or_else(|| PathBuf::from("."))),
         Command::Info { dir, json } => show_info(dir.unwrap_or_else(|| PathBuf::from(".")), json),
-        Command::Doctor { dir } => run_doctor(dir),
+        Command::Doctor { dir, online } => run_doctor(dir, online),
         Command::Image {
             command:
                 ImageCommand::Build {
@@ -249,7 +275,15 @@ fn main() -> ExitCode {
         Command::Pair {
             command: PairCommand::Approve { code, dir },
         } => pair_approve(dir.unwrap_or_else(|| PathBuf::from(".")), &code),
-        Command::Run { dir } => run_service(dir.unwrap_or_else(|| PathBuf::from("."))),
+        Command::Run {
+            dir,
+            log_format,
+            metrics,
+        } => run_service(
+            dir.unwrap_or_else(|| PathBuf::from(".")),
+            log_format,
+            metrics,
+        ),
         Command::Heartbeat { command } => match command {
             HeartbeatCommand::List { dir, json } => {
                 heartbeat_list(dir.unwrap_or_else(|| PathBuf::from(".")), json)
@@ -385,8 +419,28 @@ fn show_info(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn run_doctor(dir: Option<PathBuf>) -> Result<ExitCode, String> {
-    let checks = doctor::run(&doctor::Places::from_environment(), dir.as_deref());
+fn run_doctor(dir: Option<PathBuf>, online: bool) -> Result<ExitCode, String> {
+    let dir = dir.or_else(|| {
+        perch::agent::AgentDir::open(std::path::Path::new("."))
+            .is_ok()
+            .then(|| PathBuf::from("."))
+    });
+    let mut checks = doctor::run(&doctor::Places::from_environment(), dir.as_deref());
+    if online {
+        match &dir {
+            Some(dir) => checks.extend(runtime()?.block_on(doctor::online(
+                dir,
+                |name| std::env::var(name).ok(),
+                doctor::ONLINE_TIMEOUT,
+            ))),
+            None => checks.push(doctor::Check {
+                name: "online",
+                status: doctor::Status::Fail,
+                detail: "nothing checked: no agent directory".to_owned(),
+                fix: Some("pass the agent's directory, or run in it".to_owned()),
+            }),
+        }
+    }
     let mut out = String::new();
     for check in &checks {
         out.push_str(&format!("{check}\n"));
@@ -645,18 +699,61 @@ fn compact(dir: PathBuf, lane_name: &str) -> Result<ExitCode, String> {
     })
 }
 
-fn run_service(dir: PathBuf) -> Result<ExitCode, String> {
-    let agent = match load_agent(&dir)? {
-        Ok(agent) => agent,
-        Err(code) => return Ok(code),
+/// `perch run`. With `--log-format json` its failures are log lines too, so that everything it
+/// writes on stderr is JSON.
+fn run_service(
+    dir: PathBuf,
+    log_format: LogFormat,
+    metrics: Option<std::net::SocketAddr>,
+) -> Result<ExitCode, String> {
+    match (serve(dir, log_format, metrics), log_format) {
+        (Err(message), LogFormat::Json) => {
+            tracing::error!("{message}");
+            Ok(ExitCode::FAILURE)
+        }
+        (served, _) => served,
+    }
+}
+
+fn serve(
+    dir: PathBuf,
+    log_format: LogFormat,
+    metrics: Option<std::net::SocketAddr>,
+) -> Result<ExitCode, String> {
+    let agent = match log_format {
+        LogFormat::Human => match load_agent(&dir)? {
+            Ok(agent) => agent,
+            Err(code) => return Ok(code),
+        },
+        LogFormat::Json => {
+            let agent_dir = AgentDir::open(&dir).map_err(|error| error.to_string())?;
+            agent::load(&agent_dir).map_err(|problems| {
+                for problem in problems.iter() {
+                    tracing::error!("{problem}");
+                }
+                format!(
+                    "{} problem(s) in {}",
+                    problems.len(),
+                    agent_dir.root().display()
+                )
+            })?
+        }
     };
     runtime()?.block_on(async {
         let lookup = |name: &str| std::env::var(name).ok();
         let endpoint = model::endpoint_for(&agent, lookup)?;
         let notifier = Notifier::from_env().unwrap_or_else(|error| {
-            eprintln!("perch: not notifying systemd: {error}");
+            tracing::warn!("not notifying systemd: {error}");
             Notifier::disabled()
         });
+        let metrics_listener = match metrics {
+            None => None,
+            Some(address) => Some(
+                tokio::net::TcpListener::bind(address)
+                    .await
+                    .map_err(|error| format!("--metrics={address}: cannot listen: {error}"))?,
+            ),
+        };
         let setup = ServiceSetup {
             machine: MachineSetup::from_environment(),
             model: model::connect(endpoint),
@@ -672,23 +769,34 @@ fn run_service(dir: PathBuf) -> Result<ExitCode, String> {
             heartbeat_reload: heartbeat::RELOAD_EVERY,
             notifier,
             drain: std::time::Duration::from_secs(30),
+            metrics: std::sync::Arc::new(perch::metrics::Metrics::default()),
+            metrics_listener,
         };
         let shutdown = CancellationToken::new();
         let on_signal = shutdown.clone();
         let mut signals = StopSignals::listen()?;
         tokio::spawn(async move {
             signals.next().await;
-            eprintln!(
-                "perch: stopping: finishing the runs in progress (a second signal exits now)"
-            );
+            tracing::info!("stopping: finishing the runs in progress (a second signal exits now)");
             on_signal.cancel();
             signals.next().await;
-            eprintln!("perch: second signal: exiting now; the next start recovers what was open");
+            tracing::warn!("second signal: exiting now; the next start recovers what was open");
             std::process::exit(130);
         });
-        eprintln!("perch: running {}", dir.display());
+        tracing::info!("running {}", dir.display());
+        if let Some(listener) = &setup.metrics_listener {
+            let address = listener.local_addr().map_err(|error| error.to_string())?;
+            tracing::info!(%address, "metrics on http://{address}/metrics");
+            if !address.ip().is_loopback() {
+                tracing::warn!(
+                    %address,
+                    "the metrics listen on {address}, which is not a loopback address: anyone \
+                     who can reach it can read them"
+                );
+            }
+        }
         perch::service::run(agent, setup, shutdown).await?;
-        eprintln!("perch: stopped");
+        tracing::info!("stopped");
         Ok(ExitCode::SUCCESS)
     })
 }
@@ -1011,6 +1119,24 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
         Some(Ok(answer)) => answer["channels"].clone(),
         _ => serde_json::Value::Null,
     };
+    let live_field = |name: &str| match &live {
+        Some(Ok(answer)) => Some(answer[name].clone()),
+        _ => None,
+    };
+    let mut last_events = serde_json::Map::new();
+    for item in inbox.consumed.iter().chain(&inbox.pending) {
+        if item.body["type"] == "event"
+            && let Some(channel) = item.body["channel"].as_str()
+        {
+            last_events.insert(
+                channel.to_owned(),
+                serde_json::json!({
+                    "at": item.at.to_rfc3339(),
+                    "platform_id": item.body["event"]["platform_id"],
+                }),
+            );
+        }
+    }
     let report = serde_json::json!({
         "running": matches!(live, Some(Ok(_))),
         "channels": channels,
@@ -1022,6 +1148,15 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
         "pairings_pending": pairing.pending.iter().map(|pending| serde_json::json!({"channel": pending.channel, "sender": pending.sender, "name": pending.name, "expires": pending.expires})).collect::<Vec<_>>(),
         "approved_senders": pairing.approved.len(),
         "heartbeats": heartbeat_listing(&agent_dir).unwrap_or_else(|error| serde_json::json!({ "error": error })),
+        "inbox_oldest_waiting": inbox.pending.iter().map(|item| item.at).min().map(|at| at.to_rfc3339()),
+        "last_events": last_events,
+        "lanes_with_open_operations": perch::starts::open_operations(&agent_dir.sessions_dir()),
+        "vm": live_field("vm").unwrap_or_else(|| serde_json::json!("stopped (no perch run holds it)")),
+        "channels_paused": live_field("channels_paused").unwrap_or(serde_json::Value::Null),
+        "restart_needed": live_field("restart_needed").unwrap_or_else(|| serde_json::json!([])),
+        "last_start": perch::starts::read_last_start(&agent_dir),
+        "spend_today": perch::spend::peek_today(&agent_dir, chrono::Utc::now())
+            .unwrap_or_else(|error| serde_json::json!({ "error": error })),
     });
     if json {
         emit(&format!(
@@ -1068,7 +1203,69 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
                 "undecryptable      {count} event(s) in Matrix channel {channel}\n"
             ));
         }
-        out.push_str(&format!("inbox pending      {}\n", inbox.pending.len()));
+        out.push_str(&format!(
+            "inbox pending      {}{}\n",
+            inbox.pending.len(),
+            report["inbox_oldest_waiting"]
+                .as_str()
+                .map(|at| format!(" (oldest since {at})"))
+                .unwrap_or_default()
+        ));
+        for (channel, event) in report["last_events"].as_object().into_iter().flatten() {
+            out.push_str(&format!(
+                "last event         {channel}: {}\n",
+                event["at"].as_str().unwrap_or_default()
+            ));
+        }
+        for (lane, open) in report["lanes_with_open_operations"]
+            .as_object()
+            .into_iter()
+            .flatten()
+        {
+            out.push_str(&format!("open operations    {lane}: {open}\n"));
+        }
+        out.push_str(&format!(
+            "vm                 {}\n",
+            report["vm"].as_str().unwrap_or_default()
+        ));
+        if let Some(reason) = report["channels_paused"].as_str() {
+            out.push_str(&format!("channels paused    {reason}\n"));
+        }
+        if let Some(files) = report["restart_needed"].as_array()
+            && !files.is_empty()
+        {
+            let files: Vec<&str> = files.iter().filter_map(|file| file.as_str()).collect();
+            out.push_str(&format!(
+                "restart needed     {} changed since perch run started\n",
+                files.join(", ")
+            ));
+        }
+        if let Some(last) = report["last_start"].as_object() {
+            out.push_str(&format!(
+                "last start         {}: {} lane(s) recovered, outbox {}, inbox {}\n",
+                last.get("started")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or_default(),
+                last.get("lanes_recovered")
+                    .and_then(|v| v.as_object())
+                    .map_or(0, serde_json::Map::len),
+                last.get("outbox").cloned().unwrap_or_default(),
+                last.get("inbox").cloned().unwrap_or_default(),
+            ));
+        }
+        let spend = &report["spend_today"];
+        if let Some(tokens) = spend["tokens"].as_u64() {
+            out.push_str(&format!(
+                "spend today        {tokens} tokens, cost {} (UTC day {}){}\n",
+                spend["cost"].as_str().unwrap_or_default(),
+                spend["day"].as_str().unwrap_or_default(),
+                match spend["told"].as_str() {
+                    Some("all") => "; a cap was reached today",
+                    Some("heartbeats") => "; 80% of a cap was reached today",
+                    _ => "",
+                }
+            ));
+        }
         out.push_str(&format!("outbox pending     {}\n", outbox.pending.len()));
         out.push_str(&format!("unknown deliveries {}\n", unknown.len()));
         for delivery in &unknown {

@@ -2,11 +2,13 @@
 //! model, and opens lanes over them.
 
 use crate::agent::{LoadedAgent, OwnerLock};
-use crate::lane::{Lane, LaneError, LaneSetup, RunLimits};
+use crate::lane::{Lane, LaneError, LaneSetup, LaneSpend, RunLimits};
 use crate::log::{Clock, RecoveryReport};
+use crate::metrics::Metrics;
 use crate::model::Model;
 use crate::prompt;
 use crate::sandbox::{self, Machine, MachineSetup};
+use crate::spend::SpendGuard;
 use crate::tools::Toolbox;
 use perch_core::Problem;
 use perch_core::name::{LaneName, ModelRef};
@@ -26,6 +28,8 @@ pub struct Runtime {
     model: Arc<dyn Model>,
     clock: Clock,
     active_runs: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
+    spend: SpendGuard,
     _owner: OwnerLock,
 }
 
@@ -39,6 +43,8 @@ impl Runtime {
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<Runtime, String> {
         let owner = OwnerLock::acquire(&agent.dir).map_err(|error| error.to_string())?;
+        let spend = SpendGuard::open(&agent.dir, agent.definition.agent.spend, clock.clone())
+            .map_err(|error| error.to_string())?;
         let machine = sandbox::machine_for(&agent, machine_setup, lookup)
             .map_err(|error| error.to_string())?;
         let agent = Arc::new(agent);
@@ -50,12 +56,26 @@ impl Runtime {
             model,
             clock,
             active_runs: Arc::new(Semaphore::new(MAX_ACTIVE_RUNS)),
+            metrics: Arc::new(Metrics::default()),
+            spend,
             _owner: owner,
         })
     }
 
+    /// Counts this agent's runs, tool calls and tokens in `metrics` (by default, in counters
+    /// nobody reads).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Runtime {
+        self.metrics = metrics;
+        self
+    }
+
     pub fn agent(&self) -> &LoadedAgent {
         &self.agent
+    }
+
+    /// The daily spend guard every lane of this agent goes through.
+    pub fn spend(&self) -> &SpendGuard {
+        &self.spend
     }
 
     pub fn machine(&self) -> &Machine {
@@ -77,12 +97,14 @@ impl Runtime {
     ) -> Result<(Lane, RecoveryReport), LaneError> {
         let (_, spec) = self.agent.definition.model();
         let context_window = u64::from(spec.context_window);
+        let spend = self.lane_spend(name, &self.agent.definition.agent.model, spec.price);
         self.open_lane_on(
             name,
             origin,
             limits,
             Arc::clone(&self.model),
             context_window,
+            spend,
         )
         .await
     }
@@ -99,15 +121,33 @@ impl Runtime {
         let endpoint =
             crate::model::endpoint_for_model(&self.agent, model, |name| std::env::var(name).ok())?;
         let context_window = u64::from(endpoint.model.context_window);
+        let spend = self.lane_spend(name, model, endpoint.model.price);
         self.open_lane_on(
             name,
             origin,
             limits,
             crate::model::connect(endpoint),
             context_window,
+            spend,
         )
         .await
         .map_err(|error| error.to_string())
+    }
+
+    /// What the lane `name`'s replies from `model` count as in the daily spend guard.
+    fn lane_spend(
+        &self,
+        name: &LaneName,
+        model: &ModelRef,
+        price: Option<perch_core::spend::Price>,
+    ) -> LaneSpend {
+        LaneSpend {
+            guard: self.spend.clone(),
+            kind: perch_core::spend::RunKind::of_lane(name.as_str()),
+            lane: name.to_string(),
+            model: model.to_string(),
+            price,
+        }
     }
 
     async fn open_lane_on(
@@ -117,6 +157,7 @@ impl Runtime {
         limits: RunLimits,
         model: Arc<dyn Model>,
         context_window: u64,
+        spend: LaneSpend,
     ) -> Result<(Lane, RecoveryReport), LaneError> {
         let agent = Arc::clone(&self.agent);
         let setup = LaneSetup {
@@ -128,6 +169,8 @@ impl Runtime {
             limits,
             clock: self.clock.clone(),
             active_runs: Arc::clone(&self.active_runs),
+            metrics: Arc::clone(&self.metrics),
+            spend: Some(spend),
         };
         Lane::open(&self.agent.dir.sessions_dir(), name, setup).await
     }

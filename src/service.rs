@@ -9,6 +9,7 @@
 //! (intent fsynced) → the platform → the receipt → the inbox item consumed.
 
 use crate::agent::{LoadedAgent, LoadedChannel};
+use crate::alert::Alerts;
 use crate::channel::hooks::{ChannelHooks, HookVerdict};
 use crate::channel::{Arrival, Connector, Delivery, DeliveryError, InboundEvent, OutboundFile};
 use crate::control::{self, ControlRequest};
@@ -16,12 +17,15 @@ use crate::heartbeat::{self, Heartbeats, Job, JobEnd, Ledger, Mode, SchedulerSet
 use crate::inbox::{Backlog, Inbox, PendingItem, Recorded, Verdict, consumes_id};
 use crate::lane::{Input, Lane, RunLimits, Steered};
 use crate::log::{Clock, LogError};
+use crate::metrics::{DeliveryOutcome, Metrics};
 use crate::model::Model;
 use crate::notify::{Notifier, status_line};
 use crate::outbox::{Outbox, OutboxRecord, Unsettled};
 use crate::runtime::Runtime;
 use crate::sandbox::MachineSetup;
+use crate::starts;
 use perch_core::admission::{Admission, Arrived, admit};
+use perch_core::alert::AlertKind;
 use perch_core::config::BusyPolicy;
 use perch_core::delivery::{Unreceipted, lane_for, split_message};
 use perch_core::heartbeat::{SlotOutcome, Target, Verdict as HeartbeatVerdict};
@@ -29,6 +33,7 @@ use perch_core::log::Outcome;
 use perch_core::name::LaneName;
 use perch_core::pairing::{Approval, Issued, Pairing, pairing_code};
 use perch_core::prompt::Origin;
+use perch_core::spend::RunKind;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,6 +60,10 @@ pub struct ServiceSetup {
     pub notifier: Notifier,
     /// How long a run in progress at shutdown may go on before it is aborted.
     pub drain: Duration,
+    /// What the service counts (events, deliveries, runs, tool calls, tokens, heartbeats).
+    pub metrics: Arc<Metrics>,
+    /// Where `GET /metrics` is answered, when `--metrics` asked for it.
+    pub metrics_listener: Option<tokio::net::TcpListener>,
 }
 
 /// How long past the drain the service waits for aborted runs to be recorded.
@@ -72,6 +81,8 @@ struct Channel {
     connector: Arc<dyn Connector>,
     hooks: Mutex<ChannelHooks>,
     health: std::sync::Mutex<Health>,
+    /// Told when the channel stops or turns unhealthy.
+    alerts: Alerts,
 }
 
 /// How a channel is doing, for `perch status`.
@@ -90,23 +101,50 @@ const UNHEALTHY_AFTER: u32 = 5;
 
 impl Channel {
     fn set_connection(&self, connection: String) {
-        self.health
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .connection = connection;
+        let stopped = connection.starts_with("stopped");
+        let was_stopped = {
+            let mut health = self
+                .health
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            std::mem::replace(&mut health.connection, connection.clone()).starts_with("stopped")
+        };
+        if stopped && !was_stopped {
+            self.alerts.alert(
+                AlertKind::ChannelUnhealthy,
+                format!(
+                    "channel {} is {connection}; the other channels keep working. Fix it, then \
+                     restart perch.",
+                    self.loaded.config.name
+                ),
+            );
+        }
     }
 
     fn hook_result(&self, error: Option<&str>) {
-        let mut health = self
-            .health
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match error {
-            Some(error) => {
-                health.hook_failures += 1;
-                health.last_hook_error = Some(error.to_owned());
+        let turned_unhealthy = {
+            let mut health = self
+                .health
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match error {
+                Some(error) => {
+                    health.hook_failures += 1;
+                    health.last_hook_error = Some(error.to_owned());
+                }
+                None => health.hook_failures = 0,
             }
-            None => health.hook_failures = 0,
+            health.hook_failures == UNHEALTHY_AFTER
+        };
+        if let (true, Some(error)) = (turned_unhealthy, error) {
+            self.alerts.alert(
+                AlertKind::ChannelUnhealthy,
+                format!(
+                    "channel {} is unhealthy: its on_message hook failed {UNHEALTHY_AFTER} times \
+                     in a row; the last error: {error}",
+                    self.loaded.config.name
+                ),
+            );
         }
     }
 
@@ -149,9 +187,16 @@ struct Service {
     context: Mutex<HashMap<(String, String), VecDeque<String>>>,
     /// The heartbeat scheduler, once started.
     heartbeats: std::sync::OnceLock<Heartbeats>,
+    /// Set when this start keeps its channels paused (the crash-loop breaker).
+    breaker: Option<perch_core::starts::Tripped>,
+    /// The files loaded at start that changed since: a restart applies them.
+    restart_needed: std::sync::Mutex<Vec<String>>,
     /// Every conversation's task and run, waited for at shutdown.
     tasks: TaskTracker,
     drain: Duration,
+    metrics: Arc<Metrics>,
+    /// Owner alerts: posted to `owner` in agent.lua, rate-limited, or only logged without one.
+    alerts: Alerts,
 }
 
 /// Runs the service until `shutdown` fires.
@@ -163,13 +208,17 @@ pub async fn run(
     let state = agent.dir.state_dir();
     let channels_loaded = agent.channels.clone();
     let dir = agent.dir.clone();
+    let config_at_start = starts::config_digests(&dir);
     let runtime = Runtime::start(
         agent,
         &setup.machine,
         Arc::clone(&setup.model),
         setup.clock.clone(),
         |name| std::env::var(name).ok(),
-    )?;
+    )?
+    .with_metrics(Arc::clone(&setup.metrics));
+    let (alerts, raised) = Alerts::new();
+    runtime.spend().set_alerts(alerts.clone());
     let clock = setup.clock.clone();
     let inbox_dir = state.join("inbox");
     let outbox_dir = state.join("outbox");
@@ -194,6 +243,7 @@ pub async fn run(
                 connector,
                 hooks: Mutex::new(hooks),
                 health: std::sync::Mutex::new(Health::default()),
+                alerts: alerts.clone(),
             }),
         );
     }
@@ -202,9 +252,26 @@ pub async fn run(
     let control_listener = control::listen(&control::socket_path(&dir))?;
     let generations_path = state.join("conversations.json");
     let generations = read_generations(&generations_path)?;
+    let started_at = clock.now();
+    let earlier_starts = starts::read_starts(&starts::starts_path(&dir))?;
+    let breaker = perch_core::starts::breaker(&earlier_starts, started_at);
+    starts::write_starts(
+        &starts::starts_path(&dir),
+        &perch_core::starts::record_start(&earlier_starts, started_at),
+    )?;
+    let mut context: HashMap<(String, String), VecDeque<String>> = HashMap::new();
+    for (channel, event) in &backlog.context {
+        let room = context
+            .entry((channel.clone(), event.room.clone()))
+            .or_default();
+        room.push_back(context_line(event));
+        while room.len() > CONTEXT_MESSAGES {
+            room.pop_front();
+        }
+    }
     let service = Arc::new(Service {
         lanes: Mutex::new(HashMap::new()),
-        context: Mutex::new(HashMap::new()),
+        context: Mutex::new(context),
         generations: Mutex::new(generations),
         generations_path,
         pairing: Mutex::new(pairing),
@@ -220,7 +287,12 @@ pub async fn run(
         heartbeats: std::sync::OnceLock::new(),
         tasks: TaskTracker::new(),
         drain: setup.drain,
+        metrics: Arc::clone(&setup.metrics),
+        breaker: breaker.clone(),
+        restart_needed: std::sync::Mutex::new(Vec::new()),
+        alerts,
     });
+    service.start_alerts(raised);
     {
         let service = Arc::clone(&service);
         let shutdown = shutdown.clone();
@@ -242,9 +314,43 @@ pub async fn run(
             }
         });
     }
-    service.settle_outbox(unsettled.unsettled).await?;
-    service.resume_inbox(backlog.clone()).await?;
+    if let Some(listener) = setup.metrics_listener {
+        let service = Arc::clone(&service);
+        tokio::spawn(crate::metrics::serve(
+            listener,
+            shutdown.clone(),
+            move || {
+                let service = Arc::clone(&service);
+                async move { service.metrics_text().await }
+            },
+        ));
+    }
+    let lanes = service.recover_lanes().await?;
+    let outbox_recovered = service.settle_outbox(unsettled.unsettled).await?;
+    let inbox_recovered = service.resume_inbox(backlog.clone()).await?;
     service.start_heartbeats(setup.heartbeat_reload)?;
+    starts::write_json(
+        &starts::last_start_path(&dir),
+        &serde_json::json!({
+            "started": started_at.to_rfc3339(),
+            "lanes_recovered": lanes,
+            "outbox": outbox_recovered,
+            "inbox": inbox_recovered,
+            "channels_paused": breaker.as_ref().map(|tripped| tripped.reason.clone()),
+        }),
+    )?;
+    if let Some(tripped) = &breaker {
+        tracing_note(&format!("channels paused: {}", tripped.reason));
+        service.alert(
+            AlertKind::CrashLoop,
+            format!(
+                "channels are paused until {}: {}",
+                tripped.until.to_rfc3339(),
+                tripped.reason
+            ),
+        );
+    }
+    tokio::spawn(Arc::clone(&service).watch_config(config_at_start));
     let (arrivals, mut incoming) = mpsc::channel::<(String, Arrival)>(256);
     for (name, channel) in &service.channels {
         let resume = backlog.cursors.get(name).cloned();
@@ -258,7 +364,7 @@ pub async fn run(
                     .collect()
             })
             .unwrap_or_default();
-        tokio::spawn(receive_forever(
+        let receiving = receive_forever(
             name.clone(),
             Arc::clone(channel),
             resume,
@@ -266,14 +372,30 @@ pub async fn run(
             arrivals.clone(),
             setup.reconnect,
             shutdown.clone(),
-        ));
+        );
+        match &breaker {
+            None => {
+                tokio::spawn(receiving);
+            }
+            Some(tripped) => {
+                channel.set_connection(format!("paused until {}", tripped.until.to_rfc3339()));
+                let wait = (tripped.until - service.clock.now())
+                    .to_std()
+                    .unwrap_or_default();
+                let shutdown = shutdown.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = shutdown.cancelled() => {}
+                        () = tokio::time::sleep(wait) => receiving.await,
+                    }
+                });
+            }
+        }
     }
     drop(arrivals);
     let notifier = &setup.notifier;
     if let Err(error) = notifier.notify(&format!("READY=1\n{}", service.status_line().await)) {
-        tracing_note(&format!(
-            "systemd was not told that perch is ready: {error}"
-        ));
+        tracing::warn!("systemd was not told that perch is ready: {error}");
     }
     let mut watchdog = notifier.watchdog().map(|interval| {
         let mut ticks = tokio::time::interval(interval / 2);
@@ -310,8 +432,8 @@ pub async fn run(
         .await
         .is_err()
     {
-        tracing_note(
-            "some conversations did not stop in time; their lanes are recovered at the next start",
+        tracing::warn!(
+            "some conversations did not stop in time; their lanes are recovered at the next start"
         );
     }
     service
@@ -320,6 +442,11 @@ pub async fn run(
         .stop()
         .await
         .map_err(|error| error.to_string())?;
+    let starts_now = starts::read_starts(&starts::starts_path(&dir))?;
+    starts::write_starts(
+        &starts::starts_path(&dir),
+        &perch_core::starts::record_stop(&starts_now, started_at, service.clock.now()),
+    )?;
     Ok(())
 }
 
@@ -364,12 +491,12 @@ async fn receive_forever(
         }
         match result {
             Err(crate::channel::ConnectorError::Unauthorized { message }) => {
-                tracing_note(&format!("channel {name}: {message}; not reconnecting"));
+                tracing::error!(channel = %name, "channel {name}: {message}; not reconnecting");
                 channel.set_connection(format!("stopped: {message}"));
                 return;
             }
             Err(error) => {
-                tracing_note(&format!("channel {name}: {error}; reconnecting"));
+                tracing::warn!(channel = %name, "channel {name}: {error}; reconnecting");
                 channel.set_connection(format!("reconnecting: {error}"));
             }
             Ok(()) => wait = first_wait,
@@ -382,13 +509,50 @@ async fn receive_forever(
     }
 }
 
-/// Status lines go to stderr, where systemd's journal picks them up.
-#[expect(clippy::print_stderr, reason = "the service's status lines")]
+/// A status line with no fields of its own.
 fn tracing_note(line: &str) {
-    eprintln!("perch: {line}");
+    tracing::info!("{line}");
 }
 
 impl Service {
+    /// `GET /metrics`: the counters, with the inbox's depth and the machine's boots read now.
+    async fn metrics_text(&self) -> String {
+        let depth = self.inbox.depth().await;
+        self.metrics
+            .set_inbox_depth(u64::try_from(depth).unwrap_or(u64::MAX));
+        self.metrics.set_vm_boots(self.runtime.machine().boots());
+        self.metrics.render()
+    }
+
+    /// Raises an owner alert: logged, and posted to `owner` (rate-limited: at most one message
+    /// per kind an hour, then a count of the rest) when agent.lua names one. The crash-loop
+    /// breaker, a stopped or unhealthy channel, an unknown delivery, a stopped heartbeat task and
+    /// the spend guard come through here.
+    pub fn alert(&self, kind: AlertKind, text: impl Into<String>) {
+        self.alerts.alert(kind, text);
+    }
+
+    /// Starts the alert task: it takes what is raised and posts what the rate limit lets
+    /// through to `owner`, through the outbox like any reply. Without an owner, alerts are only
+    /// logged.
+    fn start_alerts(self: &Arc<Self>, raised: mpsc::UnboundedReceiver<crate::alert::Alert>) {
+        let Some(owner) = self.runtime.agent().definition.agent.owner.clone() else {
+            return;
+        };
+        let service = Arc::clone(self);
+        let post: crate::alert::PostAlert = Arc::new(move |text: String| {
+            let service = Arc::clone(&service);
+            let owner = owner.clone();
+            Box::pin(async move { service.post_to(&owner, &text).await.map(drop) })
+        });
+        tokio::spawn(crate::alert::deliver(
+            raised,
+            post,
+            self.clock.clone(),
+            self.shutdown.clone(),
+        ));
+    }
+
     /// The service's `STATUS=` line for systemd.
     async fn status_line(&self) -> String {
         status_line(&format!(
@@ -409,6 +573,7 @@ impl Service {
         crate::failpoint::hit("after:inbox_journaled");
         let _ = journaled.send(());
         if let Recorded::New { seq } = recorded {
+            self.metrics.event_in(channel);
             self.decide(seq, channel, event).await?;
         }
         Ok(())
@@ -461,7 +626,7 @@ impl Service {
                 let verdict = connected.hooks.lock().await.run_on_message(&message).await;
                 match &verdict {
                     HookVerdict::Error(error) => {
-                        tracing_note(&format!("channel {channel}: on_message failed: {error}"));
+                        tracing::warn!(channel, "channel {channel}: on_message failed: {error}");
                         connected.hook_result(Some(error));
                     }
                     HookVerdict::Item(_) | HookVerdict::Drop => connected.hook_result(None),
@@ -686,6 +851,15 @@ impl Service {
                     .values()
                     .map(|channel| channel.status())
                     .collect();
+                let vm = match self.runtime.machine().state().await {
+                    Ok((crate::sandbox::State::Running { commands }, last)) => {
+                        format!("running ({commands} command(s) now; last boot: {last:?})")
+                    }
+                    Ok((crate::sandbox::State::Stopped, last)) => {
+                        format!("stopped (boots on the next command; last boot: {last:?})")
+                    }
+                    Err(error) => format!("unknown: {error}"),
+                };
                 serde_json::json!({
                     "ok": true,
                     "running": true,
@@ -693,6 +867,13 @@ impl Service {
                     "inbox_pending": self.inbox.depth().await,
                     "outbox_pending": self.outbox.depth().await,
                     "pairings_pending": self.pairing.lock().await.pending.len(),
+                    "vm": vm,
+                    "channels_paused": self.breaker.as_ref().map(|tripped| tripped.reason.clone()),
+                    "restart_needed": self
+                        .restart_needed
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .clone(),
                 })
             }
         }
@@ -746,6 +927,18 @@ impl Service {
                 let service = Arc::clone(&service);
                 Box::pin(async move { service.heartbeat(job).await })
             }),
+            on_stop: Some({
+                let alerts = self.alerts.clone();
+                Arc::new(move |task, reason| {
+                    alerts.alert(
+                        AlertKind::HeartbeatStopped,
+                        format!(
+                            "heartbeat {task} stopped: {reason}. It stays stopped until its entry \
+                             in HEARTBEAT.yml changes or `perch heartbeat resume {task}`."
+                        ),
+                    );
+                })
+            }),
         };
         let heartbeats = heartbeat::start(setup, ledger, records, self.shutdown.clone());
         let _ = self.heartbeats.set(heartbeats);
@@ -781,15 +974,27 @@ impl Service {
                 .note("heartbeat_outcome", heartbeat::outcome_note(&job, &end))
                 .await
         {
-            tracing_note(&format!(
+            tracing::warn!(
+                task = %job.task.name,
                 "heartbeat {}: the outcome was not noted in its lane: {error}",
                 job.task.name
-            ));
+            );
+        }
+        if job.mode != Mode::DryRun {
+            self.metrics
+                .heartbeat_outcome(job.task.name.as_str(), &end.outcome);
         }
         end
     }
 
     async fn heartbeat_turn(self: &Arc<Self>, lane: &Lane, job: &Job) -> JobEnd {
+        if let Err(reason) = self.runtime.spend().check(RunKind::Heartbeat).await {
+            return JobEnd {
+                outcome: SlotOutcome::Skipped { reason },
+                reply: String::new(),
+                stop: None,
+            };
+        }
         let (verdict, reply) = match heartbeat::take_turn(lane, self.runtime.machine(), job).await {
             Turned::Ended(end) => return end,
             Turned::Verdict { verdict, reply } => (verdict, reply),
@@ -881,9 +1086,10 @@ impl Service {
                         fresh: false,
                     };
                     if let Err(error) = lane.send(input, None).await {
-                        tracing_note(&format!(
+                        tracing::warn!(
+                            task = %task,
                             "heartbeat {task}: the steered run failed: {error}"
-                        ));
+                        );
                     }
                 });
                 Ok(())
@@ -921,9 +1127,10 @@ impl Service {
         conversations.insert(lane.clone(), queue);
         drop(conversations);
         let service = Arc::clone(self);
+        let (lane_name, channel_name) = (lane.to_string(), channel.clone());
         self.tasks.spawn(async move {
             if let Err(error) = service.converse(lane, channel, items).await {
-                tracing_note(&error);
+                tracing::error!(channel = %channel_name, lane = %lane_name, "{error}");
             }
         });
         Ok(())
@@ -966,9 +1173,10 @@ impl Service {
                 let service = Arc::clone(&self);
                 let lane = lane.clone();
                 let connected = Arc::clone(&connected);
+                let (lane_name, channel_name) = (name.to_string(), channel.clone());
                 active = Some(self.tasks.spawn(async move {
                     if let Err(error) = service.answer(&lane, &connected, batch).await {
-                        tracing_note(&error);
+                        tracing::error!(channel = %channel_name, lane = %lane_name, "{error}");
                     }
                 }));
             }
@@ -1041,7 +1249,7 @@ impl Service {
         if tokio::time::timeout(self.drain, &mut run).await.is_ok() {
             return;
         }
-        tracing_note("a run did not finish within the drain; aborting it");
+        tracing::warn!("a run did not finish within the drain; aborting it");
         let _ = lane.abort();
         if tokio::time::timeout(DRAIN_MARGIN, &mut run).await.is_err() {
             run.abort();
@@ -1078,6 +1286,17 @@ impl Service {
             .map_err(|error| error.to_string());
         typing.cancel();
         let finished = finished?;
+        if let Outcome::Failed { reason } | Outcome::Interrupted { reason } = &finished.outcome {
+            tracing::warn!(
+                channel = %last.channel,
+                lane = %last.lane,
+                messages = items.len(),
+                outcome = outcome_name(&finished.outcome),
+                "lane {}: run {}: {reason}",
+                last.lane,
+                outcome_name(&finished.outcome)
+            );
+        }
         let (reply, files) = match &finished.outcome {
             Outcome::Completed => crate::attachments::reply_files(
                 &self.runtime.agent().dir.workspace(),
@@ -1126,10 +1345,13 @@ impl Service {
         )
         .await;
         for unsaved in &received.unsaved {
-            tracing_note(&format!(
+            tracing::warn!(
+                channel = %item.channel,
+                lane = %item.lane,
                 "channel {}: an attachment of {} was not saved: {unsaved}",
-                item.channel, item.event.platform_id
-            ));
+                item.channel,
+                item.event.platform_id
+            );
         }
         perch_core::attachment::with_lines(&item.text, &received.lines)
     }
@@ -1206,9 +1428,10 @@ impl Service {
             hooks.run_format(&text).await
         };
         let formatted = formatted.unwrap_or_else(|error| {
-            tracing_note(&format!(
+            tracing::warn!(
+                channel = %channel.loaded.config.name,
                 "format hook failed, sending the reply as written: {error}"
-            ));
+            );
             text
         });
         let limits = channel.connector.limits();
@@ -1302,6 +1525,7 @@ impl Service {
         };
         let window = channel.connector.limits().resend_window;
         let mut attempts = 0;
+        let mut rate_limited = Duration::ZERO;
         let mut refused = None;
         let record = loop {
             attempts += 1;
@@ -1310,7 +1534,19 @@ impl Service {
                     crate::failpoint::hit("after:delivery_sent");
                     break OutboxRecord::Receipt { intent, receipt };
                 }
-                Err(DeliveryError::RateLimited { retry_after }) if attempts < 5 => {
+                // A 429 means the message was not posted: wait as told, however often, up to a
+                // bound; it never makes a delivery's fate unknown.
+                Err(DeliveryError::RateLimited { retry_after }) => {
+                    rate_limited += retry_after;
+                    if rate_limited > MAX_RATE_LIMITED {
+                        break OutboxRecord::Dropped {
+                            intent,
+                            reason: format!(
+                                "not sent: the platform kept asking to wait for over {} s",
+                                MAX_RATE_LIMITED.as_secs()
+                            ),
+                        };
+                    }
                     tokio::time::sleep(retry_after).await;
                 }
                 Err(DeliveryError::Rejected { message }) => {
@@ -1322,13 +1558,44 @@ impl Service {
                         reason: message,
                     };
                 }
+                Err(DeliveryError::NotSent { message }) if attempts < NOT_SENT_ATTEMPTS => {
+                    let wait = Duration::from_secs(1 << (attempts - 1).min(6))
+                        .min(Duration::from_secs(60));
+                    tracing::warn!(
+                        channel = %channel.loaded.config.name,
+                        delivery = %delivery.id,
+                        "delivery {} did not reach the platform ({message}); trying again in {} s",
+                        delivery.id,
+                        wait.as_secs()
+                    );
+                    tokio::time::sleep(wait).await;
+                }
+                Err(DeliveryError::NotSent { message }) => {
+                    break OutboxRecord::Dropped {
+                        intent,
+                        reason: format!(
+                            "never reached the platform in {attempts} attempts: {message}"
+                        ),
+                    };
+                }
                 Err(DeliveryError::Failed { message }) if window.is_some() && attempts < 3 => {
-                    tracing_note(&format!(
+                    tracing::warn!(
+                        channel = %channel.loaded.config.name,
+                        delivery = %delivery.id,
                         "delivery {} failed ({message}); resending with the same id",
                         delivery.id
-                    ));
+                    );
                 }
                 Err(error) => {
+                    self.alert(
+                        AlertKind::DeliveryUnknown,
+                        format!(
+                            "delivery {} to {} room {} has an unknown fate: {error}. It may or \
+                             may not have been posted, and is not sent again; `perch status` \
+                             lists it.",
+                            delivery.id, channel.loaded.config.name, delivery.room
+                        ),
+                    );
                     break OutboxRecord::Unknown {
                         intent,
                         reason: error.to_string(),
@@ -1336,15 +1603,21 @@ impl Service {
                 }
             }
         };
+        let outcome = delivery_outcome(&record);
         self.outbox
             .settle(intent, record)
             .await
             .map_err(|error| error.to_string())?;
+        if let Some(outcome) = outcome {
+            self.metrics
+                .delivered(&channel.loaded.config.name.to_string(), outcome);
+        }
         Ok(refused)
     }
 
     /// After a restart: resend inside the platform's window, report unknowns, drop the old.
-    async fn settle_outbox(&self, unsettled: Vec<Unsettled>) -> Result<(), String> {
+    async fn settle_outbox(&self, unsettled: Vec<Unsettled>) -> Result<serde_json::Value, String> {
+        let (mut resent, mut unknown, mut expired) = (0, 0, 0);
         for delivery in unsettled {
             let Some(channel) = self.channels.get(&delivery.channel) else {
                 continue;
@@ -1352,14 +1625,30 @@ impl Service {
             let window = channel.connector.limits().resend_window;
             match self.outbox.decide(&delivery, window) {
                 Unreceipted::Resend => {
+                    resent += 1;
                     self.send(channel, delivery.seq, &delivery.delivery).await?;
                 }
                 Unreceipted::Unknown => {
+                    unknown += 1;
                     let reason = "perch stopped between recording this delivery and its receipt; it is not resent, so it is never posted twice".to_owned();
-                    tracing_note(&format!(
+                    tracing::warn!(
+                        channel = %delivery.channel,
+                        delivery = %delivery.delivery.id,
                         "delivery {} on {}: unknown",
-                        delivery.delivery.id, delivery.channel
-                    ));
+                        delivery.delivery.id,
+                        delivery.channel
+                    );
+                    self.metrics
+                        .settled(&delivery.channel, DeliveryOutcome::Unknown);
+                    self.alert(
+                        AlertKind::DeliveryUnknown,
+                        format!(
+                            "delivery {} to {} room {} has an unknown fate: perch stopped \
+                             between recording it and its receipt. It may or may not have been \
+                             posted, and is not sent again; `perch status` lists it.",
+                            delivery.delivery.id, delivery.channel, delivery.delivery.room
+                        ),
+                    );
                     self.outbox
                         .settle(
                             delivery.seq,
@@ -1372,6 +1661,9 @@ impl Service {
                         .map_err(|error| error.to_string())?;
                 }
                 Unreceipted::Expired => {
+                    expired += 1;
+                    self.metrics
+                        .settled(&delivery.channel, DeliveryOutcome::Dropped);
                     self.outbox
                         .settle(
                             delivery.seq,
@@ -1385,29 +1677,130 @@ impl Service {
                 }
             }
         }
-        Ok(())
+        Ok(serde_json::json!({ "resent": resent, "unknown": unknown, "expired": expired }))
+    }
+
+    /// Opens every lane a crash left with an operation open, so recovery closes it now rather
+    /// than at the lane's next message; returns what recovery did, per lane.
+    async fn recover_lanes(&self) -> Result<serde_json::Value, String> {
+        let sessions = self.runtime.agent().dir.sessions_dir();
+        let mut recovered = serde_json::Map::new();
+        for (lane, _) in starts::open_operations(&sessions) {
+            let Ok(name) = LaneName::try_from(lane.as_str()) else {
+                continue;
+            };
+            let origin = Origin {
+                channel: "recovery".into(),
+                room: None,
+                sender: None,
+            };
+            let (opened, report) = self
+                .runtime
+                .open_lane(&name, origin, self.limits)
+                .await
+                .map_err(|error| format!("lane {lane}: {error}"))?;
+            opened.close().await.map_err(|error| error.to_string())?;
+            tracing_note(&format!(
+                "recovered lane {lane}: {} operation(s) closed, {} tool(s) run again, {} marked interrupted",
+                report.operations_closed, report.tools_rerun, report.tools_interrupted
+            ));
+            recovered.insert(
+                lane,
+                serde_json::json!({
+                    "operations_closed": report.operations_closed,
+                    "tools_rerun": report.tools_rerun,
+                    "tools_interrupted": report.tools_interrupted,
+                }),
+            );
+        }
+        Ok(serde_json::Value::Object(recovered))
+    }
+
+    /// Notices edits to the files loaded at start, and says once per change that a restart
+    /// applies them.
+    async fn watch_config(self: Arc<Self>, at_start: std::collections::BTreeMap<String, String>) {
+        let dir = self.runtime.agent().dir.clone();
+        let mut said: Vec<String> = Vec::new();
+        loop {
+            tokio::select! {
+                () = self.shutdown.cancelled() => return,
+                () = tokio::time::sleep(CONFIG_WATCH_EVERY) => {}
+            }
+            let changed = starts::changed_files(&at_start, &starts::config_digests(&dir));
+            if changed != said {
+                if !changed.is_empty() {
+                    tracing_note(&format!(
+                        "{} changed since perch run started; restart it to apply (HEARTBEAT.yml and the workspace apply live)",
+                        changed.join(", ")
+                    ));
+                }
+                said.clone_from(&changed);
+                *self
+                    .restart_needed
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = changed;
+            }
+        }
     }
 
     /// After a restart: items whose run was already recorded (its `operation_started` names the
     /// item) are consumed, since lane recovery closed that run; the rest are queued again, in
     /// order; events without a verdict are decided again.
-    async fn resume_inbox(self: &Arc<Self>, backlog: Backlog) -> Result<(), String> {
+    async fn resume_inbox(self: &Arc<Self>, backlog: Backlog) -> Result<serde_json::Value, String> {
         let sessions = self.runtime.agent().dir.sessions_dir();
+        let (mut answered, mut queued, undecided) = (0, 0, backlog.undecided.len());
         for item in backlog.pending {
             let taken = lane_names_item(&sessions, &item.lane, &consumes_id(item.event_seq));
             if taken {
+                answered += 1;
                 self.inbox
                     .consume(vec![item.event_seq, item.verdict_seq])
                     .await
                     .map_err(|error| error.to_string())?;
             } else {
+                queued += 1;
                 self.dispatch(item).await?;
             }
         }
         for (seq, channel, event) in backlog.undecided {
             self.decide(seq, &channel, event).await?;
         }
-        Ok(())
+        Ok(serde_json::json!({
+            "already_answered": answered,
+            "queued_again": queued,
+            "decided_again": undecided,
+        }))
+    }
+}
+
+/// The longest a delivery waits out a platform's rate limits, in total, before it is given up
+/// as not sent.
+const MAX_RATE_LIMITED: Duration = Duration::from_secs(600);
+
+/// Attempts at a delivery that never reached its platform (1 s, doubling to a minute, between
+/// them: about four minutes) before it is given up as not sent.
+const NOT_SENT_ATTEMPTS: u32 = 10;
+
+/// How often the files loaded at start are compared with what they were.
+const CONFIG_WATCH_EVERY: Duration = Duration::from_secs(5);
+
+/// How a settled delivery is counted; an intent is not a settlement.
+fn delivery_outcome(record: &OutboxRecord) -> Option<DeliveryOutcome> {
+    match record {
+        OutboxRecord::Receipt { .. } => Some(DeliveryOutcome::Receipt),
+        OutboxRecord::Dropped { .. } => Some(DeliveryOutcome::Dropped),
+        OutboxRecord::Unknown { .. } => Some(DeliveryOutcome::Unknown),
+        OutboxRecord::Intent { .. } => None,
+    }
+}
+
+/// A run's outcome in one word, for log lines.
+fn outcome_name(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Completed => "completed",
+        Outcome::Cancelled => "cancelled",
+        Outcome::Failed { .. } => "failed",
+        Outcome::Interrupted { .. } => "interrupted",
     }
 }
 

@@ -6,7 +6,8 @@ use crate::lua::{self, Limits};
 use perch_core::Problem;
 use perch_core::config::{
     ChannelConfig, Definition, ToolDecl, channel_secret_problems, check_agent, check_channel,
-    check_models, check_sandbox, check_tool, duplicate_tools, model_problem,
+    check_models, check_sandbox, check_tool, declared_targets, duplicate_tools, model_problem,
+    owner_problem, spend_problem,
 };
 use perch_core::problem::{Pos, Problems};
 use std::collections::BTreeMap;
@@ -62,6 +63,11 @@ pub fn load(dir: &AgentDir) -> Result<LoadedAgent, Problems> {
 
     if let (Some((agent, agent_pos)), Some(models)) = (&agent, &models) {
         problems.extend(model_problem(agent, *agent_pos, models));
+        problems.extend(spend_problem(agent, *agent_pos, models));
+    }
+    if let Some((agent, agent_pos)) = &agent {
+        let targets = declared_targets(channels.iter().map(|channel| &channel.config));
+        problems.extend(owner_problem(agent, *agent_pos, &targets));
     }
     problems.extend(duplicate_tools(&tools));
     if let Some(sandbox) = &sandbox {

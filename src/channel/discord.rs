@@ -33,8 +33,8 @@
 //! the limit.
 
 use super::{
-    Arrival, Attachment, BoxFuture, Connector, ConnectorError, Delivery, DeliveryError, FetchError,
-    InboundEvent, PlatformLimits, Receipt, Sender, Upload,
+    Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
+    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Sender, Upload,
 };
 use chrono::{DateTime, Utc};
 use perch_core::secret::Secret;
@@ -547,6 +547,19 @@ impl Connector for DiscordConnector {
             resend_window: Some(RESEND_WINDOW),
         }
     }
+
+    fn check(&self) -> BoxFuture<'_, Result<Checked, CheckError>> {
+        Box::pin(async move {
+            let me = self.http.get_current_user().await.map_err(check_error)?;
+            Ok(Checked {
+                detail: format!(
+                    "GET /users/@me: the token is accepted for {} ({})",
+                    me.name, me.id
+                ),
+                verified: true,
+            })
+        })
+    }
 }
 
 enum GatewayItem {
@@ -835,6 +848,35 @@ fn connect_error(error: serenity::Error) -> ConnectorError {
     }
 }
 
+fn check_error(error: serenity::Error) -> CheckError {
+    match error {
+        serenity::Error::Http(HttpError::UnsuccessfulRequest(response))
+            if matches!(response.status_code.as_u16(), 401 | 403) =>
+        {
+            CheckError::Refused {
+                message: format!(
+                    "Discord refused the bot token ({})",
+                    response.status_code.as_u16()
+                ),
+            }
+        }
+        serenity::Error::Http(HttpError::UnsuccessfulRequest(response)) => CheckError::Failed {
+            message: format!(
+                "Discord answered {} (code {}): {}",
+                response.status_code.as_u16(),
+                response.error.code,
+                response.error.message
+            ),
+        },
+        serenity::Error::Http(HttpError::Request(error)) => CheckError::Unreachable {
+            message: format!("cannot reach Discord: {}", describe_download(error)),
+        },
+        other => CheckError::Failed {
+            message: format!("Discord: {other}"),
+        },
+    }
+}
+
 fn client_ended(ended: Result<serenity::Result<()>, tokio::task::JoinError>) -> ConnectorError {
     match ended {
         Ok(Ok(())) => disconnected("the gateway client stopped"),
@@ -874,6 +916,11 @@ async fn ask<T>(
 
 fn delivery_error(error: serenity::Error) -> DeliveryError {
     match error {
+        serenity::Error::Http(HttpError::Request(error)) if error.is_connect() => {
+            DeliveryError::NotSent {
+                message: format!("no connection to Discord: {}", error.without_url()),
+            }
+        }
         serenity::Error::Http(HttpError::UnsuccessfulRequest(response)) => {
             let status = response.status_code.as_u16();
             let message = format!(

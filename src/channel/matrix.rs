@@ -52,10 +52,16 @@
 //! resend instead of posting again. A reply's files are uploaded (encrypted in an encrypted room)
 //! and each is posted as an `m.file` event after the text, with the same relations, under the
 //! transaction id `<delivery id>-<n>`.
+//!
+//! Checking. [`Connector::check`] (`perch doctor --online`) asks the homeserver's
+//! `/_matrix/client/versions` and, when a session is saved, `whoami` with its access token,
+//! through the HTTP client matrix-sdk re-exports: restoring the session into a matrix-sdk client
+//! would start its encryption tasks, and a login would be a new device. It reads the store
+//! directory and changes nothing in it.
 
 use super::{
-    Arrival, Attachment, BoxFuture, Connector, ConnectorError, Delivery, DeliveryError, FetchError,
-    InboundEvent, PlatformLimits, Receipt, Sender, Upload,
+    Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
+    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Sender, Upload,
 };
 use chrono::{DateTime, Utc};
 use matrix_sdk::authentication::matrix::MatrixSession;
@@ -437,6 +443,122 @@ impl MatrixConnector {
         match text.char_indices().nth(MESSAGE_LIMIT) {
             Some((end, _)) => format!("{}…", &text[..end]),
             None => text,
+        }
+    }
+
+    /// The homeserver's `/_matrix/client/versions`, then, when a session is saved, `whoami`
+    /// with its access token. Never a login: a new login is a new device. The store directory
+    /// is read, never changed, and matrix-sdk's stores are not opened.
+    async fn check_account(&self) -> Result<Checked, CheckError> {
+        let http = matrix_sdk::reqwest::Client::builder()
+            .build()
+            .map_err(|error| CheckError::Failed {
+                message: format!("cannot set up the HTTP client: {error}"),
+            })?;
+        let url = format!("{}/_matrix/client/versions", self.homeserver);
+        let (status, versions) = check_get(&http, &url, None).await?;
+        let newest = versions
+            .get("versions")
+            .and_then(serde_json::Value::as_array)
+            .and_then(|versions| versions.iter().rev().find_map(serde_json::Value::as_str))
+            .map(str::to_owned);
+        let Some(newest) = newest.filter(|_| (200..300).contains(&status)) else {
+            return Err(CheckError::Failed {
+                message: format!(
+                    "{url} answered {status} without a list of versions: is {} the homeserver's \
+                     client-server API?",
+                    self.homeserver
+                ),
+            });
+        };
+        let answers = format!("the homeserver answers (Matrix up to {newest})");
+        let path = self.store_dir.join(SESSION_FILE);
+        let session = match tokio::fs::read(&path).await {
+            Ok(bytes) => serde_json::from_slice::<MatrixSession>(&bytes).map_err(|error| {
+                CheckError::Failed {
+                    message: format!(
+                        "the saved Matrix session {} is unreadable ({error}); remove {} to log in \
+                         again",
+                        path.display(),
+                        self.store_dir.display()
+                    ),
+                }
+            })?,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Checked {
+                    detail: format!(
+                        "{answers}; {} is not logged in yet: perch run logs in once and keeps \
+                         the session",
+                        self.user
+                    ),
+                    verified: false,
+                });
+            }
+            Err(error) => {
+                return Err(CheckError::Failed {
+                    message: format!("cannot read {}: {error}", path.display()),
+                });
+            }
+        };
+        if session.meta.user_id != self.user {
+            return Err(CheckError::Refused {
+                message: format!(
+                    "the session saved in {} is for {}, but the channel names {}",
+                    self.store_dir.display(),
+                    session.meta.user_id,
+                    self.user
+                ),
+            });
+        }
+        let token = session.tokens.access_token.as_str();
+        let scrub = |error: CheckError| match error {
+            CheckError::Unreachable { message } => CheckError::Unreachable {
+                message: message.replace(token, REDACTED),
+            },
+            other => other,
+        };
+        let url = format!("{}/_matrix/client/v3/account/whoami", self.homeserver);
+        let (status, whoami) = check_get(&http, &url, Some(token)).await.map_err(scrub)?;
+        let text = |key: &str| {
+            whoami
+                .get(key)
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .replace(token, REDACTED)
+        };
+        match status {
+            200..=299 if text("user_id") == self.user.as_str() => Ok(Checked {
+                detail: format!(
+                    "{answers}; whoami accepts the saved session of {} (device {})",
+                    self.user, session.meta.device_id
+                ),
+                verified: true,
+            }),
+            200..=299 => Err(CheckError::Refused {
+                message: format!(
+                    "the saved session's access token belongs to {:?}, not {}",
+                    text("user_id"),
+                    self.user
+                ),
+            }),
+            401 | 403 => Err(CheckError::Refused {
+                message: format!(
+                    "the homeserver no longer accepts the saved session of {} ({} {}: {}); \
+                     remove {} to log in again as a new device",
+                    self.user,
+                    status,
+                    text("errcode"),
+                    text("error"),
+                    self.store_dir.display()
+                ),
+            }),
+            _ => Err(CheckError::Failed {
+                message: format!(
+                    "whoami answered {status}: {} {}",
+                    text("errcode"),
+                    text("error")
+                ),
+            }),
         }
     }
 
@@ -861,6 +983,10 @@ impl Connector for MatrixConnector {
             resend_window: Some(RESEND_WINDOW),
         }
     }
+
+    fn check(&self) -> BoxFuture<'_, Result<Checked, CheckError>> {
+        Box::pin(self.check_account())
+    }
 }
 
 enum Step {
@@ -1253,7 +1379,7 @@ impl Session<'_> {
             || message.sender.localpart().to_owned(),
             |member| member.name().to_owned(),
         );
-        let direct = room.is_direct().await.unwrap_or(false) || room.joined_members_count() == 2;
+        let direct = room.is_direct().await.unwrap_or(false) || two_members(room).await;
         Some(InboundEvent {
             platform_id: message.event_id.to_string(),
             cursor: self.cursor.clone(),
@@ -1412,6 +1538,51 @@ fn relation(delivery: &Delivery) -> Result<Option<MessageRelation>, DeliveryErro
     })
 }
 
+/// One GET for [`MatrixConnector::check_account`]: the status and the body as JSON (`null`
+/// when it is not JSON).
+async fn check_get(
+    http: &matrix_sdk::reqwest::Client,
+    url: &str,
+    token: Option<&str>,
+) -> Result<(u16, serde_json::Value), CheckError> {
+    let mut request = http.get(url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request
+        .send()
+        .await
+        .map_err(|error| CheckError::Unreachable {
+            message: describe_error(&error.without_url()),
+        })?;
+    let status = response.status().as_u16();
+    let bytes = response
+        .bytes()
+        .await
+        .map_err(|error| CheckError::Unreachable {
+            message: describe_error(&error.without_url()),
+        })?;
+    Ok((
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+    ))
+}
+
+/// The error and its causes on one line.
+fn describe_error(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 fn sync_filter() -> Filter {
     let mut definition = FilterDefinition::default();
     definition.room.timeline.limit = Some(UInt::from(TIMELINE_LIMIT));
@@ -1455,10 +1626,9 @@ fn disconnected(message: &str) -> ConnectorError {
     }
 }
 
-/// Status lines go to stderr, like the service's.
-#[expect(clippy::print_stderr, reason = "the service's status lines")]
+/// A warning for the service's log.
 fn note(line: &str) {
-    eprintln!("perch: {line}");
+    tracing::warn!(kind = "matrix", "{line}");
 }
 
 /// Creates the store directory (mode 0700) and reads the saved session. A store without a
@@ -1529,6 +1699,19 @@ fn restrict_files(dir: &Path) {
         if entry.file_type().is_ok_and(|kind| kind.is_file()) {
             let _ = std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o600));
         }
+    }
+}
+
+/// Whether the room has exactly two joined members. The count comes from the room summary,
+/// which can still be unknown (zero) right after a start, when a message that waited during
+/// the downtime arrives in the first sync; then the member list is asked for.
+async fn two_members(room: &Room) -> bool {
+    match room.joined_members_count() {
+        0 => room
+            .members(matrix_sdk::RoomMemberships::JOIN)
+            .await
+            .is_ok_and(|members| members.len() == 2),
+        count => count == 2,
     }
 }
 

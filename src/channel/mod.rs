@@ -134,6 +134,9 @@ pub enum DeliveryError {
     Rejected { message: String },
     /// The request failed; whether the message was posted is unknown.
     Failed { message: String },
+    /// The request never reached the platform (no connection could be made), so the message
+    /// was certainly not posted and may be sent again, even where there is no idempotency.
+    NotSent { message: String },
 }
 
 impl fmt::Display for DeliveryError {
@@ -148,6 +151,39 @@ impl fmt::Display for DeliveryError {
             }
             DeliveryError::Rejected { message } => write!(f, "rejected: {message}"),
             DeliveryError::Failed { message } => write!(f, "failed: {message}"),
+            DeliveryError::NotSent { message } => write!(f, "not sent: {message}"),
+        }
+    }
+}
+
+/// What [`Connector::check`] found when the platform answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    /// What answered and for which account; never a credential.
+    pub detail: String,
+    /// The credentials were verified; `false` when only the platform was (a Matrix account
+    /// that has not logged in yet, whose password only a new login could test).
+    pub verified: bool,
+}
+
+/// Why [`Connector::check`] failed. Never holds a credential.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckError {
+    /// The platform refused the credentials (401, 403, an unknown token).
+    Refused { message: String },
+    /// The platform could not be reached: no route, connection refused, DNS, TLS.
+    Unreachable { message: String },
+    /// The platform answered, but not as the check needs (a server error, not the platform's
+    /// API at that URL).
+    Failed { message: String },
+}
+
+impl fmt::Display for CheckError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CheckError::Refused { message } => write!(f, "refused: {message}"),
+            CheckError::Unreachable { message } => write!(f, "unreachable: {message}"),
+            CheckError::Failed { message } => write!(f, "failed: {message}"),
         }
     }
 }
@@ -234,6 +270,16 @@ pub trait Connector: Send + Sync + fmt::Debug {
     fn typing<'a>(&'a self, room: &'a str, thread: Option<&'a str>) -> BoxFuture<'a, ()>;
 
     fn limits(&self) -> PlatformLimits;
+
+    /// Checks that the platform answers and accepts the credentials, with one authenticated
+    /// read and nothing else: no receiving, no posting, no new login (`perch doctor --online`).
+    fn check(&self) -> BoxFuture<'_, Result<Checked, CheckError>> {
+        Box::pin(async {
+            Err(CheckError::Failed {
+                message: "this connector has no online check".to_owned(),
+            })
+        })
+    }
 }
 
 /// The connector for a channel file, with its credentials read from the host environment.

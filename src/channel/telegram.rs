@@ -25,8 +25,8 @@
 //! before it leaves this module.
 
 use super::{
-    Arrival, Attachment, BoxFuture, Connector, ConnectorError, Delivery, DeliveryError, FetchError,
-    InboundEvent, PlatformLimits, Receipt, Sender, Upload,
+    Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
+    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Sender, Upload,
 };
 use perch_core::markdown::to_telegram_markdown_v2;
 use perch_core::secret::Secret;
@@ -407,6 +407,43 @@ impl TelegramConnector {
         let _ = tokio::time::timeout(TYPING_TIMEOUT, request.send()).await;
     }
 
+    /// `getMe` with the token: Telegram answers with the bot's account only for a valid one.
+    async fn check_token(&self) -> Result<Checked, CheckError> {
+        let me = self
+            .bot
+            .get_me()
+            .send()
+            .await
+            .map_err(|error| self.check_error(error))?;
+        let username = me
+            .user
+            .username
+            .as_deref()
+            .map_or_else(String::new, |name| format!("@{name} "));
+        Ok(Checked {
+            detail: format!(
+                "getMe: the token is accepted for {username}({})",
+                me.user.full_name()
+            ),
+            verified: true,
+        })
+    }
+
+    fn check_error(&self, error: RequestError) -> CheckError {
+        match error {
+            RequestError::Api(ApiError::InvalidToken) => CheckError::Refused {
+                message: "Telegram refused the bot token (getMe); check it with @BotFather"
+                    .to_owned(),
+            },
+            RequestError::Network(error) => CheckError::Unreachable {
+                message: self.describe(&*error),
+            },
+            other => CheckError::Failed {
+                message: self.describe(&other),
+            },
+        }
+    }
+
     fn connector_error(&self, error: RequestError) -> ConnectorError {
         match error {
             RequestError::Api(ApiError::InvalidToken) => ConnectorError::Unauthorized {
@@ -444,6 +481,9 @@ impl TelegramConnector {
             },
             RequestError::Api(api) => DeliveryError::Rejected {
                 message: self.redact(&api.to_string()),
+            },
+            RequestError::Network(error) if error.is_connect() => DeliveryError::NotSent {
+                message: self.describe(&*error),
             },
             other => DeliveryError::Failed {
                 message: self.describe(&other),
@@ -518,6 +558,10 @@ impl Connector for TelegramConnector {
             max_chars: MAX_CHARS,
             resend_window: None,
         }
+    }
+
+    fn check(&self) -> BoxFuture<'_, Result<Checked, CheckError>> {
+        Box::pin(self.check_token())
     }
 }
 

@@ -6,6 +6,7 @@
 //! callers pass the time in. The I/O shell is the `perch` package.
 
 pub mod admission;
+pub mod alert;
 pub mod attachment;
 pub mod builtin;
 pub mod config;
@@ -25,7 +26,9 @@ pub mod problem;
 pub mod prompt;
 pub mod secret;
 pub mod skill;
+pub mod spend;
 pub mod sse;
+pub mod starts;
 pub mod tree;
 pub mod yaml;
 

@@ -185,6 +185,19 @@ impl Checker {
         }
     }
 
+    /// A number, integer or not.
+    pub fn number(&mut self, node: &Node, path: &Path) -> Option<f64> {
+        match node.value {
+            #[expect(clippy::cast_precision_loss, reason = "configuration-sized numbers")]
+            Value::Int(value) => Some(value as f64),
+            Value::Float(value) => Some(value),
+            _ => {
+                self.wrong_kind(node, path, "a number");
+                None
+            }
+        }
+    }
+
     /// An integer within `range`, reported with the range when outside it.
     pub fn int_in(
         &mut self,

@@ -41,6 +41,24 @@ pub struct LaneSetup {
     /// Shared by every lane of an agent: a run waits for a permit before it starts, so only so
     /// many lanes run at once.
     pub active_runs: Arc<Semaphore>,
+    /// Counts runs, tool calls and tokens for `perch run --metrics`.
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// The daily spend guard, consulted before each model request and told each reply's usage.
+    pub spend: Option<LaneSpend>,
+}
+
+/// A lane's part in the daily spend guard.
+#[derive(Debug, Clone)]
+pub struct LaneSpend {
+    pub guard: crate::spend::SpendGuard,
+    /// Heartbeat runs pause before conversations do.
+    pub kind: perch_core::spend::RunKind,
+    /// The lane's name, recorded with each reply's usage.
+    pub lane: String,
+    /// The model the lane's replies come from, `provider/id`.
+    pub model: String,
+    /// Its price per million tokens, from `models.yml`.
+    pub price: Option<perch_core::spend::Price>,
 }
 
 impl fmt::Debug for LaneSetup {

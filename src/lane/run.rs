@@ -47,6 +47,7 @@ impl Runner<'_> {
         input: Input,
         events: &Events,
     ) -> Result<Finished, LaneError> {
+        let started = std::time::Instant::now();
         if input.fresh {
             self.branch.clear();
         } else if self.needs_compaction(&input.text) {
@@ -69,6 +70,7 @@ impl Runner<'_> {
         failpoint::hit("after:user_entry");
         let end = self.turns(op, events).await?;
         self.finish(op, end.outcome.clone()).await?;
+        self.shared.setup.metrics.run_finished(started.elapsed());
         Ok(Finished {
             op,
             outcome: end.outcome,
@@ -254,6 +256,7 @@ impl Runner<'_> {
             },
         );
         let outcome = toolbox.call(&name, &arguments, self.cancel.clone()).await;
+        self.shared.setup.metrics.tool_call(&name);
         emit(
             events,
             LaneEvent::ToolFinished {
@@ -282,6 +285,11 @@ impl Runner<'_> {
             if self.cancel.is_cancelled() {
                 return Ok(Err(Outcome::Cancelled));
             }
+            if let Some(spend) = &self.shared.setup.spend
+                && let Err(reason) = spend.guard.check(spend.kind).await
+            {
+                return Ok(Err(Outcome::Failed { reason }));
+            }
             tries += 1;
             *attempt += 1;
             self.record(Record::AttemptStarted {
@@ -292,7 +300,22 @@ impl Runner<'_> {
             .await?;
             failpoint::hit("after:attempt_started");
             let error = match self.request_once(request, events).await {
-                Ok(reply) => return Ok(Ok(reply)),
+                Ok(reply) => {
+                    let metrics = &self.shared.setup.metrics;
+                    metrics.tokens(reply.usage.input, reply.usage.output);
+                    if let Some(spend) = &self.shared.setup.spend {
+                        let usage = perch_core::spend::TokenUsage {
+                            input: reply.usage.input,
+                            output: reply.usage.output,
+                            cached: reply.usage.cached,
+                        };
+                        spend
+                            .guard
+                            .record(&spend.lane, &spend.model, spend.price, usage)
+                            .await;
+                    }
+                    return Ok(Ok(reply));
+                }
                 Err(error) => error,
             };
             if error.kind == ModelErrorKind::Cancelled {

@@ -11,7 +11,8 @@ use super::{
     BoxFuture, Endpoint, Model, ModelError, ModelErrorKind, ModelReply, ModelRequest, StreamEvent,
 };
 use crate::agent::LoadedAgent;
-use perch_core::config::Api;
+use perch_core::config::{Api, Provider};
+use perch_core::secret::Secret;
 use perch_core::sse::SseParser;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -58,6 +59,30 @@ pub fn endpoint_for_model(
         ),
     };
     Ok(Endpoint::new(name, provider, spec, api_key))
+}
+
+/// Lists the provider's models with its key, `GET {baseUrl}/models` (every API perch speaks has
+/// it): a cheap authenticated read that tells a refused key (401, 403) from a server that cannot
+/// be reached, for `perch doctor --online`. Errors never hold the key.
+pub async fn check_provider(
+    provider: &Provider,
+    api_key: Option<&Secret>,
+) -> Result<String, ModelErrorKind> {
+    let auth = match (api_key, provider.api) {
+        (None, _) => Auth::None,
+        (Some(key), Api::AnthropicMessages) => Auth::Anthropic(key),
+        (Some(key), Api::OpenAiCompletions | Api::OpenAiResponses) => Auth::Bearer(key),
+    };
+    let url = format!("{}/models", provider.base_url.trim_end_matches('/'));
+    let body = Http::new().get(&url, auth).await?;
+    let listed = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|value| value.get("data")?.as_array().map(Vec::len));
+    let listed = listed.map_or_else(String::new, |count| format!(", {count} models listed"));
+    Ok(match api_key {
+        Some(_) => format!("GET /models: the key is accepted{listed}"),
+        None => format!("GET /models answers without a key{listed}"),
+    })
 }
 
 #[derive(Debug)]

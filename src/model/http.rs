@@ -1,5 +1,6 @@
 //! The only module that names the HTTP client crate (reqwest): one JSON POST whose response is
-//! read as a stream of byte chunks, with every failure turned into a [`ModelErrorKind`].
+//! read as a stream of byte chunks, and one GET (`perch doctor --online`'s key check), with every
+//! failure turned into a [`ModelErrorKind`].
 //!
 //! The API key is handed in as a [`Secret`] and exposed only into the one header it belongs in.
 //! Error text from the server is cut short and has the key removed before anything keeps it.
@@ -75,20 +76,12 @@ impl Http {
             .map_err(|detail| ModelErrorKind::Disconnected {
                 detail: detail.clone(),
             })?;
-        let mut request = client
+        let request = client
             .post(url)
             .header("content-type", "application/json")
             .header("accept", "text/event-stream")
             .body(body);
-        request = match auth {
-            Auth::None => request,
-            Auth::Bearer(secret) => {
-                request.header("authorization", format!("Bearer {}", secret.expose()))
-            }
-            Auth::Anthropic(secret) => request
-                .header("x-api-key", secret.expose())
-                .header("anthropic-version", ANTHROPIC_VERSION),
-        };
+        let request = authorize(request, auth);
         let secret = auth.secret();
         let mut response = request
             .send()
@@ -123,6 +116,52 @@ impl Http {
         );
         let text = read_error_body(&mut response).await;
         Err(status_error(status, retry_after, &text, secret))
+    }
+}
+
+impl Http {
+    /// GETs `url` and returns its body (at most [`ERROR_BODY_LIMIT`] bytes) once the status
+    /// says it succeeded; an error status becomes the matching [`ModelErrorKind`].
+    pub(crate) async fn get(&self, url: &str, auth: Auth<'_>) -> Result<String, ModelErrorKind> {
+        let client = if is_loopback(url) {
+            &self.direct
+        } else {
+            &self.client
+        };
+        let client = client
+            .as_ref()
+            .map_err(|detail| ModelErrorKind::Disconnected {
+                detail: detail.clone(),
+            })?;
+        let request = authorize(client.get(url).header("accept", "application/json"), auth);
+        let secret = auth.secret();
+        let mut response = request
+            .send()
+            .await
+            .map_err(|error| send_error(&error, secret))?;
+        let status = response.status().as_u16();
+        let text = read_error_body(&mut response).await;
+        if (200..300).contains(&status) {
+            return Ok(text);
+        }
+        let retry_after = retry_after(
+            header(&response, "retry-after-ms").as_deref(),
+            header(&response, "retry-after").as_deref(),
+            chrono::Utc::now(),
+        );
+        Err(status_error(status, retry_after, &text, secret))
+    }
+}
+
+fn authorize(request: reqwest::RequestBuilder, auth: Auth<'_>) -> reqwest::RequestBuilder {
+    match auth {
+        Auth::None => request,
+        Auth::Bearer(secret) => {
+            request.header("authorization", format!("Bearer {}", secret.expose()))
+        }
+        Auth::Anthropic(secret) => request
+            .header("x-api-key", secret.expose())
+            .header("anthropic-version", ANTHROPIC_VERSION),
     }
 }
 

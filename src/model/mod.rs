@@ -10,7 +10,7 @@ mod openai_responses;
 #[cfg(test)]
 mod test_support;
 
-pub use client::{connect, endpoint_for, endpoint_for_model};
+pub use client::{check_provider, connect, endpoint_for, endpoint_for_model};
 
 use perch_core::config::{Api, ModelSpec, Provider, Thinking};
 use perch_core::log::Message;

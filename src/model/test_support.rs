@@ -19,6 +19,7 @@ pub(crate) fn endpoint(api: Api, reasoning: bool) -> Endpoint {
             context_window: 128_000,
             max_tokens: 4096,
             reasoning,
+            price: None,
         },
         timeout: Duration::from_secs(5),
     }

@@ -6,6 +6,7 @@ use super::{Boot, Command, Output, Sandbox, SandboxError, Up};
 use crate::agent::{LockError, OwnerLock};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -36,6 +37,7 @@ pub struct MachineOptions {
 pub struct Machine {
     requests: mpsc::UnboundedSender<Request>,
     sandbox: Arc<dyn Sandbox>,
+    boots: Arc<AtomicU64>,
 }
 
 /// What the machine is doing, for status lines and tests.
@@ -84,7 +86,9 @@ impl Machine {
                 },
             })?;
         let (requests, inbox) = mpsc::unbounded_channel();
+        let boots = Arc::new(AtomicU64::new(0));
         let owner = Owner {
+            boots: Arc::clone(&boots),
             sandbox: Arc::clone(&sandbox),
             options,
             _lock: lock,
@@ -94,7 +98,16 @@ impl Machine {
             last_boot: LastBoot::Never,
         };
         tokio::spawn(owner.serve(inbox));
-        Ok(Machine { requests, sandbox })
+        Ok(Machine {
+            requests,
+            sandbox,
+            boots,
+        })
+    }
+
+    /// How many times this machine has come up (resumed or created) since it was started.
+    pub fn boots(&self) -> u64 {
+        self.boots.load(Ordering::Relaxed)
     }
 
     /// Runs `command`, booting the machine first if it is not up.
@@ -152,6 +165,7 @@ struct Owner {
     commands: usize,
     idle_since: Option<Instant>,
     last_boot: LastBoot,
+    boots: Arc<AtomicU64>,
 }
 
 impl Owner {
@@ -242,6 +256,7 @@ impl Owner {
         }
         let up = self.sandbox.up(boot).await?;
         self.running = true;
+        self.boots.fetch_add(1, Ordering::Relaxed);
         // A stored machine that is gone (a directory restored on another host) is created
         // anew, so it is bootstrapped like a fresh one.
         if up == Up::Created {

@@ -257,6 +257,8 @@ mod double {
             heartbeat_reload: perch::heartbeat::RELOAD_EVERY,
             notifier: perch::notify::Notifier::disabled(),
             drain: Duration::from_secs(30),
+            metrics: Arc::default(),
+            metrics_listener: None,
         };
         let shutdown = CancellationToken::new();
         let service = tokio::spawn(run(loaded, setup, shutdown.clone()));

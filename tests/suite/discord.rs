@@ -1231,3 +1231,19 @@ async fn a_reply_carries_files_as_a_multipart_upload_with_its_nonce() {
         "a resend with the same nonce posts nothing new"
     );
 }
+
+#[tokio::test]
+async fn a_delivery_that_cannot_connect_is_known_not_sent() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    drop(listener);
+    let connector = DiscordConnector::new(secret(TOKEN), Some(url));
+    let error = connector
+        .deliver(&delivery("d-1", ROOM, None, "hello"))
+        .await
+        .unwrap_err();
+    match &error {
+        DeliveryError::NotSent { message } => assert!(!message.contains(TOKEN), "{message}"),
+        other => panic!("expected NotSent, got {other:?}"),
+    }
+}

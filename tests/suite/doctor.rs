@@ -1,12 +1,17 @@
 //! `perch doctor` and `doctor::require` against fake machines: every place doctor looks is a
 //! file in a temporary directory, so nothing here depends on the real host.
 
-use super::support::{new_agent, perch, stdout, write};
+use super::fake_discord::{self, FakeDiscord};
+use super::fake_model::FakeModel;
+use super::fake_telegram::{self, FakeTelegram};
+use super::support::{new_agent, perch, stderr, stdout, write};
 use perch::doctor::{self, Places, Status};
 use perch::sandbox::SandboxError;
+use perch_core::config::Api;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// A runtime home with `bin/msb` (reporting 0.7.11), `bin/msb-0.7.13` and the library, written
 /// once per test process: scripts written and run at once by parallel tests can fail with
@@ -46,6 +51,7 @@ fn good_machine(dir: &Path) -> Places {
         msb_path: None,
         msb_home: msb_home().to_owned(),
         cache: dir.join("cache"),
+        env_file: None,
     }
 }
 
@@ -217,4 +223,556 @@ fn doctor_with_a_default_image_agent_checks_perch_default() {
                 && line.contains("perch:default is not built")),
         "{text}"
     );
+}
+
+const MODEL_KEY: &str = "sk-doctor-good-key-0123456789";
+const WRONG_TOKEN: &str = "7357001:AAWrongToken_never-printed-0123456789";
+const WRONG_DISCORD_TOKEN: &str = "MTA5OD.wrong.discord-token-never-printed";
+const WRONG_KEY: &str = "sk-doctor-wrong-key-never-printed-42";
+
+/// An agent whose model is on `model` (key in `$FAKE_KEY`), with the channels in `channels`
+/// (file name, contents).
+fn online_agent(model: &FakeModel, channels: &[(&str, String)]) -> tempfile::TempDir {
+    let dir = new_agent();
+    write(
+        dir.path(),
+        "models.yml",
+        &model.models_yml_with_key("fake", "m1", "FAKE_KEY"),
+    );
+    write(dir.path(), "agent.lua", "agent { model = \"fake/m1\" }\n");
+    for (file, text) in channels {
+        write(dir.path(), &format!("channels/{file}"), text);
+    }
+    dir
+}
+
+fn telegram_channel(api_url: &str) -> String {
+    format!(
+        "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {api_url:?} }}\n"
+    )
+}
+
+fn discord_channel(api_url: &str) -> String {
+    format!(
+        "channel {{ kind = \"discord\", token = env \"DISCORD_TOKEN\", api_url = {api_url:?} }}\n"
+    )
+}
+
+/// The line of `text` whose check is `name` and whose detail starts with `label`.
+fn line<'a>(text: &'a str, name: &str, label: &str) -> &'a str {
+    text.lines()
+        .find(|line| {
+            let mut words = line.split_whitespace();
+            words.nth(1) == Some(name) && words.next() == Some(label)
+        })
+        .unwrap_or_else(|| panic!("no {name} {label} line in:\n{text}"))
+}
+
+/// The fix printed under the line of `text` that starts with `first`.
+fn fix_after<'a>(text: &'a str, first: &str) -> &'a str {
+    let mut lines = text.lines().skip_while(|line| !line.starts_with(first));
+    lines.next();
+    lines
+        .next()
+        .and_then(|line| line.trim().strip_prefix("fix: "))
+        .unwrap_or_else(|| panic!("no fix after {first:?} in:\n{text}"))
+}
+
+fn doctor_online(dir: &Path, env: &[(&str, &str)]) -> (std::process::Output, String, String) {
+    let cache = tempfile::tempdir().unwrap();
+    let mut env = env.to_vec();
+    env.push(("PERCH_CACHE", cache.path().to_str().unwrap()));
+    let output = perch(&["doctor", "--online", dir.to_str().unwrap()], &env);
+    let (out, err) = (stdout(&output), stderr(&output));
+    (output, out, err)
+}
+
+#[test]
+fn online_checks_accept_good_credentials_and_report_refused_ones_without_showing_them() {
+    let telegram = FakeTelegram::start();
+    let discord = FakeDiscord::start();
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    model.require_key(MODEL_KEY);
+    let agent = online_agent(
+        &model,
+        &[
+            ("tg.lua", telegram_channel(&telegram.api_url())),
+            ("dc.lua", discord_channel(&discord.url())),
+        ],
+    );
+
+    let (_, text, err) = doctor_online(
+        agent.path(),
+        &[
+            ("TELEGRAM_TOKEN", fake_telegram::TOKEN),
+            ("DISCORD_TOKEN", fake_discord::TOKEN),
+            ("FAKE_KEY", MODEL_KEY),
+        ],
+    );
+    let tg = line(&text, "channel", "tg");
+    assert!(tg.starts_with("ok"), "{text}");
+    assert!(
+        tg.contains("getMe: the token is accepted for @perch_test_bot"),
+        "{text}"
+    );
+    let dc = line(&text, "channel", "dc");
+    assert!(dc.starts_with("ok"), "{text}");
+    assert!(
+        dc.contains("GET /users/@me: the token is accepted"),
+        "{text}"
+    );
+    let fake = line(&text, "model", "fake");
+    assert!(fake.starts_with("ok"), "{text}");
+    assert!(
+        fake.contains("the key is accepted, 1 models listed"),
+        "{text}"
+    );
+    let keys = model.requests();
+    let listed = keys
+        .iter()
+        .find(|request| request.path == "/v1/models")
+        .unwrap();
+    assert_eq!(
+        listed.header("authorization"),
+        Some(format!("Bearer {MODEL_KEY}").as_str())
+    );
+    for secret in [fake_telegram::TOKEN, fake_discord::TOKEN, MODEL_KEY] {
+        assert!(
+            !text.contains(secret) && !err.contains(secret),
+            "{text}{err}"
+        );
+    }
+
+    let (output, text, err) = doctor_online(
+        agent.path(),
+        &[
+            ("TELEGRAM_TOKEN", WRONG_TOKEN),
+            ("DISCORD_TOKEN", WRONG_DISCORD_TOKEN),
+            ("FAKE_KEY", WRONG_KEY),
+        ],
+    );
+    assert!(!output.status.success());
+    let tg = line(&text, "channel", "tg");
+    assert!(tg.starts_with("FAIL"), "{text}");
+    assert!(
+        tg.contains("refused: Telegram refused the bot token"),
+        "{text}"
+    );
+    assert!(fix_after(&text, tg).contains("check TELEGRAM_TOKEN, which channels/tg.lua names"));
+    let dc = line(&text, "channel", "dc");
+    assert!(dc.starts_with("FAIL"), "{text}");
+    assert!(
+        dc.contains("refused: Discord refused the bot token (401)"),
+        "{text}"
+    );
+    let fake = line(&text, "model", "fake");
+    assert!(fake.starts_with("FAIL"), "{text}");
+    assert!(
+        fake.contains("refused (401): Incorrect API key provided: <redacted>"),
+        "{text}"
+    );
+    assert_eq!(fix_after(&text, fake), "check the key in FAKE_KEY");
+    for secret in [WRONG_TOKEN, WRONG_DISCORD_TOKEN, WRONG_KEY] {
+        assert!(
+            !text.contains(secret) && !err.contains(secret),
+            "{text}{err}"
+        );
+    }
+}
+
+/// A loopback port nothing listens on.
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn online_checks_report_an_unreachable_address_at_once() {
+    let port = closed_port();
+    let dir = new_agent();
+    write(
+        dir.path(),
+        "models.yml",
+        &format!(
+            "providers:\n  gone:\n    baseUrl: http://127.0.0.1:{port}/v1\n    api: anthropic-messages\n    apiKey: $GONE_KEY\n    models:\n      - id: m1\n        contextWindow: 8192\n        maxTokens: 1024\n        reasoning: false\n"
+        ),
+    );
+    write(dir.path(), "agent.lua", "agent { model = \"gone/m1\" }\n");
+    write(
+        dir.path(),
+        "channels/tg.lua",
+        &telegram_channel(&format!("http://127.0.0.1:{port}")),
+    );
+    let started = Instant::now();
+    let (output, text, err) = doctor_online(
+        dir.path(),
+        &[("TELEGRAM_TOKEN", WRONG_TOKEN), ("GONE_KEY", WRONG_KEY)],
+    );
+    assert!(
+        started.elapsed() < doctor::ONLINE_TIMEOUT,
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!output.status.success());
+    let tg = line(&text, "channel", "tg");
+    assert!(
+        tg.starts_with("FAIL") && tg.contains("unreachable: "),
+        "{text}"
+    );
+    assert!(
+        fix_after(&text, tg).contains("the api_url in channels/tg.lua"),
+        "{text}"
+    );
+    let gone = line(&text, "model", "gone");
+    assert!(
+        gone.starts_with("FAIL") && gone.contains("unreachable: "),
+        "{text}"
+    );
+    assert!(fix_after(&text, gone).contains("baseUrl"), "{text}");
+    for secret in [WRONG_TOKEN, WRONG_KEY] {
+        assert!(
+            !text.contains(secret) && !err.contains(secret),
+            "{text}{err}"
+        );
+    }
+}
+
+#[test]
+fn online_checks_time_out_on_a_server_that_never_answers() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = silent.local_addr().unwrap();
+    let dir = new_agent();
+    write(
+        dir.path(),
+        "models.yml",
+        &format!(
+            "providers:\n  slow:\n    baseUrl: http://{address}/v1\n    api: openai-responses\n    models:\n      - id: m1\n        contextWindow: 8192\n        maxTokens: 1024\n        reasoning: false\n"
+        ),
+    );
+    write(dir.path(), "agent.lua", "agent { model = \"slow/m1\" }\n");
+    write(
+        dir.path(),
+        "channels/dc.lua",
+        &discord_channel(&format!("http://{address}")),
+    );
+    let timeout = Duration::from_millis(300);
+    let started = Instant::now();
+    let checks = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(doctor::online(
+            dir.path(),
+            |name| (name == "DISCORD_TOKEN").then(|| WRONG_DISCORD_TOKEN.to_owned()),
+            timeout,
+        ));
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let names: Vec<_> = checks
+        .iter()
+        .map(|check| (check.name, check.status))
+        .collect();
+    assert_eq!(names, [("channel", Status::Fail), ("model", Status::Fail)]);
+    for check in &checks {
+        assert!(
+            check.detail.contains("timeout: no answer within 0.3 s"),
+            "{check}"
+        );
+        assert!(!check.to_string().contains(WRONG_DISCORD_TOKEN), "{check}");
+    }
+    drop(silent);
+}
+
+#[test]
+fn online_reports_an_unset_credential_and_an_unused_provider_without_a_key() {
+    let telegram = FakeTelegram::start();
+    let model = FakeModel::start(Api::OpenAiResponses);
+    let agent = online_agent(&model, &[("tg.lua", telegram_channel(&telegram.api_url()))]);
+    let models = std::fs::read_to_string(agent.path().join("models.yml")).unwrap();
+    write(
+        agent.path(),
+        "models.yml",
+        &format!(
+            "{models}  other:\n    baseUrl: http://127.0.0.1:{}/v1\n    api: anthropic-messages\n    apiKey: $OTHER_KEY\n    models:\n      - id: m2\n        contextWindow: 8192\n        maxTokens: 1024\n        reasoning: false\n",
+            closed_port()
+        ),
+    );
+    let checks = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(doctor::online(
+            agent.path(),
+            |_| None,
+            doctor::ONLINE_TIMEOUT,
+        ));
+    let summary: Vec<_> = checks
+        .iter()
+        .map(|check| (check.name, check.status))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("channel", Status::Fail),
+            ("model", Status::Fail),
+            ("model", Status::Warn)
+        ]
+    );
+    assert!(
+        checks[0].detail.contains("TELEGRAM_TOKEN is not set"),
+        "{}",
+        checks[0]
+    );
+    assert!(
+        checks[1].detail.contains("FAKE_KEY is not set"),
+        "{}",
+        checks[1]
+    );
+    assert!(
+        checks[2].detail.contains("OTHER_KEY is not set"),
+        "{}",
+        checks[2]
+    );
+    assert!(
+        checks[2].detail.contains("another provider's"),
+        "{}",
+        checks[2]
+    );
+    assert!(telegram.calls().is_empty());
+    assert!(model.requests().is_empty());
+}
+
+fn chmod(path: &Path, mode: u32) {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn secrets_open_to_others_are_warned_with_the_chmod_that_closes_them() {
+    let agent = new_agent();
+    let root = agent.path().canonicalize().unwrap();
+    let state = root.join(".perch");
+    let store = state.join("matrix/ops");
+    std::fs::create_dir_all(&store).unwrap();
+    chmod(&state, 0o755);
+    chmod(&state.join("matrix"), 0o700);
+    chmod(&store, 0o700);
+    std::fs::write(store.join("session.json"), "{}").unwrap();
+    chmod(&store.join("session.json"), 0o644);
+    std::fs::write(store.join("matrix-sdk-crypto.sqlite3"), "").unwrap();
+    chmod(&store.join("matrix-sdk-crypto.sqlite3"), 0o600);
+    let socket = std::os::unix::net::UnixListener::bind(state.join("control.sock")).unwrap();
+    chmod(&state.join("control.sock"), 0o660);
+    let env_dir = tempfile::tempdir().unwrap();
+    let env_file = env_dir.path().join("ops.env");
+    std::fs::write(&env_file, "TELEGRAM_TOKEN=x\n").unwrap();
+    chmod(&env_file, 0o640);
+
+    let cache = tempfile::tempdir().unwrap();
+    let output = perch(
+        &["doctor", root.to_str().unwrap()],
+        &[
+            ("PERCH_CACHE", cache.path().to_str().unwrap()),
+            ("PERCH_ENV_FILE", env_file.to_str().unwrap()),
+        ],
+    );
+    let text = stdout(&output);
+    let warned: Vec<_> = text
+        .lines()
+        .filter(|line| line.starts_with("warn  secrets"))
+        .collect();
+    assert_eq!(warned.len(), 4, "{text}");
+    let expect = [
+        (
+            format!(
+                "{} is 0755: open to its group and everyone else",
+                state.display()
+            ),
+            format!("chmod 700 {}", state.display()),
+        ),
+        (
+            format!("{} is 0644", store.join("session.json").display()),
+            format!("chmod 600 {}", store.join("session.json").display()),
+        ),
+        (
+            format!(
+                "{} is 0660: open to its group",
+                state.join("control.sock").display()
+            ),
+            format!("chmod 600 {}", state.join("control.sock").display()),
+        ),
+        (
+            format!(
+                "{} is 0640: open to its group, and it holds the agent's tokens and keys",
+                env_file.display()
+            ),
+            format!("chmod 600 {}", env_file.display()),
+        ),
+    ];
+    for (detail, fix) in expect {
+        let line = warned
+            .iter()
+            .find(|line| line.contains(&detail))
+            .unwrap_or_else(|| panic!("no warning {detail:?} in:\n{text}"));
+        assert_eq!(fix_after(&text, line), fix, "{text}");
+    }
+
+    chmod(&state, 0o700);
+    chmod(&store.join("session.json"), 0o600);
+    chmod(&state.join("control.sock"), 0o600);
+    chmod(&env_file, 0o600);
+    let checks = doctor::secrets(&root, Some(&env_file));
+    assert_eq!(checks.len(), 1, "{checks:?}");
+    assert_eq!(checks[0].status, Status::Ok, "{}", checks[0]);
+    assert!(
+        checks[0].detail.contains(&format!(
+            "private to their owner: .perch/, 4 entries in .perch/matrix/, .perch/control.sock, {}",
+            env_file.display()
+        )),
+        "{}",
+        checks[0]
+    );
+    drop(socket);
+}
+
+#[test]
+fn a_missing_env_file_named_by_perch_env_file_is_a_warning() {
+    let agent = new_agent();
+    let missing = agent.path().join("nowhere.env");
+    let checks = doctor::secrets(agent.path(), Some(&missing));
+    assert_eq!(checks.len(), 1, "{checks:?}");
+    assert_eq!(checks[0].status, Status::Warn, "{}", checks[0]);
+    assert!(checks[0].detail.contains("PERCH_ENV_FILE"), "{}", checks[0]);
+    let checks = doctor::secrets(agent.path(), None);
+    assert_eq!(checks[0].status, Status::Ok, "{}", checks[0]);
+    assert!(
+        checks[0].detail.contains("nothing to check"),
+        "{}",
+        checks[0]
+    );
+}
+
+#[test]
+fn a_clock_before_this_perch_was_written_fails_and_one_gone_back_warns() {
+    let long_ago = UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+    let check = doctor::clock(long_ago, None);
+    assert_eq!(check.status, Status::Fail, "{check}");
+    assert!(
+        check.detail.contains("the clock says 2020-09-13"),
+        "{check}"
+    );
+    assert!(
+        check
+            .detail
+            .contains("before this perch was written (2026-11-01"),
+        "{check}"
+    );
+    assert!(
+        check.fix.as_deref().unwrap().contains("timedatectl"),
+        "{check}"
+    );
+
+    let now = SystemTime::now();
+    assert_eq!(doctor::clock(now, None).status, Status::Ok);
+    let agent = new_agent();
+    let state = agent.path().join(".perch");
+    std::fs::create_dir_all(state.join("sessions")).unwrap();
+    let file = std::fs::File::create(state.join("sessions/written")).unwrap();
+    assert_eq!(doctor::clock(now, Some(&state)).status, Status::Ok);
+    file.set_modified(now + Duration::from_secs(3 * 86_400))
+        .unwrap();
+    let check = doctor::clock(now, Some(&state));
+    assert_eq!(check.status, Status::Warn, "{check}");
+    assert!(
+        check.detail.contains("sessions/written was written at"),
+        "{check}"
+    );
+    assert!(
+        check.detail.contains("3 days later: the clock went back"),
+        "{check}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn online_matrix_checks_the_saved_session_and_never_logs_in() {
+    let synapse = super::synapse::Synapse::from_env();
+    let bot = synapse.register("doctorbot").await;
+    let agent = new_agent();
+    write(
+        agent.path(),
+        "channels/mx.lua",
+        &format!(
+            "channel {{ kind = \"matrix\", homeserver = {:?}, user = {:?}, password = env \"MATRIX_PASSWORD\", store_passphrase = env \"MATRIX_STORE_PASSPHRASE\" }}\n",
+            bot.url, bot.user_id
+        ),
+    );
+    let env = [
+        ("MATRIX_PASSWORD", bot.password.as_str()),
+        ("MATRIX_STORE_PASSPHRASE", "doctor-passphrase"),
+    ];
+    let devices = || async {
+        bot.call(reqwest::Method::GET, "/devices", None).await["devices"]
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    let before = devices().await;
+
+    let (_, text1, err1) = doctor_online(agent.path(), &env);
+    let mx = line(&text1, "channel", "mx");
+    assert!(mx.starts_with("warn"), "{text1}");
+    assert!(
+        mx.contains("the homeserver answers (Matrix up to v1."),
+        "{text1}"
+    );
+    assert!(
+        mx.contains("is not logged in yet: perch run logs in once"),
+        "{text1}"
+    );
+    assert!(!agent.path().join(".perch").exists(), "{text1}");
+
+    let whoami = bot
+        .call(reqwest::Method::GET, "/account/whoami", None)
+        .await;
+    let device = whoami["device_id"].as_str().unwrap().to_owned();
+    let store = agent.path().join(".perch/matrix/mx");
+    std::fs::create_dir_all(&store).unwrap();
+    let session = |token: &str| {
+        serde_json::json!({"user_id": bot.user_id, "device_id": device, "access_token": token})
+            .to_string()
+    };
+    std::fs::write(store.join("session.json"), session(&bot.access_token)).unwrap();
+    let (_, text2, err2) = doctor_online(agent.path(), &env);
+    let mx = line(&text2, "channel", "mx");
+    assert!(mx.starts_with("ok"), "{text2}");
+    assert!(
+        mx.contains(&format!(
+            "whoami accepts the saved session of {} (device {device})",
+            bot.user_id
+        )),
+        "{text2}"
+    );
+
+    let wrong = "syt_d3JvbmctdG9rZW4_never-printed-0123456789";
+    std::fs::write(store.join("session.json"), session(wrong)).unwrap();
+    let (refused, text3, err3) = doctor_online(agent.path(), &env);
+    assert!(!refused.status.success());
+    let mx = line(&text3, "channel", "mx");
+    assert!(mx.starts_with("FAIL"), "{text3}");
+    assert!(
+        mx.contains("refused: the homeserver no longer accepts the saved session"),
+        "{text3}"
+    );
+    assert!(mx.contains("M_UNKNOWN_TOKEN"), "{text3}");
+    assert!(
+        fix_after(&text3, mx).contains("to log in again as a new device"),
+        "{text3}"
+    );
+
+    assert_eq!(devices().await, before, "doctor logged in");
+    let all = format!("{text1}{err1}{text2}{err2}{text3}{err3}");
+    for secret in [bot.password.as_str(), bot.access_token.as_str(), wrong] {
+        assert!(!all.contains(secret), "{all}");
+    }
 }

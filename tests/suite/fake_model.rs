@@ -238,6 +238,8 @@ struct State {
     scripts: VecDeque<Script>,
     received: Vec<Received>,
     responses: u64,
+    /// The API key `GET /v1/models` accepts; any key (or none) when `None`.
+    key: Option<String>,
 }
 
 /// The fake server. Dropping it stops the server and closes every connection.
@@ -294,6 +296,13 @@ impl FakeModel {
     /// empty, a request gets the text reply `(no script)`.
     pub fn push(&self, script: impl Into<Script>) {
         self.state.lock().unwrap().scripts.push_back(script.into());
+    }
+
+    /// Makes `GET /v1/models` (the key check of `perch doctor --online`) accept only `key`, sent
+    /// as the API sends it (`Authorization: Bearer`, or `x-api-key` for Anthropic's); a wrong one
+    /// is answered 401 with the API's error body quoting the key it was given, as OpenAI's does.
+    pub fn require_key(&self, key: &str) {
+        self.state.lock().unwrap().key = Some(key.to_owned());
     }
 
     /// How many scripts are still queued.
@@ -366,8 +375,9 @@ async fn serve(mut socket: TcpStream, api: Api, state: Arc<Mutex<State>>) {
                 body: body.clone(),
             });
             state.responses += 1;
-            let script = if request.path == format!("/v1{}", path(api)) && request.method == "POST"
-            {
+            let script = if request.path == "/v1/models" && request.method == "GET" {
+                list_models(api, &request, state.key.as_deref())
+            } else if request.path == format!("/v1{}", path(api)) && request.method == "POST" {
                 state
                     .scripts
                     .pop_front()
@@ -390,6 +400,34 @@ async fn serve(mut socket: TcpStream, api: Api, state: Arc<Mutex<State>>) {
         if !respond(&mut socket, api, n, &body, script).await {
             return;
         }
+    }
+}
+
+/// `GET /v1/models`: a one-model list, or 401 for a key other than `required`.
+fn list_models(api: Api, request: &super::support::Request, required: Option<&str>) -> Script {
+    let header = |name: &str| {
+        request
+            .headers
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.clone())
+    };
+    let given = match api {
+        Api::AnthropicMessages => header("x-api-key"),
+        Api::OpenAiCompletions | Api::OpenAiResponses => {
+            header("authorization").map(|value| value.trim_start_matches("Bearer ").to_owned())
+        }
+    };
+    match required {
+        Some(required) if given.as_deref() != Some(required) => Script::status(
+            401,
+            &format!("Incorrect API key provided: {}.", given.unwrap_or_default()),
+        ),
+        _ => Script::status_body(
+            200,
+            &json!({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+                .to_string(),
+        ),
     }
 }
 
@@ -471,6 +509,7 @@ async fn respond(
 
 fn reason(status: u16) -> &'static str {
     match status {
+        200 => "OK",
         400 => "Bad Request",
         401 => "Unauthorized",
         403 => "Forbidden",

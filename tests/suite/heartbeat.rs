@@ -116,6 +116,7 @@ async fn start(
         clock,
         reload_every: Duration::from_secs(60),
         run_job: recorder.run_job(),
+        on_stop: None,
     };
     (
         heartbeat::start(setup, ledger, records, shutdown.clone()),

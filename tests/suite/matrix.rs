@@ -997,3 +997,137 @@ async fn a_matrix_file_reaches_the_model_and_a_reply_attaches_a_file_through_per
     assert_eq!(sent, b"# Summary\n");
     assert!(!stderr.contains(&bot.password));
 }
+
+// Crashes and bursts through perch run.
+
+fn start_perch_failing(dir: &Path, bot: &Account, failpoint: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_perch"))
+        .args(["run", dir.to_str().unwrap()])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("PERCH_SANDBOX", "namespace-double")
+        .env("PERCH_CACHE", Places::from_environment().cache)
+        .env("MATRIX_PASSWORD", &bot.password)
+        .env("MATRIX_STORE_PASSPHRASE", PASSPHRASE)
+        .env("PERCH_FAILPOINT", failpoint)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn last_user_text(request: &Value) -> String {
+    request["messages"]
+        .as_array()
+        .and_then(|messages| messages.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|message| message["content"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_journal_and_sync_on_matrix_loses_and_doubles_nothing() {
+    let synapse = Synapse::from_env();
+    let alice = synapse.register("alice").await;
+    let bot = synapse.register("bot").await;
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let dir = matrix_agent(&model, &bot, &alice);
+    let child = start_perch(dir.path(), &bot);
+    let room = alice.create_dm(&bot.user_id).await;
+    alice.wait_joined(&room, &bot.user_id).await;
+    stop_perch(child);
+
+    // The message arrives while perch is down; the next start journals it and dies before it
+    // can acknowledge anything.
+    alice.say(&room, "are you there?").await;
+    let crashed = start_perch_failing(dir.path(), &bot, "after:inbox_journaled");
+    let output = tokio::task::spawn_blocking(move || crashed.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(!output.status.success(), "the failpoint fired");
+    assert!(bot_replies(&alice, &room, &bot).await.is_empty());
+
+    model.push(Script::text("yes, once"));
+    let child = start_perch(dir.path(), &bot);
+    wait_until("the answer", || {
+        let (alice, room, bot) = (alice.clone(), room.clone(), bot.clone());
+        async move { !bot_replies(&alice, &room, &bot).await.is_empty() }
+    })
+    .await;
+    alice.say(&room, "thanks").await;
+    wait_until("the second answer", || {
+        let (alice, room, bot) = (alice.clone(), room.clone(), bot.clone());
+        async move { bot_replies(&alice, &room, &bot).await.len() == 2 }
+    })
+    .await;
+    stop_perch(child);
+    let asked: Vec<String> = model
+        .requests()
+        .iter()
+        .map(|request| last_user_text(&request.body))
+        .collect();
+    assert_eq!(
+        asked.len(),
+        2,
+        "each message reached the model once: {asked:?}"
+    );
+    assert!(asked[0].contains("are you there?"), "{asked:?}");
+    assert_eq!(
+        bot_replies(&alice, &room, &bot).await[0]["content"]["body"],
+        "yes, once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_over_ten_matrix_rooms_is_answered_once_each_in_order() {
+    let synapse = Synapse::from_env();
+    let alice = synapse.register("alice").await;
+    let bot = synapse.register("bot").await;
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let dir = matrix_agent(&model, &bot, &alice);
+    let child = start_perch(dir.path(), &bot);
+    let mut rooms = Vec::new();
+    for _ in 0..10 {
+        let room = alice.create_dm(&bot.user_id).await;
+        alice.wait_joined(&room, &bot.user_id).await;
+        rooms.push(room);
+    }
+    let per_room = 10;
+    for round in 0..per_room {
+        for (index, room) in rooms.iter().enumerate() {
+            alice.say(room, &format!("r{index}-m{round}")).await;
+        }
+    }
+    let total = rooms.len() * per_room;
+    wait_until("every answer", || {
+        let answered = model.requests().len();
+        async move { answered >= total }
+    })
+    .await;
+    for room in &rooms {
+        wait_until("the room's answers", || {
+            let (alice, room, bot) = (alice.clone(), room.clone(), bot.clone());
+            async move { bot_replies(&alice, &room, &bot).await.len() >= per_room }
+        })
+        .await;
+    }
+    stop_perch(child);
+    assert_eq!(model.requests().len(), total, "answered once each");
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for request in model.requests() {
+        let text = last_user_text(&request.body);
+        let (room, round) = text.split_once("-m").unwrap();
+        let round: usize = round.parse().unwrap();
+        let last = seen.insert(room.to_owned(), round);
+        assert_eq!(
+            last.map_or(0, |last| last + 1),
+            round,
+            "{room} out of order"
+        );
+    }
+    assert_eq!(seen.len(), rooms.len());
+    for room in &rooms {
+        assert_eq!(bot_replies(&alice, room, &bot).await.len(), per_room);
+    }
+}

@@ -43,6 +43,7 @@ fn endpoint(fake: &FakeModel) -> Endpoint {
             context_window: 128_000,
             max_tokens: 8192,
             reasoning: true,
+            price: None,
         },
         timeout: Duration::from_secs(30),
     }

@@ -408,7 +408,7 @@ async fn a_machine_gone_behind_a_matching_fingerprint_is_bootstrapped_again() {
     // there, the machine's disk is not.
     assert!(state_dir.join("fingerprint.json").exists());
     std::fs::remove_dir_all(state_dir.join("disk")).unwrap();
-    let machine = sandbox::machine_for(&agent, &double(), lookup).unwrap();
+    let machine = machine_when_free(&agent, Backend::NamespaceDouble).await;
     let again = machine
         .run(
             Command::shell("cat /root/bootstrapped"),

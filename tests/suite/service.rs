@@ -41,6 +41,16 @@ fn launch_with(
     failpoint: Option<&str>,
     env: &[(&str, &str)],
 ) -> Child {
+    run_command(dir, token, failpoint, env).spawn().unwrap()
+}
+
+/// The command [`launch_with`] spawns; more arguments may follow the directory.
+fn run_command(
+    dir: &Path,
+    token: (&str, &str),
+    failpoint: Option<&str>,
+    env: &[(&str, &str)],
+) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_perch"));
     command
         .args(["run", dir.to_str().unwrap()])
@@ -56,7 +66,7 @@ fn launch_with(
         command.env("PERCH_FAILPOINT", point);
     }
     command.envs(env.iter().copied());
-    command.spawn().unwrap()
+    command
 }
 
 fn stop(child: Child) -> String {
@@ -577,7 +587,12 @@ fn a_burst_over_fifty_discord_channels_is_answered_once_each_in_order() {
     for channel in &channels {
         discord.dm_channel(*channel);
     }
-    let child = launch(dir.path(), ("DISCORD_TOKEN", DISCORD_TOKEN), None);
+    let watched = Watched::spawn(run_command(
+        dir.path(),
+        ("DISCORD_TOKEN", DISCORD_TOKEN),
+        None,
+        &[],
+    ));
     wait_until("the gateway session", || discord.live_sessions() > 0);
     let rounds = 6;
     for round in 0..rounds {
@@ -587,9 +602,16 @@ fn a_burst_over_fifty_discord_channels_is_answered_once_each_in_order() {
         }
     }
     let total = channels.len() * rounds;
-    wait_until("every answer", || discord.posted().len() >= total);
-    stop(child);
-    assert_eq!(discord.posted().len(), total, "answered once each");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while discord.posted().len() < total && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let lines = watched.stop();
+    assert_eq!(
+        discord.posted().len(),
+        total,
+        "answered once each; perch said: {lines:#?}"
+    );
     let mut seen: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
     for request in model.requests() {
         let text = user_text(&request.body);
@@ -913,4 +935,380 @@ fn sigterm_lets_a_run_in_progress_finish_and_post_its_reply() {
     stop(child);
     assert_eq!(model.requests().len(), 1, "nothing was answered twice");
     assert_eq!(telegram.sent().len(), 1);
+}
+
+fn status_json(dir: &Path) -> serde_json::Value {
+    let output = perch_cli(&["status", dir.to_str().unwrap(), "--json"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn kill(child: Child) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(!output.status.success());
+}
+
+#[test]
+fn three_crashes_in_a_row_start_the_fourth_with_channels_paused() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    for crash in 1..=3 {
+        let polls = telegram.poll_offsets().len();
+        let child = start(dir.path(), None);
+        wait_until("the channel to poll", || {
+            telegram.poll_offsets().len() > polls
+        });
+        kill(child);
+        assert_eq!(
+            status_json(dir.path())["last_start"]["channels_paused"],
+            serde_json::Value::Null,
+            "crash {crash} does not trip the breaker yet"
+        );
+    }
+    let polls = telegram.poll_offsets().len();
+    let child = start(dir.path(), None);
+    wait_until("the service to answer", || {
+        status_json(dir.path())["running"] == true
+    });
+    let status = status_json(dir.path());
+    let reason = status["channels_paused"].as_str().unwrap().to_owned();
+    assert!(reason.contains("3 times in a row"), "{reason}");
+    assert!(
+        status["channel_health"][0]["connection"]
+            .as_str()
+            .unwrap()
+            .starts_with("paused until"),
+        "{status}"
+    );
+    assert_eq!(
+        telegram.poll_offsets().len(),
+        polls,
+        "a paused channel is not polled"
+    );
+    let stderr = stop(child);
+    assert!(stderr.contains("channels paused"), "{stderr}");
+
+    // A clean stop resets it.
+    let child = start(dir.path(), None);
+    wait_until("the channel to poll again", || {
+        telegram.poll_offsets().len() > polls
+    });
+    stop(child);
+}
+
+#[test]
+fn status_shows_what_a_crash_left_and_what_the_next_start_recovered() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let alice = User::human(42, "Alice");
+    model.push(Script::text("never sent"));
+    telegram.push_message(&Chat::private(&alice), &alice, "hello");
+    let child = start(dir.path(), Some("after:operation_started"));
+    let output = child.wait_with_output().unwrap();
+    assert!(!output.status.success(), "the failpoint fired");
+
+    let status = status_json(dir.path());
+    assert_eq!(status["running"], false);
+    assert_eq!(
+        status["inbox_pending"], 2,
+        "the event and its verdict wait: {status}"
+    );
+    assert!(status["inbox_oldest_waiting"].is_string());
+    assert_eq!(
+        status["lanes_with_open_operations"],
+        serde_json::json!({ "tg-42": 1 })
+    );
+    assert!(status["last_events"]["tg"]["at"].is_string());
+    assert_eq!(status["vm"], "stopped (no perch run holds it)");
+
+    let child = start(dir.path(), None);
+    wait_until("the service to answer", || {
+        status_json(dir.path())["running"] == true
+    });
+    let status = status_json(dir.path());
+    assert_eq!(
+        status["last_start"]["lanes_recovered"]["tg-42"]["operations_closed"], 1,
+        "{status}"
+    );
+    assert_eq!(
+        status["last_start"]["inbox"]["already_answered"], 1,
+        "{status}"
+    );
+    assert_eq!(status["lanes_with_open_operations"], serde_json::json!({}));
+    assert_eq!(status["restart_needed"], serde_json::json!([]));
+    stop(child);
+}
+
+#[test]
+fn an_edit_to_a_file_loaded_at_start_is_reported_as_needing_a_restart() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let child = start(dir.path(), None);
+    wait_until("the service to answer", || {
+        status_json(dir.path())["running"] == true
+    });
+    let agent_lua = std::fs::read_to_string(dir.path().join("agent.lua")).unwrap();
+    write(dir.path(), "agent.lua", &format!("{agent_lua}-- tuned\n"));
+    write(dir.path(), "workspace/notes/today.md", "live, no restart\n");
+    wait_until("the change to be noticed", || {
+        status_json(dir.path())["restart_needed"] == serde_json::json!(["agent.lua"])
+    });
+    let stderr = stop(child);
+    assert!(
+        stderr.contains("agent.lua changed since perch run started"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn group_context_survives_a_restart_and_is_offered_once() {
+    use super::fake_telegram::BOT_USERNAME;
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = agent_with_channel(
+        &model,
+        &format!(
+            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {:?},\n  rooms = {{ team = \"-100\" }}, allow = {{ rooms = {{ \"team\" }} }} }}\n",
+            telegram.api_url()
+        ),
+    );
+    let team = Chat::group(-100, "Team");
+    let carol = User::human(9, "Carol");
+    telegram.push_message(&team, &carol, "the deploy failed at step 3");
+    let second = telegram.push_message(&team, &carol, "it says disk full");
+    let child = start(dir.path(), None);
+    let second_id = format!("-100:{}", second.message_id);
+    wait_until("both messages journaled", || {
+        status_json(dir.path())["last_events"]["tg"]["platform_id"] == second_id.as_str()
+    });
+    stop(child);
+
+    model.push(Script::text("Clean the disk, then rerun step 3."));
+    model.push(Script::text("Glad it worked."));
+    let child = start(dir.path(), None);
+    telegram.push_message(
+        &team,
+        &carol,
+        &format!("@{BOT_USERNAME} what should we do?"),
+    );
+    wait_until("the answer", || !telegram.sent().is_empty());
+    let asked = model.requests()[0].body["messages"].to_string();
+    assert!(
+        asked.contains("Earlier in this room")
+            && asked.contains("the deploy failed at step 3")
+            && asked.contains("it says disk full"),
+        "the context from before the restart is offered: {asked}"
+    );
+    telegram.push_message(&team, &carol, &format!("@{BOT_USERNAME} it worked"));
+    wait_until("the second answer", || telegram.sent().len() == 2);
+    stop(child);
+    let again = model.requests()[1].body["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .to_string();
+    assert!(
+        !again.contains("Earlier in this room"),
+        "context is offered once: {again}"
+    );
+}
+
+/// A `perch run` whose stderr is read line by line while it runs.
+struct Watched {
+    child: Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Watched {
+    fn spawn(mut command: Command) -> Watched {
+        let mut child = command.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let reader = {
+            let lines = std::sync::Arc::clone(&lines);
+            std::thread::spawn(move || {
+                use std::io::BufRead as _;
+                for line in std::io::BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    lines.lock().unwrap().push(line);
+                }
+            })
+        };
+        Watched {
+            child,
+            lines,
+            reader,
+        }
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// Stops it with SIGTERM, asserts that it exited 0, and returns every line it wrote.
+    fn stop(self) -> Vec<String> {
+        let Watched {
+            mut child,
+            lines,
+            reader,
+        } = self;
+        terminate(&child);
+        let status = child.wait().unwrap();
+        reader.join().unwrap();
+        let lines = lines.lock().unwrap().clone();
+        assert!(
+            status.success(),
+            "perch run did not stop cleanly: {lines:#?}"
+        );
+        lines
+    }
+}
+
+/// One HTTP/1.1 request to `address`; the status line and the body.
+fn http_get(address: &str, path: &str) -> (String, String) {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {address}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_owned(), body.to_owned())
+}
+
+/// The value of the sample `series` (name and labels, exactly) in a scrape.
+fn sample(scrape: &str, series: &str) -> Option<f64> {
+    scrape.lines().find_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().unwrap())
+    })
+}
+
+#[test]
+fn metrics_count_a_telegram_exchange_and_json_logs_are_one_object_per_line() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    model.push(Script::text("Hello Alice!"));
+    let mut command = run_command(dir.path(), ("TELEGRAM_TOKEN", TOKEN), None, &[]);
+    command.args(["--metrics=127.0.0.1:0", "--log-format", "json"]);
+    let perch = Watched::spawn(command);
+    let mut address = None;
+    wait_until("the metrics address", || {
+        address = perch.lines().iter().find_map(|line| {
+            let line: serde_json::Value = serde_json::from_str(line).ok()?;
+            line["message"]
+                .as_str()?
+                .starts_with("metrics on http://")
+                .then(|| line["fields"]["address"].as_str().unwrap().to_owned())
+        });
+        address.is_some()
+    });
+    let address = address.unwrap();
+
+    let alice = User::human(42, "Alice");
+    telegram.push_message(&Chat::private(&alice), &alice, "hi there");
+    wait_until("the reply", || !telegram.sent().is_empty());
+    let mut scrape = String::new();
+    wait_until("the delivery to be counted", || {
+        let (status, body) = http_get(&address, "/metrics");
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        scrape = body;
+        sample(&scrape, "perch_events_out_total{channel=\"tg\"}") == Some(1.0)
+    });
+    for (series, value) in [
+        ("perch_events_in_total{channel=\"tg\"}", 1.0),
+        (
+            "perch_deliveries_total{channel=\"tg\",outcome=\"receipt\"}",
+            1.0,
+        ),
+        ("perch_model_tokens_total{direction=\"input\"}", 20.0),
+        ("perch_model_tokens_total{direction=\"output\"}", 10.0),
+        ("perch_run_duration_seconds_count", 1.0),
+        ("perch_run_duration_seconds_bucket{le=\"+Inf\"}", 1.0),
+        ("perch_vm_boots_total", 0.0),
+    ] {
+        assert_eq!(sample(&scrape, series), Some(value), "{series}:\n{scrape}");
+    }
+    for name in [
+        "perch_tool_calls_total",
+        "perch_heartbeat_outcomes_total",
+        "perch_inbox_depth",
+    ] {
+        assert!(
+            scrape.contains(&format!("# TYPE {name} ")),
+            "{name}:\n{scrape}"
+        );
+    }
+    assert_eq!(http_get(&address, "/").0, "HTTP/1.1 404 Not Found");
+
+    let lines = perch.stop();
+    assert!(!lines.is_empty());
+    for line in &lines {
+        assert!(!line.contains(TOKEN), "the token leaked: {line}");
+        let parsed: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|error| panic!("not JSON ({error}): {line}"));
+        for key in ["timestamp", "level", "target", "message"] {
+            assert!(parsed[key].is_string(), "{key} in {line}");
+        }
+        assert!(parsed["fields"].is_object(), "{line}");
+    }
+    let messages: Vec<String> = lines
+        .iter()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter_map(|line| line["message"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        messages
+            .iter()
+            .any(|message| message.starts_with("running ")),
+        "{lines:#?}"
+    );
+    assert!(
+        messages.iter().any(|message| message == "stopped"),
+        "{lines:#?}"
+    );
+    let listening: serde_json::Value = lines
+        .iter()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|line| line["fields"]["address"] == address.as_str())
+        .unwrap();
+    assert_eq!(listening["level"], "INFO");
+    assert_eq!(listening["target"], "perch");
+}
+
+#[test]
+fn metrics_on_an_address_other_than_loopback_are_warned_about() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let mut command = run_command(dir.path(), ("TELEGRAM_TOKEN", TOKEN), None, &[]);
+    command.arg("--metrics=0.0.0.0:0");
+    let perch = Watched::spawn(command);
+    wait_until("the warning", || {
+        perch
+            .lines()
+            .iter()
+            .any(|line| line.starts_with("perch: warning: ") && line.contains("not a loopback"))
+    });
+    let lines = perch.stop();
+    assert!(
+        lines
+            .iter()
+            .any(|line| line.starts_with("perch: metrics on http://0.0.0.0:")),
+        "{lines:#?}"
+    );
 }

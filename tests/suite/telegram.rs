@@ -838,7 +838,7 @@ async fn the_token_never_appears_in_errors() {
     );
     texts.push(format!("{error} {error:?}"));
     let error = offline.deliver(&delivery("1001", "x")).await.unwrap_err();
-    assert!(matches!(error, DeliveryError::Failed { .. }), "{error:?}");
+    assert!(matches!(error, DeliveryError::NotSent { .. }), "{error:?}");
     texts.push(format!("{error} {error:?}"));
     texts.push(format!("{offline:?}"));
 
@@ -1201,4 +1201,25 @@ async fn deliver_sends_files_as_documents_replying_with_the_caption() {
         matches!(&empty, Err(DeliveryError::Failed { message }) if message.contains("non-empty")),
         "{empty:?}"
     );
+}
+
+/// A loopback address nothing listens on.
+fn closed_port_url() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    format!("http://127.0.0.1:{port}")
+}
+
+#[tokio::test]
+async fn a_delivery_that_cannot_connect_is_known_not_sent_and_names_no_token() {
+    let connector = TelegramConnector::new(secret(TOKEN), Some(closed_port_url())).unwrap();
+    let error = connector
+        .deliver(&delivery("42", "hello"))
+        .await
+        .unwrap_err();
+    match &error {
+        DeliveryError::NotSent { message } => assert!(!message.contains(TOKEN), "{message}"),
+        other => panic!("expected NotSent, got {other:?}"),
+    }
 }

@@ -118,6 +118,68 @@ pub fn model_problem(agent: &AgentConfig, agent_pos: Pos, models: &ModelsFile) -
     )
 }
 
+/// The problem with `agent.lua`'s `owner` naming a room no channel declares, if it does.
+/// `targets` are the rooms the agent's channels declare.
+pub fn owner_problem(
+    agent: &AgentConfig,
+    agent_pos: Pos,
+    targets: &[crate::heartbeat::TargetSpec],
+) -> Option<Problem> {
+    let owner = agent.owner.as_ref()?;
+    if owner.is_declared(targets) {
+        return None;
+    }
+    let fix = if targets.is_empty() {
+        "no channel declares a room; give a channel file rooms = { owner = \"...\" } first, \
+         or leave owner out to send alerts to the log only"
+            .to_owned()
+    } else {
+        let declared: Vec<String> = targets
+            .iter()
+            .map(|spec| format!("{}:{}", spec.channel, spec.room))
+            .collect();
+        format!("use a declared room: {}", declared.join(", "))
+    };
+    Some(
+        Problem::new(
+            "agent.lua",
+            agent_pos,
+            format!(
+                "{}:{} is not a room the agent's channels declare",
+                owner.channel, owner.room
+            ),
+        )
+        .with_path("owner")
+        .with_fix(fix),
+    )
+}
+
+/// The problem with a `cost_per_day` cap when `models.yml` gives the agent's model no price,
+/// so that its replies would cost nothing and the cap would never trip.
+pub fn spend_problem(agent: &AgentConfig, agent_pos: Pos, models: &ModelsFile) -> Option<Problem> {
+    agent.spend.caps().cost_per_day?;
+    let (_, spec) = models.model(&agent.model)?;
+    if spec.price.is_some() {
+        return None;
+    }
+    Some(
+        Problem::new(
+            "agent.lua",
+            agent_pos,
+            format!(
+                "models.yml gives {} no price, so its cost cannot be counted",
+                agent.model
+            ),
+        )
+        .with_path("spend.cost_per_day")
+        .with_fix(format!(
+            "add price: {{ input: ..., output: ... }} (per million tokens) to {} in models.yml, \
+             or cap tokens_per_day instead",
+            agent.model
+        )),
+    )
+}
+
 /// A problem for every tool whose name an earlier file (or declaration) already took.
 pub fn duplicate_tools(tools: &[(String, ToolDecl)]) -> Vec<Problem> {
     let mut problems = Vec::new();
@@ -137,6 +199,24 @@ pub fn duplicate_tools(tools: &[(String, ToolDecl)]) -> Vec<Problem> {
         }
     }
     problems
+}
+
+/// The rooms the channels declare, which an owner (and a heartbeat's delivery) may name.
+pub fn declared_targets<'c>(
+    channels: impl IntoIterator<Item = &'c ChannelConfig>,
+) -> Vec<crate::heartbeat::TargetSpec> {
+    channels
+        .into_iter()
+        .flat_map(|channel| {
+            channel
+                .rooms
+                .keys()
+                .map(|room| crate::heartbeat::TargetSpec {
+                    channel: channel.name.clone(),
+                    room: room.clone(),
+                })
+        })
+        .collect()
 }
 
 /// The whole agent once every file checked out and the files agree.

@@ -1,6 +1,7 @@
 use crate::name::{EnvName, ModelRef, ProviderName};
 use crate::problem::Problem;
 use crate::secret::EnvRef;
+use crate::spend::{MAX_MONEY_UNITS, Money, Price};
 use crate::tree::{Checker, Node, Path, Value};
 use crate::yaml;
 use serde::Serialize;
@@ -49,6 +50,9 @@ pub struct ModelSpec {
     pub context_window: u32,
     pub max_tokens: u32,
     pub reasoning: bool,
+    /// What the model costs per million tokens; without it, its replies count tokens but no
+    /// cost against the daily spend caps.
+    pub price: Option<Price>,
 }
 
 impl ModelsFile {
@@ -76,7 +80,10 @@ impl ModelsFile {
 
 const FILE: &str = "models.yml";
 const PROVIDER_KEYS: &[&str] = &["baseUrl", "api", "apiKey", "models"];
-const MODEL_KEYS: &[&str] = &["id", "contextWindow", "maxTokens", "reasoning"];
+const MODEL_KEYS: &[&str] = &["id", "contextWindow", "maxTokens", "reasoning", "price"];
+const PRICE_KEYS: &[&str] = &["input", "output", "cached"];
+const PRICE_FIX: &str = "give the price per million tokens: price: { input: 1.25, output: 10.0 } \
+                         (cached: is optional)";
 
 /// Parses and checks `models.yml`, reporting every problem with its line.
 pub fn check_models(text: &str) -> Result<ModelsFile, Vec<Problem>> {
@@ -254,6 +261,10 @@ fn read_models(checker: &mut Checker, node: &Node, path: &Path) -> Vec<ModelSpec
             .optional("reasoning")
             .and_then(|node| checker.bool(node, &path.key("reasoning")))
             .unwrap_or(false);
+        let price = match fields.optional("price") {
+            None => Some(None),
+            Some(node) => read_price(checker, node, &path.key("price")).map(Some),
+        };
         fields.finish(checker, MODEL_KEYS);
         if let (Some(window), Some(max)) = (context_window, max_tokens)
             && max > window
@@ -274,17 +285,54 @@ fn read_models(checker: &mut Checker, node: &Node, path: &Path) -> Vec<ModelSpec
                 "keep one",
             );
         }
-        if let (Some(id), Some(context_window), Some(max_tokens)) = (id, context_window, max_tokens)
+        if let (Some(id), Some(context_window), Some(max_tokens), Some(price)) =
+            (id, context_window, max_tokens, price)
         {
             models.push(ModelSpec {
                 id,
                 context_window: u32::try_from(context_window).unwrap_or(u32::MAX),
                 max_tokens: u32::try_from(max_tokens).unwrap_or(u32::MAX),
                 reasoning,
+                price,
             });
         }
     }
     models
+}
+
+/// `price: { input: 1.25, output: 10.0, cached: 0.125 }`, per million tokens.
+fn read_price(checker: &mut Checker, node: &Node, path: &Path) -> Option<Price> {
+    let mut fields = checker.fields(node, path)?;
+    let amount = |checker: &mut Checker, key: &str, node: &Node| {
+        let key_path = path.key(key);
+        let value = checker.number(node, &key_path)?;
+        let money = Money::from_units(value);
+        if money.is_none() {
+            checker.report_fix(
+                node.pos,
+                &key_path,
+                format!("{value} is not a price"),
+                format!("use an amount from 0 to {MAX_MONEY_UNITS} per million tokens"),
+            );
+        }
+        money
+    };
+    let input = fields
+        .required(checker, "input", PRICE_FIX)
+        .and_then(|node| amount(checker, "input", node));
+    let output = fields
+        .required(checker, "output", PRICE_FIX)
+        .and_then(|node| amount(checker, "output", node));
+    let cached = match fields.optional("cached") {
+        None => Some(None),
+        Some(node) => amount(checker, "cached", node).map(Some),
+    };
+    fields.finish(checker, PRICE_KEYS);
+    Some(Price {
+        input: input?,
+        output: output?,
+        cached: cached?,
+    })
 }
 
 #[cfg(test)]
@@ -317,6 +365,56 @@ mod tests {
             "{shown}"
         );
         assert!(!shown.contains("sk-live"), "{shown}");
+    }
+
+    #[test]
+    fn prices_read_back_and_bad_ones_name_their_line() {
+        let priced = GOOD.replace(
+            "        reasoning: true\n",
+            "        reasoning: true\n        price: { input: 1.25, output: 10, cached: 0.125 }\n",
+        );
+        let file = check_models(&priced).unwrap();
+        let model = ModelRef::parse("openai/gpt-5").unwrap();
+        assert_eq!(
+            file.model(&model).unwrap().1.price,
+            Some(Price {
+                input: Money::from_units(1.25).unwrap(),
+                output: Money::from_units(10.0).unwrap(),
+                cached: Some(Money::from_units(0.125).unwrap()),
+            })
+        );
+        assert_eq!(
+            check_models(GOOD).unwrap().model(&model).unwrap().1.price,
+            None
+        );
+
+        let bad = GOOD.replace(
+            "        reasoning: true\n",
+            "        reasoning: true\n        price:\n          input: -1\n          outptu: 3\n",
+        );
+        let shown: Vec<String> = check_models(&bad)
+            .unwrap_err()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(shown.len(), 3, "{shown:#?}");
+        assert!(
+            shown[0].starts_with(
+                "models.yml:12:18: providers.openai.models[1].price.input: -1 is not a price"
+            ),
+            "{shown:#?}"
+        );
+        assert!(
+            shown[1]
+                .starts_with("models.yml:12:16: providers.openai.models[1].price: missing output"),
+            "{shown:#?}"
+        );
+        assert!(
+            shown[2].starts_with(
+                "models.yml:13:11: providers.openai.models[1].price.outptu: unknown key\n  fix: did you mean output?"
+            ),
+            "{shown:#?}"
+        );
     }
 
     #[test]

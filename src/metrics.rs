@@ -1,0 +1,406 @@
+//! What `perch run` counts, and `GET /metrics` in Prometheus's text exposition format, answered
+//! by a small HTTP/1.1 responder on the listener `perch run --metrics` opens (off by default).
+//!
+//! Counters live in one [`Metrics`], shared by the service, its lanes and the heartbeat runs;
+//! the gauges that have a source of truth elsewhere (the inbox's depth, the machine's boots) are
+//! read when a scrape asks.
+
+use perch_core::heartbeat::SlotOutcome;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+/// Where `--metrics` without an address listens.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
+
+/// The upper bounds, in seconds, of `perch_run_duration_seconds`'s buckets (`+Inf` follows).
+pub const RUN_BUCKETS: [f64; 10] = [0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0];
+
+/// How a delivery was settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryOutcome {
+    /// The platform took it.
+    Receipt,
+    /// The platform refused it, or it was too old to send after a restart.
+    Dropped,
+    /// Its fate is unknown; it is never resent.
+    Unknown,
+}
+
+impl DeliveryOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryOutcome::Receipt => "receipt",
+            DeliveryOutcome::Dropped => "dropped",
+            DeliveryOutcome::Unknown => "unknown",
+        }
+    }
+}
+
+/// The label `perch_heartbeat_outcomes_total` gives an outcome.
+pub fn outcome_label(outcome: &SlotOutcome) -> &'static str {
+    match outcome {
+        SlotOutcome::Silent => "silent",
+        SlotOutcome::Message { .. } => "message",
+        SlotOutcome::Steer { .. } => "steer",
+        SlotOutcome::Invalid { .. } => "invalid",
+        SlotOutcome::Failed { .. } => "failed",
+        SlotOutcome::Skipped { .. } => "skipped",
+        SlotOutcome::Interrupted { .. } => "interrupted",
+    }
+}
+
+/// Label values, in the order of the family's label names.
+type Labels = Vec<String>;
+
+/// One counter per set of label values.
+#[derive(Debug, Default)]
+struct Family(Mutex<BTreeMap<Labels, u64>>);
+
+impl Family {
+    fn add(&self, labels: &[&str], by: u64) {
+        let mut counts = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let key: Labels = labels.iter().map(|value| (*value).to_owned()).collect();
+        *counts.entry(key).or_insert(0) += by;
+    }
+
+    fn snapshot(&self) -> BTreeMap<Labels, u64> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+struct Histogram {
+    /// Observations per bucket of [`RUN_BUCKETS`], not cumulative; the last is `+Inf`.
+    buckets: [u64; RUN_BUCKETS.len() + 1],
+    count: u64,
+    sum: f64,
+}
+
+/// The service's counters and gauges.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    events_in: Family,
+    events_out: Family,
+    deliveries: Family,
+    tool_calls: Family,
+    heartbeat_outcomes: Family,
+    tokens_input: AtomicU64,
+    tokens_output: AtomicU64,
+    runs: Mutex<Histogram>,
+    inbox_depth: AtomicU64,
+    vm_boots: AtomicU64,
+}
+
+impl Metrics {
+    /// A new event from `channel` was taken into the inbox (a redelivered one is not counted).
+    pub fn event_in(&self, channel: &str) {
+        self.events_in.add(&[channel], 1);
+    }
+
+    /// A delivery to `channel` was sent through the outbox and settled as `outcome`.
+    pub fn delivered(&self, channel: &str, outcome: DeliveryOutcome) {
+        self.events_out.add(&[channel], 1);
+        self.settled(channel, outcome);
+    }
+
+    /// A delivery to `channel` was settled as `outcome` (after a restart, without sending it).
+    pub fn settled(&self, channel: &str, outcome: DeliveryOutcome) {
+        self.deliveries.add(&[channel, outcome.as_str()], 1);
+    }
+
+    /// A lane run ended after `took`.
+    pub fn run_finished(&self, took: Duration) {
+        let seconds = took.as_secs_f64();
+        let bucket = RUN_BUCKETS
+            .iter()
+            .position(|bound| seconds <= *bound)
+            .unwrap_or(RUN_BUCKETS.len());
+        let mut runs = self.runs.lock().unwrap_or_else(PoisonError::into_inner);
+        runs.buckets[bucket] += 1;
+        runs.count += 1;
+        runs.sum += seconds;
+    }
+
+    /// A run called `tool`.
+    pub fn tool_call(&self, tool: &str) {
+        self.tool_calls.add(&[tool], 1);
+    }
+
+    /// A model reply's usage.
+    pub fn tokens(&self, input: u64, output: u64) {
+        self.tokens_input.fetch_add(input, Ordering::Relaxed);
+        self.tokens_output.fetch_add(output, Ordering::Relaxed);
+    }
+
+    /// A heartbeat run of `task` ended with `outcome`.
+    pub fn heartbeat_outcome(&self, task: &str, outcome: &SlotOutcome) {
+        self.heartbeat_outcomes
+            .add(&[task, outcome_label(outcome)], 1);
+    }
+
+    pub fn set_inbox_depth(&self, depth: u64) {
+        self.inbox_depth.store(depth, Ordering::Relaxed);
+    }
+
+    pub fn set_vm_boots(&self, boots: u64) {
+        self.vm_boots.store(boots, Ordering::Relaxed);
+    }
+
+    /// Every metric in Prometheus's text exposition format (version 0.0.4).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        family(
+            &mut out,
+            "perch_events_in_total",
+            "Chat events taken into the inbox, per channel.",
+            &["channel"],
+            &self.events_in.snapshot(),
+        );
+        family(
+            &mut out,
+            "perch_events_out_total",
+            "Deliveries sent through the outbox, per channel, whatever their outcome.",
+            &["channel"],
+            &self.events_out.snapshot(),
+        );
+        family(
+            &mut out,
+            "perch_deliveries_total",
+            "Deliveries settled, per channel and outcome (receipt, dropped, unknown).",
+            &["channel", "outcome"],
+            &self.deliveries.snapshot(),
+        );
+        let runs = self
+            .runs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        header(
+            &mut out,
+            "perch_run_duration_seconds",
+            "How long lane runs took, from the request to the outcome.",
+            "histogram",
+        );
+        let mut cumulative = 0;
+        for (index, count) in runs.buckets.iter().enumerate() {
+            cumulative += count;
+            let bound = RUN_BUCKETS
+                .get(index)
+                .map_or_else(|| "+Inf".to_owned(), |bound| bound.to_string());
+            let _ = writeln!(
+                out,
+                "perch_run_duration_seconds_bucket{{le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        let _ = writeln!(out, "perch_run_duration_seconds_sum {}", runs.sum);
+        let _ = writeln!(out, "perch_run_duration_seconds_count {}", runs.count);
+        family(
+            &mut out,
+            "perch_tool_calls_total",
+            "Tool calls made by runs, per tool.",
+            &["tool"],
+            &self.tool_calls.snapshot(),
+        );
+        header(
+            &mut out,
+            "perch_model_tokens_total",
+            "Model tokens, per direction (input includes cached input).",
+            "counter",
+        );
+        for (direction, tokens) in [
+            ("input", &self.tokens_input),
+            ("output", &self.tokens_output),
+        ] {
+            let _ = writeln!(
+                out,
+                "perch_model_tokens_total{{direction=\"{direction}\"}} {}",
+                tokens.load(Ordering::Relaxed)
+            );
+        }
+        family(
+            &mut out,
+            "perch_heartbeat_outcomes_total",
+            "Heartbeat runs, per task and outcome.",
+            &["task", "outcome"],
+            &self.heartbeat_outcomes.snapshot(),
+        );
+        header(
+            &mut out,
+            "perch_inbox_depth",
+            "Inbox items waiting.",
+            "gauge",
+        );
+        let _ = writeln!(
+            out,
+            "perch_inbox_depth {}",
+            self.inbox_depth.load(Ordering::Relaxed)
+        );
+        header(
+            &mut out,
+            "perch_vm_boots_total",
+            "Times the sandbox machine was booted (resumed or created).",
+            "counter",
+        );
+        let _ = writeln!(
+            out,
+            "perch_vm_boots_total {}",
+            self.vm_boots.load(Ordering::Relaxed)
+        );
+        out
+    }
+}
+
+fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn family(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    label_names: &[&str],
+    samples: &BTreeMap<Labels, u64>,
+) {
+    header(out, name, help, "counter");
+    for (values, count) in samples {
+        let labels: Vec<String> = label_names
+            .iter()
+            .zip(values)
+            .map(|(name, value)| format!("{name}=\"{}\"", escape_label(value)))
+            .collect();
+        let _ = writeln!(out, "{name}{{{}}} {count}", labels.join(","));
+    }
+}
+
+/// A label value as the text format writes it: backslash, double quote and newline escaped.
+pub fn escape_label(value: &str) -> String {
+    let mut escaped = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => escaped.push_str("\\\\"),
+            '"' => escaped.push_str("\\\""),
+            '\n' => escaped.push_str("\\n"),
+            c => escaped.push(c),
+        }
+    }
+    escaped
+}
+
+/// What a request's head asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Metrics,
+    NotFound,
+    MethodNotAllowed,
+}
+
+/// Routes a request by its request line: `GET /metrics` (a query string is ignored) is the
+/// only thing served.
+pub fn route(head: &str) -> Route {
+    let mut words = head.lines().next().unwrap_or_default().split_whitespace();
+    let (method, target) = (words.next().unwrap_or_default(), words.next());
+    let path = target
+        .unwrap_or_default()
+        .split('?')
+        .next()
+        .unwrap_or_default();
+    match (method, path) {
+        ("GET", "/metrics") => Route::Metrics,
+        (_, "/metrics") => Route::MethodNotAllowed,
+        _ => Route::NotFound,
+    }
+}
+
+/// The longest request head read; a longer one is answered 404 from what was read.
+const HEAD_LIMIT: usize = 8 * 1024;
+
+/// How long a client has to send its request head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Answers `GET /metrics` on `listener` with what `scrape` renders, one request per connection,
+/// until `shutdown`.
+pub async fn serve<F, Fut>(listener: TcpListener, shutdown: CancellationToken, scrape: F)
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = String> + Send + 'static,
+{
+    let scrape = Arc::new(scrape);
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let scrape = Arc::clone(&scrape);
+                tokio::spawn(async move {
+                    if let Err(error) = answer(stream, scrape.as_ref()).await {
+                        tracing::debug!("metrics: a request was not answered: {error}");
+                    }
+                });
+            }
+            Err(error) => {
+                tracing::warn!("metrics: cannot accept a connection: {error}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn answer<F, Fut>(mut stream: TcpStream, scrape: &F) -> std::io::Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = String>,
+{
+    let head = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream))
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    let (status, content_type, body) = match route(&head) {
+        Route::Metrics => (
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            scrape().await,
+        ),
+        Route::MethodNotAllowed => (
+            "405 Method Not Allowed",
+            "text/plain; charset=utf-8",
+            "only GET\n".to_owned(),
+        ),
+        Route::NotFound => (
+            "404 Not Found",
+            "text/plain; charset=utf-8",
+            "not found; the metrics are at /metrics\n".to_owned(),
+        ),
+    };
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+/// Reads up to the blank line that ends a request head (or [`HEAD_LIMIT`], or the end).
+async fn read_head(stream: &mut TcpStream) -> std::io::Result<String> {
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while head.len() < HEAD_LIMIT && !head.windows(4).any(|window| window == b"\r\n\r\n") {
+        let read = stream.read(&mut chunk).await?;
+        if read == 0 {
+            break;
+        }
+        head.extend_from_slice(&chunk[..read]);
+    }
+    Ok(String::from_utf8_lossy(&head).into_owned())
+}

@@ -1,0 +1,158 @@
+//! What `perch run` remembers about its own starts (`.perch/starts.json`, for the crash-loop
+//! breaker), what the last start recovered (`.perch/last-start.json`, for `perch status`), and
+//! which of the agent's files changed since it started (they need a restart to apply).
+
+use crate::agent::AgentDir;
+use perch_core::starts::Start;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub fn starts_path(dir: &AgentDir) -> PathBuf {
+    dir.state_dir().join("starts.json")
+}
+
+pub fn last_start_path(dir: &AgentDir) -> PathBuf {
+    dir.state_dir().join("last-start.json")
+}
+
+/// The record of recent starts; none when there is no file yet.
+pub fn read_starts(path: &Path) -> Result<Vec<Start>, String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text).map_err(|error| {
+            format!(
+                "{}: {error}; it only records recent starts for the crash-loop breaker, so \
+                 delete it to start afresh",
+                path.display()
+            )
+        }),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(error) => Err(format!("{}: {error}", path.display())),
+    }
+}
+
+pub fn write_starts(path: &Path, starts: &[Start]) -> Result<(), String> {
+    write_json(
+        path,
+        &serde_json::to_value(starts).map_err(|e| e.to_string())?,
+    )
+}
+
+/// Writes `value` to `path` through a temporary file and a rename, so a reader never sees half.
+pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(value).map_err(|error| error.to_string())?;
+    let temporary = path.with_extension("json.tmp");
+    std::fs::write(&temporary, text)
+        .and_then(|()| std::fs::rename(&temporary, path))
+        .map_err(|error| format!("{}: {error}", path.display()))
+}
+
+/// What `perch status` shows of the last start, when there is one.
+pub fn read_last_start(dir: &AgentDir) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(last_start_path(dir)).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// The files whose edits take effect only at the next start: everything `perch run` loads
+/// once. (The workspace, HEARTBEAT.yml included, is read live.)
+const LOADED_AT_START: [&str; 5] = [
+    "agent.lua",
+    "sandbox.lua",
+    "models.yml",
+    "instructions.md",
+    "tools",
+];
+
+/// A digest of each file perch loads at start (`channels/` and `tools/` file by file).
+pub fn config_digests(dir: &AgentDir) -> BTreeMap<String, String> {
+    let mut digests = BTreeMap::new();
+    let root = dir.root();
+    let mut add = |relative: String, path: &Path| {
+        if let Ok(bytes) = std::fs::read(path) {
+            digests.insert(relative, format!("{:x}", Sha256::digest(&bytes)));
+        }
+    };
+    for name in LOADED_AT_START.iter().chain(["channels"].iter()) {
+        let path = root.join(name);
+        if path.is_dir() {
+            let mut entries: Vec<PathBuf> = std::fs::read_dir(&path)
+                .map(|entries| entries.filter_map(|e| e.ok().map(|e| e.path())).collect())
+                .unwrap_or_default();
+            entries.sort();
+            for entry in entries {
+                if entry.is_file()
+                    && let Some(file) = entry.file_name()
+                {
+                    add(format!("{name}/{}", file.to_string_lossy()), &entry);
+                }
+            }
+        } else {
+            add((*name).to_owned(), &path);
+        }
+    }
+    digests
+}
+
+/// The files that differ between two digests: changed, added or removed.
+pub fn changed_files(
+    at_start: &BTreeMap<String, String>,
+    now: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut changed: Vec<String> = at_start
+        .iter()
+        .filter(|(file, digest)| now.get(*file) != Some(digest))
+        .map(|(file, _)| file.clone())
+        .chain(
+            now.keys()
+                .filter(|file| !at_start.contains_key(*file))
+                .cloned(),
+        )
+        .collect();
+    changed.sort();
+    changed.dedup();
+    changed
+}
+
+/// The operations each lane has started and not finished, per its newest segment: after a crash,
+/// the lanes recovery must close; while perch runs, the runs in progress.
+pub fn open_operations(sessions: &Path) -> BTreeMap<String, usize> {
+    let mut open = BTreeMap::new();
+    let Ok(lanes) = std::fs::read_dir(sessions) else {
+        return open;
+    };
+    for lane in lanes.filter_map(Result::ok) {
+        let newest = std::fs::read_dir(lane.path()).ok().and_then(|files| {
+            files
+                .filter_map(Result::ok)
+                .map(|entry| entry.path())
+                .filter(|path| path.extension().is_some_and(|ext| ext == "jsonl"))
+                .max()
+        });
+        let Some(text) = newest.and_then(|path| std::fs::read_to_string(path).ok()) else {
+            continue;
+        };
+        let mut started = std::collections::BTreeSet::new();
+        for line in text.lines() {
+            let Ok(value) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            let op = value["op"].as_str().unwrap_or_default().to_owned();
+            match value["type"].as_str() {
+                Some("operation_started") => {
+                    started.insert(op);
+                }
+                Some("operation_finished") => {
+                    started.remove(&op);
+                }
+                _ => {}
+            }
+        }
+        if !started.is_empty() {
+            open.insert(
+                lane.file_name().to_string_lossy().into_owned(),
+                started.len(),
+            );
+        }
+    }
+    open
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The published figures: builds in release mode and prints each figure beside its target.
+# Targets are figures to beat, not gates. Never run by .ci/run (it takes a release build and a
+# minute of idling). Usage: tests/figures.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PERCH_CACHE="${PERCH_CACHE:-$HOME/.cache/perch}"
+export CARGO_TARGET_DIR="${PERCH_FIGURES_TARGET:-$PERCH_CACHE/target-release}"
+features=(--features sandbox-double)
+
+./.ci/setup
+
+synapse_dir="$(mktemp -d "${TMPDIR:-/tmp}/perch-synapse.XXXXXX")"
+trap './.ci/synapse stop "$synapse_dir"; rm -rf "$synapse_dir"' EXIT
+PERCH_TEST_SYNAPSE_URL="$(./.ci/synapse start "$synapse_dir")"
+PERCH_TEST_SYNAPSE_SECRET="$(cat "$synapse_dir/shared-secret")"
+export PERCH_TEST_SYNAPSE_URL PERCH_TEST_SYNAPSE_SECRET
+
+echo "perch figures, $(date -u +%Y-%m-%d), $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+
+# The binary users install: release, without the test-only feature, stripped.
+cargo build --locked --release --bin perch
+stripped="$(mktemp)"
+strip -o "$stripped" "$CARGO_TARGET_DIR/release/perch"
+size="$(stat -c %s "$stripped")"
+rm -f "$stripped"
+awk -v bytes="$size" 'BEGIN { printf "stripped release binary: %.1f MiB (%d bytes); target <= 60 MB\n", bytes / 1048576, bytes }'
+
+# perch run against the fakes and Synapse, in a release build (the namespace double stands in
+# for the microVM, which these figures do not touch).
+cargo test --locked --release "${features[@]}" --test all -- --ignored --nocapture --test-threads 1 \
+  suite::figures:: 2>&1 | grep -E '^(start to first|idle RSS)'
+
+# The inbox, per-turn overhead and exec figures.
+cargo bench --locked --bench bench "${features[@]}"
