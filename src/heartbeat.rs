@@ -29,6 +29,10 @@ use tokio_util::sync::CancellationToken;
 /// How often the scheduler looks at `HEARTBEAT.yml` for changes.
 pub const RELOAD_EVERY: Duration = Duration::from_secs(2);
 
+/// How long, at shutdown, the scheduler waits for runs in progress to end (the service drains
+/// for 30 s).
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(30);
+
 /// How long a task's check may run before it counts as failed.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -388,7 +392,7 @@ impl Scheduler {
                 self.setup.reload_every
             };
             tokio::select! {
-                () = shutdown.cancelled() => return,
+                () = shutdown.cancelled() => break,
                 () = tokio::time::sleep(nap) => {}
                 request = requests.recv() => match request {
                     Some(request) => self.answer(request, &done_tx).await,
@@ -400,6 +404,21 @@ impl Scheduler {
                 },
             }
         }
+        // Shutting down: nothing new starts; the runs in progress may finish, for as long as the
+        // service drains, and their ends are recorded. A run still going after that is recorded
+        // as interrupted at the next start.
+        let finishing = async {
+            while !self.in_flight.is_empty() {
+                let Some(done) = done_rx.recv().await else {
+                    return;
+                };
+                if let Err(error) = self.finish(done).await {
+                    tracing::error!("heartbeats: the ledger failed, stopping: {error}");
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(SHUTDOWN_WAIT, finishing).await;
     }
 
     /// Reads the file if it changed; an edit that does not check keeps the last good schedule.

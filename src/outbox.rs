@@ -48,6 +48,9 @@ pub struct OutboxBacklog {
     pub unsettled: Vec<Unsettled>,
     /// Deliveries marked unknown, still on disk: `(channel, delivery id, reason)`.
     pub unknown: Vec<(String, String, String)>,
+    /// `(channel, platform id)` of every message a delivery on disk answers: a reply to it was
+    /// at least recorded, so recovery never writes another.
+    pub replied_to: HashSet<(String, String)>,
 }
 
 /// A handle to the outbox's writer. Clones share it.
@@ -69,6 +72,9 @@ impl Outbox {
         for item in &all {
             match decode(item) {
                 Some(OutboxRecord::Intent { channel, delivery }) => {
+                    if let Some(to) = &delivery.reply_to {
+                        backlog.replied_to.insert((channel.clone(), to.clone()));
+                    }
                     intents.insert(item.seq, (item.at, channel, delivery));
                 }
                 Some(

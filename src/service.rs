@@ -327,7 +327,9 @@ pub async fn run(
     }
     let lanes = service.recover_lanes().await?;
     let outbox_recovered = service.settle_outbox(unsettled.unsettled).await?;
-    let inbox_recovered = service.resume_inbox(backlog.clone()).await?;
+    let inbox_recovered = service
+        .resume_inbox(backlog.clone(), &unsettled.replied_to)
+        .await?;
     service.start_heartbeats(setup.heartbeat_reload)?;
     starts::write_json(
         &starts::last_start_path(&dir),
@@ -450,8 +452,8 @@ pub async fn run(
     Ok(())
 }
 
-/// Keeps one channel connected: reconnects with backoff after a drop, stops on bad
-/// credentials or shutdown.
+/// Keeps one channel connected: reconnects with backoff after a drop (1 s doubling to a
+/// minute), and only every [`REFUSED_RETRY`] after its credentials were refused, until shutdown.
 async fn receive_forever(
     name: String,
     channel: Arc<Channel>,
@@ -491,9 +493,18 @@ async fn receive_forever(
         }
         match result {
             Err(crate::channel::ConnectorError::Unauthorized { message }) => {
-                tracing::error!(channel = %name, "channel {name}: {message}; not reconnecting");
+                tracing::error!(
+                    channel = %name,
+                    "channel {name}: {message}; trying again in {} minutes",
+                    REFUSED_RETRY.as_secs() / 60
+                );
                 channel.set_connection(format!("stopped: {message}"));
-                return;
+                tokio::select! {
+                    () = tokio::time::sleep(REFUSED_RETRY) => {}
+                    () = shutdown.cancelled() => return,
+                }
+                wait = first_wait;
+                continue;
             }
             Err(error) => {
                 tracing::warn!(channel = %name, "channel {name}: {error}; reconnecting");
@@ -508,6 +519,10 @@ async fn receive_forever(
         wait = (wait * 2).min(Duration::from_secs(60));
     }
 }
+
+/// How long a channel whose credentials were refused waits before it tries again: long enough
+/// not to hammer the platform, short enough to recover from the platform's own mistake.
+const REFUSED_RETRY: Duration = Duration::from_secs(600);
 
 /// A status line with no fields of its own.
 fn tracing_note(line: &str) {
@@ -925,7 +940,14 @@ impl Service {
             reload_every,
             run_job: Arc::new(move |job: Job| {
                 let service = Arc::clone(&service);
-                Box::pin(async move { service.heartbeat(job).await })
+                // Counted with the conversations, so a shutdown lets it finish (bounded by the
+                // drain) before the machine stops.
+                let running = service.tasks.token();
+                Box::pin(async move {
+                    let end = service.heartbeat(job).await;
+                    drop(running);
+                    end
+                })
             }),
             on_stop: Some({
                 let alerts = self.alerts.clone();
@@ -1297,29 +1319,8 @@ impl Service {
                 outcome_name(&finished.outcome)
             );
         }
-        let (reply, files) = match &finished.outcome {
-            Outcome::Completed => crate::attachments::reply_files(
-                &self.runtime.agent().dir.workspace(),
-                &finished.text,
-            ),
-            Outcome::Cancelled => (String::new(), Vec::new()),
-            Outcome::Failed { reason } | Outcome::Interrupted { reason } => (
-                format!("Sorry, I could not finish that: {reason}"),
-                Vec::new(),
-            ),
-        };
-        if !reply.trim().is_empty() || !files.is_empty() {
-            let to = &last.event;
-            self.post_files(
-                channel,
-                &to.room,
-                to.thread.as_deref(),
-                Some(&to.platform_id),
-                reply,
-                files,
-            )
+        self.deliver_outcome(channel, &last.event, &finished.outcome, &finished.text)
             .await?;
-        }
         let seqs = items
             .iter()
             .flat_map(|item| [item.event_seq, item.verdict_seq])
@@ -1328,6 +1329,41 @@ impl Service {
             .consume(seqs)
             .await
             .map_err(|error| error.to_string())
+    }
+
+    /// Answers `to` with how its run ended: the reply (and its files) when it completed, a short
+    /// apology naming the reason when it failed or was interrupted, nothing when cancelled.
+    async fn deliver_outcome(
+        &self,
+        channel: &Channel,
+        to: &InboundEvent,
+        outcome: &Outcome,
+        text: &str,
+    ) -> Result<(), String> {
+        let (reply, files) = match outcome {
+            Outcome::Completed => {
+                crate::attachments::reply_files(&self.runtime.agent().dir.workspace(), text)
+            }
+            Outcome::Cancelled => (String::new(), Vec::new()),
+            Outcome::Failed { reason } | Outcome::Interrupted { reason } => (
+                format!("Sorry, I could not finish that: {reason}"),
+                Vec::new(),
+            ),
+        };
+        if reply.trim().is_empty() && files.is_empty() {
+            return Ok(());
+        }
+        crate::failpoint::hit("before:delivery_intent");
+        self.post_files(
+            channel,
+            &to.room,
+            to.thread.as_deref(),
+            Some(&to.platform_id),
+            reply,
+            files,
+        )
+        .await
+        .map(drop)
     }
 
     /// The item's text as the agent reads it: with a line per attachment, each fetched and saved
@@ -1743,16 +1779,30 @@ impl Service {
         }
     }
 
-    /// After a restart: items whose run was already recorded (its `operation_started` names the
-    /// item) are consumed, since lane recovery closed that run; the rest are queued again, in
+    /// After a restart: an item whose run was already recorded (an `operation_started` names it)
+    /// is not run again. If no reply to it was recorded, it gets the one its run left in the lane
+    /// (lane recovery has closed the run by now): the reply of a completed run, or a short note
+    /// that the run was interrupted. Then it is consumed. The other items are queued again, in
     /// order; events without a verdict are decided again.
-    async fn resume_inbox(self: &Arc<Self>, backlog: Backlog) -> Result<serde_json::Value, String> {
+    async fn resume_inbox(
+        self: &Arc<Self>,
+        backlog: Backlog,
+        replied_to: &std::collections::HashSet<(String, String)>,
+    ) -> Result<serde_json::Value, String> {
         let sessions = self.runtime.agent().dir.sessions_dir();
         let (mut answered, mut queued, undecided) = (0, 0, backlog.undecided.len());
+        let mut replied_after_restart = 0;
         for item in backlog.pending {
-            let taken = lane_names_item(&sessions, &item.lane, &consumes_id(item.event_seq));
-            if taken {
+            let taken = taken_run(&sessions, &item.lane, &consumes_id(item.event_seq));
+            if let Some(run) = taken {
                 answered += 1;
+                let replied =
+                    replied_to.contains(&(item.channel.clone(), item.event.platform_id.clone()));
+                if !replied && let Some(channel) = self.channels.get(&item.channel) {
+                    replied_after_restart += 1;
+                    self.deliver_outcome(channel, &item.event, &run.outcome, &run.text)
+                        .await?;
+                }
                 self.inbox
                     .consume(vec![item.event_seq, item.verdict_seq])
                     .await
@@ -1767,6 +1817,7 @@ impl Service {
         }
         Ok(serde_json::json!({
             "already_answered": answered,
+            "replied_after_restart": replied_after_restart,
             "queued_again": queued,
             "decided_again": undecided,
         }))
@@ -1835,26 +1886,78 @@ fn collect_window(busy: BusyPolicy) -> Option<Duration> {
 /// Whether the newest segment of `lane` has a run naming `consumes`. A run's record and the
 /// item's consumption are written in that order, and a segment only rolls when no run is open,
 /// so a run the inbox did not hear end is always in the newest segment.
-fn lane_names_item(sessions: &std::path::Path, lane: &str, consumes: &str) -> bool {
-    let dir = sessions.join(lane);
-    let Ok(listing) = std::fs::read_dir(&dir) else {
-        return false;
-    };
-    let newest = listing
+/// How the run that took an inbox item ended, as its lane recorded it.
+struct TakenRun {
+    outcome: Outcome,
+    /// The run's last assistant text.
+    text: String,
+}
+
+/// The run in `lane` whose `operation_started` consumes `consumes`, if there is one. A run
+/// without its end (recovery has not closed it) counts as interrupted.
+fn taken_run(sessions: &std::path::Path, lane: &str, consumes: &str) -> Option<TakenRun> {
+    let mut segments: Vec<std::path::PathBuf> = std::fs::read_dir(sessions.join(lane))
+        .ok()?
         .filter_map(Result::ok)
         .map(|entry| entry.path())
         .filter(|path| path.extension().is_some_and(|ext| ext == "jsonl"))
-        .max();
-    let Some(newest) = newest else {
-        return false;
-    };
-    let needle = format!("\"{consumes}\"");
-    std::fs::read_to_string(newest)
-        .map(|text| {
-            text.lines()
-                .any(|line| line.contains("\"operation_started\"") && line.contains(&needle))
-        })
-        .unwrap_or(false)
+        .collect();
+    segments.sort();
+    let mut op: Option<String> = None;
+    let mut text = String::new();
+    for segment in segments {
+        let Ok(contents) = std::fs::read_to_string(&segment) else {
+            continue;
+        };
+        for line in contents.lines() {
+            let Ok(value) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            let what = if value["kind"] == "entry" {
+                value["body"]["type"].as_str()
+            } else {
+                value["type"].as_str()
+            };
+            match (&op, what) {
+                (None, Some("operation_started"))
+                    if value["consumes"]
+                        .as_array()
+                        .is_some_and(|ids| ids.iter().any(|id| id == consumes)) =>
+                {
+                    op = value["op"].as_str().map(str::to_owned);
+                }
+                (Some(_), Some("message")) if value["body"]["role"] == "assistant" => {
+                    let said: String = value["body"]["parts"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter(|part| part["type"] == "text")
+                        .filter_map(|part| part["text"].as_str())
+                        .collect();
+                    if !said.is_empty() {
+                        text = said;
+                    }
+                }
+                (Some(started), Some("operation_finished"))
+                    if value["op"].as_str() == Some(started.as_str()) =>
+                {
+                    let outcome = serde_json::from_value(value["outcome"].clone()).unwrap_or(
+                        Outcome::Interrupted {
+                            reason: "its end could not be read".into(),
+                        },
+                    );
+                    return Some(TakenRun { outcome, text });
+                }
+                _ => {}
+            }
+        }
+    }
+    op.map(|_| TakenRun {
+        outcome: Outcome::Interrupted {
+            reason: "perch stopped during the run".into(),
+        },
+        text,
+    })
 }
 
 fn random_bytes() -> [u8; 6] {

@@ -5,10 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PERCH_CACHE="${PERCH_CACHE:-$HOME/.cache/perch}"
-export CARGO_TARGET_DIR="${PERCH_FIGURES_TARGET:-$PERCH_CACHE/target-release}"
 features=(--features sandbox-double)
 
+# Setup (runtime pair, rootfs, Synapse) with the usual target dir; the release builds below get
+# their own, so the debug one stays warm.
 ./.ci/setup
+export CARGO_TARGET_DIR="${PERCH_FIGURES_TARGET:-$PERCH_CACHE/target-release}"
 
 synapse_dir="$(mktemp -d "${TMPDIR:-/tmp}/perch-synapse.XXXXXX")"
 trap './.ci/synapse stop "$synapse_dir"; rm -rf "$synapse_dir"' EXIT

@@ -86,7 +86,7 @@ impl Recorder {
     }
 }
 
-/// Opens the ledger, retrying while a stopped scheduler's writer lets go of it.
+/// Opens the ledger, retrying while a stopped scheduler lets go of it.
 async fn open_ledger(dir: &AgentDir, clock: Clock) -> (Ledger, Vec<(u64, LedgerRecord)>) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -97,7 +97,9 @@ async fn open_ledger(dir: &AgentDir, clock: Clock) -> (Ledger, Vec<(u64, LedgerR
                     std::time::Instant::now() < deadline,
                     "the ledger stayed held: {error}"
                 );
-                tokio::task::yield_now().await;
+                // Paused time moves on while this sleeps, so a scheduler still waiting for a
+                // run that will never end gives up and lets go of the ledger.
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
     }

@@ -1131,3 +1131,86 @@ async fn a_burst_over_ten_matrix_rooms_is_answered_once_each_in_order() {
         assert_eq!(bot_replies(&alice, room, &bot).await.len(), per_room);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_standup_example_posts_its_digest_to_the_room_and_its_idle_check_costs_nothing() {
+    use super::service::{copy_example, use_fake_model};
+    let synapse = Synapse::from_env();
+    let alice = synapse.register("alice").await;
+    let bot = synapse.register("standup").await;
+    let model = FakeModel::start(Api::OpenAiResponses);
+    let room = alice
+        .create_room(serde_json::json!({ "invite": [bot.user_id.clone()] }))
+        .await;
+    let dir = copy_example("standup");
+    use_fake_model(dir.path(), &model);
+    let channel = dir.path().join("channels/matrix.lua");
+    let text = std::fs::read_to_string(&channel)
+        .unwrap()
+        .replace("https://matrix.example.org", &bot.url)
+        .replace("@standup:example.org", &bot.user_id)
+        .replace("!REPLACE-with-the-standup-room-id:example.org", &room)
+        .replace("@REPLACE-with-your-user-id:example.org", &alice.user_id);
+    std::fs::write(&channel, text).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_perch"))
+        .args(["run", dir.path().to_str().unwrap()])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("PERCH_SANDBOX", "namespace-double")
+        .env("PERCH_CACHE", Places::from_environment().cache)
+        .env("MATRIX_PASSWORD", &bot.password)
+        .env("MATRIX_STORE_PASSPHRASE", PASSPHRASE)
+        .env("OPENAI_API_KEY", "sk-test-standup")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    alice.wait_joined(&room, &bot.user_id).await;
+
+    let perch = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_perch"))
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let path = dir.path().to_str().unwrap().to_owned();
+    let idle = {
+        let path = path.clone();
+        tokio::task::spawn_blocking(move || perch(&["heartbeat", "run", "blockers", &path]))
+            .await
+            .unwrap()
+    };
+    assert!(idle.contains("skipped: the check exited"), "{idle}");
+    assert!(
+        model.requests().is_empty(),
+        "an idle check costs no model turn"
+    );
+
+    model.push(Script::text(
+        "Message: Stand-up, Monday\n- Ana: merged the login fix\n- No blockers",
+    ));
+    let digest =
+        tokio::task::spawn_blocking(move || perch(&["heartbeat", "run", "standup", &path]))
+            .await
+            .unwrap();
+    assert!(
+        digest.contains("valid verdict: message to matrix:standup"),
+        "{digest}"
+    );
+    wait_until("the digest in the room", || {
+        let (alice, room, bot) = (alice.clone(), room.clone(), bot.clone());
+        async move { !bot_replies(&alice, &room, &bot).await.is_empty() }
+    })
+    .await;
+    stop_perch(child);
+    let posted = bot_replies(&alice, &room, &bot).await;
+    assert_eq!(posted.len(), 1);
+    assert_eq!(
+        posted[0]["content"]["body"],
+        "Stand-up, Monday\n- Ana: merged the login fix\n- No blockers"
+    );
+}

@@ -1312,3 +1312,153 @@ fn metrics_on_an_address_other_than_loopback_are_warned_about() {
         "{lines:#?}"
     );
 }
+
+#[test]
+fn a_reply_lost_between_the_run_and_the_outbox_is_delivered_after_a_restart() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let alice = User::human(42, "Alice");
+    model.push(Script::text("the answer, once"));
+    telegram.push_message(&Chat::private(&alice), &alice, "what is it?");
+    let child = start(dir.path(), Some("before:delivery_intent"));
+    let output = child.wait_with_output().unwrap();
+    assert!(!output.status.success(), "the failpoint fired");
+    assert!(telegram.sent().is_empty());
+
+    let child = start(dir.path(), None);
+    wait_until("the recovered reply", || !telegram.sent().is_empty());
+    let stderr = stop(child);
+    assert_eq!(telegram.sent().len(), 1, "{stderr}");
+    assert_eq!(telegram.sent()[0].shown, "the answer, once");
+    assert_eq!(model.requests().len(), 1, "the run was not repeated");
+
+    // A third start sends nothing more.
+    let child = start(dir.path(), None);
+    wait_until("the service to answer", || {
+        status_json(dir.path())["running"] == true
+    });
+    stop(child);
+    assert_eq!(telegram.sent().len(), 1);
+}
+
+#[test]
+fn a_run_interrupted_by_a_crash_is_answered_with_a_note_not_repeated() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let alice = User::human(42, "Alice");
+    model.push(Script::text("never reached"));
+    telegram.push_message(&Chat::private(&alice), &alice, "do the thing");
+    let child = start(dir.path(), Some("after:user_entry"));
+    let output = child.wait_with_output().unwrap();
+    assert!(!output.status.success(), "the failpoint fired");
+
+    let child = start(dir.path(), None);
+    wait_until("the note", || !telegram.sent().is_empty());
+    stop(child);
+    let note = &telegram.sent()[0];
+    assert!(
+        note.shown.starts_with("Sorry, I could not finish that"),
+        "{}",
+        note.shown
+    );
+    assert_eq!(model.requests().len(), 0, "the run was not repeated");
+}
+
+/// Copies an example agent from `agents/` into a fresh directory.
+pub(super) fn copy_example(name: &str) -> tempfile::TempDir {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), &target).unwrap();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    copy(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("agents")
+            .join(name),
+        dir.path(),
+    );
+    dir
+}
+
+/// Points an example's `models.yml` at the fake model, keeping its providers and models.
+pub(super) fn use_fake_model(dir: &Path, model: &FakeModel) {
+    let path = dir.join("models.yml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let text = text
+        .replace("https://api.openai.com/v1", &model.base_url())
+        .replace("https://api.anthropic.com/v1", &model.base_url());
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn the_helpdesk_example_answers_on_discord_while_its_matrix_channel_cannot_connect() {
+    use super::fake_discord::{Author, BOT_ID, FakeDiscord, TOKEN as DISCORD_TOKEN};
+    let model = FakeModel::start(Api::OpenAiResponses);
+    let discord = FakeDiscord::start();
+    discord.guild_channel(555);
+    let dir = copy_example("helpdesk");
+    use_fake_model(dir.path(), &model);
+    let channel = dir.path().join("channels/discord.lua");
+    let text = std::fs::read_to_string(&channel)
+        .unwrap()
+        .replace("REPLACE-with-the-helpdesk-channel-id", "555")
+        .replace(
+            "kind = \"discord\",",
+            &format!("kind = \"discord\", api_url = {:?},", discord.url()),
+        );
+    std::fs::write(&channel, text).unwrap();
+    model.push(Script::text(
+        "See knowledge/vpn.md: reconnect with the new profile.",
+    ));
+    let child = launch_with(
+        dir.path(),
+        ("DISCORD_TOKEN", DISCORD_TOKEN),
+        None,
+        &[
+            ("OPENAI_API_KEY", "sk-test-helpdesk"),
+            ("MATRIX_PASSWORD", "unused"),
+            ("MATRIX_STORE_PASSPHRASE", "unused-passphrase"),
+        ],
+    );
+    wait_until("the gateway session", || discord.live_sessions() > 0);
+    discord.push_message(
+        555,
+        &Author::user(77, "Dana"),
+        &format!("<@{BOT_ID}> the VPN drops every hour"),
+    );
+    wait_until("the answer", || !discord.posted().is_empty());
+    let connection = |kind: &str| {
+        let status = status_json(dir.path());
+        status["channel_health"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|channel| channel["kind"] == kind)
+            .unwrap()["connection"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    wait_until("the Matrix channel to report its failure", || {
+        connection("matrix").starts_with("reconnecting")
+    });
+    assert_eq!(connection("discord"), "receiving");
+    stop(child);
+    assert_eq!(discord.posted().len(), 1);
+    assert_eq!(
+        discord.posted()[0].body["content"],
+        "See knowledge/vpn.md: reconnect with the new profile."
+    );
+    let asked = model.requests()[0].body.to_string();
+    assert!(asked.contains("the VPN drops every hour"), "{asked}");
+}
