@@ -47,7 +47,21 @@ pub fn to_json(agent: &LoadedAgent) -> serde_json::Value {
         },
         "tools": definition.tools.iter().map(tool_json).collect::<Vec<_>>(),
         "channels": agent.channels.iter().map(channel_json).collect::<Vec<_>>(),
+        "heartbeats": heartbeats_json(agent),
     })
+}
+
+/// The heartbeat tasks `workspace/HEARTBEAT.yml` holds, or why it does not check. The file is
+/// the agent's to edit, so a problem in it is shown, not fatal: a running service keeps its last
+/// good schedule.
+fn heartbeats_json(agent: &LoadedAgent) -> serde_json::Value {
+    let env = crate::heartbeat::heartbeat_env(agent, crate::heartbeat::host_tz());
+    match crate::heartbeat::read_file(&crate::heartbeat::file_path(&agent.dir), &env) {
+        Ok(file) => json!({
+            "tasks": file.tasks.iter().map(|task| task.name.to_string()).collect::<Vec<_>>(),
+        }),
+        Err(error) => json!({ "error": error }),
+    }
 }
 
 /// The daily spend caps and where they come from: `default` (agent.lua sets no spend),
@@ -260,6 +274,23 @@ pub fn to_text(agent: &LoadedAgent) -> String {
     for (index, channel) in agent.channels.iter().enumerate() {
         let label = if index == 0 { "channels" } else { "" };
         row(label, channel_text(channel));
+    }
+    let heartbeats = heartbeats_json(agent);
+    match (heartbeats["tasks"].as_array(), heartbeats["error"].as_str()) {
+        (Some(tasks), _) if tasks.is_empty() => row("heartbeats", "(none)".to_owned()),
+        (Some(tasks), _) => row(
+            "heartbeats",
+            tasks
+                .iter()
+                .filter_map(serde_json::Value::as_str)
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        (None, Some(error)) => row(
+            "heartbeats",
+            format!("HEARTBEAT.yml does not check:\n{error}"),
+        ),
+        (None, None) => {}
     }
     out
 }

@@ -370,3 +370,24 @@ async fn a_manual_run_consumes_no_slot_and_a_dry_run_leaves_no_record() {
         "the manual run and the 11:00 run are recorded, the dry run is not: {ledger}"
     );
 }
+
+#[test]
+fn perch_info_lists_the_tasks_or_says_why_the_file_does_not_check() {
+    let agent = new_agent();
+    let dir = agent.path().to_str().unwrap();
+    write(agent.path(), "workspace/HEARTBEAT.yml", HOURLY);
+    let shown = super::support::perch(&["info", dir], &[]);
+    assert!(shown.status.success());
+    let text = super::support::stdout(&shown);
+    assert!(text.contains("heartbeats") && text.contains("hourly"), "{text}");
+
+    write(
+        agent.path(),
+        "workspace/HEARTBEAT.yml",
+        "tasks:\n  - name: hourly\n    prompt: Look around.\n    every: 1m\n",
+    );
+    let shown = super::support::perch(&["info", dir, "--json"], &[]);
+    let json: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let error = json["heartbeats"]["error"].as_str().unwrap();
+    assert!(error.contains("workspace/HEARTBEAT.yml:4"), "{error}");
+}
