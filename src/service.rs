@@ -354,6 +354,7 @@ pub async fn run(
     }
     tokio::spawn(Arc::clone(&service).watch_config(config_at_start));
     let (arrivals, mut incoming) = mpsc::channel::<(String, Arrival)>(256);
+    let mut first_attempts = Vec::new();
     for (name, channel) in &service.channels {
         let resume = backlog.cursors.get(name).cloned();
         let since: Vec<(String, String)> = backlog
@@ -366,6 +367,10 @@ pub async fn run(
                     .collect()
             })
             .unwrap_or_default();
+        let (over, first_attempt) = tokio::sync::oneshot::channel();
+        if breaker.is_none() {
+            first_attempts.push(first_attempt);
+        }
         let receiving = receive_forever(
             name.clone(),
             Arc::clone(channel),
@@ -373,6 +378,7 @@ pub async fn run(
             since,
             arrivals.clone(),
             setup.reconnect,
+            Some(over),
             shutdown.clone(),
         );
         match &breaker {
@@ -396,9 +402,15 @@ pub async fn run(
     }
     drop(arrivals);
     let notifier = &setup.notifier;
-    if let Err(error) = notifier.notify(&format!("READY=1\n{}", service.status_line().await)) {
-        tracing::warn!("systemd was not told that perch is ready: {error}");
-    }
+    // Ready once every channel's first connection attempt is over, connected or failed (so one
+    // wrong token cannot hold it back), and at the latest after FIRST_CONNECTION.
+    let first_connections = tokio::time::timeout(FIRST_CONNECTION, async move {
+        for attempt in first_attempts {
+            let _ = attempt.await;
+        }
+    });
+    tokio::pin!(first_connections);
+    let mut ready = false;
     let mut watchdog = notifier.watchdog().map(|interval| {
         let mut ticks = tokio::time::interval(interval / 2);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -416,7 +428,13 @@ pub async fn run(
         };
         tokio::select! {
             () = shutdown.cancelled() => break,
-            () = tick => {
+            _ = &mut first_connections, if !ready => {
+                ready = true;
+                if let Err(error) = notifier.notify(&format!("READY=1\n{}", service.status_line().await)) {
+                    tracing::warn!("systemd was not told that perch is ready: {error}");
+                }
+            }
+            () = tick, if ready => {
                 let _ = notifier.notify(&format!("WATCHDOG=1\n{}", service.status_line().await));
             }
             arrival = incoming.recv(), if receiving => match arrival {
@@ -461,6 +479,7 @@ async fn receive_forever(
     since: Vec<(String, String)>,
     arrivals: mpsc::Sender<(String, Arrival)>,
     first_wait: Duration,
+    mut first_attempt: Option<tokio::sync::oneshot::Sender<()>>,
     shutdown: CancellationToken,
 ) {
     let mut wait = first_wait;
@@ -481,10 +500,27 @@ async fn receive_forever(
             })
         };
         channel.set_connection("receiving".into());
-        let result = channel
-            .connector
-            .receive(resume.clone(), since.clone(), events, shutdown.clone())
-            .await;
+        let receiving =
+            channel
+                .connector
+                .receive(resume.clone(), since.clone(), events, shutdown.clone());
+        // The first attempt is over when the connection is up or the attempt has failed.
+        let result = match first_attempt.take() {
+            None => receiving.await,
+            Some(over) => {
+                tokio::pin!(receiving);
+                tokio::select! {
+                    result = &mut receiving => {
+                        let _ = over.send(());
+                        result
+                    }
+                    () = channel.connector.connected() => {
+                        let _ = over.send(());
+                        receiving.await
+                    }
+                }
+            }
+        };
         if let Ok(Some(cursor)) = forward.await {
             resume = Some(cursor);
         }
@@ -1831,6 +1867,9 @@ const MAX_RATE_LIMITED: Duration = Duration::from_secs(600);
 /// Attempts at a delivery that never reached its platform (1 s, doubling to a minute, between
 /// them: about four minutes) before it is given up as not sent.
 const NOT_SENT_ATTEMPTS: u32 = 10;
+
+/// The longest readiness waits for the channels' first connection attempts.
+const FIRST_CONNECTION: Duration = Duration::from_secs(30);
 
 /// How often the files loaded at start are compared with what they were.
 const CONFIG_WATCH_EVERY: Duration = Duration::from_secs(5);

@@ -89,6 +89,7 @@ pub struct DiscordConnector {
     notices: broadcast::Sender<RateNotice>,
     liveness: Duration,
     gateway: tokio::sync::Mutex<Option<Gateway>>,
+    connected: super::ConnectedOnce,
 }
 
 impl fmt::Debug for DiscordConnector {
@@ -130,6 +131,7 @@ impl DiscordConnector {
             notices,
             liveness: DEFAULT_LIVENESS,
             gateway: tokio::sync::Mutex::new(None),
+            connected: super::ConnectedOnce::default(),
         }
     }
 
@@ -271,6 +273,7 @@ impl DiscordConnector {
                         alive = Instant::now();
                         match item {
                             GatewayItem::Ready | GatewayItem::Resumed => {
+                                self.connected.mark();
                                 self.backfill(&mut rooms, &handoff).await
                             }
                             GatewayItem::Message(message) => {
@@ -286,6 +289,7 @@ impl DiscordConnector {
                     match attach_collector(&gateway.manager).await {
                         Some((receiver, true)) => {
                             events = Some(receiver);
+                            self.connected.mark();
                             self.backfill(&mut rooms, &handoff).await
                         }
                         Some((receiver, false)) => {
@@ -539,6 +543,10 @@ impl Connector for DiscordConnector {
                     .await;
             }
         })
+    }
+
+    fn connected(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.connected.wait())
     }
 
     fn limits(&self) -> PlatformLimits {

@@ -977,6 +977,10 @@ impl Connector for MatrixConnector {
         Box::pin(self.show_typing(room))
     }
 
+    fn connected(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.ready())
+    }
+
     fn limits(&self) -> PlatformLimits {
         PlatformLimits {
             max_chars: MAX_CHARS,

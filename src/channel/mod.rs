@@ -225,6 +225,27 @@ pub struct Arrival {
     pub journaled: oneshot::Sender<()>,
 }
 
+/// Whether a connector has been connected once, for [`Connector::connected`].
+#[derive(Debug)]
+pub struct ConnectedOnce(tokio::sync::watch::Sender<bool>);
+
+impl Default for ConnectedOnce {
+    fn default() -> ConnectedOnce {
+        ConnectedOnce(tokio::sync::watch::Sender::new(false))
+    }
+}
+
+impl ConnectedOnce {
+    pub fn mark(&self) {
+        self.0.send_replace(true);
+    }
+
+    pub async fn wait(&self) {
+        let mut connected = self.0.subscribe();
+        let _ = connected.wait_for(|connected| *connected).await;
+    }
+}
+
 /// The one effect boundary for chat platforms.
 pub trait Connector: Send + Sync + fmt::Debug {
     /// Receives until `cancel` fires or the connection fails, handing every event to `inbound`.
@@ -268,6 +289,12 @@ pub trait Connector: Send + Sync + fmt::Debug {
 
     /// Shows a typing indicator in the room for the platform's usual few seconds.
     fn typing<'a>(&'a self, room: &'a str, thread: Option<&'a str>) -> BoxFuture<'a, ()>;
+
+    /// Resolves once a connection is up (Telegram's first poll answered, Discord's gateway
+    /// READY, Matrix's first sync done), for readiness. By default at once.
+    fn connected(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 
     fn limits(&self) -> PlatformLimits;
 

@@ -92,6 +92,7 @@ impl std::error::Error for SetupError {}
 pub struct TelegramConnector {
     bot: Bot,
     identity: OnceCell<BotIdentity>,
+    connected: super::ConnectedOnce,
 }
 
 impl fmt::Debug for TelegramConnector {
@@ -121,6 +122,7 @@ impl TelegramConnector {
         Ok(TelegramConnector {
             bot,
             identity: OnceCell::new(),
+            connected: super::ConnectedOnce::default(),
         })
     }
 
@@ -156,6 +158,9 @@ impl TelegramConnector {
             () = cancel.cancelled() => return Ok(()),
             me = self.identity() => me?,
         };
+        // The token works and the Bot API answers; the first `getUpdates` is a long poll that
+        // returns only when there is an update or its timeout passes.
+        self.connected.mark();
         loop {
             let mut request = self
                 .bot
@@ -551,6 +556,10 @@ impl Connector for TelegramConnector {
 
     fn typing<'a>(&'a self, room: &'a str, thread: Option<&'a str>) -> BoxFuture<'a, ()> {
         Box::pin(self.show_typing(room, thread))
+    }
+
+    fn connected(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.connected.wait())
     }
 
     fn limits(&self) -> PlatformLimits {

@@ -379,7 +379,10 @@ fn perch_info_lists_the_tasks_or_says_why_the_file_does_not_check() {
     let shown = super::support::perch(&["info", dir], &[]);
     assert!(shown.status.success());
     let text = super::support::stdout(&shown);
-    assert!(text.contains("heartbeats") && text.contains("hourly"), "{text}");
+    assert!(
+        text.contains("heartbeats") && text.contains("hourly"),
+        "{text}"
+    );
 
     write(
         agent.path(),

@@ -841,6 +841,13 @@ fn systemd_is_told_ready_then_pinged_then_stopping() {
     );
     let ready = notify.wait_for("READY=1");
     assert_eq!(ready, 0, "READY=1 comes first: {:?}", notify.lines);
+    assert!(
+        telegram
+            .calls()
+            .iter()
+            .any(|call| call.method.eq_ignore_ascii_case("getMe")),
+        "ready only once the channel's first connection is up"
+    );
     assert_eq!(
         notify.lines.get(ready + 1).map(String::as_str),
         Some("STATUS=1 channel(s), inbox 0 waiting"),
@@ -1461,4 +1468,29 @@ fn the_helpdesk_example_answers_on_discord_while_its_matrix_channel_cannot_conne
     );
     let asked = model.requests()[0].body.to_string();
     assert!(asked.contains("the VPN drops every hour"), "{asked}");
+}
+
+#[test]
+fn a_channel_that_cannot_connect_does_not_hold_readiness_back() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let dir = agent_with_channel(
+        &model,
+        &format!(
+            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {url:?} }}\n"
+        ),
+    );
+    let mut notify = NotifySocket::bind();
+    let child = launch_with(
+        dir.path(),
+        ("TELEGRAM_TOKEN", TOKEN),
+        None,
+        &[("NOTIFY_SOCKET", notify.path.as_str())],
+    );
+    notify.wait_for("READY=1");
+    terminate(&child);
+    notify.wait_for("STOPPING=1");
+    finish(child);
 }
