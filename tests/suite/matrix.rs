@@ -595,8 +595,10 @@ async fn an_undecryptable_event_is_reported_not_dropped_silently() {
     let synapse = Synapse::from_env();
     let alice = synapse.register("alice").await;
     let bot = synapse.register("bot").await;
-    let store = tempfile::tempdir().unwrap();
-    let connector = connector(&bot, store.path(), &[&alice]);
+    // The store of channel `mx` of an agent, so `perch status` reads the report too.
+    let agent = matrix_agent(&FakeModel::start(Api::OpenAiCompletions), &bot, &alice);
+    let store_path = agent.path().join(".perch/matrix/mx");
+    let connector = connector(&bot, &store_path, &[&alice]);
     let mut receiving = Receiving::start(&connector, Vec::new());
     let mut create = encrypted_room();
     create["invite"] = json!([bot.user_id]);
@@ -639,12 +641,23 @@ async fn an_undecryptable_event_is_reported_not_dropped_silently() {
     assert_eq!(entry.reason, "MissingMegolmSession");
     assert_eq!(report.total, 1);
     wait_until("the saved report", || {
-        let (store, report) = (store.path().to_path_buf(), report.clone());
+        let (store, report) = (store_path.clone(), report.clone());
         async move { read_undecryptable(&store) == report }
     })
     .await;
     receiving.quiet_for(Duration::from_millis(300)).await;
     receiving.stop().await;
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_perch"))
+        .args(["status", agent.path().to_str().unwrap(), "--json"])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .output()
+        .unwrap();
+    let status: Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(
+        status["undecryptable"]["mx"], 1,
+        "perch status shows it: {status}"
+    );
 }
 
 fn matrix_agent(model: &FakeModel, bot: &Account, alice: &Account) -> tempfile::TempDir {
@@ -1212,5 +1225,88 @@ async fn the_standup_example_posts_its_digest_to_the_room_and_its_idle_check_cos
     assert_eq!(
         posted[0]["content"]["body"],
         "Stand-up, Monday\n- Ana: merged the login fix\n- No blockers"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_perch_run_answers_on_telegram_discord_and_matrix_at_once() {
+    use super::fake_discord::{Author, BOT_ID, FakeDiscord, TOKEN as DISCORD_TOKEN};
+    use super::fake_telegram::{Chat, FakeTelegram, TOKEN as TELEGRAM_TOKEN, User};
+    let synapse = Synapse::from_env();
+    let alice = synapse.register("alice").await;
+    let bot = synapse.register("bot").await;
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let discord = FakeDiscord::start();
+    discord.guild_channel(555);
+    let dir = matrix_agent(&model, &bot, &alice);
+    write(
+        dir.path(),
+        "channels/tg.lua",
+        &format!(
+            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {:?}, dm = \"allow\" }}\n",
+            telegram.api_url()
+        ),
+    );
+    write(
+        dir.path(),
+        "channels/dc.lua",
+        &format!(
+            "channel {{ kind = \"discord\", token = env \"DISCORD_TOKEN\", api_url = {:?}, rooms = {{ general = \"555\" }}, allow = {{ rooms = {{ \"general\" }} }} }}\n",
+            discord.url()
+        ),
+    );
+    let child = Command::new(env!("CARGO_BIN_EXE_perch"))
+        .args(["run", dir.path().to_str().unwrap()])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("PERCH_SANDBOX", "namespace-double")
+        .env("PERCH_CACHE", Places::from_environment().cache)
+        .env("MATRIX_PASSWORD", &bot.password)
+        .env("MATRIX_STORE_PASSPHRASE", PASSPHRASE)
+        .env("TELEGRAM_TOKEN", TELEGRAM_TOKEN)
+        .env("DISCORD_TOKEN", DISCORD_TOKEN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let room = alice.create_dm(&bot.user_id).await;
+    alice.wait_joined(&room, &bot.user_id).await;
+    let carol = User::human(42, "Carol");
+    let asked_on_telegram = telegram.push_message(&Chat::private(&carol), &carol, "from telegram");
+    let asked_on_discord = discord.push_message(
+        555,
+        &Author::user(77, "Dana"),
+        &format!("<@{BOT_ID}> from discord"),
+    );
+    let asked_on_matrix = alice.say(&room, "from matrix").await;
+    wait_until("an answer on each platform", || {
+        let answered_here = !telegram.sent().is_empty() && !discord.posted().is_empty();
+        let (alice, room, bot) = (alice.clone(), room.clone(), bot.clone());
+        async move { answered_here && !bot_replies(&alice, &room, &bot).await.is_empty() }
+    })
+    .await;
+    stop_perch(child);
+    assert_eq!(telegram.sent().len(), 1);
+    assert_eq!(
+        telegram.sent()[0].reply_to,
+        Some(asked_on_telegram.message_id)
+    );
+    assert_eq!(discord.posted().len(), 1);
+    assert_eq!(
+        discord.posted()[0].body["message_reference"]["message_id"],
+        asked_on_discord.to_string()
+    );
+    let replies = bot_replies(&alice, &room, &bot).await;
+    assert_eq!(replies.len(), 1);
+    assert_eq!(
+        replies[0]["content"]["m.relates_to"]["m.in_reply_to"]["event_id"],
+        asked_on_matrix
+    );
+    assert_eq!(
+        model.requests().len(),
+        3,
+        "each message reached the model once"
     );
 }
