@@ -1310,3 +1310,59 @@ async fn one_perch_run_answers_on_telegram_discord_and_matrix_at_once() {
         "each message reached the model once"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_a_matrix_send_resends_with_the_same_transaction_and_posts_once() {
+    let synapse = Synapse::from_env();
+    let alice = synapse.register("alice").await;
+    let bot = synapse.register("bot").await;
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let dir = matrix_agent(&model, &bot, &alice);
+    let child = start_perch(dir.path(), &bot);
+    let room = alice.create_dm(&bot.user_id).await;
+    alice.wait_joined(&room, &bot.user_id).await;
+    stop_perch(child);
+
+    model.push(Script::text("posted exactly once"));
+    alice.say(&room, "hello").await;
+    // The reply is posted, then perch dies before it records the receipt.
+    let crashed = start_perch_failing(dir.path(), &bot, "after:delivery_sent");
+    let output = tokio::task::spawn_blocking(move || crashed.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(!output.status.success(), "the failpoint fired");
+    assert_eq!(bot_replies(&alice, &room, &bot).await.len(), 1);
+
+    // Inside the window the restart sends it again under the same transaction id, from the
+    // same device; the homeserver recognises it and nothing new appears.
+    let child = start_perch(dir.path(), &bot);
+    wait_until("the outbox to settle", || {
+        let outbox = dir.path().join(".perch/outbox");
+        async move {
+            std::fs::read_dir(outbox)
+                .map(|entries| {
+                    entries.filter_map(Result::ok).any(|entry| {
+                        std::fs::read_to_string(entry.path())
+                            .is_ok_and(|text| text.contains("\"receipt\""))
+                    })
+                })
+                .unwrap_or(false)
+        }
+    })
+    .await;
+    alice.say(&room, "still there?").await;
+    wait_until("the next answer", || {
+        let (alice, room, bot) = (alice.clone(), room.clone(), bot.clone());
+        async move { bot_replies(&alice, &room, &bot).await.len() == 2 }
+    })
+    .await;
+    stop_perch(child);
+    let replies = bot_replies(&alice, &room, &bot).await;
+    assert_eq!(
+        replies.len(),
+        2,
+        "the first reply was not posted twice: {replies:#?}"
+    );
+    assert_eq!(replies[0]["content"]["body"], "posted exactly once");
+    assert_eq!(model.requests().len(), 2);
+}
