@@ -240,6 +240,9 @@ pub struct SchedulerSetup {
     pub run_job: RunJob,
     /// Told when a task stops until it is resumed (its name and why), to alert the owner.
     pub on_stop: Option<OnStop>,
+    /// Whether scheduled slots run; `false` for a process that only serves `perch heartbeat
+    /// run` (no service was running), so no slot fires behind the operator's back.
+    pub scheduled: bool,
 }
 
 /// Told when a heartbeat task stops: its name and the reason.
@@ -375,7 +378,7 @@ impl Scheduler {
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
         loop {
             self.reload();
-            let wake = match self.step(&done_tx).await {
+            let wake = match self.step_if_scheduled(&done_tx).await {
                 Ok(wake) => wake,
                 Err(error) => {
                     tracing::error!("heartbeats: the ledger failed, stopping: {error}");
@@ -481,6 +484,17 @@ impl Scheduler {
     }
 
     /// Does what is due for every task; returns the earliest instant something is due next.
+    async fn step_if_scheduled(
+        &mut self,
+        done: &mpsc::UnboundedSender<Done>,
+    ) -> Result<Option<Timestamp>, LogError> {
+        if self.setup.scheduled {
+            self.step(done).await
+        } else {
+            Ok(None)
+        }
+    }
+
     async fn step(
         &mut self,
         done: &mpsc::UnboundedSender<Done>,

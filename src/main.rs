@@ -167,10 +167,11 @@ enum HeartbeatCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Run a task now, without consuming a slot, through the running `perch run` (which
-    /// delivers its message). With --dry-run, run the whole turn, tools included, in the task's
-    /// dry-run lane, print the verdict and its judgement, and deliver nothing; a dry run works
-    /// without a running service too.
+    /// Run a task now, without consuming a slot, and print the reply and its judgement. Goes
+    /// through the running `perch run` when there is one; otherwise this process takes the
+    /// directory, connects the channels to deliver (never to receive) and stops after the run.
+    /// With --dry-run, the whole turn runs, tools included, in the task's dry-run lane, and
+    /// nothing is delivered.
     Run {
         /// The task's name
         name: String,
@@ -771,6 +772,7 @@ fn serve(
             drain: std::time::Duration::from_secs(30),
             metrics: std::sync::Arc::new(perch::metrics::Metrics::default()),
             metrics_listener,
+            once: None,
         };
         let shutdown = CancellationToken::new();
         let on_signal = shutdown.clone();
@@ -957,13 +959,7 @@ fn heartbeat_run(dir: PathBuf, name: &str, dry_run: bool, json: bool) -> Result<
             }
             answer["end"].clone()
         }
-        None if dry_run => heartbeat_dry_run_here(&dir, name)?,
-        None => {
-            return Err(format!(
-                "no perch run serves {}: start it, or try the task with --dry-run (which delivers nothing)",
-                dir.display()
-            ));
-        }
+        None => heartbeat_run_here(&dir, name, dry_run)?,
     };
     if json {
         emit(&format!("{end:#}\n"))?;
@@ -982,69 +978,45 @@ fn heartbeat_run(dir: PathBuf, name: &str, dry_run: bool, json: bool) -> Result<
     Ok(ExitCode::SUCCESS)
 }
 
-/// A dry run without a running service: the task's turn in its dry-run lane, in this process.
-fn heartbeat_dry_run_here(dir: &Path, name: &str) -> Result<serde_json::Value, String> {
+/// A heartbeat run with no service running: this process takes the directory, connects the
+/// channels (to deliver, never to receive), runs the task once through the same scheduler and
+/// outbox `perch run` uses, and stops. No scheduled slot fires meanwhile.
+fn heartbeat_run_here(dir: &Path, name: &str, dry_run: bool) -> Result<serde_json::Value, String> {
     let agent = match load_agent(dir)? {
         Ok(agent) => agent,
         Err(_) => return Err("the agent's files do not check: run `perch info`".into()),
     };
-    let env = heartbeat::heartbeat_env(&agent, heartbeat::host_tz());
-    let file = heartbeat::read_file(&heartbeat::file_path(&agent.dir), &env)?;
-    let task = file
-        .tasks
-        .into_iter()
-        .find(|task| task.name.as_str() == name)
-        .ok_or_else(|| format!("no task {name} in workspace/HEARTBEAT.yml"))?;
     runtime()?.block_on(async {
         let lookup = |name: &str| std::env::var(name).ok();
         let endpoint = model::endpoint_for(&agent, lookup)?;
-        let runtime = Runtime::start(
-            agent,
-            &MachineSetup::from_environment(),
-            model::connect(endpoint),
-            system_clock(),
-            lookup,
-        )?;
-        let origin = Origin {
-            channel: "heartbeat".into(),
-            room: Some(task.name.to_string()),
-            sender: None,
-        };
-        let lane_name = task.name.dry_run_lane();
-        let (lane, _) = match &task.model {
-            Some(model) => {
-                runtime
-                    .open_lane_with_model(&lane_name, origin, RunLimits::default(), model)
-                    .await?
-            }
-            None => runtime
-                .open_lane(&lane_name, origin, RunLimits::default())
-                .await
-                .map_err(|error| error.to_string())?,
-        };
-        let job = heartbeat::Job {
-            task,
-            slot: chrono::Utc::now(),
-            run: uuid::Uuid::now_v7().to_string(),
-            coalesced: 0,
-            last: None,
-            mode: heartbeat::Mode::DryRun,
-        };
-        let end = match heartbeat::take_turn(&lane, runtime.machine(), &job).await {
-            heartbeat::Turned::Ended(end) => end,
-            heartbeat::Turned::Verdict { verdict, reply } => heartbeat::JobEnd {
-                outcome: heartbeat::dry_outcome(&job, verdict),
-                reply,
-                stop: None,
+        let (end, ended) = tokio::sync::oneshot::channel();
+        let setup = ServiceSetup {
+            machine: MachineSetup::from_environment(),
+            model: model::connect(endpoint),
+            connectors: {
+                let state_dir = agent.dir.state_dir();
+                std::sync::Arc::new(move |channel: &perch::agent::LoadedChannel| {
+                    perch::channel::connect(channel, &state_dir, |name| std::env::var(name).ok())
+                })
             },
+            clock: system_clock(),
+            limits: RunLimits::default(),
+            reconnect: std::time::Duration::from_secs(1),
+            heartbeat_reload: heartbeat::RELOAD_EVERY,
+            notifier: Notifier::disabled(),
+            drain: std::time::Duration::from_secs(30),
+            metrics: std::sync::Arc::new(perch::metrics::Metrics::default()),
+            metrics_listener: None,
+            once: Some(perch::service::HeartbeatOnce {
+                task: name.to_owned(),
+                dry_run,
+                end,
+            }),
         };
-        let _ = lane
-            .note("heartbeat_outcome", heartbeat::outcome_note(&job, &end))
-            .await;
-        let closed = lane.close().await;
-        let stopped = runtime.machine().stop().await;
-        closed.map_err(|error| error.to_string())?;
-        stopped.map_err(|error| error.to_string())?;
+        perch::service::run(agent, setup, CancellationToken::new()).await?;
+        let end = ended
+            .await
+            .map_err(|_| "the heartbeat run ended without a result".to_owned())??;
         Ok(heartbeat::end_json(&end))
     })
 }

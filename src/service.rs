@@ -64,6 +64,17 @@ pub struct ServiceSetup {
     pub metrics: Arc<Metrics>,
     /// Where `GET /metrics` is answered, when `--metrics` asked for it.
     pub metrics_listener: Option<tokio::net::TcpListener>,
+    /// Set to serve one `perch heartbeat run` and stop, with no service running: channels are
+    /// connected for delivery but not received from, and no scheduled slot fires.
+    pub once: Option<HeartbeatOnce>,
+}
+
+/// One heartbeat run asked for on the command line, and where its end goes.
+#[derive(Debug)]
+pub struct HeartbeatOnce {
+    pub task: String,
+    pub dry_run: bool,
+    pub end: tokio::sync::oneshot::Sender<Result<JobEnd, String>>,
 }
 
 /// How long past the drain the service waits for aborted runs to be recorded.
@@ -202,9 +213,10 @@ struct Service {
 /// Runs the service until `shutdown` fires.
 pub async fn run(
     agent: LoadedAgent,
-    setup: ServiceSetup,
+    mut setup: ServiceSetup,
     shutdown: CancellationToken,
 ) -> Result<(), String> {
+    let once = setup.once.take();
     let state = agent.dir.state_dir();
     let channels_loaded = agent.channels.clone();
     let dir = agent.dir.clone();
@@ -330,7 +342,7 @@ pub async fn run(
     let inbox_recovered = service
         .resume_inbox(backlog.clone(), &unsettled.replied_to)
         .await?;
-    service.start_heartbeats(setup.heartbeat_reload)?;
+    service.start_heartbeats(setup.heartbeat_reload, setup.once.is_none())?;
     starts::write_json(
         &starts::last_start_path(&dir),
         &serde_json::json!({
@@ -356,6 +368,10 @@ pub async fn run(
     let (arrivals, mut incoming) = mpsc::channel::<(String, Arrival)>(256);
     let mut first_attempts = Vec::new();
     for (name, channel) in &service.channels {
+        if once.is_some() {
+            channel.set_connection("not receiving: this process serves one heartbeat run".into());
+            continue;
+        }
         let resume = backlog.cursors.get(name).cloned();
         let since: Vec<(String, String)> = backlog
             .last_seen
@@ -401,6 +417,18 @@ pub async fn run(
         }
     }
     drop(arrivals);
+    if let Some(once) = once {
+        let heartbeats = service.heartbeats.get().cloned();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let end = match heartbeats {
+                Some(heartbeats) => heartbeats.run_now(&once.task, once.dry_run).await,
+                None => Err("the heartbeat scheduler did not start".into()),
+            };
+            let _ = once.end.send(end);
+            stop.cancel();
+        });
+    }
     let notifier = &setup.notifier;
     // Ready once every channel's first connection attempt is over, connected or failed (so one
     // wrong token cannot hold it back), and at the latest after FIRST_CONNECTION.
@@ -963,7 +991,11 @@ impl Service {
     }
 
     /// Starts the heartbeat scheduler over the ledger in `.perch/heartbeats/`.
-    fn start_heartbeats(self: &Arc<Self>, reload_every: Duration) -> Result<(), String> {
+    fn start_heartbeats(
+        self: &Arc<Self>,
+        reload_every: Duration,
+        scheduled: bool,
+    ) -> Result<(), String> {
         let agent = self.runtime.agent();
         let env = heartbeat::heartbeat_env(agent, heartbeat::host_tz());
         let (ledger, records) =
@@ -997,6 +1029,7 @@ impl Service {
                     );
                 })
             }),
+            scheduled,
         };
         let heartbeats = heartbeat::start(setup, ledger, records, self.shutdown.clone());
         let _ = self.heartbeats.set(heartbeats);

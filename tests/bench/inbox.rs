@@ -259,6 +259,7 @@ mod double {
             drain: Duration::from_secs(30),
             metrics: Arc::default(),
             metrics_listener: None,
+            once: None,
         };
         let shutdown = CancellationToken::new();
         let service = tokio::spawn(run(loaded, setup, shutdown.clone()));

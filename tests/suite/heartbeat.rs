@@ -119,6 +119,7 @@ async fn start(
         reload_every: Duration::from_secs(60),
         run_job: recorder.run_job(),
         on_stop: None,
+        scheduled: true,
     };
     (
         heartbeat::start(setup, ledger, records, shutdown.clone()),

@@ -1494,3 +1494,48 @@ fn a_channel_that_cannot_connect_does_not_hold_readiness_back() {
     notify.wait_for("STOPPING=1");
     finish(child);
 }
+
+#[test]
+fn a_heartbeat_run_without_a_service_delivers_through_the_outbox_and_fires_no_slot() {
+    use super::fake_discord::{FakeDiscord, TOKEN as DISCORD_TOKEN};
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let discord = FakeDiscord::start();
+    let dir = discord_agent(&model, &discord, "rooms = { standup = \"555\" }");
+    discord.guild_channel(555);
+    // `every: 5m` is due at once in a running service's first minutes; here it must not fire.
+    write(
+        dir.path(),
+        "workspace/HEARTBEAT.yml",
+        "tasks:\n  - name: digest\n    prompt: Post the digest.\n    every: 5m\n    delivery: dc:standup\n",
+    );
+    model.push(Script::text("Message: Nothing is on fire."));
+    let output = Command::new(env!("CARGO_BIN_EXE_perch"))
+        .args(["heartbeat", "run", "digest", dir.path().to_str().unwrap()])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("PERCH_SANDBOX", "namespace-double")
+        .env("PERCH_CACHE", Places::from_environment().cache)
+        .env("DISCORD_TOKEN", DISCORD_TOKEN)
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{shown}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        shown.contains("valid verdict: message to dc:standup"),
+        "{shown}"
+    );
+    assert_eq!(discord.posted().len(), 1);
+    assert_eq!(discord.posted()[0].body["content"], "Nothing is on fire.");
+    assert_eq!(model.requests().len(), 1, "one run: the manual one");
+    let status = status_json(dir.path());
+    assert_eq!(status["running"], false);
+    assert_eq!(status["outbox_pending"], 0, "the delivery has its receipt");
+    assert!(
+        status["heartbeats"]["tasks"][0]["last"]["manual"] == true,
+        "recorded as a manual run: {status}"
+    );
+}
