@@ -44,7 +44,7 @@ pub fn estimate_tokens(system: &str, messages: &[Message]) -> u64 {
             .iter()
             .flat_map(|message| &message.parts)
             .map(|part| match part {
-                Part::Text { text } | Part::Reasoning { text } => text.len(),
+                Part::Text { text } | Part::Reasoning { text, .. } => text.len(),
                 Part::ToolCall {
                     name, arguments, ..
                 } => name.len() + arguments.to_string().len(),

@@ -6,11 +6,12 @@
 //! `message_delta` (stop reason, output usage) and `message_stop`, which ends the reply; `ping`
 //! may come anywhere and `error` ends the stream with an error.
 //!
-//! Reasoning parts in the history are not sent back: the API accepts a thinking block only with
-//! the signature it was streamed with, and perch does not keep signatures. Because the API
-//! demands that signed block at the start of an assistant turn that is still running tools, a
-//! request that continues such a turn (its last message holds tool results) goes without
-//! `thinking`; thinking applies again from the next user message.
+//! A thinking block is kept with the signature it was streamed with (`signature_delta`), and sent
+//! back, signed, when the request has thinking on. The API demands that signed block at the
+//! start of an assistant turn that is still running tools, so a request that continues such a
+//! turn (its last message holds tool results) has thinking on only if that turn's reply began
+//! with a signed block; otherwise (a redacted block, a reply from before signatures were kept) it
+//! goes without `thinking`, and thinking applies again from the next user message.
 
 use super::draft::{CallSlot, Decoder, Draft, json, str_at, stream_error, u64_at};
 use super::{Endpoint, ModelErrorKind, ModelReply, ModelRequest, StopReason, StreamEvent};
@@ -27,9 +28,16 @@ const MIN_BUDGET: u32 = 1024;
 
 /// The request body.
 pub(crate) fn body(endpoint: &Endpoint, request: &ModelRequest) -> Value {
+    let continues_tool_use = request
+        .messages
+        .last()
+        .is_some_and(|message| message.role == Role::Tool);
+    let budget = thinking_budget(request.thinking, endpoint.model.max_tokens)
+        .filter(|_| endpoint.model.reasoning)
+        .filter(|_| !continues_tool_use || last_turn_signed(&request.messages));
     let mut messages: Vec<(&str, Vec<Value>)> = Vec::new();
     for message in &request.messages {
-        let (role, blocks) = blocks(message);
+        let (role, blocks) = blocks(message, budget.is_some());
         if blocks.is_empty() {
             continue;
         }
@@ -64,17 +72,28 @@ pub(crate) fn body(endpoint: &Endpoint, request: &ModelRequest) -> Value {
             })
             .collect();
     }
-    let continues_tool_use = request
-        .messages
-        .last()
-        .is_some_and(|message| message.role == Role::Tool);
-    if endpoint.model.reasoning
-        && !continues_tool_use
-        && let Some(budget) = thinking_budget(request.thinking, endpoint.model.max_tokens)
-    {
+    if let Some(budget) = budget {
         body["thinking"] = json!({"type": "enabled", "budget_tokens": budget});
     }
     body
+}
+
+/// Whether the assistant turn the tool results answer began with a signed thinking block.
+fn last_turn_signed(messages: &[Message]) -> bool {
+    messages
+        .iter()
+        .rev()
+        .find(|message| message.role == Role::Assistant)
+        .and_then(|message| message.parts.first())
+        .is_some_and(|part| {
+            matches!(
+                part,
+                Part::Reasoning {
+                    signature: Some(_),
+                    ..
+                }
+            )
+        })
 }
 
 /// Tokens the model may think for at each level, kept below `max_tokens` so that the answer
@@ -90,7 +109,7 @@ pub(crate) fn thinking_budget(thinking: Thinking, max_tokens: u32) -> Option<u32
     (budget >= MIN_BUDGET).then_some(budget)
 }
 
-fn blocks(message: &Message) -> (&'static str, Vec<Value>) {
+fn blocks(message: &Message, with_thinking: bool) -> (&'static str, Vec<Value>) {
     let role = match message.role {
         Role::Assistant => "assistant",
         Role::User | Role::Tool => "user",
@@ -113,6 +132,12 @@ fn blocks(message: &Message) -> (&'static str, Vec<Value>) {
     }
     for part in &message.parts {
         match part {
+            Part::Reasoning {
+                text,
+                signature: Some(signature),
+            } if with_thinking && message.role == Role::Assistant => {
+                blocks.push(json!({"type": "thinking", "thinking": text, "signature": signature}));
+            }
             Part::Text { text } if !text.trim().is_empty() => {
                 blocks.push(json!({"type": "text", "text": text}));
             }
@@ -176,8 +201,14 @@ impl Decoder for AnthropicDecoder {
                         Block::Text
                     }
                     Some("thinking") => {
+                        self.draft.begin_reasoning();
                         self.draft
                             .reasoning(str_at(block, "/thinking").unwrap_or(""), out);
+                        if let Some(signature) =
+                            str_at(block, "/signature").filter(|signature| !signature.is_empty())
+                        {
+                            self.draft.sign(signature);
+                        }
                         Block::Thinking
                     }
                     Some("tool_use") => {
@@ -212,6 +243,9 @@ impl Decoder for AnthropicDecoder {
                     (Some("thinking_delta"), Some(Block::Thinking)) => {
                         self.draft
                             .reasoning(str_at(delta, "/thinking").unwrap_or(""), out);
+                    }
+                    (Some("signature_delta"), Some(Block::Thinking)) => {
+                        self.draft.sign(str_at(delta, "/signature").unwrap_or(""));
                     }
                     (Some("input_json_delta"), Some(Block::Call(slot))) => {
                         self.draft
@@ -340,7 +374,53 @@ mod tests {
         assert!(body(&plain, &request).get("thinking").is_none());
         request.messages.truncate(3);
         assert_eq!(request.messages.last().unwrap().role, Role::Tool);
-        assert!(body(&reasoning, &request).get("thinking").is_none());
+        assert!(
+            body(&reasoning, &request).get("thinking").is_none(),
+            "an unsigned turn cannot continue with thinking on"
+        );
+    }
+
+    #[test]
+    fn a_signed_thinking_block_goes_back_and_keeps_thinking_on_mid_tool_use() {
+        let reasoning = endpoint(Api::AnthropicMessages, true);
+        let mut request = request(history());
+        request.thinking = Thinking::Low;
+        request.messages.truncate(3);
+        let turn = request
+            .messages
+            .iter_mut()
+            .rev()
+            .find(|message| message.role == Role::Assistant)
+            .unwrap();
+        turn.parts
+            .retain(|part| !matches!(part, Part::Reasoning { .. }));
+        turn.parts.insert(
+            0,
+            Part::Reasoning {
+                text: "I should look.".into(),
+                signature: Some("sig-1".into()),
+            },
+        );
+        let sent = body(&reasoning, &request);
+        assert_eq!(sent["thinking"]["type"], "enabled");
+        let assistant = sent["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|message| message["role"] == "assistant")
+            .unwrap();
+        assert_eq!(
+            assistant["content"][0],
+            json!({"type": "thinking", "thinking": "I should look.", "signature": "sig-1"})
+        );
+        request.thinking = Thinking::Off;
+        let sent = body(&reasoning, &request);
+        assert!(sent.get("thinking").is_none());
+        assert!(
+            !sent.to_string().contains("sig-1"),
+            "thinking blocks go back only with thinking on"
+        );
     }
 
     #[test]
@@ -376,7 +456,8 @@ mod tests {
             reply.parts,
             vec![
                 Part::Reasoning {
-                    text: "Let me check.".into()
+                    text: "Let me check.".into(),
+                    signature: Some("EqQB".into()),
                 },
                 Part::Text {
                     text: "Checking.".into()

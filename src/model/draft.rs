@@ -27,7 +27,10 @@ pub(crate) struct Draft {
 #[derive(Debug)]
 enum DraftPart {
     Text(String),
-    Reasoning(String),
+    Reasoning {
+        text: String,
+        signature: Option<String>,
+    },
     Call(DraftCall),
 }
 
@@ -60,10 +63,28 @@ impl Draft {
             return;
         }
         match self.parts.last_mut() {
-            Some(DraftPart::Reasoning(text)) => text.push_str(delta),
-            _ => self.parts.push(DraftPart::Reasoning(delta.to_owned())),
+            Some(DraftPart::Reasoning { text, .. }) => text.push_str(delta),
+            _ => self.parts.push(DraftPart::Reasoning {
+                text: delta.to_owned(),
+                signature: None,
+            }),
         }
         out.push(StreamEvent::Reasoning(delta.to_owned()));
+    }
+
+    /// Begins a reasoning block of its own (a signed block is never merged with another).
+    pub(crate) fn begin_reasoning(&mut self) {
+        self.parts.push(DraftPart::Reasoning {
+            text: String::new(),
+            signature: None,
+        });
+    }
+
+    /// Adds to the signature of the reasoning block in progress.
+    pub(crate) fn sign(&mut self, delta: &str) {
+        if let Some(DraftPart::Reasoning { signature, .. }) = self.parts.last_mut() {
+            signature.get_or_insert_with(String::new).push_str(delta);
+        }
     }
 
     /// Begins a tool call; it is announced on `out` as soon as both its id and name are known.
@@ -151,7 +172,11 @@ impl Draft {
         for part in self.parts {
             match part {
                 DraftPart::Text(text) => parts.push(Part::Text { text }),
-                DraftPart::Reasoning(text) => parts.push(Part::Reasoning { text }),
+                DraftPart::Reasoning { text, signature } => {
+                    if !text.is_empty() || signature.is_some() {
+                        parts.push(Part::Reasoning { text, signature });
+                    }
+                }
                 DraftPart::Call(call) => {
                     let arguments = if call.arguments.trim().is_empty() {
                         Ok(serde_json::json!({}))
@@ -284,7 +309,8 @@ mod tests {
             reply.parts,
             vec![
                 Part::Reasoning {
-                    text: "thinking".into()
+                    text: "thinking".into(),
+                    signature: None,
                 },
                 Part::Text {
                     text: "Hello".into()

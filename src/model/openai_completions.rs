@@ -322,7 +322,8 @@ mod tests {
             reply.parts,
             vec![
                 Part::Reasoning {
-                    text: "Two calls.".into()
+                    text: "Two calls.".into(),
+                    signature: None,
                 },
                 Part::ToolCall {
                     call_id: "call_a".into(),

@@ -341,7 +341,8 @@ mod tests {
             reply.parts,
             vec![
                 Part::Reasoning {
-                    text: "**Plan**".into()
+                    text: "**Plan**".into(),
+                    signature: None,
                 },
                 Part::Text {
                     text: "On it".into()

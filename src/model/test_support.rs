@@ -51,6 +51,7 @@ pub(crate) fn history() -> Vec<Message> {
             parts: vec![
                 Part::Reasoning {
                     text: "I should look.".into(),
+                    signature: None,
                 },
                 text("Looking."),
                 Part::ToolCall {
@@ -85,6 +86,7 @@ pub(crate) fn history() -> Vec<Message> {
             parts: vec![
                 Part::Reasoning {
                     text: "Answer now.".into(),
+                    signature: None,
                 },
                 text("Done."),
             ],

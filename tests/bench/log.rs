@@ -172,6 +172,7 @@ async fn write_realistic_lane(dir: &Path, lines: u64) -> u64 {
                 vec![
                     Part::Reasoning {
                         text: filler(sizes.next(100, 600)),
+                        signature: None,
                     },
                     Part::ToolCall {
                         call_id: call_id.clone(),

@@ -144,7 +144,10 @@ async fn reasoning_streams_before_the_answer() {
             reply.parts,
             vec![
                 Part::Reasoning {
-                    text: "The user wants the answer, so compute it.".into()
+                    text: "The user wants the answer, so compute it.".into(),
+                    // Anthropic signs its thinking; the block is kept with its signature.
+                    signature: (api == Api::AnthropicMessages)
+                        .then(|| "EqQBCkYIARgCKkBfakesignature".to_owned()),
                 },
                 Part::Text {
                     text: "It is 42.".into()
@@ -270,6 +273,7 @@ fn tool_request() -> ModelRequest {
                 parts: vec![
                     Part::Reasoning {
                         text: "never sent back".into(),
+                        signature: None,
                     },
                     Part::ToolCall {
                         call_id: "call_a".into(),

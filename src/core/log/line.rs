@@ -144,6 +144,10 @@ pub enum Part {
     },
     Reasoning {
         text: String,
+        /// The provider's signature over `text` (Anthropic's thinking blocks), which lets the
+        /// block be sent back while a tool-using turn continues.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signature: Option<String>,
     },
     ToolCall {
         call_id: String,
