@@ -390,8 +390,10 @@ pub async fn run(
         let receiving = receive_forever(
             name.clone(),
             Arc::clone(channel),
-            resume,
-            since,
+            ReceiveFrom {
+                cursor: resume,
+                since,
+            },
             arrivals.clone(),
             setup.reconnect,
             Some(over),
@@ -498,18 +500,28 @@ pub async fn run(
     Ok(())
 }
 
+/// Where a channel's receiving resumes: the cursor perch journaled last (Telegram's update id,
+/// Matrix's sync token) and, per room, the last journaled event to back-fill from.
+struct ReceiveFrom {
+    cursor: Option<String>,
+    since: Vec<(String, String)>,
+}
+
 /// Keeps one channel connected: reconnects with backoff after a drop (1 s doubling to a
 /// minute), and only every [`REFUSED_RETRY`] after its credentials were refused, until shutdown.
 async fn receive_forever(
     name: String,
     channel: Arc<Channel>,
-    mut resume: Option<String>,
-    since: Vec<(String, String)>,
+    from: ReceiveFrom,
     arrivals: mpsc::Sender<(String, Arrival)>,
     first_wait: Duration,
     mut first_attempt: Option<tokio::sync::oneshot::Sender<()>>,
     shutdown: CancellationToken,
 ) {
+    let ReceiveFrom {
+        cursor: mut resume,
+        since,
+    } = from;
     let mut wait = first_wait;
     loop {
         let (events, mut received) = mpsc::channel::<Arrival>(64);
