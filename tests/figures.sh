@@ -31,7 +31,7 @@ awk -v bytes="$size" 'BEGIN { printf "stripped release binary: %.1f MiB (%d byte
 # perch run against the fakes and Synapse, in a release build (the namespace double stands in
 # for the microVM, which these figures do not touch).
 cargo test --locked --release "${features[@]}" --test all -- --ignored --nocapture --test-threads 1 \
-  suite::figures:: 2>&1 | grep -E '^(start to first|idle RSS)'
+  suite::figures:: 2>&1 | grep -oE '(start to first|idle RSS).*'
 
 # The inbox, per-turn overhead and exec figures.
 cargo bench --locked --bench bench "${features[@]}"
