@@ -677,7 +677,8 @@ fn matrix_agent(model: &FakeModel, bot: &Account, alice: &Account) -> tempfile::
     dir
 }
 
-fn start_perch(dir: &Path, bot: &Account) -> Child {
+/// `perch run DIR` as `bot`, on the namespace double, with `env` added.
+fn perch_run(dir: &Path, bot: &Account, env: &[(&str, &str)]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_perch"))
         .args(["run", dir.to_str().unwrap()])
         .env_clear()
@@ -686,11 +687,16 @@ fn start_perch(dir: &Path, bot: &Account) -> Child {
         .env("PERCH_CACHE", Places::from_environment().cache)
         .env("MATRIX_PASSWORD", &bot.password)
         .env("MATRIX_STORE_PASSPHRASE", PASSPHRASE)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
+}
+
+fn start_perch(dir: &Path, bot: &Account) -> Child {
+    perch_run(dir, bot, &[])
 }
 
 fn stop_perch(child: Child) -> String {
@@ -1014,20 +1020,7 @@ async fn a_matrix_file_reaches_the_model_and_a_reply_attaches_a_file_through_per
 // Crashes and bursts through perch run.
 
 fn start_perch_failing(dir: &Path, bot: &Account, failpoint: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_perch"))
-        .args(["run", dir.to_str().unwrap()])
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("PERCH_SANDBOX", "namespace-double")
-        .env("PERCH_CACHE", Places::from_environment().cache)
-        .env("MATRIX_PASSWORD", &bot.password)
-        .env("MATRIX_STORE_PASSPHRASE", PASSPHRASE)
-        .env("PERCH_FAILPOINT", failpoint)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+    perch_run(dir, bot, &[("PERCH_FAILPOINT", failpoint)])
 }
 
 fn last_user_text(request: &Value) -> String {
@@ -1165,20 +1158,7 @@ async fn the_standup_example_posts_its_digest_to_the_room_and_its_idle_check_cos
         .replace("!REPLACE-with-the-standup-room-id:example.org", &room)
         .replace("@REPLACE-with-your-user-id:example.org", &alice.user_id);
     std::fs::write(&channel, text).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_perch"))
-        .args(["run", dir.path().to_str().unwrap()])
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("PERCH_SANDBOX", "namespace-double")
-        .env("PERCH_CACHE", Places::from_environment().cache)
-        .env("MATRIX_PASSWORD", &bot.password)
-        .env("MATRIX_STORE_PASSPHRASE", PASSPHRASE)
-        .env("OPENAI_API_KEY", "sk-test-standup")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = perch_run(dir.path(), &bot, &[("OPENAI_API_KEY", "sk-test-standup")]);
     alice.wait_joined(&room, &bot.user_id).await;
 
     let perch = |args: &[&str]| {
@@ -1256,21 +1236,14 @@ async fn one_perch_run_answers_on_telegram_discord_and_matrix_at_once() {
             discord.url()
         ),
     );
-    let child = Command::new(env!("CARGO_BIN_EXE_perch"))
-        .args(["run", dir.path().to_str().unwrap()])
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("PERCH_SANDBOX", "namespace-double")
-        .env("PERCH_CACHE", Places::from_environment().cache)
-        .env("MATRIX_PASSWORD", &bot.password)
-        .env("MATRIX_STORE_PASSPHRASE", PASSPHRASE)
-        .env("TELEGRAM_TOKEN", TELEGRAM_TOKEN)
-        .env("DISCORD_TOKEN", DISCORD_TOKEN)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = perch_run(
+        dir.path(),
+        &bot,
+        &[
+            ("TELEGRAM_TOKEN", TELEGRAM_TOKEN),
+            ("DISCORD_TOKEN", DISCORD_TOKEN),
+        ],
+    );
     let room = alice.create_dm(&bot.user_id).await;
     alice.wait_joined(&room, &bot.user_id).await;
     let carol = User::human(42, "Carol");
