@@ -129,16 +129,41 @@ fn a_telegram_message_is_answered_in_its_chat_as_a_reply() {
     assert_eq!(model.requests().len(), 2, "nothing was answered twice");
 }
 
-#[test]
-fn a_crash_between_journal_and_acknowledgement_loses_and_doubles_nothing() {
+/// A Telegram agent whose `perch run` died at `failpoint` while handling one message from Alice;
+/// the model answers it with `reply` if given.
+struct Crashed {
+    model: FakeModel,
+    telegram: FakeTelegram,
+    dir: tempfile::TempDir,
+}
+
+fn crash_on_one_message(reply: Option<&str>, text: &str, failpoint: &str) -> Crashed {
     let model = FakeModel::start(Api::OpenAiCompletions);
     let telegram = FakeTelegram::start();
     let dir = telegram_agent(&model, &telegram);
     let alice = User::human(42, "Alice");
-    telegram.push_message(&Chat::private(&alice), &alice, "are you there?");
-    let child = start(dir.path(), Some("after:inbox_journaled"));
-    let output = child.wait_with_output().unwrap();
-    assert!(!output.status.success(), "the failpoint fired");
+    if let Some(reply) = reply {
+        model.push(Script::text(reply));
+    }
+    telegram.push_message(&Chat::private(&alice), &alice, text);
+    let output = start(dir.path(), Some(failpoint))
+        .wait_with_output()
+        .unwrap();
+    assert!(!output.status.success(), "the failpoint {failpoint} fired");
+    Crashed {
+        model,
+        telegram,
+        dir,
+    }
+}
+
+#[test]
+fn a_crash_between_journal_and_acknowledgement_loses_and_doubles_nothing() {
+    let Crashed {
+        model,
+        telegram,
+        dir,
+    } = crash_on_one_message(None, "are you there?", "after:inbox_journaled");
     assert!(telegram.sent().is_empty());
 
     model.push(Script::text("yes, once"));
@@ -151,15 +176,15 @@ fn a_crash_between_journal_and_acknowledgement_loses_and_doubles_nothing() {
 
 #[test]
 fn a_crash_after_the_delivery_intent_is_reported_not_resent_on_telegram() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram);
-    let alice = User::human(42, "Alice");
-    model.push(Script::text("this may or may not have been posted"));
-    telegram.push_message(&Chat::private(&alice), &alice, "hello");
-    let child = start(dir.path(), Some("after:delivery_intent"));
-    let output = child.wait_with_output().unwrap();
-    assert!(!output.status.success(), "the failpoint fired");
+    let Crashed {
+        model,
+        telegram,
+        dir,
+    } = crash_on_one_message(
+        Some("this may or may not have been posted"),
+        "hello",
+        "after:delivery_intent",
+    );
 
     let child = start(dir.path(), None);
     let stderr = {
@@ -1015,15 +1040,12 @@ fn three_crashes_in_a_row_start_the_fourth_with_channels_paused() {
 
 #[test]
 fn status_shows_what_a_crash_left_and_what_the_next_start_recovered() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram);
-    let alice = User::human(42, "Alice");
-    model.push(Script::text("never sent"));
-    telegram.push_message(&Chat::private(&alice), &alice, "hello");
-    let child = start(dir.path(), Some("after:operation_started"));
-    let output = child.wait_with_output().unwrap();
-    assert!(!output.status.success(), "the failpoint fired");
+    // The fakes stay up (unused by name) for the restart.
+    let Crashed {
+        model: _model,
+        telegram: _telegram,
+        dir,
+    } = crash_on_one_message(Some("never sent"), "hello", "after:operation_started");
 
     let status = status_json(dir.path());
     assert_eq!(status["running"], false);
@@ -1322,15 +1344,15 @@ fn metrics_on_an_address_other_than_loopback_are_warned_about() {
 
 #[test]
 fn a_reply_lost_between_the_run_and_the_outbox_is_delivered_after_a_restart() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram);
-    let alice = User::human(42, "Alice");
-    model.push(Script::text("the answer, once"));
-    telegram.push_message(&Chat::private(&alice), &alice, "what is it?");
-    let child = start(dir.path(), Some("before:delivery_intent"));
-    let output = child.wait_with_output().unwrap();
-    assert!(!output.status.success(), "the failpoint fired");
+    let Crashed {
+        model,
+        telegram,
+        dir,
+    } = crash_on_one_message(
+        Some("the answer, once"),
+        "what is it?",
+        "before:delivery_intent",
+    );
     assert!(telegram.sent().is_empty());
 
     let child = start(dir.path(), None);
@@ -1351,15 +1373,11 @@ fn a_reply_lost_between_the_run_and_the_outbox_is_delivered_after_a_restart() {
 
 #[test]
 fn a_run_interrupted_by_a_crash_is_answered_with_a_note_not_repeated() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram);
-    let alice = User::human(42, "Alice");
-    model.push(Script::text("never reached"));
-    telegram.push_message(&Chat::private(&alice), &alice, "do the thing");
-    let child = start(dir.path(), Some("after:user_entry"));
-    let output = child.wait_with_output().unwrap();
-    assert!(!output.status.success(), "the failpoint fired");
+    let Crashed {
+        model,
+        telegram,
+        dir,
+    } = crash_on_one_message(Some("never reached"), "do the thing", "after:user_entry");
 
     let child = start(dir.path(), None);
     wait_until("the note", || !telegram.sent().is_empty());
