@@ -12,6 +12,7 @@ mod fake_model;
 mod fake_telegram;
 mod figures;
 mod heartbeat;
+mod hostile;
 mod image;
 mod inbox;
 mod journal;
