@@ -11,6 +11,7 @@ use crate::channel::BoxFuture;
 use crate::lane::{Input, Lane};
 use crate::log::{Clock, Journal, JournalEntry, JournalWriter, Journaled, LogError, peek_journal};
 use crate::sandbox::{Command, End, Machine};
+use crate::workspace::read_workspace_text;
 use perch_core::Timestamp;
 use perch_core::heartbeat::{
     Finished, HeartbeatEnv, HeartbeatFile, HeartbeatTask, LedgerRecord, LedgerState, Plan,
@@ -46,9 +47,12 @@ pub fn ledger_dir(dir: &AgentDir) -> PathBuf {
     dir.state_dir().join("heartbeats")
 }
 
+/// The heartbeat file's name in the workspace.
+const FILE_NAME: &str = "HEARTBEAT.yml";
+
 /// The heartbeat file of an agent.
 pub fn file_path(dir: &AgentDir) -> PathBuf {
-    dir.workspace().join("HEARTBEAT.yml")
+    dir.workspace().join(FILE_NAME)
 }
 
 /// What the rest of the agent says that the heartbeat file is checked against: the room aliases
@@ -96,23 +100,57 @@ pub fn host_tz() -> chrono_tz::Tz {
         .unwrap_or(chrono_tz::Tz::UTC)
 }
 
-/// Reads and checks the heartbeat file; a missing file has no tasks. The error is the file's
-/// problems, one per line.
-pub fn read_file(path: &Path, env: &HeartbeatEnv) -> Result<HeartbeatFile, String> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(HeartbeatFile::default());
-        }
-        Err(error) => return Err(format!("{}: cannot read: {error}", path.display())),
-    };
-    parse_heartbeat_file(&text, env).map_err(|problems| {
+/// The most bytes of `HEARTBEAT.yml` perch reads; a longer file is a problem.
+pub const FILE_LIMIT: u64 = 256 * 1024;
+
+/// The heartbeat file's text, read without following a symlink, only when it is a regular
+/// file, and at most [`FILE_LIMIT`] bytes; a missing file reads as empty. Never blocks on a FIFO
+/// or a device. The error is the file's problem.
+fn read_text(workspace: &Path) -> Result<String, String> {
+    match read_workspace_text(workspace, Path::new(FILE_NAME), FILE_LIMIT) {
+        Ok(text) => Ok(text.unwrap_or_default()),
+        Err(problem) => Err(problem.to_string()),
+    }
+}
+
+/// Reads and checks the heartbeat file of the agent in `dir`; a missing file has no tasks. The
+/// error is the file's problems, one per line.
+pub fn read_file(dir: &AgentDir, env: &HeartbeatEnv) -> Result<HeartbeatFile, String> {
+    check(&read_text(&dir.workspace())?, env)
+}
+
+fn check(text: &str, env: &HeartbeatEnv) -> Result<HeartbeatFile, String> {
+    parse_heartbeat_file(text, env).map_err(|problems| {
         problems
             .iter()
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join("\n")
     })
+}
+
+/// What one look at the heartbeat file found.
+enum Reloaded {
+    /// The same text as last time: nothing to check again.
+    Unchanged,
+    Unreadable(String),
+    Read {
+        text: String,
+        checked: Result<HeartbeatFile, String>,
+    },
+}
+
+/// Reads the file and, when its text differs from `seen`, checks it. Blocking: the scheduler
+/// runs it off the async runtime.
+fn look(workspace: &Path, env: &HeartbeatEnv, seen: Option<&str>) -> Reloaded {
+    match read_text(workspace) {
+        Err(error) => Reloaded::Unreadable(error),
+        Ok(text) if seen == Some(text.as_str()) => Reloaded::Unchanged,
+        Ok(text) => {
+            let checked = check(&text, env);
+            Reloaded::Read { text, checked }
+        }
+    }
 }
 
 /// The ledger's records still in force, oldest first, read without taking the ledger (for
@@ -325,7 +363,6 @@ pub fn start(
 ) -> Heartbeats {
     let (requests, inbox) = mpsc::unbounded_channel();
     let scheduler = Scheduler {
-        file_path: file_path(&setup.dir),
         setup,
         ledger,
         records,
@@ -351,7 +388,6 @@ struct Done {
 
 struct Scheduler {
     setup: SchedulerSetup,
-    file_path: PathBuf,
     ledger: Ledger,
     /// The ledger's records in force, with their sequence numbers, in order.
     records: Vec<(u64, LedgerRecord)>,
@@ -377,7 +413,7 @@ impl Scheduler {
     ) {
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
         loop {
-            self.reload();
+            self.reload().await;
             let wake = match self.step_if_scheduled(&done_tx).await {
                 Ok(wake) => wake,
                 Err(error) => {
@@ -425,28 +461,41 @@ impl Scheduler {
     }
 
     /// Reads the file if it changed; an edit that does not check keeps the last good schedule.
-    fn reload(&mut self) {
-        let text = match std::fs::read_to_string(&self.file_path) {
-            Ok(text) => text,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => String::new(),
+    /// A read that fails is tried again on the next look, and its error goes once one succeeds.
+    async fn reload(&mut self) {
+        let workspace = self.setup.dir.workspace();
+        let env = self.setup.env.clone();
+        let seen = self.seen_text.take();
+        let looked = tokio::task::spawn_blocking(move || {
+            let reloaded = look(&workspace, &env, seen.as_deref());
+            (seen, reloaded)
+        })
+        .await;
+        let (seen_before, text, checked) = match looked {
             Err(error) => {
                 self.reload_error = Some(format!(
-                    "{}: cannot read: {error}",
-                    self.file_path.display()
+                    "{}: the check stopped: {error}",
+                    perch_core::heartbeat::FILE
                 ));
                 return;
             }
+            Ok((seen, Reloaded::Unchanged)) => {
+                self.seen_text = seen;
+                return;
+            }
+            Ok((_, Reloaded::Unreadable(error))) => {
+                self.reload_error = Some(error);
+                return;
+            }
+            Ok((seen, Reloaded::Read { text, checked })) => (seen.is_some(), text, checked),
         };
-        if self.seen_text.as_deref() == Some(text.as_str()) {
-            return;
-        }
-        match parse_heartbeat_file(&text, &self.setup.env) {
+        match checked {
             Ok(file) => {
                 let now = self.setup.clock.now();
                 for task in &file.tasks {
                     self.first_seen.entry(task.name.clone()).or_insert(now);
                 }
-                if self.seen_text.is_some() {
+                if seen_before {
                     tracing::info!(
                         tasks = file.tasks.len(),
                         "heartbeats: reloaded {} ({} tasks)",
@@ -457,12 +506,7 @@ impl Scheduler {
                 self.loaded = Some(file);
                 self.reload_error = None;
             }
-            Err(problems) => {
-                let error = problems
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("\n");
+            Err(error) => {
                 tracing::warn!(
                     "heartbeats: the edit does not check; the last good schedule keeps running:\n{error}"
                 );

@@ -48,6 +48,17 @@ pub fn to_json(agent: &LoadedAgent) -> serde_json::Value {
         "tools": definition.tools.iter().map(tool_json).collect::<Vec<_>>(),
         "channels": agent.channels.iter().map(channel_json).collect::<Vec<_>>(),
         "heartbeats": heartbeats_json(agent),
+        "skills": skills_json(agent),
+    })
+}
+
+/// The skills the workspace holds, and the problem of each file left out (by its name, so a
+/// hostile or broken `SKILL.md` is easy to find).
+fn skills_json(agent: &LoadedAgent) -> serde_json::Value {
+    let (skills, problems) = crate::skills::skills_catalog(&agent.dir.workspace());
+    json!({
+        "names": skills.iter().map(|skill| skill.name.clone()).collect::<Vec<_>>(),
+        "problems": problems.iter().map(ToString::to_string).collect::<Vec<_>>(),
     })
 }
 
@@ -56,7 +67,7 @@ pub fn to_json(agent: &LoadedAgent) -> serde_json::Value {
 /// good schedule.
 fn heartbeats_json(agent: &LoadedAgent) -> serde_json::Value {
     let env = crate::heartbeat::heartbeat_env(agent, crate::heartbeat::host_tz());
-    match crate::heartbeat::read_file(&crate::heartbeat::file_path(&agent.dir), &env) {
+    match crate::heartbeat::read_file(&agent.dir, &env) {
         Ok(file) => json!({
             "tasks": file.tasks.iter().map(|task| task.name.to_string()).collect::<Vec<_>>(),
         }),
@@ -291,6 +302,22 @@ pub fn to_text(agent: &LoadedAgent) -> String {
             format!("HEARTBEAT.yml does not check:\n{error}"),
         ),
         (None, None) => {}
+    }
+    let skills = skills_json(agent);
+    let names: Vec<&str> = skills["names"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(serde_json::Value::as_str)
+        .collect();
+    row("skills", list_or_none(&names));
+    for problem in skills["problems"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(serde_json::Value::as_str)
+    {
+        row("", format!("left out: {problem}"));
     }
     out
 }

@@ -885,7 +885,7 @@ fn heartbeat_listing(agent_dir: &AgentDir) -> Result<serde_json::Value, String> 
         )
     })?;
     let env = heartbeat::heartbeat_env(&loaded, heartbeat::host_tz());
-    let (tasks, error) = match heartbeat::read_file(&heartbeat::file_path(agent_dir), &env) {
+    let (tasks, error) = match heartbeat::read_file(agent_dir, &env) {
         Ok(file) => (file.tasks, None),
         Err(error) => (Vec::new(), Some(error)),
     };

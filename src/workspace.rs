@@ -177,6 +177,52 @@ impl WorkspaceDir {
     /// Reads the file `name` in this directory; see [`read_workspace_file`].
     pub fn read_file(&self, name: &OsStr) -> Result<Option<WorkspaceText>, Problem> {
         let relative = self.relative.join(name);
+        let Some((mut bytes, size)) = self.read_up_to(name, WORKSPACE_FILE_LIMIT)? else {
+            return Ok(None);
+        };
+        let cut_from = (bytes.len() as u64 > WORKSPACE_FILE_LIMIT).then_some(size);
+        if cut_from.is_some() {
+            bytes.truncate(usize::try_from(WORKSPACE_FILE_LIMIT).unwrap_or(usize::MAX));
+            if let Err(error) = std::str::from_utf8(&bytes)
+                && error.error_len().is_none()
+            {
+                bytes.truncate(error.valid_up_to());
+            }
+        }
+        match String::from_utf8(bytes) {
+            Ok(text) => Ok(Some(WorkspaceText { text, cut_from })),
+            Err(_) => Err(problem(&relative, "is not UTF-8 text", "save it as UTF-8")),
+        }
+    }
+
+    /// Reads the file `name` in this directory whole, as UTF-8 text, like
+    /// [`WorkspaceDir::read_file`] reads it, except that a file longer than `limit` bytes is
+    /// refused with a problem naming the limit rather than cut.
+    pub fn read_whole_file(&self, name: &OsStr, limit: u64) -> Result<Option<String>, Problem> {
+        let relative = self.relative.join(name);
+        let Some((bytes, size)) = self.read_up_to(name, limit)? else {
+            return Ok(None);
+        };
+        if bytes.len() as u64 > limit {
+            return Err(problem(
+                &relative,
+                &format!(
+                    "is {}, larger than the limit of {}",
+                    byte_size(size.max(bytes.len() as u64)),
+                    byte_size(limit)
+                ),
+                "make it smaller",
+            ));
+        }
+        String::from_utf8(bytes)
+            .map(Some)
+            .map_err(|_| problem(&relative, "is not UTF-8 text", "save it as UTF-8"))
+    }
+
+    /// The first `limit + 1` bytes of the regular file `name` (so a longer file shows), and its
+    /// size; `Ok(None)` when there is none.
+    fn read_up_to(&self, name: &OsStr, limit: u64) -> Result<Option<(Vec<u8>, u64)>, Problem> {
+        let relative = self.relative.join(name);
         let checked = match fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(checked) => checked,
             Err(Errno::ENOENT) => return Ok(None),
@@ -207,36 +253,56 @@ impl WorkspaceDir {
                 ));
             }
             let mut bytes = Vec::new();
-            file.take(WORKSPACE_FILE_LIMIT + 1)
-                .read_to_end(&mut bytes)?;
+            file.take(limit + 1).read_to_end(&mut bytes)?;
             Ok((bytes, opened.len()))
         });
-        let (mut bytes, size) = read.map_err(|error| {
+        read.map(Some).map_err(|error| {
             problem(
                 &relative,
                 &format!("cannot be read: {error}"),
                 "check that it is a regular file that perch may read",
             )
-        })?;
-        let cut_from = (bytes.len() as u64 > WORKSPACE_FILE_LIMIT).then_some(size);
-        if cut_from.is_some() {
-            bytes.truncate(usize::try_from(WORKSPACE_FILE_LIMIT).unwrap_or(usize::MAX));
-            if let Err(error) = std::str::from_utf8(&bytes)
-                && error.error_len().is_none()
-            {
-                bytes.truncate(error.valid_up_to());
-            }
-        }
-        match String::from_utf8(bytes) {
-            Ok(text) => Ok(Some(WorkspaceText { text, cut_from })),
-            Err(_) => Err(problem(&relative, "is not UTF-8 text", "save it as UTF-8")),
-        }
+        })
     }
 
     fn kind(&self, name: &OsStr) -> Option<EntryKind> {
         fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW)
             .ok()
             .map(|stat| kind_of_mode(stat.st_mode))
+    }
+}
+
+/// Reads `relative` (a plain relative path) under `workspace` whole, as UTF-8 text, refused like
+/// [`read_workspace_file`] refuses it, and also when it is longer than `limit` bytes.
+/// `Ok(None)` when it does not exist.
+pub fn read_workspace_text(
+    workspace: &Path,
+    relative: &Path,
+    limit: u64,
+) -> Result<Option<String>, Problem> {
+    let (Some(parent), Some(name)) = (relative.parent(), relative.file_name()) else {
+        return Err(problem(
+            relative,
+            "is not a plain path inside the workspace",
+            "name the file by a relative path without `..`",
+        ));
+    };
+    match WorkspaceDir::open(workspace, parent) {
+        Ok(Some(dir)) => dir.read_whole_file(name, limit),
+        Ok(None) => Ok(None),
+        Err(found) => Err(Problem {
+            message: format!("is under {}, which {}", found.file, found.message),
+            file: label(relative),
+            ..found
+        }),
+    }
+}
+
+fn byte_size(bytes: u64) -> String {
+    if bytes >= 1024 && bytes % 1024 == 0 {
+        format!("{} KiB", bytes / 1024)
+    } else {
+        format!("{bytes} bytes")
     }
 }
 

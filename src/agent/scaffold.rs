@@ -4,11 +4,13 @@
 
 use super::AgentDir;
 use super::load::{LoadedChannel, load_channel};
+use nix::fcntl::OFlag;
 use perch_core::config::ChannelKind;
 use perch_core::name::ChannelName;
 use perch_core::problem::Problems;
 use std::fs::{self, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
 enum Template {
@@ -141,7 +143,7 @@ fn place(root: &Path, relative: &str, template: &Template) -> io::Result<InitSta
                             reason: "something other than a file is in the way".into(),
                         });
                     }
-                    if fs::read(&path)? == text.as_bytes() {
+                    if holds_exactly(&path, text.as_bytes())? {
                         Ok(InitStatus::Unchanged)
                     } else {
                         Ok(InitStatus::Changed)
@@ -151,6 +153,23 @@ fn place(root: &Path, relative: &str, template: &Template) -> io::Result<InitSta
             }
         }
     }
+}
+
+/// Whether the file at `path` holds exactly `expected`, read without following a symlink,
+/// without waiting on a FIFO and no further than one byte past `expected`: the guest may have
+/// swapped a workspace file for anything.
+fn holds_exactly(path: &Path, expected: &[u8]) -> io::Result<bool> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK).bits())
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Ok(false);
+    }
+    let mut bytes = Vec::new();
+    file.take(expected.len() as u64 + 1)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes == expected)
 }
 
 /// A symlink anywhere on the way from `root` to `relative` could lead outside the directory.

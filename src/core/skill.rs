@@ -3,13 +3,15 @@
 //! lists every skill that checks out, and the agent reads a skill's file when it needs it.
 
 use crate::problem::{Pos, Problem};
-use crate::tree::{Checker, Node, Path, Value};
+use crate::tree::{Checker, Path, Value};
 use crate::yaml;
 
 /// The longest skill name, in characters.
 pub const SKILL_NAME_MAX: usize = 64;
 /// The longest skill description, in characters.
 pub const SKILL_DESCRIPTION_MAX: usize = 1024;
+/// The most bytes of frontmatter a `SKILL.md` may have, between its two `---` lines.
+pub const SKILL_FRONTMATTER_MAX: usize = 16 * 1024;
 /// The rule a skill name follows, for problems and documentation.
 pub const SKILL_NAME_RULE: &str =
     "1 to 64 lowercase letters, digits and single hyphens, not starting or ending with a hyphen";
@@ -93,6 +95,19 @@ fn parse_skill(file: &str, text: &str) -> Result<(String, String, Pos), Vec<Prob
             closed = true;
             break;
         }
+        if frontmatter.len() + line.len() > SKILL_FRONTMATTER_MAX {
+            return Err(vec![
+                Problem::new(
+                    file,
+                    Pos::line(1),
+                    format!(
+                        "the frontmatter is longer than {} KiB",
+                        SKILL_FRONTMATTER_MAX / 1024
+                    ),
+                )
+                .with_fix("keep only the name and description there; move the rest into the body"),
+            ]);
+        }
         frontmatter.push_str(line);
     }
     if !closed {
@@ -101,13 +116,7 @@ fn parse_skill(file: &str, text: &str) -> Result<(String, String, Pos), Vec<Prob
                 .with_fix("end it with a line of three dashes: ---"),
         ]);
     }
-    let tree = yaml::parse(file, &frontmatter).map_err(|problems| {
-        problems
-            .into_iter()
-            .map(below_the_opening_line)
-            .collect::<Vec<_>>()
-    })?;
-    let tree = shift(tree);
+    let tree = yaml::parse_from_line(file, &frontmatter, 1)?;
     let mut checker = Checker::new(file);
     let root = Path::root();
     let Some(mut fields) = (match &tree.value {
@@ -177,31 +186,6 @@ fn is_skill_name(name: &str) -> bool {
         && name
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-}
-
-fn below_the_opening_line(mut problem: Problem) -> Problem {
-    if problem.pos.line > 0 {
-        problem.pos.line += 1;
-    }
-    problem
-}
-
-fn shift(mut node: Node) -> Node {
-    node.pos.line += 1;
-    node.value = match node.value {
-        Value::List(items) => Value::List(items.into_iter().map(shift).collect()),
-        Value::Map(entries) => Value::Map(
-            entries
-                .into_iter()
-                .map(|(mut key, value)| {
-                    key.pos.line += 1;
-                    (key, shift(value))
-                })
-                .collect(),
-        ),
-        other => other,
-    };
-    node
 }
 
 #[cfg(test)]
@@ -305,5 +289,32 @@ mod tests {
         for bad in ["", "-a", "a-", "a--b", "A", "a_b", "a b", &"a".repeat(65)] {
             assert!(!is_skill_name(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn long_or_deep_frontmatter_is_refused_naming_the_file() {
+        let long = format!(
+            "---\nname: a\ndescription: ok\nnotes: {}\n---\n",
+            "x".repeat(SKILL_FRONTMATTER_MAX)
+        );
+        let deep = format!(
+            "---\nname: b\ndescription: ok\nx:\n  {}y\n---\n",
+            "- ".repeat(8_000)
+        );
+        let (skills, problems) = check_skills(&[file("a", &long), file("b", &deep)]);
+        assert!(skills.is_empty());
+        let text = rendered(&problems);
+        assert_eq!(text.len(), 2, "{text:#?}");
+        assert!(
+            text[0].starts_with(
+                "workspace/skills/a/SKILL.md:1: the frontmatter is longer than 16 KiB"
+            ),
+            "{text:#?}"
+        );
+        assert!(
+            text[1].starts_with("workspace/skills/b/SKILL.md:5:")
+                && text[1].contains("nest more than 32 levels deep"),
+            "{text:#?}"
+        );
     }
 }

@@ -18,6 +18,33 @@ pub struct Node {
     pub value: Value,
 }
 
+impl Node {
+    /// The node's value, taken out of it.
+    pub fn into_value(mut self) -> Value {
+        std::mem::replace(&mut self.value, Value::Nil)
+    }
+}
+
+/// A tree is dropped from an explicit stack rather than by recursion, so however deep a tree
+/// came to be, dropping it cannot overflow the thread's stack.
+impl Drop for Node {
+    fn drop(&mut self) {
+        let mut pending: Vec<Node> = Vec::new();
+        take_children(&mut self.value, &mut pending);
+        while let Some(mut node) = pending.pop() {
+            take_children(&mut node.value, &mut pending);
+        }
+    }
+}
+
+fn take_children(value: &mut Value, pending: &mut Vec<Node>) {
+    match value {
+        Value::List(items) => pending.append(items),
+        Value::Map(entries) => pending.extend(entries.drain(..).map(|(_, node)| node)),
+        _ => {}
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
     Nil,
@@ -411,5 +438,32 @@ mod tests {
             checker.into_problems()[0].to_string(),
             "sandbox.lua:3: cpus: expected an integer, found a string"
         );
+    }
+
+    #[test]
+    fn a_million_levels_deep_tree_drops_without_recursion() {
+        let mut tree = node(Value::Nil);
+        for level in 0..1_000_000 {
+            tree = if level % 2 == 0 {
+                node(Value::List(vec![tree]))
+            } else {
+                map_of(tree)
+            };
+        }
+        let handle = std::thread::Builder::new()
+            .stack_size(64 * 1024)
+            .spawn(move || drop(tree))
+            .unwrap();
+        handle.join().expect("the drop ran on a 64 KiB stack");
+    }
+
+    fn map_of(inner: Node) -> Node {
+        node(Value::Map(vec![(
+            Key {
+                name: "k".into(),
+                pos: Pos::line(3),
+            },
+            inner,
+        )]))
     }
 }

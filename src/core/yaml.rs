@@ -2,7 +2,8 @@
 //!
 //! Scalars follow the YAML 1.2 core schema (so `no` and `on` stay strings); quoted scalars are
 //! always strings. Anchors, aliases, tags and several documents in one file are refused, which
-//! keeps configuration files plain.
+//! keeps configuration files plain. Collections nest at most [`MAX_DEPTH`] deep, so a hostile
+//! file cannot make the tree, or anything that walks it, deep.
 
 use crate::problem::{Pos, Problem};
 use crate::tree::{Key, Node, Value};
@@ -14,8 +15,22 @@ enum Frame {
     Map(Pos, Vec<(Key, Node)>, Option<Key>),
 }
 
+/// How deep lists and maps may nest in one document, block and flow style alike.
+pub const MAX_DEPTH: usize = 32;
+
 /// Parses `text` (the contents of `file`) into a tree; an empty document is `nil`.
 pub fn parse(file: &str, text: &str) -> Result<Node, Vec<Problem>> {
+    parse_from_line(file, text, 0)
+}
+
+/// Like [`parse`], for text that starts after line `lines_before` of `file` (a frontmatter
+/// block): every position, and every problem's, counts the lines of the file.
+pub fn parse_from_line(file: &str, text: &str, lines_before: u32) -> Result<Node, Vec<Problem>> {
+    let located = |marker: &Marker| {
+        let mut pos = position(marker);
+        pos.line = pos.line.saturating_add(lines_before);
+        pos
+    };
     let mut parser = Parser::new_from_str(text);
     let mut stack: Vec<Frame> = Vec::new();
     let mut root: Option<Node> = None;
@@ -29,7 +44,7 @@ pub fn parse(file: &str, text: &str) -> Result<Node, Vec<Problem>> {
                 problems.push(
                     Problem::new(
                         file,
-                        position(marker),
+                        located(marker),
                         format!("invalid YAML: {}", error.info()),
                     )
                     .with_fix("correct the YAML syntax at this position"),
@@ -37,7 +52,7 @@ pub fn parse(file: &str, text: &str) -> Result<Node, Vec<Problem>> {
                 return Err(problems);
             }
         };
-        let pos = position(&marker);
+        let pos = located(&marker);
         let finished = match event {
             Event::StreamEnd => break,
             Event::StreamStart | Event::Nothing | Event::DocumentEnd => None,
@@ -70,11 +85,19 @@ pub fn parse(file: &str, text: &str) -> Result<Node, Vec<Problem>> {
             }
             Event::SequenceStart(anchor, tag) => {
                 refuse_anchor_and_tag(file, pos, anchor, tag.is_some(), &mut problems);
+                if stack.len() == MAX_DEPTH {
+                    problems.push(too_deep(file, pos));
+                    return Err(problems);
+                }
                 stack.push(Frame::List(pos, Vec::new()));
                 None
             }
             Event::MappingStart(anchor, tag) => {
                 refuse_anchor_and_tag(file, pos, anchor, tag.is_some(), &mut problems);
+                if stack.len() == MAX_DEPTH {
+                    problems.push(too_deep(file, pos));
+                    return Err(problems);
+                }
                 stack.push(Frame::Map(pos, Vec::new(), None));
                 None
             }
@@ -99,46 +122,64 @@ pub fn parse(file: &str, text: &str) -> Result<Node, Vec<Problem>> {
                 Some(Frame::List(_, items)) => items.push(node),
                 Some(Frame::Map(_, entries, pending)) => match pending.take() {
                     Some(key) => entries.push((key, node)),
-                    None => match node.value {
-                        Value::Str(name) => {
-                            if entries.iter().any(|(key, _)| key.name == name) {
-                                problems.push(
-                                    Problem::new(file, node.pos, format!("duplicate key {name}"))
+                    None => {
+                        let key_pos = node.pos;
+                        match node.into_value() {
+                            Value::Str(name) => {
+                                if entries.iter().any(|(key, _)| key.name == name) {
+                                    problems.push(
+                                        Problem::new(
+                                            file,
+                                            key_pos,
+                                            format!("duplicate key {name}"),
+                                        )
                                         .with_fix("keep one of them"),
-                                );
+                                    );
+                                }
+                                *pending = Some(Key { name, pos: key_pos });
                             }
-                            *pending = Some(Key {
-                                name,
-                                pos: node.pos,
-                            });
+                            other => {
+                                problems.push(
+                                    Problem::new(
+                                        file,
+                                        key_pos,
+                                        format!(
+                                            "a key must be a plain word, found {}",
+                                            other.kind()
+                                        ),
+                                    )
+                                    .with_fix("quote the key"),
+                                );
+                                *pending = Some(Key {
+                                    name: String::new(),
+                                    pos: key_pos,
+                                });
+                            }
                         }
-                        other => {
-                            problems.push(
-                                Problem::new(
-                                    file,
-                                    node.pos,
-                                    format!("a key must be a plain word, found {}", other.kind()),
-                                )
-                                .with_fix("quote the key"),
-                            );
-                            *pending = Some(Key {
-                                name: String::new(),
-                                pos: node.pos,
-                            });
-                        }
-                    },
+                    }
                 },
             }
         }
     }
     if problems.is_empty() {
         Ok(root.unwrap_or(Node {
-            pos: Pos::line(1),
+            pos: Pos::line(lines_before.saturating_add(1)),
             value: Value::Nil,
         }))
     } else {
         Err(problems)
     }
+}
+
+fn too_deep(file: &str, pos: Pos) -> Problem {
+    Problem::new(
+        file,
+        pos,
+        format!("lists and maps nest more than {MAX_DEPTH} levels deep"),
+    )
+    .with_fix(format!(
+        "keep the nesting within {MAX_DEPTH} levels; perch stops reading the file here"
+    ))
 }
 
 fn position(marker: &Marker) -> Pos {
@@ -255,10 +296,10 @@ mod tests {
     #[test]
     fn scalars_follow_the_core_schema() {
         let tree = parse("x.yml", "[~, true, 0x10, -3, 1.5, 1e3, '1', abc, 1.2.3]").unwrap();
-        let Value::List(items) = tree.value else {
+        let Value::List(items) = tree.into_value() else {
             panic!("a list")
         };
-        let values: Vec<Value> = items.into_iter().map(|n| n.value).collect();
+        let values: Vec<Value> = items.into_iter().map(Node::into_value).collect();
         assert_eq!(
             values,
             vec![
@@ -273,5 +314,77 @@ mod tests {
                 Value::Str("1.2.3".into()),
             ]
         );
+    }
+
+    fn block_list(depth: usize) -> String {
+        format!("{}x\n", "- ".repeat(depth))
+    }
+
+    fn block_map(depth: usize) -> String {
+        (0..depth)
+            .map(|level| format!("{}k:\n", "  ".repeat(level)))
+            .collect::<String>()
+            + &format!("{}x\n", "  ".repeat(depth))
+    }
+
+    fn flow_list(depth: usize) -> String {
+        format!("{}x{}\n", "[".repeat(depth), "]".repeat(depth))
+    }
+
+    fn flow_map(depth: usize) -> String {
+        format!("{}x{}\n", "{k: ".repeat(depth), "}".repeat(depth))
+    }
+
+    fn depth_of(mut node: &Node) -> usize {
+        let mut depth = 0;
+        loop {
+            node = match &node.value {
+                Value::List(items) => &items[0],
+                Value::Map(entries) => &entries[0].1,
+                _ => return depth,
+            };
+            depth += 1;
+        }
+    }
+
+    #[test]
+    fn nesting_up_to_the_limit_is_read_and_one_more_level_is_refused() {
+        for (style, nested) in [
+            ("block list", block_list as fn(usize) -> String),
+            ("block map", block_map),
+            ("flow list", flow_list),
+            ("flow map", flow_map),
+        ] {
+            let tree = parse("deep.yml", &nested(MAX_DEPTH))
+                .unwrap_or_else(|problems| panic!("{style}: {problems:?}"));
+            assert_eq!(depth_of(&tree), MAX_DEPTH, "{style}");
+            let problems = parse("deep.yml", &nested(MAX_DEPTH + 1)).unwrap_err();
+            assert_eq!(problems.len(), 1, "{style}: {problems:?}");
+            let text = problems[0].to_string();
+            assert!(
+                text.starts_with("deep.yml:") && text.contains("nest more than 32 levels deep"),
+                "{style}: {text}"
+            );
+            assert!(problems[0].pos.line >= 1, "{style}: {text}");
+        }
+    }
+
+    #[test]
+    fn a_hostile_depth_is_refused_at_the_limit_without_reading_on() {
+        let problems = parse("HEARTBEAT.yml", &block_list(20_000)).unwrap_err();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].pos.line, 1);
+        let problems = parse("HEARTBEAT.yml", &flow_list(20_000)).unwrap_err();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+    }
+
+    #[test]
+    fn positions_count_the_lines_before_the_text() {
+        let tree = parse_from_line("SKILL.md", "a: 1\nb: [x\n", 1).unwrap_err();
+        assert!(tree[0].pos.line >= 3, "{tree:?}");
+        let tree = parse_from_line("SKILL.md", "a: 1\nb: 2\n", 1).unwrap();
+        let map = entries(&tree);
+        assert_eq!(map[1].0.pos, Pos::at(3, 1));
+        assert_eq!(map[1].1.pos, Pos::at(3, 4));
     }
 }

@@ -23,7 +23,7 @@ fn every_example_agent_loads() {
         let file = heartbeat::file_path(&loaded.dir);
         assert!(file.is_file(), "{name} has no workspace/HEARTBEAT.yml");
         let env = heartbeat::heartbeat_env(&loaded, chrono_tz::Tz::UTC);
-        if let Err(problems) = heartbeat::read_file(&file, &env) {
+        if let Err(problems) = heartbeat::read_file(&loaded.dir, &env) {
             panic!("{name}/workspace/HEARTBEAT.yml does not check:\n{problems}");
         }
         let (_, problems) = perch::skills::skills_catalog(&loaded.dir.workspace());
@@ -67,7 +67,7 @@ fn the_helpdesk_example_pairs_and_answers_when_addressed() {
         "the helpdesk has egress"
     );
     let env = heartbeat::heartbeat_env(&loaded, chrono_tz::Tz::UTC);
-    let file = heartbeat::read_file(&heartbeat::file_path(&loaded.dir), &env).unwrap();
+    let file = heartbeat::read_file(&loaded.dir, &env).unwrap();
     assert!(file.tasks.is_empty());
 }
 
@@ -77,8 +77,8 @@ fn the_helpdesk_example_pairs_and_answers_when_addressed() {
 fn the_standup_example_delivers_a_digest_and_checks_hourly() {
     let loaded = example_agent("standup");
     let env = heartbeat::heartbeat_env(&loaded, chrono_tz::Tz::UTC);
-    let file = heartbeat::read_file(&heartbeat::file_path(&loaded.dir), &env)
-        .unwrap_or_else(|problems| panic!("{problems}"));
+    let file =
+        heartbeat::read_file(&loaded.dir, &env).unwrap_or_else(|problems| panic!("{problems}"));
     let delivered: Vec<String> = file
         .tasks
         .iter()

@@ -103,6 +103,37 @@ fn a_secret_for_a_host_the_guest_cannot_reach_is_refused() {
 }
 
 #[test]
+fn a_secret_for_a_wildcard_host_is_refused() {
+    let found = problems_with(
+        "sandbox.lua",
+        "sandbox {\n  allow = { \"*.github.io\" },\n  secrets = { { env = \"T\", source = env \"T\", hosts = { \"*.github.io\" } } },\n}\n",
+    );
+    assert_eq!(found.len(), 2, "{found:#?}");
+    assert!(
+        found[0].starts_with(
+            "sandbox.lua:1: secrets[1].hosts: *.github.io is a wildcard; a secret is sent only to hosts named exactly"
+        ),
+        "{found:#?}"
+    );
+    assert!(found[0].contains("fix: name each host"), "{found:#?}");
+    assert!(
+        found[1].starts_with("sandbox.lua:1: secrets[1].hosts: hosts is empty"),
+        "{found:#?}"
+    );
+    let found = problems_with(
+        "sandbox.lua",
+        "sandbox {\n  allow = { \"api.github.com\" },\n  secrets = { { env = \"T\", source = env \"T\", hosts = { \"api.github.com/x\" } } },\n}\n",
+    );
+    assert_eq!(found.len(), 2, "{found:#?}");
+    assert!(
+        found[0].starts_with(
+            "sandbox.lua:1: secrets[1].hosts[1]: \"api.github.com/x\" is not a host name"
+        ),
+        "{found:#?}"
+    );
+}
+
+#[test]
 fn a_literal_secret_value_is_refused_and_not_echoed() {
     let value = "ghp_LiteralTokenValue123";
     let found = problems_with(

@@ -266,7 +266,24 @@ fn secrets(
                 None
             }
             Some(node) => {
-                let list = hosts(checker, node, &path.key("hosts"));
+                let mut list = hosts(checker, node, &path.key("hosts"));
+                list.retain(|host| {
+                    let exact = !host.as_str().starts_with("*.");
+                    if !exact {
+                        checker.report_fix(
+                            node.pos,
+                            &path.key("hosts"),
+                            format!(
+                                "{host} is a wildcard; a secret is sent only to hosts named exactly, since a wildcard also matches hosts that others run"
+                            ),
+                            format!(
+                                "name each host the secret is for, such as \"api.{}\"",
+                                host.as_str().trim_start_matches("*.")
+                            ),
+                        );
+                    }
+                    exact
+                });
                 if list.is_empty() {
                     checker.report_fix(
                         node.pos,

@@ -17,7 +17,10 @@ use crate::tree::{Checker, Fields, Node, Path, Value};
 use crate::yaml;
 use chrono_tz::Tz;
 use sha2::{Digest, Sha256};
+use crate::Timestamp;
+use std::collections::HashMap;
 use std::fmt::{self, Write as _};
+use std::sync::Arc;
 
 /// The file's path relative to the agent directory, as problems name it.
 pub const FILE: &str = "workspace/HEARTBEAT.yml";
@@ -37,6 +40,9 @@ const TASK_KEYS: &[&str] = &[
     "missed",
     "enabled",
 ];
+
+/// The most tasks the file may hold.
+pub const MAX_TASKS: usize = 100;
 
 /// How many slots the check that a schedule meets its active hours looks at.
 const ACTIVE_HOURS_SAMPLE: usize = 2000;
@@ -247,9 +253,22 @@ fn read_file(checker: &mut Checker, tree: &Node, env: &HeartbeatEnv) -> Vec<Hear
     let Some(items) = checker.list(tasks_node, &path) else {
         return Vec::new();
     };
+    if items.len() > MAX_TASKS {
+        checker.report_fix(
+            tasks_node.pos,
+            &path,
+            format!(
+                "holds {} tasks, more than the {MAX_TASKS} a heartbeat file may hold; none of them is checked",
+                items.len()
+            ),
+            format!("keep at most {MAX_TASKS} tasks; fold similar ones into one prompt"),
+        );
+        return Vec::new();
+    }
     let mut tasks: Vec<HeartbeatTask> = Vec::new();
+    let mut samples = Samples::new();
     for (index, item) in items.iter().enumerate() {
-        let Some(task) = read_task(checker, item, &path.index(index), env) else {
+        let Some(task) = read_task(checker, item, &path.index(index), env, &mut samples) else {
             continue;
         };
         if let Some(first) = tasks.iter().find(|other| other.name == task.name) {
@@ -274,6 +293,7 @@ fn read_task(
     item: &Node,
     path: &Path,
     env: &HeartbeatEnv,
+    samples: &mut Samples,
 ) -> Option<HeartbeatTask> {
     let mut fields = checker.fields(item, path)?;
     let name = fields
@@ -305,7 +325,7 @@ fn read_task(
         None => Some(env.host_tz),
         Some(node) => read_tz(checker, node, &path.key("tz")),
     };
-    let schedule = read_schedule(checker, &mut fields, item.pos, path, tz);
+    let schedule = read_schedule(checker, &mut fields, item.pos, path, tz, samples);
     let active_hours = optional(
         checker,
         &mut fields,
@@ -370,9 +390,9 @@ fn read_task(
         checker.bool(node, path)
     });
     fields.finish(checker, TASK_KEYS);
-    let (schedule, tz, active_hours) = (schedule?, tz?, active_hours?);
+    let ((schedule, sample), tz, active_hours) = (schedule?, tz?, active_hours?);
     if let Some(hours) = &active_hours {
-        check_meets_active_hours(checker, item.pos, path, &schedule, tz, hours);
+        check_meets_active_hours(checker, item.pos, path, (&schedule, &sample), tz, hours);
     }
     Some(HeartbeatTask {
         name: name?,
@@ -431,7 +451,8 @@ fn read_schedule(
     pos: Pos,
     path: &Path,
     tz: Option<Tz>,
-) -> Option<Schedule> {
+    samples: &mut Samples,
+) -> Option<(Schedule, Sample)> {
     let cron = fields.optional("cron");
     let every = fields.optional("every");
     let schedule = match (cron, every) {
@@ -494,42 +515,79 @@ fn read_schedule(
         }
     };
     let (node, path, schedule) = schedule;
-    if let Err(error) = schedule.check_floor() {
-        checker.report_fix(
-            node.pos,
-            &path,
-            error,
-            "let at least 5 minutes pass between runs, such as every: 5m or cron: \"*/5 * * * *\"",
-        );
-        return None;
+    match samples.floor_sample(&schedule) {
+        Ok(sample) => Some((schedule, sample)),
+        Err(error) => {
+            checker.report_fix(
+                node.pos,
+                &path,
+                error,
+                "let at least 5 minutes pass between runs, such as every: 5m or cron: \"*/5 * * * *\"",
+            );
+            None
+        }
     }
-    Some(schedule)
+}
+
+/// A cron pattern's first firings in its zone, computed once for the floor and the active hours.
+type Sample = Arc<Vec<Timestamp>>;
+
+/// The samples of the patterns a file has checked so far: a file that repeats one pattern in
+/// many tasks costs one sample, so checking a file stays fast.
+struct Samples(HashMap<(String, &'static str), Result<Sample, String>>);
+
+impl Samples {
+    fn new() -> Self {
+        Samples(HashMap::new())
+    }
+
+    fn floor_sample(&mut self, schedule: &Schedule) -> Result<Sample, String> {
+        let Schedule::Cron { expr, tz, .. } = schedule else {
+            return schedule.floor_sample().map(Arc::new);
+        };
+        self.0
+            .entry((expr.clone(), tz.name()))
+            .or_insert_with(|| schedule.floor_sample().map(Arc::new))
+            .clone()
+    }
 }
 
 fn check_meets_active_hours(
     checker: &mut Checker,
     pos: Pos,
     path: &Path,
-    schedule: &Schedule,
+    (schedule, sample): (&Schedule, &Sample),
     tz: Tz,
     hours: &ActiveHours,
 ) {
-    let mut cursor = schedule::SAMPLE_START;
-    for _ in 0..ACTIVE_HOURS_SAMPLE {
-        let Some(slot) = schedule::next_slot(schedule, cursor) else {
-            break;
-        };
-        if schedule::in_active_hours(hours, tz, slot) {
-            return;
+    let meets = if sample.is_empty() {
+        let mut cursor = schedule::SAMPLE_START;
+        let mut meets = false;
+        for _ in 0..ACTIVE_HOURS_SAMPLE {
+            let Some(slot) = schedule::next_slot(schedule, cursor) else {
+                break;
+            };
+            if schedule::in_active_hours(hours, tz, slot) {
+                meets = true;
+                break;
+            }
+            cursor = slot;
         }
-        cursor = slot;
+        meets
+    } else {
+        sample
+            .iter()
+            .take(ACTIVE_HOURS_SAMPLE)
+            .any(|slot| schedule::in_active_hours(hours, tz, *slot))
+    };
+    if !meets {
+        checker.report_fix(
+            pos,
+            &path.key("active_hours"),
+            format!("the schedule never fires inside the active hours {hours} ({tz})"),
+            "widen active_hours, or move the schedule inside them",
+        );
     }
-    checker.report_fix(
-        pos,
-        &path.key("active_hours"),
-        format!("the schedule never fires inside the active hours {hours} ({tz})"),
-        "widen active_hours, or move the schedule inside them",
-    );
 }
 
 fn read_delivery(
@@ -907,5 +965,44 @@ mod tests {
         ] {
             assert!(Target::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    fn many_tasks(count: usize) -> String {
+        let mut text = String::from("tasks:\n");
+        for index in 0..count {
+            text.push_str(&format!(
+                "  - name: task-{index}\n    prompt: p\n    cron: \"{} {} * * Mon-Fri\"\n    \
+                 tz: {}\n    active_hours: \"10:00-11:00\"\n",
+                index % 60,
+                8 + index / 60,
+                ["Pacific/Chatham", "Asia/Kathmandu"][index % 2],
+            ));
+        }
+        text
+    }
+
+    /// Every task a different pattern that never meets its active hours: the most work a file
+    /// can ask of the check.
+    #[test]
+    fn at_most_the_task_limit_is_checked() {
+        let started = std::time::Instant::now();
+        let problems = problems(&many_tasks(MAX_TASKS));
+        eprintln!("checking {MAX_TASKS} tasks took {:?}", started.elapsed());
+        assert_eq!(
+            problems.len(),
+            MAX_TASKS,
+            "every task is checked: {problems:?}"
+        );
+        assert!(
+            problems[0].contains("never fires inside the active hours"),
+            "{problems:?}"
+        );
+        let problems = self::problems(&many_tasks(MAX_TASKS + 1));
+        assert_eq!(
+            problems,
+            vec![format!(
+                "2|tasks|holds 101 tasks, more than the 100 a heartbeat file may hold; none of them is checked"
+            )]
+        );
     }
 }

@@ -11,7 +11,7 @@ pub mod schedule;
 pub mod verdict;
 
 pub use file::{
-    FILE, HeartbeatEnv, HeartbeatFile, HeartbeatTask, Missed, Target, TargetSpec,
+    FILE, HeartbeatEnv, HeartbeatFile, HeartbeatTask, MAX_TASKS, Missed, Target, TargetSpec,
     parse_heartbeat_file,
 };
 pub use ledger::{

@@ -73,6 +73,13 @@ impl Schedule {
     /// Refuses a schedule that can fire twice within [`MIN_INTERVAL`], or never fires. A cron
     /// pattern is judged on its first 2000 firings after 2026-01-01 in its zone.
     pub fn check_floor(&self) -> Result<(), String> {
+        self.floor_sample().map(drop)
+    }
+
+    /// Like [`Schedule::check_floor`]; a cron pattern's firings that were looked at come back,
+    /// in order, so that other checks need not compute them again (an `every:` interval is
+    /// judged without any).
+    pub fn floor_sample(&self) -> Result<Vec<Timestamp>, String> {
         match self {
             Schedule::Every(interval) => {
                 if *interval < MIN_INTERVAL {
@@ -82,12 +89,15 @@ impl Schedule {
                         format_duration(MIN_INTERVAL)
                     ))
                 } else {
-                    Ok(())
+                    Ok(Vec::new())
                 }
             }
             Schedule::Cron { expr, .. } => {
-                let mut previous = next_slot(self, SAMPLE_START)
+                let first = next_slot(self, SAMPLE_START)
                     .ok_or_else(|| format!("cron pattern {expr:?} never fires"))?;
+                let mut sample = Vec::with_capacity(FLOOR_SAMPLE);
+                sample.push(first);
+                let mut previous = first;
                 for _ in 1..FLOOR_SAMPLE {
                     let Some(slot) = next_slot(self, previous) else {
                         break;
@@ -101,9 +111,10 @@ impl Schedule {
                             format_duration(MIN_INTERVAL)
                         ));
                     }
+                    sample.push(slot);
                     previous = slot;
                 }
-                Ok(())
+                Ok(sample)
             }
         }
     }

@@ -1,2 +1,414 @@
 //! A guest writing hostile files into `workspace/`: deep YAML, huge files, FIFOs, symlinks to
 //! host files or devices, a HEARTBEAT.yml rewritten in a loop.
+
+use crate::suite::fake_model::{FakeModel, Script};
+use crate::suite::fake_telegram::{Chat, FakeTelegram, TOKEN, User};
+use crate::suite::support::{new_agent, write};
+use perch::doctor::Places;
+use perch_core::config::Api;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a command that must return promptly may take on a loaded CI machine.
+const PROMPT: Duration = Duration::from_secs(20);
+
+/// How much memory `perch run` may reach while a guest plays these files against it.
+const MEMORY_BOUND_KIB: u64 = 400 * 1024;
+
+/// A line only a host file holds, to show that its content never reaches perch's output.
+const HOST_MARKER: &str = "host-only-marker-5f1c";
+
+fn telegram_agent(model: &FakeModel, telegram: &FakeTelegram) -> tempfile::TempDir {
+    let dir = new_agent();
+    write(dir.path(), "models.yml", &model.models_yml("fake", "m1"));
+    write(dir.path(), "agent.lua", "agent { model = \"fake/m1\" }\n");
+    write(
+        dir.path(),
+        "channels/tg.lua",
+        &format!(
+            "channel {{\n  kind = \"telegram\",\n  token = env \"TELEGRAM_TOKEN\",\n  api_url = {:?},\n  dm = \"allow\",\n}}\n",
+            telegram.api_url()
+        ),
+    );
+    dir
+}
+
+fn start(dir: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_perch"))
+        .args(["run", dir.to_str().unwrap()])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("PERCH_SANDBOX", "namespace-double")
+        .env("PERCH_CACHE", Places::from_environment().cache)
+        .env("TELEGRAM_TOKEN", TOKEN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// SIGTERM, then the exit, which must be clean and come within [`PROMPT`].
+fn stop(mut child: Child) -> String {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = Instant::now() + PROMPT + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("perch run did not stop on SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        output.status.success(),
+        "perch run did not stop cleanly ({}): {stderr}",
+        output.status
+    );
+    stderr
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `perch ARGS`, which must end within [`PROMPT`] (a FIFO once hung it for good).
+fn perch_promptly(args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_perch"))
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > PROMPT {
+            let _ = child.kill();
+            panic!("perch {args:?} did not return within {PROMPT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn shown(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// The peak resident memory of process `pid`, from `/proc/<pid>/status`.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+fn heartbeat_file(dir: &Path) -> std::path::PathBuf {
+    dir.join("workspace/HEARTBEAT.yml")
+}
+
+/// One way a guest can leave `workspace/HEARTBEAT.yml`, and what perch must say about it.
+struct Hostile {
+    name: &'static str,
+    plant: fn(&Path, &Path),
+    expected: &'static str,
+}
+
+fn remove(file: &Path) {
+    match std::fs::remove_file(file) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => panic!("{error}"),
+    }
+}
+
+fn many_tasks(count: usize) -> String {
+    let mut text = String::from("tasks:\n");
+    for index in 0..count {
+        text.push_str(&format!(
+            "  - {{name: t{index}, prompt: p, cron: '0 9 * * Mon-Fri', tz: Pacific/Chatham, active_hours: '10:00-11:00'}}\n"
+        ));
+    }
+    text
+}
+
+fn hostile_heartbeat_files() -> Vec<Hostile> {
+    vec![
+        Hostile {
+            name: "a FIFO",
+            plant: |file, _| {
+                remove(file);
+                nix::unistd::mkfifo(file, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+            },
+            expected: "workspace/HEARTBEAT.yml: is not a regular file",
+        },
+        Hostile {
+            name: "a symlink to /dev/zero",
+            plant: |file, _| {
+                remove(file);
+                std::os::unix::fs::symlink("/dev/zero", file).unwrap();
+            },
+            expected: "workspace/HEARTBEAT.yml: is a symlink",
+        },
+        Hostile {
+            name: "a symlink to a host file",
+            plant: |file, host| {
+                remove(file);
+                std::os::unix::fs::symlink(host.join("host.yml"), file).unwrap();
+            },
+            expected: "workspace/HEARTBEAT.yml: is a symlink",
+        },
+        Hostile {
+            name: "a 300 KiB file",
+            plant: |file, _| {
+                remove(file);
+                let comment = format!("# {}\n", "x".repeat(1021));
+                std::fs::write(file, comment.repeat(300)).unwrap();
+            },
+            expected: "workspace/HEARTBEAT.yml: is 300 KiB, larger than the limit of 256 KiB",
+        },
+        Hostile {
+            name: "2,000 tasks",
+            plant: |file, _| {
+                remove(file);
+                std::fs::write(file, many_tasks(2000)).unwrap();
+            },
+            expected: "holds 2000 tasks, more than the 100 a heartbeat file may hold",
+        },
+        Hostile {
+            name: "20,000 levels of nesting",
+            plant: |file, _| {
+                remove(file);
+                std::fs::write(file, format!("{}x\n", "- ".repeat(20_000))).unwrap();
+            },
+            expected: "workspace/HEARTBEAT.yml:1:",
+        },
+    ]
+}
+
+/// A host file the guest cannot read but can point a symlink at, holding a schedule of its own.
+fn host_file(host: &Path) {
+    std::fs::write(
+        host.join("host.yml"),
+        format!("tasks:\n  - name: {HOST_MARKER}\n    prompt: {HOST_MARKER}\n    every: 1h\n"),
+    )
+    .unwrap();
+}
+
+const GOOD: &str = "tasks:\n  - name: hourly\n    prompt: Look around.\n    every: 1h\n";
+
+#[test]
+fn hostile_heartbeat_files_leave_the_commands_prompt_and_name_the_file() {
+    let host = tempfile::tempdir().unwrap();
+    host_file(host.path());
+    let agent = new_agent();
+    let dir = agent.path().to_str().unwrap();
+    let file = heartbeat_file(agent.path());
+    for hostile in hostile_heartbeat_files() {
+        (hostile.plant)(&file, host.path());
+        let info = perch_promptly(&["info", dir]);
+        let text = shown(&info);
+        assert!(
+            info.status.success(),
+            "{}: perch info: {text}",
+            hostile.name
+        );
+        assert!(
+            text.contains(hostile.expected),
+            "{}: perch info: {text}",
+            hostile.name
+        );
+        let list = perch_promptly(&["heartbeat", "list", dir]);
+        let text = shown(&list);
+        assert!(
+            list.status.success(),
+            "{}: heartbeat list: {text}",
+            hostile.name
+        );
+        assert!(
+            text.contains(hostile.expected),
+            "{}: heartbeat list: {text}",
+            hostile.name
+        );
+        let status = perch_promptly(&["status", dir, "--json"]);
+        let text = shown(&status);
+        assert!(status.status.success(), "{}: status: {text}", hostile.name);
+        let report: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+        let error = report["heartbeats"]["reload_error"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            error.contains(hostile.expected),
+            "{}: status: {text}",
+            hostile.name
+        );
+        for output in [&info, &list, &status] {
+            assert!(!shown(output).contains(HOST_MARKER), "{}", hostile.name);
+        }
+    }
+}
+
+#[test]
+fn deep_yaml_is_a_problem_naming_the_file_and_the_limit() {
+    let agent = new_agent();
+    let dir = agent.path().to_str().unwrap();
+    std::fs::write(
+        heartbeat_file(agent.path()),
+        format!("{}x\n", "- ".repeat(20_000)),
+    )
+    .unwrap();
+    write(
+        agent.path(),
+        "workspace/skills/long/SKILL.md",
+        &format!(
+            "---\nname: long\ndescription: d\nx:\n  {}y\n---\n",
+            "- ".repeat(15_000)
+        ),
+    );
+    write(
+        agent.path(),
+        "workspace/skills/deep/SKILL.md",
+        &format!(
+            "---\nname: deep\ndescription: d\nx:\n  {}y\n---\n",
+            "- ".repeat(8_000)
+        ),
+    );
+    write(
+        agent.path(),
+        "workspace/skills/fine/SKILL.md",
+        "---\nname: fine\ndescription: A skill that checks out.\n---\nBody.\n",
+    );
+    let info = perch_promptly(&["info", dir]);
+    let text = shown(&info);
+    assert!(info.status.success(), "{text}");
+    assert!(
+        text.contains("workspace/HEARTBEAT.yml:1:")
+            && text.contains("lists and maps nest more than 32 levels deep"),
+        "{text}"
+    );
+    assert!(
+        text.contains("workspace/skills/long/SKILL.md:1: the frontmatter is longer than 16 KiB"),
+        "{text}"
+    );
+    assert!(
+        text.contains("workspace/skills/deep/SKILL.md:5:")
+            && text.matches("nest more than 32 levels deep").count() == 2,
+        "{text}"
+    );
+    assert!(text.contains("skills     fine"), "{text}");
+}
+
+#[test]
+fn perch_run_keeps_answering_through_hostile_workspace_files() {
+    let host = tempfile::tempdir().unwrap();
+    host_file(host.path());
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let agent = telegram_agent(&model, &telegram);
+    let dir = agent.path().to_str().unwrap();
+    let file = heartbeat_file(agent.path());
+    std::fs::write(&file, format!("{}x\n", "- ".repeat(20_000))).unwrap();
+    write(
+        agent.path(),
+        "workspace/skills/deep/SKILL.md",
+        &format!(
+            "---\nname: deep\ndescription: d\nx:\n  {}y\n---\n",
+            "- ".repeat(8_000)
+        ),
+    );
+    write(
+        agent.path(),
+        "workspace/skills/long/SKILL.md",
+        &format!(
+            "---\nname: long\ndescription: d\nx:\n  {}y\n---\n",
+            "- ".repeat(15_000)
+        ),
+    );
+    let child = start(agent.path());
+    let alice = User::human(42, "Alice");
+    let mut answered = 0;
+    let mut ask = |text: &str| {
+        answered += 1;
+        model.push(Script::text(&format!("answer {answered}")));
+        telegram.push_message(&Chat::private(&alice), &alice, text);
+        wait_until(&format!("the answer to {text:?}"), || {
+            telegram.sent().len() == answered
+        });
+    };
+    ask("with deep YAML in the workspace");
+    ask("and once more");
+
+    let reload_error = || {
+        let status = perch_promptly(&["status", dir, "--json"]);
+        let report: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap_or_default();
+        report["heartbeats"]["reload_error"]
+            .as_str()
+            .map(str::to_owned)
+    };
+    for hostile in hostile_heartbeat_files() {
+        (hostile.plant)(&file, host.path());
+        wait_until(&format!("the service to report {}", hostile.name), || {
+            reload_error().is_some_and(|error| error.contains(hostile.expected))
+        });
+        ask(&format!("with {} as HEARTBEAT.yml", hostile.name));
+        let list = perch_promptly(&["heartbeat", "list", dir]);
+        assert!(!shown(&list).contains(HOST_MARKER), "{}", shown(&list));
+
+        // The read fails; the same good file afterwards clears the error.
+        remove(&file);
+        std::fs::write(&file, GOOD).unwrap();
+        wait_until("the error to clear", || reload_error().is_none());
+    }
+
+    let rewriting = Arc::new(AtomicBool::new(true));
+    let writer = {
+        let rewriting = Arc::clone(&rewriting);
+        let file = file.clone();
+        let variants = [many_tasks(100), many_tasks(99), GOOD.to_owned()];
+        std::thread::spawn(move || {
+            let mut written = 0;
+            while rewriting.load(Ordering::Relaxed) {
+                let next = file.with_extension("tmp");
+                std::fs::write(&next, &variants[written % variants.len()]).unwrap();
+                std::fs::rename(&next, &file).unwrap();
+                written += 1;
+            }
+            written
+        })
+    };
+    ask("while HEARTBEAT.yml is rewritten in a loop");
+    ask("still rewritten");
+    rewriting.store(false, Ordering::Relaxed);
+    let rewrites = writer.join().unwrap();
+    assert!(rewrites > 10, "the file was rewritten {rewrites} times");
+
+    let peak = peak_rss_kib(child.id());
+    assert!(
+        peak < MEMORY_BOUND_KIB,
+        "perch run reached {peak} KiB, more than {MEMORY_BOUND_KIB} KiB"
+    );
+    let stderr = stop(child);
+    assert!(!stderr.contains(HOST_MARKER), "{stderr}");
+    eprintln!("perch run peaked at {peak} KiB");
+}
