@@ -30,6 +30,10 @@ use tokio_util::sync::CancellationToken;
 /// How often the scheduler looks at `HEARTBEAT.yml` for changes.
 pub const RELOAD_EVERY: Duration = Duration::from_secs(2);
 
+/// After checking a changed file, the scheduler leaves it alone for this many times as long as
+/// the check took.
+const QUIET_AFTER_CHECK: u32 = 4;
+
 /// How long, at shutdown, the scheduler waits for runs in progress to end (the service drains
 /// for 30 s).
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(30);
@@ -369,6 +373,7 @@ pub fn start(
         loaded: None,
         seen_text: None,
         reload_error: None,
+        quiet_until: None,
         first_seen: HashMap::new(),
         running: HashMap::new(),
         in_flight: HashSet::new(),
@@ -396,6 +401,10 @@ struct Scheduler {
     /// The text last read, to notice changes.
     seen_text: Option<String>,
     reload_error: Option<String>,
+    /// Until when the file is not looked at again: after a check, for a few times as long as
+    /// the check took, so that a guest rewriting the file in a loop gets only a bounded share
+    /// of a core.
+    quiet_until: Option<tokio::time::Instant>,
     /// When this process first saw each task: a task without history never fires for slots
     /// before it.
     first_seen: HashMap<TaskName, Timestamp>,
@@ -463,12 +472,19 @@ impl Scheduler {
     /// Reads the file if it changed; an edit that does not check keeps the last good schedule.
     /// A read that fails is tried again on the next look, and its error goes once one succeeds.
     async fn reload(&mut self) {
+        if self
+            .quiet_until
+            .is_some_and(|until| tokio::time::Instant::now() < until)
+        {
+            return;
+        }
         let workspace = self.setup.dir.workspace();
         let env = self.setup.env.clone();
         let seen = self.seen_text.take();
         let looked = tokio::task::spawn_blocking(move || {
+            let started = std::time::Instant::now();
             let reloaded = look(&workspace, &env, seen.as_deref());
-            (seen, reloaded)
+            (seen, reloaded, started.elapsed())
         })
         .await;
         let (seen_before, text, checked) = match looked {
@@ -479,15 +495,19 @@ impl Scheduler {
                 ));
                 return;
             }
-            Ok((seen, Reloaded::Unchanged)) => {
+            Ok((seen, Reloaded::Unchanged, _)) => {
                 self.seen_text = seen;
                 return;
             }
-            Ok((_, Reloaded::Unreadable(error))) => {
+            Ok((_, Reloaded::Unreadable(error), _)) => {
                 self.reload_error = Some(error);
                 return;
             }
-            Ok((seen, Reloaded::Read { text, checked })) => (seen.is_some(), text, checked),
+            Ok((seen, Reloaded::Read { text, checked }, took)) => {
+                self.quiet_until =
+                    Some(tokio::time::Instant::now() + took.saturating_mul(QUIET_AFTER_CHECK));
+                (seen.is_some(), text, checked)
+            }
         };
         match checked {
             Ok(file) => {

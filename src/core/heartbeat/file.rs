@@ -11,13 +11,13 @@
 //! ```
 
 use super::schedule::{self, ActiveHours, Schedule};
+use crate::Timestamp;
 use crate::name::{ChannelName, LaneName, ModelRef, RoomAlias, TaskName};
 use crate::problem::{Pos, Problem};
 use crate::tree::{Checker, Fields, Node, Path, Value};
 use crate::yaml;
 use chrono_tz::Tz;
 use sha2::{Digest, Sha256};
-use crate::Timestamp;
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 use std::sync::Arc;

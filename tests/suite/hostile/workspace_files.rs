@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 const PROMPT: Duration = Duration::from_secs(20);
 
 /// How much memory `perch run` may reach while a guest plays these files against it.
-const MEMORY_BOUND_KIB: u64 = 400 * 1024;
+const MEMORY_BOUND_KIB: u64 = 256 * 1024;
 
 /// A line only a host file holds, to show that its content never reaches perch's output.
 const HOST_MARKER: &str = "host-only-marker-5f1c";
