@@ -11,7 +11,7 @@ use crate::channel::BoxFuture;
 use crate::lane::{Input, Lane};
 use crate::log::{Clock, Journal, JournalEntry, JournalWriter, Journaled, LogError, peek_journal};
 use crate::sandbox::{Command, End, Machine};
-use crate::workspace::read_workspace_text;
+use crate::workspace::{FileStamp, read_workspace_text, workspace_file_stamp};
 use perch_core::Timestamp;
 use perch_core::heartbeat::{
     Finished, HeartbeatEnv, HeartbeatFile, HeartbeatTask, LedgerRecord, LedgerState, Plan,
@@ -374,6 +374,7 @@ pub fn start(
         seen_text: None,
         reload_error: None,
         quiet_until: None,
+        seen_stamp: None,
         first_seen: HashMap::new(),
         running: HashMap::new(),
         in_flight: HashSet::new(),
@@ -405,6 +406,9 @@ struct Scheduler {
     /// the check took, so that a guest rewriting the file in a loop gets only a bounded share
     /// of a core.
     quiet_until: Option<tokio::time::Instant>,
+    /// The file's stamp when its text was last read: while it stays the same, the file is not
+    /// read again.
+    seen_stamp: Option<Option<FileStamp>>,
     /// When this process first saw each task: a task without history never fires for slots
     /// before it.
     first_seen: HashMap<TaskName, Timestamp>,
@@ -479,6 +483,11 @@ impl Scheduler {
             return;
         }
         let workspace = self.setup.dir.workspace();
+        let stamp = workspace_file_stamp(&workspace, Path::new(FILE_NAME)).ok();
+        if stamp.is_some() && stamp == self.seen_stamp && self.seen_text.is_some() {
+            return;
+        }
+        self.seen_stamp = None;
         let env = self.setup.env.clone();
         let seen = self.seen_text.take();
         let looked = tokio::task::spawn_blocking(move || {
@@ -497,6 +506,7 @@ impl Scheduler {
             }
             Ok((seen, Reloaded::Unchanged, _)) => {
                 self.seen_text = seen;
+                self.seen_stamp = stamp;
                 return;
             }
             Ok((_, Reloaded::Unreadable(error), _)) => {
@@ -534,6 +544,7 @@ impl Scheduler {
             }
         }
         self.seen_text = Some(text);
+        self.seen_stamp = stamp;
     }
 
     fn state(&self) -> LedgerState {

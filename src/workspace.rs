@@ -298,6 +298,48 @@ pub fn read_workspace_text(
     }
 }
 
+/// What `stat` says of a workspace entry, without following a symlink: equal stamps mean,
+/// as far as the file system tells, an unchanged entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    dev: u64,
+    ino: u64,
+    mode: u32,
+    size: i64,
+    modified: (i64, i64),
+    changed: (i64, i64),
+}
+
+/// The stamp of `relative` (a plain relative path) under `workspace`; `Ok(None)` when there is
+/// nothing there. Never opens the entry, so it cannot block on a FIFO or read a device.
+pub fn workspace_file_stamp(
+    workspace: &Path,
+    relative: &Path,
+) -> Result<Option<FileStamp>, Problem> {
+    let (Some(parent), Some(name)) = (relative.parent(), relative.file_name()) else {
+        return Err(problem(
+            relative,
+            "is not a plain path inside the workspace",
+            "name the file by a relative path without `..`",
+        ));
+    };
+    let Some(dir) = WorkspaceDir::open(workspace, parent)? else {
+        return Ok(None);
+    };
+    match fstatat(&dir.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(stat) => Ok(Some(FileStamp {
+            dev: stat.st_dev,
+            ino: stat.st_ino,
+            mode: stat.st_mode,
+            size: stat.st_size,
+            modified: (stat.st_mtime, stat.st_mtime_nsec),
+            changed: (stat.st_ctime, stat.st_ctime_nsec),
+        })),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(error) => Err(unreadable(relative, error)),
+    }
+}
+
 fn byte_size(bytes: u64) -> String {
     if bytes >= 1024 && bytes % 1024 == 0 {
         format!("{} KiB", bytes / 1024)
