@@ -485,7 +485,14 @@ impl Scheduler {
         let workspace = self.setup.dir.workspace();
         let stamp = workspace_file_stamp(&workspace, Path::new(FILE_NAME)).ok();
         if stamp.is_some() && stamp == self.seen_stamp && self.seen_text.is_some() {
-            return;
+            let settled = stamp
+                .flatten()
+                .is_none_or(|stamp| stamp.is_settled(std::time::SystemTime::now()));
+            // A file changed only just now may change again without a new stamp, so its text
+            // is compared: a regular file of at most FILE_LIMIT bytes, read without blocking.
+            if settled || read_text(&workspace).ok() == self.seen_text {
+                return;
+            }
         }
         self.seen_stamp = None;
         let env = self.setup.env.clone();

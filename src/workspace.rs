@@ -310,6 +310,26 @@ pub struct FileStamp {
     changed: (i64, i64),
 }
 
+impl FileStamp {
+    /// Whether the entry was last changed long enough before `now` that a later change would
+    /// show in its stamp: time stamps are coarse, so two writes close together can leave equal
+    /// stamps.
+    pub fn is_settled(&self, now: std::time::SystemTime) -> bool {
+        let changed = self.modified.max(self.changed);
+        let Ok(since_epoch) = now.duration_since(std::time::UNIX_EPOCH) else {
+            return false;
+        };
+        let now = (
+            i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX),
+            i64::from(since_epoch.subsec_nanos()),
+        );
+        (now.0.saturating_sub(changed.0), now.1 - changed.1) > (SETTLED_AFTER_SECS, 0)
+    }
+}
+
+/// How many seconds after its last change a file's stamp is trusted.
+const SETTLED_AFTER_SECS: i64 = 2;
+
 /// The stamp of `relative` (a plain relative path) under `workspace`; `Ok(None)` when there is
 /// nothing there. Never opens the entry, so it cannot block on a FIFO or read a device.
 pub fn workspace_file_stamp(
@@ -712,5 +732,50 @@ mod tests {
             .unwrap();
         assert_eq!(read.text, "a".repeat(65_535));
         assert_eq!(read.cut_from, Some(text.len() as u64));
+    }
+
+    #[test]
+    fn whole_files_are_refused_past_their_limit_and_fifos_never_block() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("ok.yml"), "a: 1\n").unwrap();
+        fs::write(dir.path().join("big.yml"), "x".repeat(2049)).unwrap();
+        nix::unistd::mkfifo(
+            &dir.path().join("fifo.yml"),
+            Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero.yml")).unwrap();
+        let read = |name: &str| read_workspace_text(dir.path(), Path::new(name), 2048);
+        assert_eq!(read("ok.yml"), Ok(Some("a: 1\n".into())));
+        assert_eq!(read("none.yml"), Ok(None));
+        assert_eq!(
+            read("big.yml").unwrap_err().to_string(),
+            "workspace/big.yml: is 2049 bytes, larger than the limit of 2 KiB\n  fix: make it smaller"
+        );
+        assert!(
+            read("fifo.yml")
+                .unwrap_err()
+                .to_string()
+                .starts_with("workspace/fifo.yml: is not a regular file")
+        );
+        assert!(
+            read("zero.yml")
+                .unwrap_err()
+                .to_string()
+                .starts_with("workspace/zero.yml: is a symlink")
+        );
+        let stamp = |name: &str| workspace_file_stamp(dir.path(), Path::new(name)).unwrap();
+        assert_eq!(stamp("none.yml"), None);
+        let before = stamp("ok.yml");
+        assert!(before.is_some() && stamp("fifo.yml").is_some());
+        assert_eq!(stamp("ok.yml"), before);
+        fs::write(dir.path().join("ok.yml"), "a: 22\n").unwrap();
+        assert_ne!(stamp("ok.yml"), before, "a rewrite changes the stamp");
+        let just_written = stamp("ok.yml").unwrap();
+        assert!(!just_written.is_settled(std::time::SystemTime::now()));
+        assert!(
+            just_written
+                .is_settled(std::time::SystemTime::now() + std::time::Duration::from_secs(3))
+        );
     }
 }
