@@ -251,7 +251,9 @@ async fn journey(backend: Backend) {
 
     // Long output: shortened for the model, whole in the guest.
     let long = "line of output\n".repeat(3000);
-    let shown = sandbox::for_model(&machine, long.clone(), CancellationToken::new()).await.unwrap();
+    let shown = sandbox::for_model(&machine, long.clone(), CancellationToken::new())
+        .await
+        .unwrap();
     assert!(shown.len() < 25_000);
     let path = shown
         .split_whitespace()
