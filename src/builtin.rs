@@ -5,19 +5,21 @@
 //! into a script.
 
 use crate::model::ToolSpec;
-use crate::sandbox::{Command, End, Machine, Output};
+use crate::sandbox::{Command, End, Machine, Output, StreamCap};
 use perch_core::builtin::{
     BASH_DEFAULT_TIMEOUT_SECS, BASH_MAX_TIMEOUT_SECS, BuiltinTool, READ_LINE_BYTES,
     READ_PAGE_CHARS, builtin_tools, read_page,
 };
 use perch_core::edit::replace_once;
+use perch_core::output::{KeptFiles, MODEL_OUTPUT_LIMIT, streams_for_model};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// The longest a `read`, `write` or `edit` command may take in the guest.
 const FILE_TIMEOUT: Duration = Duration::from_secs(120);
-/// The largest file `edit` reads into perch.
-const EDIT_MAX_BYTES: u64 = 8 * 1024 * 1024;
+/// The largest file `edit` reads into perch; its read-back is capped at this size, not at the
+/// host's usual 1 MiB per stream.
+const EDIT_MAX_BYTES: usize = 8 * 1024 * 1024;
 
 /// Runs the command from stdin with bash, or with sh in an image without bash.
 const BASH_SCRIPT: &str =
@@ -104,12 +106,13 @@ async fn bash(
     if command.trim().is_empty() {
         return Err("`command` is empty".to_owned());
     }
+    let kept = KeptFiles::for_id(&uuid::Uuid::now_v7().to_string());
     let run = Command::argv(["/bin/sh", "-c", BASH_SCRIPT, "perch-bash"])
         .stdin(command.as_bytes())
-        .timeout(Duration::from_secs(seconds));
+        .timeout(Duration::from_secs(seconds))
+        .keep_in_guest(kept.clone(), MODEL_OUTPUT_LIMIT);
     let output = run_in(machine, run, cancel).await?;
-    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
-    text.push_str(&String::from_utf8_lossy(&output.stderr));
+    let mut text = streams_for_model(&output.stdout, &output.stderr, MODEL_OUTPUT_LIMIT, &kept);
     let killed = match output.end {
         End::Exited(0) if text.is_empty() => return Ok("(no output)".to_owned()),
         End::Exited(0) => return Ok(text),
@@ -146,7 +149,11 @@ async fn read(
     .env("LC_ALL", "C")
     .timeout(FILE_TIMEOUT);
     let output = succeeded(run_in(machine, run, cancel).await?, "read", path)?;
-    read_page(path, offset, limit, &output.stdout)
+    let page = output
+        .stdout
+        .whole()
+        .ok_or_else(|| format!("could not read {path}: the page was longer than perch reads"))?;
+    read_page(path, offset, limit, page)
 }
 
 async fn write(
@@ -176,9 +183,13 @@ async fn edit(
         path.to_owned(),
         EDIT_MAX_BYTES.to_string(),
     ])
-    .timeout(FILE_TIMEOUT);
+    .timeout(FILE_TIMEOUT)
+    .output_cap(StreamCap::whole(EDIT_MAX_BYTES));
     let output = succeeded(run_in(machine, fetch, cancel.clone()).await?, "edit", path)?;
-    let text = String::from_utf8(output.stdout)
+    let bytes = output.stdout.into_whole().map_err(|_| {
+        format!("{path} grew past {EDIT_MAX_BYTES} bytes while edit read it; change it with bash")
+    })?;
+    let text = String::from_utf8(bytes)
         .map_err(|_| format!("{path} is not UTF-8 text, so edit cannot change it; use bash"))?;
     let replaced = replace_once(&text, old_text, new_text)
         .map_err(|error| format!("{path} was not changed: {error}"))?;
@@ -218,7 +229,7 @@ fn succeeded(output: Output, verb: &str, path: &str) -> Result<Output, String> {
     if output.end == End::Exited(0) {
         return Ok(output);
     }
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = output.stderr.marked_text("stderr");
     let stderr = stderr.trim();
     Err(match output.end {
         End::Exited(2) if !stderr.is_empty() => stderr.to_owned(),

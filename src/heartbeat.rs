@@ -1180,7 +1180,7 @@ pub fn end_json(end: &JobEnd) -> serde_json::Value {
 /// the slot is to be skipped.
 pub async fn run_check(machine: &Machine, check: &str) -> Result<Option<String>, String> {
     let mut command = Command::shell(check);
-    command.timeout = Some(CHECK_TIMEOUT);
+    command.timeout = CHECK_TIMEOUT;
     let output = machine
         .run(command, CancellationToken::new())
         .await

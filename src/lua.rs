@@ -4,7 +4,7 @@
 //! This is the only module that names `mlua`. The state it builds cannot touch files, processes,
 //! the environment or stdout, cannot load bytecode, and stops when it exceeds its [`Limits`].
 
-use crate::sandbox::{Command, GUEST_WORKSPACE, Machine};
+use crate::sandbox::{Command, End, GUEST_WORKSPACE, Machine};
 use mlua::LuaSerdeExt;
 use mlua::chunk::ChunkMode;
 use mlua::debug::Debug as HookDebug;
@@ -21,6 +21,7 @@ use std::ffi::c_void;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Resource limits for one Lua state.
@@ -823,8 +824,12 @@ pub struct ToolContext {
 impl Evaluation {
     /// Calls `function`, declared by this file as a tool's `run`, as `run(args, ctx)`.
     ///
-    /// `ctx.sh(line)` runs a shell line in the agent's sandbox and returns its stdout (followed
-    /// by its stderr when there is any) and its exit code; `ctx.workdir` is the guest's working
+    /// `ctx.sh(line[, {timeout = seconds}])` runs a shell line in the agent's sandbox and returns
+    /// its stdout (followed by its stderr when there is any) and its exit code. It is killed
+    /// after [`CTX_SH_DEFAULT_TIMEOUT_SECS`] (the option allows up to
+    /// [`BASH_MAX_TIMEOUT_SECS`](perch_core::builtin::BASH_MAX_TIMEOUT_SECS)) and ends with exit
+    /// code 124 and a line saying so; of each stream it returns at most the first and last
+    /// 512 KiB, with a line saying how many bytes were left out. `ctx.workdir` is the guest's working
     /// directory; `ctx.shellescape(s)` quotes `s` for a shell line. A string result is returned
     /// as it is, `nil` as an empty string, anything else as JSON. A Lua error, the instruction
     /// limit and the memory limit become an error naming the file and line.
@@ -879,25 +884,52 @@ fn tool_context_table(lua: &Lua, context: ToolContext) -> mlua::Result<Table> {
         "shellescape",
         lua.create_function(|_, text: String| Ok(shell_quote(&text)))?,
     )?;
-    let sh = lua.create_async_function(move |_, line: String| {
+    let sh = lua.create_async_function(move |_, (line, options): (String, Option<Table>)| {
         let ToolContext { machine, cancel } = context.clone();
         async move {
+            let timeout = ctx_sh_timeout(options.as_ref())?;
             let output = machine
-                .run(Command::shell(line), cancel.clone())
+                .run(Command::shell(line).timeout(timeout), cancel.clone())
                 .await
                 .map_err(|error| mlua::Error::runtime(error.to_string()))?;
             if cancel.is_cancelled() {
                 return Err(mlua::Error::runtime("cancelled"));
             }
-            let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+            let mut text = output.stdout.marked_text("stdout");
             if !output.stderr.is_empty() {
-                text.push_str(&String::from_utf8_lossy(&output.stderr));
+                text.push_str(&output.stderr.marked_text("stderr"));
+            }
+            if let End::TimedOut(_) = output.end {
+                if !text.is_empty() && !text.ends_with('\n') {
+                    text.push('\n');
+                }
+                text.push_str(&format!("[ctx.sh {}]", output.end));
             }
             Ok((text, output.end.code()))
         }
     })?;
     ctx.raw_set("sh", sh)?;
     Ok(ctx)
+}
+
+/// How long a `ctx.sh` command may run unless its options say otherwise.
+pub const CTX_SH_DEFAULT_TIMEOUT_SECS: u64 = perch_core::builtin::BASH_DEFAULT_TIMEOUT_SECS;
+
+fn ctx_sh_timeout(options: Option<&Table>) -> mlua::Result<Duration> {
+    use perch_core::builtin::BASH_MAX_TIMEOUT_SECS;
+    let seconds = match options {
+        None => return Ok(Duration::from_secs(CTX_SH_DEFAULT_TIMEOUT_SECS)),
+        Some(options) => options.raw_get::<Option<f64>>("timeout")?,
+    };
+    match seconds {
+        None => Ok(Duration::from_secs(CTX_SH_DEFAULT_TIMEOUT_SECS)),
+        Some(seconds) if seconds > 0.0 && seconds <= BASH_MAX_TIMEOUT_SECS as f64 => {
+            Ok(Duration::from_secs_f64(seconds))
+        }
+        Some(seconds) => Err(mlua::Error::runtime(format!(
+            "ctx.sh: timeout must be more than 0 and at most {BASH_MAX_TIMEOUT_SECS} seconds, not {seconds}"
+        ))),
+    }
 }
 
 /// `text` as one word for a POSIX shell.

@@ -546,17 +546,28 @@ fn exec(dir: PathBuf, words: &[String]) -> Result<ExitCode, String> {
         let result = machine.run(command, cancel_on_interrupt()).await;
         let stopped = machine.stop().await;
         let output = result.map_err(|error| error.to_string())?;
-        io::stdout()
-            .write_all(&output.stdout)
-            .and_then(|()| io::stdout().flush())
-            .ok();
-        io::stderr().write_all(&output.stderr).ok();
+        write_captured(&mut io::stdout(), &output.stdout, "stdout");
+        write_captured(&mut io::stderr(), &output.stderr, "stderr");
         if !matches!(output.end, End::Exited(_)) {
             eprintln!("perch: the command was {}", output.end);
         }
         stopped.map_err(|error| error.to_string())?;
         Ok(ExitCode::from(u8::try_from(output.end.code()).unwrap_or(1)))
     })
+}
+
+/// Writes what perch kept of a stream; a line on stderr says how much of it was left out.
+fn write_captured(out: &mut impl Write, stream: &sandbox::Captured, name: &str) {
+    out.write_all(stream.head()).and_then(|()| out.flush()).ok();
+    if !stream.is_complete() {
+        eprintln!(
+            "\nperch: {} of {} bytes of {name} left out (perch keeps the first and last {} KiB of each stream)",
+            stream.omitted(),
+            stream.total(),
+            sandbox::StreamCap::HOST_DEFAULT.head >> 10
+        );
+        out.write_all(stream.tail()).and_then(|()| out.flush()).ok();
+    }
 }
 
 fn tool(dir: PathBuf, name: Option<&str>, args: Option<&str>) -> Result<ExitCode, String> {

@@ -75,7 +75,7 @@ impl Toolbox {
     ) -> ToolOutcome {
         let result = match self.builtin(name) {
             Some(tool) => match tool.prepare_arguments(arguments) {
-                Ok(prepared) => run_builtin(&self.machine, tool, &prepared, cancel).await,
+                Ok(prepared) => run_builtin(&self.machine, tool, &prepared, cancel.clone()).await,
                 Err(error) => Err(error),
             },
             None if self.replay(name).is_none() => Err(format!(
@@ -86,13 +86,13 @@ impl Toolbox {
                     .collect::<Vec<_>>()
                     .join(", ")
             )),
-            None => run_tool(&self.agent, &self.machine, name, arguments, cancel).await,
+            None => run_tool(&self.agent, &self.machine, name, arguments, cancel.clone()).await,
         };
         let (text, is_error) = match result {
             Ok(text) => (text, false),
             Err(text) => (text, true),
         };
-        match sandbox::for_model(&self.machine, text).await {
+        match sandbox::for_model(&self.machine, text, cancel).await {
             Ok(output) => ToolOutcome { output, is_error },
             Err(error) => ToolOutcome {
                 output: format!(

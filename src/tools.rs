@@ -23,14 +23,14 @@ pub async fn run_tool(
     let arguments = decl.prepare_arguments(arguments)?;
     let context = ToolContext {
         machine: machine.clone(),
-        cancel,
+        cancel: cancel.clone(),
     };
     let value = code.call_tool(decl.run, &arguments, context).await?;
     let text = match value {
         serde_json::Value::String(text) => text,
         other => serde_json::to_string_pretty(&other).map_err(|error| error.to_string())?,
     };
-    sandbox::for_model(machine, text)
+    sandbox::for_model(machine, text, cancel)
         .await
         .map_err(|error| error.to_string())
 }

@@ -16,11 +16,12 @@
 //! dies, the holder dies, its pid namespace ends, and every process in it dies with it.
 
 use super::{
-    Boot, BoxFuture, Command, End, GUEST_WORKSPACE, ImageRef, Output, Sandbox, SandboxError, Spec,
-    Up,
+    Boot, BoxFuture, Captured, Command, End, GUEST_WORKSPACE, ImageRef, Output, Sandbox,
+    SandboxError, Spec, StreamCap, Up,
 };
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
+use perch_core::output::HeadTail;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -262,10 +263,14 @@ impl NamespaceDouble {
                 let _ = stdin.write_all(&bytes).await;
             });
         }
-        let finished = child.wait_with_output();
+        let cap = command.output_cap;
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        let finished =
+            async { tokio::join!(child.wait(), collect(stdout, cap), collect(stderr, cap)) };
         tokio::pin!(finished);
-        let limit = command.timeout.unwrap_or(Duration::MAX);
-        let (output, forced) = tokio::select! {
+        let limit = command.timeout;
+        let ((status, stdout, stderr), forced) = tokio::select! {
             output = &mut finished => (output, None),
             () = cancel.cancelled() => {
                 kill_group(group);
@@ -276,13 +281,36 @@ impl NamespaceDouble {
                 (finished.await, Some(End::TimedOut(limit)))
             }
         };
-        let output = output.map_err(|error| failed(format!("cannot collect output: {error}")))?;
+        let collected = |result: std::io::Result<Captured>| {
+            result.map_err(|error| failed(format!("cannot collect output: {error}")))
+        };
+        let status =
+            status.map_err(|error| failed(format!("cannot wait for the command: {error}")))?;
         Ok(Output {
-            stdout: output.stdout,
-            stderr: output.stderr,
-            end: forced.unwrap_or_else(|| end_of(output.status)),
+            stdout: collected(stdout)?,
+            stderr: collected(stderr)?,
+            end: forced.unwrap_or_else(|| end_of(status)),
         })
     }
+}
+
+/// Reads `stream` to its end, keeping only what `cap` allows.
+async fn collect(
+    stream: Option<impl tokio::io::AsyncRead + Unpin>,
+    cap: StreamCap,
+) -> std::io::Result<Captured> {
+    let mut kept = HeadTail::new(cap);
+    if let Some(mut stream) = stream {
+        let mut chunk = vec![0; 64 << 10];
+        loop {
+            let read = stream.read(&mut chunk).await?;
+            if read == 0 {
+                break;
+            }
+            kept.push(&chunk[..read]);
+        }
+    }
+    Ok(kept.finish())
 }
 
 impl Sandbox for NamespaceDouble {

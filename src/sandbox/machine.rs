@@ -279,7 +279,7 @@ impl Owner {
                 .run(Command::shell(line.clone()), CancellationToken::new())
                 .await?;
             if output.end.code() != 0 {
-                let stderr = String::from_utf8_lossy(&output.stderr);
+                let stderr = output.stderr.marked_text("stderr");
                 let tail: String = stderr
                     .chars()
                     .rev()

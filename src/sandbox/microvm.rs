@@ -16,8 +16,8 @@
 //! starts, so a rotated value takes effect at the next boot and nothing at rest holds it.
 
 use super::{
-    Boot, BoxFuture, Command, End, GUEST_WORKSPACE, ImageRef, Output, Sandbox, SandboxError, Spec,
-    Up,
+    Boot, BoxFuture, Captured, Command, End, GUEST_WORKSPACE, ImageRef, Output, Sandbox,
+    SandboxError, Spec, StreamCap, Up,
 };
 use microsandbox::protocol::exec::{ExecFailed, ExecFailureKind};
 use microsandbox::sandbox::{
@@ -26,6 +26,7 @@ use microsandbox::sandbox::{
 };
 use microsandbox::{ExecEvent, ExecHandle, Image, MicrosandboxError};
 use perch_core::name::{EnvName, HostName};
+use perch_core::output::HeadTail;
 use std::fmt;
 use std::path::Path;
 use std::time::Duration;
@@ -195,8 +196,8 @@ impl Microvm {
         };
         if cancel.is_cancelled() {
             return Ok(Output {
-                stdout: Vec::new(),
-                stderr: Vec::new(),
+                stdout: Captured::default(),
+                stderr: Captured::default(),
                 end: End::Cancelled,
             });
         }
@@ -213,19 +214,14 @@ impl Microvm {
             .await
             .map_err(|error| self.failure("run a command in", &error))?;
 
-        let mut collected = Collected::default();
-        let deadline = async {
-            match command.timeout {
-                Some(limit) => tokio::time::sleep(limit).await,
-                None => std::future::pending().await,
-            }
-        };
+        let mut collected = Collected::new(command.output_cap);
+        let deadline = tokio::time::sleep(command.timeout);
         tokio::pin!(deadline);
         let interrupted = loop {
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => break End::Cancelled,
-                () = &mut deadline => break End::TimedOut(command.timeout.unwrap_or_default()),
+                () = &mut deadline => break End::TimedOut(command.timeout),
                 event = handle.recv() => match event {
                     Some(event) => {
                         if let Some(end) = collected.take(event).map_err(failed)? {
@@ -496,21 +492,28 @@ fn exec_env(spec: &[(EnvName, String)], command: &[(String, String)]) -> Vec<(St
     env
 }
 
-/// Output of one command as its events arrive.
-#[derive(Debug, Default)]
+/// Output of one command as its events arrive, each stream kept within the command's cap.
+#[derive(Debug)]
 struct Collected {
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
+    stdout: HeadTail,
+    stderr: HeadTail,
 }
 
 impl Collected {
+    fn new(cap: StreamCap) -> Collected {
+        Collected {
+            stdout: HeadTail::new(cap),
+            stderr: HeadTail::new(cap),
+        }
+    }
+
     /// Records one event; `Some` once the command has ended. agentd reports a command killed
     /// by a signal as exit code -1 without the signal's number, so that arrives as
     /// `End::Exited(-1)`.
     fn take(&mut self, event: ExecEvent) -> Result<Option<End>, String> {
         match event {
-            ExecEvent::Stdout(bytes) => self.stdout.extend_from_slice(&bytes),
-            ExecEvent::Stderr(bytes) => self.stderr.extend_from_slice(&bytes),
+            ExecEvent::Stdout(bytes) => self.stdout.push(&bytes),
+            ExecEvent::Stderr(bytes) => self.stderr.push(&bytes),
             ExecEvent::Exited { code } => return Ok(Some(End::Exited(code))),
             ExecEvent::Failed(failure) => return self.spawn_failed(&failure).map(Some),
             ExecEvent::Started { .. } | ExecEvent::StdinError(_) => {}
@@ -527,7 +530,7 @@ impl Collected {
             _ => return Err(format!("the command could not start: {}", failure.message)),
         };
         self.stderr
-            .extend_from_slice(format!("perch: {}\n", failure.message).as_bytes());
+            .push(format!("perch: {}\n", failure.message).as_bytes());
         Ok(End::Exited(code))
     }
 
@@ -541,8 +544,8 @@ impl Collected {
 
     fn into_output(self, end: End) -> Output {
         Output {
-            stdout: self.stdout,
-            stderr: self.stderr,
+            stdout: self.stdout.finish(),
+            stderr: self.stderr.finish(),
             end,
         }
     }
@@ -689,21 +692,32 @@ mod tests {
                 stage: Some("execvp".into()),
             })
         };
-        let mut collected = Collected::default();
+        let fresh = || Collected::new(StreamCap::HOST_DEFAULT);
+        let mut collected = fresh();
         assert_eq!(
             collected.take(failure(ExecFailureKind::NotFound)),
             Ok(Some(End::Exited(127)))
         );
-        assert!(String::from_utf8_lossy(&collected.stderr).contains("nope"));
+        let output = collected.into_output(End::Exited(127));
+        assert!(output.stderr.marked_text("stderr").contains("nope"));
         assert_eq!(
-            Collected::default().take(failure(ExecFailureKind::NotExecutable)),
+            fresh().take(failure(ExecFailureKind::NotExecutable)),
             Ok(Some(End::Exited(126)))
         );
-        assert!(
-            Collected::default()
-                .take(failure(ExecFailureKind::BadCwd))
-                .is_err()
-        );
+        assert!(fresh().take(failure(ExecFailureKind::BadCwd)).is_err());
+    }
+
+    #[test]
+    fn collected_output_is_held_within_the_cap_while_events_arrive() {
+        let mut collected = Collected::new(StreamCap { head: 8, tail: 8 });
+        for _ in 0..10_000 {
+            let event = ExecEvent::Stdout(vec![b'y'; 4096].into());
+            assert_eq!(collected.take(event), Ok(None));
+        }
+        let output = collected.into_output(End::Exited(0));
+        assert_eq!(output.stdout.total(), 4096 * 10_000);
+        assert_eq!(output.stdout.head(), b"yyyyyyyy");
+        assert_eq!(output.stdout.tail(), b"yyyyyyyy");
     }
 
     const VALUE: &str = "sk-very-secret-value";

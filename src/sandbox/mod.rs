@@ -4,6 +4,7 @@
 //! namespace double exists only in test builds.
 
 use perch_core::name::{EnvName, HostName};
+pub use perch_core::output::{Captured, KeptFiles, StreamCap};
 use perch_core::secret::Secret;
 use std::fmt;
 use std::future::Future;
@@ -122,17 +123,50 @@ pub struct Command {
     pub env: Vec<(String, String)>,
     /// Bytes for the command's standard input; it sees end-of-file after them (or at once).
     pub stdin: Option<Vec<u8>>,
-    /// The command is killed when it runs longer.
-    pub timeout: Option<Duration>,
+    /// The command is killed when it runs longer; [`Command::DEFAULT_TIMEOUT`] unless set.
+    pub timeout: Duration,
+    /// How much of each of its output streams reaches perch; the rest is counted.
+    pub output_cap: StreamCap,
+    /// Whether the whole of stdout and stderr is written to guest files as the command runs.
+    pub keep: Option<KeepInGuest>,
 }
 
+/// The guest files a command's whole output goes to, and the combined size up to which they
+/// are removed again when it ends (its caller has all of it then).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeepInGuest {
+    pub files: KeptFiles,
+    pub remove_up_to: usize,
+}
+
+/// Runs `$4...` with its stdout and stderr also written whole to `$1` and `$2`, and exits with
+/// its status. Both files are removed at the end when together they hold at most `$3` bytes.
+const KEEP_WRAPPER: &str = r#"out=$1 err=$2 small=$3; shift 3
+mkdir -p -- "${out%/*}" || exit 125
+status="$out.status"
+{ { { "$@"; echo $? > "$status"; } 2>&1 1>&3 3>&- | tee -- "$err" >&2 3>&-; } 3>&1 | tee -- "$out"; }
+code=$(cat -- "$status" 2>/dev/null); rm -f -- "$status"
+if [ $(( $(wc -c < "$out") + $(wc -c < "$err") )) -le "$small" ]; then rm -f -- "$out" "$err"; fi
+exit "${code:-125}""#;
+
 impl Command {
+    /// The longest any guest command runs unless its caller chooses otherwise: the longest
+    /// `bash` timeout the model may ask for.
+    pub const DEFAULT_TIMEOUT: Duration =
+        Duration::from_secs(perch_core::builtin::BASH_MAX_TIMEOUT_SECS);
+
     pub fn shell(line: impl Into<String>) -> Command {
+        Command::new(Program::Shell(line.into()))
+    }
+
+    fn new(program: Program) -> Command {
         Command {
-            program: Program::Shell(line.into()),
+            program,
             env: Vec::new(),
             stdin: None,
-            timeout: None,
+            timeout: Command::DEFAULT_TIMEOUT,
+            output_cap: StreamCap::HOST_DEFAULT,
+            keep: None,
         }
     }
 
@@ -141,12 +175,7 @@ impl Command {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        Command {
-            program: Program::Argv(args.into_iter().map(Into::into).collect()),
-            env: Vec::new(),
-            stdin: None,
-            timeout: None,
-        }
+        Command::new(Program::Argv(args.into_iter().map(Into::into).collect()))
     }
 
     pub fn stdin(mut self, bytes: impl Into<Vec<u8>>) -> Command {
@@ -160,15 +189,49 @@ impl Command {
     }
 
     pub fn timeout(mut self, limit: Duration) -> Command {
-        self.timeout = Some(limit);
+        self.timeout = limit;
         self
     }
 
-    /// The argv the guest executes: a shell line runs as `/bin/sh -c LINE`.
+    pub fn output_cap(mut self, cap: StreamCap) -> Command {
+        self.output_cap = cap;
+        self
+    }
+
+    /// Writes the whole of stdout and stderr to `files` in the guest as the command runs
+    /// (removed again when together they are at most `small` bytes), whatever reaches perch.
+    pub fn keep_in_guest(mut self, files: KeptFiles, small: usize) -> Command {
+        self.keep = Some(KeepInGuest {
+            files,
+            remove_up_to: small,
+        });
+        self
+    }
+
+    /// The argv the guest executes: a shell line runs as `/bin/sh -c LINE`, inside the keeping
+    /// wrapper when the output is kept in the guest.
     pub fn to_argv(&self) -> Vec<String> {
-        match &self.program {
+        let argv = match &self.program {
             Program::Argv(args) => args.clone(),
             Program::Shell(line) => vec!["/bin/sh".into(), "-c".into(), line.clone()],
+        };
+        match &self.keep {
+            None => argv,
+            Some(KeepInGuest {
+                files,
+                remove_up_to,
+            }) => [
+                "/bin/sh".to_owned(),
+                "-c".to_owned(),
+                KEEP_WRAPPER.to_owned(),
+                "perch-keep".to_owned(),
+                files.stdout.clone(),
+                files.stderr.clone(),
+                remove_up_to.to_string(),
+            ]
+            .into_iter()
+            .chain(argv)
+            .collect(),
         }
     }
 }
@@ -184,8 +247,9 @@ pub enum Program {
 /// What a command left behind.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Output {
-    pub stdout: Vec<u8>,
-    pub stderr: Vec<u8>,
+    /// As much as the command's [`StreamCap`] let through, and the count of the rest.
+    pub stdout: Captured,
+    pub stderr: Captured,
     pub end: End,
 }
 
@@ -264,11 +328,16 @@ impl fmt::Display for SandboxError {
 
 impl std::error::Error for SandboxError {}
 
-/// The model's view of a command's text: as it is when it fits in
+/// The model's view of a tool's text: as it is when it fits in
 /// [`MODEL_OUTPUT_LIMIT`](perch_core::output::MODEL_OUTPUT_LIMIT) characters; otherwise its
 /// beginning and end, with the whole of it kept in the guest under
-/// [`FULL_OUTPUT_DIR`](perch_core::output::FULL_OUTPUT_DIR) and that path given.
-pub async fn for_model(machine: &Machine, text: String) -> Result<String, SandboxError> {
+/// [`FULL_OUTPUT_DIR`](perch_core::output::FULL_OUTPUT_DIR) and that path given. Writing it
+/// there is a guest command like any other: `cancel` kills it, and so does [`keep_timeout`].
+pub async fn for_model(
+    machine: &Machine,
+    text: String,
+    cancel: CancellationToken,
+) -> Result<String, SandboxError> {
     use perch_core::output::{FULL_OUTPUT_DIR, MODEL_OUTPUT_LIMIT, shorten};
     if text.chars().count() <= MODEL_OUTPUT_LIMIT {
         return Ok(text);
@@ -281,17 +350,24 @@ pub async fn for_model(machine: &Machine, text: String) -> Result<String, Sandbo
         "perch-keep",
         path.as_str(),
     ])
+    .timeout(keep_timeout(text.len()))
     .stdin(text.as_bytes());
-    let output = machine.run(keep, CancellationToken::new()).await?;
+    let output = machine.run(keep, cancel).await?;
     if output.end != End::Exited(0) {
         return Err(SandboxError::Failed {
             action: "keep a long output in",
             reason: format!(
                 "writing {path} ended with {}: {}",
                 output.end,
-                String::from_utf8_lossy(&output.stderr).trim()
+                output.stderr.marked_text("stderr").trim()
             ),
         });
     }
     Ok(shorten(&text, MODEL_OUTPUT_LIMIT, &path))
+}
+
+/// How long writing `bytes` of a long result into the guest may take: 10 s, and 1 s more per
+/// MiB.
+pub fn keep_timeout(bytes: usize) -> Duration {
+    Duration::from_secs(10 + (bytes >> 20) as u64)
 }

@@ -28,5 +28,6 @@ fn main() {
     runtime.block_on(inbox::ingest(smoke));
     runtime.block_on(inbox::arrival_to_lane(smoke));
     runtime.block_on(sandbox::warm_exec(smoke));
+    runtime.block_on(sandbox::flood_output(smoke));
     runtime.block_on(lane::host_overhead(smoke));
 }

@@ -1,4 +1,5 @@
-//! Warm exec latency: one machine, already up, running `true` over and over.
+//! The sandbox: warm exec latency (one machine, already up, running `true` over and over), and
+//! perch's peak memory while a guest command floods its output.
 
 use perch::agent::{self, AgentDir};
 use perch::doctor::{self, Places};
@@ -72,4 +73,79 @@ async fn measure(label: &str, backend: Backend, runs: usize, target: Option<Dura
     println!(
         "warm exec, {label}: {runs} runs of `true`: p50 {p50:.2?}, p99 {p99:.2?} (first command with boot {boot:.2?}){verdict}"
     );
+}
+
+/// Target: perch's peak resident size grows by at most the two streams' caps (1 MiB each) and
+/// a constant while a guest command floods stdout, however long it floods.
+const FLOOD_GROWTH_TARGET_BYTES: u64 = 2 * (1 << 20) + (16 << 20);
+
+/// Peak RSS while `yes` floods stdout for 30 s (2 s under `--smoke`), on the double.
+pub async fn flood_output(smoke: bool) {
+    #[cfg(feature = "sandbox-double")]
+    {
+        let seconds = if smoke { 2 } else { 30 };
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        agent::init(dir.path()).expect("perch init");
+        let loaded = agent::load(&AgentDir::open(dir.path()).expect("an agent")).expect("it loads");
+        let setup = MachineSetup {
+            backend: Backend::NamespaceDouble,
+            places: Places::from_environment(),
+            idle: Duration::from_secs(600),
+        };
+        let machine = sandbox::machine_for(&loaded, &setup, |_| None).expect("a machine");
+        machine
+            .run(Command::argv(["true"]), CancellationToken::new())
+            .await
+            .expect("the machine boots");
+        // Writing 5 resets the peak (VmHWM) to the current size, so earlier benchmarks'
+        // peaks do not count.
+        std::fs::write("/proc/self/clear_refs", "5").expect("the peak resets");
+        let before = status_bytes("VmRSS:");
+        let flood = Command::argv(["yes"]).timeout(Duration::from_secs(seconds));
+        let output = machine
+            .run(flood, CancellationToken::new())
+            .await
+            .expect("yes runs");
+        let peak = status_bytes("VmHWM:");
+        machine.stop().await.expect("the machine stops");
+        let growth = peak.saturating_sub(before);
+        let verdict = if growth <= FLOOD_GROWTH_TARGET_BYTES {
+            "met"
+        } else {
+            "MISSED"
+        };
+        println!(
+            "output flood, namespace double: `yes` for {seconds} s sent {} MiB; peak RSS {} MiB, {} MiB over the {} MiB before; target growth <= {} MiB (the caps plus a constant, not the flood): {verdict}",
+            output.stdout.total() >> 20,
+            peak >> 20,
+            growth >> 20,
+            before >> 20,
+            FLOOD_GROWTH_TARGET_BYTES >> 20,
+        );
+    }
+    #[cfg(not(feature = "sandbox-double"))]
+    {
+        let _ = smoke;
+        println!(
+            "output flood, namespace double: skipped: built without the sandbox-double feature"
+        );
+    }
+}
+
+#[cfg(feature = "sandbox-double")]
+fn status_bytes(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix(field))
+        .and_then(|value| {
+            value
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .expect("the field is there");
+    kib * 1024
 }

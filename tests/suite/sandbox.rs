@@ -54,8 +54,8 @@ async fn run(machine: &Machine, line: &str) -> sandbox::Output {
         .unwrap()
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
+fn text(stream: &sandbox::Captured) -> String {
+    stream.marked_text("stream")
 }
 
 async fn wait_for_state(machine: &Machine, wanted: State) {
@@ -245,13 +245,15 @@ async fn journey(backend: Backend) {
         .unwrap();
     assert_eq!(output.end, End::TimedOut(Duration::from_millis(300)));
     assert_eq!(
-        run(&machine, "echo still usable").await.stdout,
-        b"still usable\n"
+        text(&run(&machine, "echo still usable").await.stdout),
+        "still usable\n"
     );
 
     // Long output: shortened for the model, whole in the guest.
     let long = "line of output\n".repeat(3000);
-    let shown = sandbox::for_model(&machine, long.clone()).await.unwrap();
+    let shown = sandbox::for_model(&machine, long.clone(), CancellationToken::new())
+        .await
+        .unwrap();
     assert!(shown.len() < 25_000);
     let path = shown
         .split_whitespace()
@@ -399,7 +401,7 @@ async fn a_machine_gone_behind_a_matching_fingerprint_is_bootstrapped_again() {
         )
         .await
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&first.stdout), "ready\n");
+    assert_eq!(text(&first.stdout), "ready\n");
     machine.stop().await.unwrap();
     drop(machine);
     let state_dir = root.join(".perch/sandbox");
@@ -417,10 +419,10 @@ async fn a_machine_gone_behind_a_matching_fingerprint_is_bootstrapped_again() {
         .await
         .unwrap();
     assert_eq!(
-        String::from_utf8_lossy(&again.stdout),
+        text(&again.stdout),
         "ready\n",
         "bootstrap ran on the recreated machine: {}",
-        String::from_utf8_lossy(&again.stderr)
+        text(&again.stderr)
     );
     machine.stop().await.unwrap();
 }

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn telegram_agent(model: &FakeModel, telegram: &FakeTelegram) -> tempfile::TempDir {
+pub(super) fn telegram_agent(model: &FakeModel, telegram: &FakeTelegram) -> tempfile::TempDir {
     let dir = new_agent();
     write(dir.path(), "models.yml", &model.models_yml("fake", "m1"));
     write(dir.path(), "agent.lua", "agent { model = \"fake/m1\" }\n");
@@ -25,7 +25,7 @@ fn telegram_agent(model: &FakeModel, telegram: &FakeTelegram) -> tempfile::TempD
     dir
 }
 
-fn start(dir: &Path, failpoint: Option<&str>) -> Child {
+pub(super) fn start(dir: &Path, failpoint: Option<&str>) -> Child {
     launch(dir, ("TELEGRAM_TOKEN", TOKEN), failpoint)
 }
 
@@ -69,7 +69,7 @@ fn run_command(
     command
 }
 
-fn stop(child: Child) -> String {
+pub(super) fn stop(child: Child) -> String {
     terminate(&child);
     finish(child)
 }
@@ -93,7 +93,7 @@ fn finish(child: Child) -> String {
     stderr
 }
 
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+pub(super) fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !done() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
