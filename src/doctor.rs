@@ -233,10 +233,7 @@ pub fn runtime(places: &Places) -> Check {
         return check(
             "runtime",
             false,
-            format!(
-                "{} is not run: this is root, and {reason}",
-                msb.display()
-            ),
+            format!("{} is not run: this is root, and {reason}", msb.display()),
             "as root, perch runs only a runtime no other user can replace: install it root-owned (deploy/install.sh puts it in /usr/local/lib/perch/runtime) and set MSB_PATH and MSB_LIBKRUNFW_PATH to it, or run this as the service user (sudo -u perch perch doctor)",
         );
     }

@@ -359,7 +359,10 @@ fn refuse_as_root(path: &Path) -> Result<(), ImageError> {
     match crate::trust::refusal_as_root(path) {
         None => Ok(()),
         Some(reason) => Err(ImageError::new(
-            format!("refusing to build the image as root in {}: {reason}", path.display()),
+            format!(
+                "refusing to build the image as root in {}: {reason}",
+                path.display()
+            ),
             "build as root in a cache only root can change (deploy/install.sh uses /var/lib/perch/cache, root:perch 0750): sudo PERCH_CACHE=DIR perch image build; then load it as the user that runs perch: perch image load",
         )),
     }
@@ -397,8 +400,7 @@ pub fn record(cache: &Path, prepared: &Prepared) -> Result<ImageRef, ImageError>
 pub async fn load_recorded(cache: &Path) -> Result<ImageRef, ImageError> {
     let image = resolve_default_image(cache)?;
     if let ImageRef::Local { reference, rootfs } = &image {
-        crate::sandbox::microvm::load_image(&rootfs.with_file_name("image.tar"), reference)
-            .await?;
+        crate::sandbox::microvm::load_image(&rootfs.with_file_name("image.tar"), reference).await?;
     }
     Ok(image)
 }

@@ -909,7 +909,11 @@ fn pair_approve(dir: PathBuf, code: &str) -> Result<ExitCode, String> {
 /// The heartbeat tasks as the running service sees them, or, when none runs, as the file and
 /// the ledger say.
 fn heartbeat_listing(agent_dir: &AgentDir) -> Result<serde_json::Value, String> {
-    let live = runtime()?.block_on(control::ask(agent_dir, &ControlRequest::HeartbeatList));
+    let live = runtime()?.block_on(control::ask_within(
+        agent_dir,
+        &ControlRequest::HeartbeatList,
+        STATUS_TIMEOUT,
+    ));
     if let Some(Ok(answer)) = live
         && answer["ok"] == true
     {
@@ -1083,7 +1087,8 @@ fn heartbeat_resume(dir: PathBuf, name: &str) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// How long `perch status` waits for the running service before it shows what `.perch/` holds.
+/// How long `perch status` (and `perch heartbeat list`) waits for each answer of the running
+/// service before it shows what `.perch/` holds.
 const STATUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {

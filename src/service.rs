@@ -308,14 +308,10 @@ pub async fn run(
     {
         let service = Arc::clone(&service);
         let shutdown = shutdown.clone();
-        tokio::spawn(control::serve(
-            control_listener,
-            shutdown,
-            move |request| {
-                let service = Arc::clone(&service);
-                async move { service.control(request).await }
-            },
-        ));
+        tokio::spawn(control::serve(control_listener, shutdown, move |request| {
+            let service = Arc::clone(&service);
+            async move { service.control(request).await }
+        }));
     }
     if let Some(listener) = setup.metrics_listener {
         let service = Arc::clone(&service);
