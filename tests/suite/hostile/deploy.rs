@@ -549,3 +549,43 @@ fn status_does_not_wait_forever_on_a_service_that_does_not_answer() {
     assert!(said.contains("did not answer within 2 s"), "{said}");
     assert!(said.contains("inbox pending"), "{said}");
 }
+
+/// The exploit of finding 4: the service user swaps `bin/msb` in a home it owns, and the next
+/// install runs it as root (`msb --version`). install-runtime.sh, as root, refuses a target or a
+/// source another user could change, and runs neither.
+#[test]
+fn install_runtime_as_root_runs_no_msb_the_service_user_can_replace() {
+    if !is_root() {
+        println!("skipped: needs root");
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/install-runtime.sh");
+    let install = |args: &[&Path]| {
+        Command::new("sh")
+            .arg(&script)
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .output()
+            .unwrap()
+    };
+
+    let (perchs_home, marker) = marking_msb_home(NOBODY);
+    let output = install(&[perchs_home.path()]);
+    let said = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!output.status.success(), "{said}");
+    assert!(said.contains("owned by uid 65534"), "{said}");
+    assert!(!marker.exists(), "root ran the service user's msb: {said}");
+
+    let target = tempfile::tempdir().unwrap();
+    let output = install(&[
+        Path::new("--from"),
+        perchs_home.path(),
+        &target.path().join("runtime"),
+    ]);
+    let said = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!output.status.success(), "{said}");
+    assert!(said.contains("owned by uid 65534"), "{said}");
+    assert!(!marker.exists(), "root ran the service user's msb: {said}");
+    assert!(!target.path().join("runtime").exists());
+}
