@@ -52,6 +52,29 @@ done
 
 reports() { [ "$("$1" --version 2>/dev/null || true)" = "msb $msb_version" ]; }
 
+# root_only PATH: as root, fails unless PATH (as far as it exists) and every directory above it
+# are owned by root and writable by nobody else (a sticky directory such as /tmp passes), so no
+# other user can swap what root is about to run or write. For anyone but root, passes.
+root_only() {
+	[ "$(id -u)" = 0 ] || return 0
+	case "$1" in /*) path=$1 ;; *) path=$(pwd)/$1 ;; esac
+	walked=
+	for part in / $(printf '%s' "$path" | tr '/' ' '); do
+		if [ "$part" = / ]; then walked=/; else walked=${walked%/}/$part; fi
+		[ -e "$walked" ] || [ -L "$walked" ] || return 0
+		[ ! -L "$walked" ] || fail "$walked is a symbolic link; as root, this installs only into and from paths no other user can change"
+		owner_mode=$(stat -c '%u %a' "$walked")
+		[ "${owner_mode%% *}" = 0 ] || fail "$walked is owned by uid ${owner_mode%% *}, who could replace what root runs there; install the runtime into a directory of root's (deploy/install.sh uses /usr/local/lib/perch/runtime)"
+		case "${owner_mode#* }" in
+		1???) ;;
+		*[2367]? | *[2367]) fail "$walked is writable by its group or by others (mode ${owner_mode#* }); as root, this installs only into and from paths no other user can change" ;;
+		esac
+	done
+}
+
+root_only "$target"
+[ -z "$from" ] || root_only "$from/bin/msb"
+
 if reports "$target/bin/msb" && [ -f "$target/lib/$lib" ]; then
 	printf '  %-10s %s\n' unchanged "runtime msb $msb_version in $target"
 	exit 0

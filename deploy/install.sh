@@ -3,7 +3,10 @@
 # the udev rule for /dev/kvm, the directories under /etc/perch and /var/lib/perch, the
 # microsandbox runtime pair and the default image. Idempotent: every step says what it did,
 # and a second run says `unchanged` (or `skipped`) for each and `nothing changed` at the end.
-# See deploy/README.md.
+# Root never executes, follows or writes through a path the user perch can change: what root
+# runs and writes lives in root's directories, and the one step inside perch's own (loading the
+# image into the microsandbox home) runs as perch. `--plan` lists every action with its actor,
+# path and owner. See deploy/README.md.
 set -eu
 umask 022
 
@@ -21,13 +24,18 @@ systemd.
                        `sudo deploy/install.sh --binary target/release/perch`)
   --runtime-from DIR   copy the microsandbox runtime pair (msb, libkrunfw) from this
                        microsandbox home instead of the PyPI wheel
-  --no-runtime         do not install the runtime pair into /var/lib/perch/msb
+  --no-runtime         do not install the runtime pair into /usr/local/lib/perch/runtime
   --no-image           do not build the default image (perch image build)
   --minimal-image      build the image with `perch image build --minimal`
   --rebuild-image      build the image even if one is built (perch image build --rebuild)
   --no-user            do not create the user perch and the group kvm (they must exist)
   --no-systemd         do not run systemctl daemon-reload, udevadm control --reload and
                        udevadm trigger
+  --plan               print what this install would do on this machine and change
+                       nothing: one line per action, `plan ACTOR VERB TARGET OWNER`, where
+                       ACTOR (root or perch) executes (exec), reads, writes, creates (mkdir)
+                       or renames TARGET, which is or ends up owned by OWNER (user:group,
+                       or - when it is not a file); no root needed
   -h, --help           this help
 
 Environment: DESTDIR (stage into this directory), CARGO_TARGET_DIR (where cargo builds).
@@ -52,6 +60,7 @@ minimal_image=
 rebuild_image=
 no_user=
 no_systemd=
+plan=
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--binary) [ $# -ge 2 ] || fail "--binary needs a path"; binary=$2; shift 2 ;;
@@ -64,13 +73,15 @@ while [ $# -gt 0 ]; do
 	--rebuild-image) rebuild_image=1; shift ;;
 	--no-user) no_user=1; shift ;;
 	--no-systemd) no_systemd=1; shift ;;
+	--plan) plan=1; shift ;;
 	-h | --help) usage; exit 0 ;;
 	*) usage >&2; fail "unknown argument $1" ;;
 	esac
 done
 [ -z "$runtime_from" ] || [ -z "$no_runtime" ] || fail "--runtime-from and --no-runtime exclude each other"
 
-if [ -z "$DESTDIR" ] && [ "$(id -u)" != 0 ]; then
+[ -z "$plan" ] || [ -z "$DESTDIR" ] || fail "--plan describes the install on this machine; unset DESTDIR"
+if [ -z "$plan" ] && [ -z "$DESTDIR" ] && [ "$(id -u)" != 0 ]; then
 	fail "run it as root (sudo deploy/install.sh ...), or set DESTDIR to stage the files into a directory"
 fi
 
@@ -82,12 +93,18 @@ state=/var/lib/perch
 agents=$state/agents
 msb_home=$state/msb
 cache=$state/cache
+runtime_parent=/usr/local/lib/perch
+runtime=$runtime_parent/runtime
+krunfw=libkrunfw.so.5.6.1
 
 changes=0
 report() {
 	printf '  %-10s %s\n' "$1" "$2"
 	case "$1" in unchanged | skipped) ;; *) changes=$((changes + 1)) ;; esac
 }
+
+# planned ACTOR VERB TARGET OWNER: one action of --plan.
+planned() { printf 'plan %s %s %s %s\n' "$1" "$2" "$3" "$4"; }
 
 mode_of() { printf '%04d' "$(stat -c %a "$1")"; }
 owner_of() { stat -c %U:%G "$1"; }
@@ -97,6 +114,10 @@ owner() { if [ -z "$DESTDIR" ]; then echo "$1"; fi; }
 
 # ensure_dir PATH MODE [OWNER]
 ensure_dir() {
+	if [ -n "$plan" ]; then
+		planned root mkdir "$1" "${3:-root:root}"
+		return
+	fi
 	path=$DESTDIR$1
 	want_owner=$(owner "${3:-}")
 	if [ ! -d "$path" ]; then
@@ -121,6 +142,10 @@ ensure_dir() {
 # install_file SOURCE PATH MODE [OWNER]: the file is replaced by a rename, so a running perch
 # keeps the binary it started with.
 install_file() {
+	if [ -n "$plan" ]; then
+		planned root write "$2" "${4:-root:root}"
+		return
+	fi
 	path=$DESTDIR$2
 	want_owner=$(owner "${4:-}")
 	mkdir -p "$(dirname "$path")"
@@ -146,22 +171,35 @@ install_file() {
 	report "$verb" "$2"
 }
 
-echo "perch: installing into ${DESTDIR:-/}"
+if [ -n "$plan" ]; then
+	echo "perch: the install plan for this machine (nothing is changed)"
+else
+	echo "perch: installing into ${DESTDIR:-/}"
+fi
 
 # 1. The binary.
-if [ -z "$binary" ]; then
+if [ -n "$plan" ]; then
+	if [ -z "$binary" ]; then
+		planned root exec cargo "$(stat -c %U:%G "$repo")"
+	else
+		planned root read "$binary" "$(stat -c %U:%G "$binary" 2>/dev/null || echo -)"
+	fi
+	binary=$bin
+elif [ -z "$binary" ]; then
 	command -v cargo >/dev/null ||
 		fail "cargo is not on PATH; build as yourself (cargo build --release --locked) and pass --binary target/release/perch"
 	echo "  building   cargo build --release --locked (in $repo)"
 	(cd "$repo" && cargo build --release --locked --quiet) || fail "cargo build failed"
 	binary=${CARGO_TARGET_DIR:-$repo/target}/release/perch
 fi
-if [ ! -f "$binary" ] || [ ! -x "$binary" ]; then fail "$binary is not an executable file"; fi
+if [ -z "$plan" ] && { [ ! -f "$binary" ] || [ ! -x "$binary" ]; }; then fail "$binary is not an executable file"; fi
 install_file "$binary" "$bin" 0755 root:root
 binary_changed=$changes
 
 # 2. The user perch and the group kvm, which owns /dev/kvm (99-perch-kvm.rules).
-if [ -n "$DESTDIR" ]; then
+if [ -n "$plan" ]; then
+	[ -n "$no_user" ] || planned root account user:perch,group:kvm -
+elif [ -n "$DESTDIR" ]; then
 	report skipped "user perch and group kvm (DESTDIR is set)"
 elif [ -n "$no_user" ]; then
 	getent passwd perch >/dev/null || fail "the user perch does not exist; create it or drop --no-user"
@@ -191,13 +229,24 @@ else
 fi
 
 # 3. Directories. /etc/perch holds the agents' tokens and keys (NAME.env, 0600) and is read by
-# systemd as root only; /var/lib/perch is perch's: the agents, the microsandbox home (runtime
-# database, VM disks, its TLS CA key) and the cache (images).
+# systemd as root only. Under /var/lib/perch (root's), the agents and the microsandbox home
+# (runtime database, VM disks, its TLS CA key) are perch's; the cache (the image root builds)
+# is root's and readable by perch. A cache from an earlier install, owned by perch, is moved
+# aside rather than taken over: root does not walk a tree perch could change under it.
 ensure_dir "$etc" 0700 root:root
 ensure_dir "$state" 0750 root:perch
 ensure_dir "$agents" 0750 perch:perch
 ensure_dir "$msb_home" 0700 perch:perch
-ensure_dir "$cache" 0750 perch:perch
+if [ -z "$DESTDIR" ] && [ -d "$cache" ] && [ "$(stat -c %u "$cache")" != 0 ]; then
+	aside=$cache.perch-owned.$(date +%Y%m%d%H%M%S)
+	if [ -n "$plan" ]; then
+		planned root rename "$cache" "$(owner_of "$cache")"
+	else
+		mv "$cache" "$aside"
+		report moved "$cache/ to $aside/ (it was not root's; remove it once the image is rebuilt)"
+	fi
+fi
+ensure_dir "$cache" 0750 root:perch
 
 # 4. The unit, the udev rule, the example environment file.
 before_unit=$changes
@@ -208,20 +257,43 @@ install_file "$here/99-perch-kvm.rules" "$rule" 0644 root:root
 rule_changed=$((changes > before_rule))
 install_file "$here/env.example" "$etc/env.example" 0600 root:root
 
-# 5. The runtime pair, msb and libkrunfw, in the microsandbox home; bin/ and lib/ stay root's,
-# so the user perch cannot replace what root runs during an install.
+# 5. The runtime pair, msb and libkrunfw, in a directory of root's (the unit points MSB_PATH
+# and MSB_LIBKRUNFW_PATH at it), so the user perch cannot replace what root runs during an
+# install, nor what every agent runs.
 if [ -n "$no_runtime" ]; then
-	report skipped "runtime (--no-runtime)"
+	[ -n "$plan" ] || report skipped "runtime (--no-runtime)"
+elif [ -n "$plan" ]; then
+	ensure_dir "$runtime_parent" 0755 root:root
+	ensure_dir "$runtime" 0755 root:root
+	if [ -n "$runtime_from" ]; then
+		planned root exec "$runtime_from/bin/msb" "$(stat -c %U:%G "$runtime_from/bin/msb" 2>/dev/null || echo -)"
+	else
+		planned root write "$cache/wheels" root:root
+	fi
+	planned root write "$runtime/bin/msb" root:root
+	planned root write "$runtime/lib/$krunfw" root:root
+	planned root exec "$runtime/bin/msb" root:root
 else
+	ensure_dir "$runtime_parent" 0755 root:root
+	ensure_dir "$runtime" 0755 root:root
 	set -- --wheels "$DESTDIR$cache/wheels"
 	[ -z "$runtime_from" ] || set -- --from "$runtime_from"
-	line=$("$here/install-runtime.sh" "$@" "$DESTDIR$msb_home") || fail "the runtime pair was not installed"
+	line=$("$here/install-runtime.sh" "$@" "$DESTDIR$runtime") || fail "the runtime pair was not installed"
 	echo "$line"
 	case "$line" in *unchanged*) ;; *) changes=$((changes + 1)) ;; esac
 fi
 
-# 6. The default image, built with debootstrap as root and loaded into the microsandbox home.
-if [ -n "$no_image" ]; then
+# 6. The default image: built with debootstrap as root in the cache (root's), then loaded into
+# the microsandbox home by perch, whose home it is.
+runtime_env="MSB_PATH=$runtime/bin/msb MSB_LIBKRUNFW_PATH=$runtime/lib/$krunfw"
+if [ -n "$plan" ]; then
+	if [ -z "$no_image" ] && { [ ! -f "$cache/images/default.json" ] || [ -n "$rebuild_image" ]; }; then
+		planned root exec "$bin" root:root
+		planned root write "$cache/images" root:root
+		planned perch exec "$bin" root:root
+		planned perch write "$msb_home" perch:perch
+	fi
+elif [ -n "$no_image" ]; then
 	report skipped "image perch:default (--no-image)"
 elif [ -n "$DESTDIR" ]; then
 	report skipped "image perch:default (DESTDIR is set; run perch image build on the machine)"
@@ -233,27 +305,18 @@ else
 	[ -z "$rebuild_image" ] || set -- "$@" --rebuild
 	echo "  building   perch $*"
 	PERCH_CACHE=$cache MSB_HOME=$msb_home "$bin" "$@" || fail "perch $* failed; fix it, or pass --no-image"
+	command -v runuser >/dev/null || fail "runuser (util-linux) is missing; it loads the image as perch"
+	# shellcheck disable=SC2086 # runtime_env is two words
+	runuser -u perch -- env PERCH_CACHE="$cache" MSB_HOME="$msb_home" $runtime_env "$bin" image load ||
+		fail "the image was built but not loaded; load it as perch: sudo -u perch env PERCH_CACHE=$cache MSB_HOME=$msb_home $runtime_env $bin image load"
 	report built "image perch:default"
 fi
 
-# 7. Owners: what root created in the microsandbox home (its database, layers, TLS CA) belongs
-# to perch, except bin/ and lib/.
-if [ -n "$DESTDIR" ]; then
-	report skipped "owners under $msb_home (DESTDIR is set)"
-else
-	foreign=$(find "$msb_home" -mindepth 1 \( -path "$msb_home/bin" -o -path "$msb_home/lib" \) -prune \
-		-o \( ! -user perch -o ! -group perch \) -print | wc -l)
-	if [ "$foreign" -eq 0 ]; then
-		report unchanged "owners under $msb_home"
-	else
-		find "$msb_home" -mindepth 1 \( -path "$msb_home/bin" -o -path "$msb_home/lib" \) -prune \
-			-o \( ! -user perch -o ! -group perch \) -exec chown -h perch:perch {} +
-		report fixed "owners under $msb_home ($foreign paths now perch:perch)"
-	fi
-fi
-
-# 8. systemd and udev.
-if [ -n "$no_systemd" ]; then
+# 7. systemd and udev.
+if [ -n "$plan" ]; then
+	[ -n "$no_systemd" ] || planned root exec systemctl,udevadm -
+	exit 0
+elif [ -n "$no_systemd" ]; then
 	report skipped "systemd and udev reload (--no-systemd)"
 elif [ -n "$DESTDIR" ]; then
 	report skipped "systemd and udev reload (DESTDIR is set)"

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Removes what deploy/install.sh installed: the binary, the unit and the instances enabled from
+# Removes what deploy/install.sh installed: the binary, the runtime pair, the unit and the instances enabled from
 # it, the udev rule and the example environment file. The agents and everything they own stay
 # (/var/lib/perch: the agents, the microsandbox home with their VM disks, the cache; /etc/perch:
 # their tokens and keys; drop-ins in /etc/systemd/system/perch@.service.d; the user perch),
@@ -10,8 +10,8 @@ usage() {
 	cat <<'EOF'
 usage: deploy/uninstall.sh [OPTIONS]
 
-Stops every perch@ instance, then removes /usr/local/bin/perch, perch@.service and the
-instances enabled from it, 99-perch-kvm.rules and /etc/perch/env.example. Keeps
+Stops every perch@ instance, then removes /usr/local/bin/perch, the microsandbox runtime in
+/usr/local/lib/perch, perch@.service and the instances enabled from it, 99-perch-kvm.rules and /etc/perch/env.example. Keeps
 /var/lib/perch (agents, microsandbox home, cache), /etc/perch (tokens and keys), the unit's
 drop-ins and the user perch. With DESTDIR set, works on that staged tree instead.
 
@@ -96,6 +96,7 @@ for link in "$DESTDIR"/etc/systemd/system/*.wants/perch@*.service; do
 done
 [ -n "$found" ] || report absent "enabled perch@ instances"
 remove /usr/local/bin/perch
+remove /usr/local/lib/perch
 remove /etc/systemd/system/perch@.service
 remove /etc/udev/rules.d/99-perch-kvm.rules
 remove /etc/perch/env.example

@@ -8,8 +8,10 @@ use serde::{Deserialize, Serialize};
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
+use tokio_util::sync::CancellationToken;
 
 /// A request to the running service.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,7 +70,58 @@ pub fn listen(path: &Path) -> Result<UnixListener, String> {
     Ok(listener)
 }
 
-/// Reads one request from a connection and writes the answer `handle` gives.
+/// The longest request line read; a request is a few dozen bytes.
+const REQUEST_LIMIT: u64 = 64 * 1024;
+
+/// How long a client has to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the accept loop pauses after a failed accept (`EMFILE`, `ENFILE`, `ENOMEM`) before
+/// it tries again: a spinning loop would take a core and flood the log while the descriptors
+/// stay gone.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(200);
+
+/// Accepts connections on `listener` until `shutdown` and answers each one with `handle`
+/// ([`answer_one`]) in its own task. A failed accept is logged once per run of failures and
+/// retried after [`ACCEPT_BACKOFF`].
+pub async fn serve<H, Fut>(listener: UnixListener, shutdown: CancellationToken, handle: H)
+where
+    H: Fn(Result<ControlRequest, String>) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = serde_json::Value> + Send + 'static,
+{
+    let mut failing = false;
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                failing = false;
+                let handle = handle.clone();
+                tokio::spawn(async move {
+                    let _ = answer_one(stream, handle).await;
+                });
+            }
+            Err(error) => {
+                if !failing {
+                    tracing::warn!(
+                        "control socket: cannot accept a connection: {error}; retrying every {} ms",
+                        ACCEPT_BACKOFF.as_millis()
+                    );
+                    failing = true;
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(ACCEPT_BACKOFF) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Reads one request from a connection (at most [`REQUEST_LIMIT`] bytes, within
+/// [`REQUEST_TIMEOUT`]) and writes the answer `handle` gives.
 pub async fn answer_one<F, Fut>(stream: UnixStream, handle: F) -> Result<(), String>
 where
     F: FnOnce(Result<ControlRequest, String>) -> Fut,
@@ -76,10 +129,13 @@ where
 {
     let (reader, mut writer) = stream.into_split();
     let mut line = String::new();
-    BufReader::new(reader)
-        .read_line(&mut line)
-        .await
-        .map_err(|error| error.to_string())?;
+    tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        BufReader::new(reader.take(REQUEST_LIMIT)).read_line(&mut line),
+    )
+    .await
+    .map_err(|_| "no request within the timeout".to_owned())?
+    .map_err(|error| error.to_string())?;
     let request = serde_json::from_str(&line).map_err(|error| format!("a bad request: {error}"));
     let mut answer = handle(request).await.to_string();
     answer.push('\n');
@@ -87,6 +143,22 @@ where
         .write_all(answer.as_bytes())
         .await
         .map_err(|error| error.to_string())
+}
+
+/// Sends `request` to the service running in `dir`; `None` when none is listening, an error
+/// when it does not answer within `timeout`.
+pub async fn ask_within(
+    dir: &AgentDir,
+    request: &ControlRequest,
+    timeout: Duration,
+) -> Option<Result<serde_json::Value, String>> {
+    match tokio::time::timeout(timeout, ask(dir, request)).await {
+        Ok(answer) => answer,
+        Err(_) => Some(Err(format!(
+            "the running service did not answer within {} s",
+            timeout.as_secs_f64()
+        ))),
+    }
 }
 
 /// Sends `request` to the service running in `dir`; `None` when none is listening.

@@ -217,7 +217,8 @@ pub fn virtualization(places: &Places) -> Check {
 }
 
 /// `msb` reports version [`MSB_VERSION`] and `libkrunfw.so.5.6.1` is in the `lib/` beside its
-/// `bin/`.
+/// `bin/`. As root, `msb` is not run unless it and every directory above it are root's alone
+/// ([`crate::trust`]).
 pub fn runtime(places: &Places) -> Check {
     let msb = places
         .msb_path
@@ -228,6 +229,14 @@ pub fn runtime(places: &Places) -> Check {
         .and_then(Path::parent)
         .map(|prefix| prefix.join("lib/libkrunfw.so.5.6.1"));
     let fix = "run .ci/setup, or install msb and libkrunfw.so.5.6.1 from the microsandbox==0.7.11 wheel into ~/.microsandbox/{bin,lib} (or $MSB_HOME)";
+    if let Some(reason) = crate::trust::refusal_as_root(&msb) {
+        return check(
+            "runtime",
+            false,
+            format!("{} is not run: this is root, and {reason}", msb.display()),
+            "as root, perch runs only a runtime no other user can replace: install it root-owned (deploy/install.sh puts it in /usr/local/lib/perch/runtime) and set MSB_PATH and MSB_LIBKRUNFW_PATH to it, or run this as the service user (sudo -u perch perch doctor)",
+        );
+    }
     let output = match Command::new(&msb).arg("--version").output() {
         Ok(output) => String::from_utf8_lossy(&output.stdout).trim().to_owned(),
         Err(error) => {
@@ -266,9 +275,37 @@ pub fn runtime(places: &Places) -> Check {
     }
 }
 
+/// The cache is writable, or, as the service runs it, a directory of root's that this user can
+/// read (`perch image build` writes it as root). As root, doctor writes nothing into a cache
+/// another user can change.
 fn cache(path: &Path) -> Check {
+    if let Some(reason) = crate::trust::refusal_as_root(path) {
+        return Check {
+            name: "cache",
+            status: Status::Warn,
+            detail: format!(
+                "{} is not probed: this is root, and {reason}",
+                path.display()
+            ),
+            fix: Some("run doctor as the user that owns it".to_owned()),
+        };
+    }
     match std::fs::create_dir_all(path).and_then(|()| tempfile_probe(path)) {
         Ok(()) => check("cache", true, format!("{} is writable", path.display()), ""),
+        Err(error)
+            if error.kind() == std::io::ErrorKind::PermissionDenied
+                && root_owned_and_readable(path) =>
+        {
+            check(
+                "cache",
+                true,
+                format!(
+                    "{} is root's and readable (perch image build writes it as root)",
+                    path.display()
+                ),
+                "",
+            )
+        }
         Err(error) => check(
             "cache",
             false,
@@ -278,9 +315,18 @@ fn cache(path: &Path) -> Check {
     }
 }
 
+fn root_owned_and_readable(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir() && meta.uid() == 0)
+        && std::fs::read_dir(path).is_ok()
+}
+
 fn tempfile_probe(dir: &Path) -> std::io::Result<()> {
     let probe = dir.join(format!(".doctor-{}", std::process::id()));
-    std::fs::write(&probe, b"probe")?;
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)?;
     std::fs::remove_file(probe)
 }
 

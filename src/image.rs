@@ -24,6 +24,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -190,6 +191,22 @@ impl ImageDir {
         self.root.join("debootstrap.log")
     }
 
+    /// Every file and directory a build reads, writes or replaces in its directory.
+    fn entries(&self) -> Vec<PathBuf> {
+        let archive = self.archive();
+        vec![
+            self.root.join("lock"),
+            self.rootfs(),
+            self.partial_rootfs(),
+            self.retired_rootfs(),
+            self.log(),
+            self.recipe(),
+            sibling(&archive, ".partial"),
+            sibling(&archive, ".layer.partial"),
+            archive,
+        ]
+    }
+
     fn partial_rootfs(&self) -> PathBuf {
         self.root.join("rootfs.partial")
     }
@@ -237,7 +254,11 @@ pub fn prepare(
     })?;
     let key = recipe.key();
     let dir = ImageDir::new(cache, &key);
+    refuse_as_root(&dir.root)?;
     fs::create_dir_all(&dir.root).map_err(|error| ImageError::io("create", &dir.root, &error))?;
+    for entry in dir.entries().iter().chain([&default_record(cache)]) {
+        refuse_as_root(entry)?;
+    }
     let lock = lock(&dir)?;
     progress(&format!(
         "recipe {} ({} {}, {}{}), key {}",
@@ -330,10 +351,33 @@ pub fn prepare(
     })
 }
 
+/// Root builds only in a cache that no other user can change: in one the service user owns, it
+/// could swap `rootfs` for a link to `/etc` (packing `/etc/shadow` into the image), point
+/// `debootstrap.log` at a file of root's, or replace the tree debootstrap chroots into. Refused
+/// before any work, naming the path; for anyone but root, `None`.
+fn refuse_as_root(path: &Path) -> Result<(), ImageError> {
+    match crate::trust::refusal_as_root(path) {
+        None => Ok(()),
+        Some(reason) => Err(ImageError::new(
+            format!(
+                "refusing to build the image as root in {}: {reason}",
+                path.display()
+            ),
+            "build as root in a cache only root can change (deploy/install.sh uses /var/lib/perch/cache, root:perch 0750): sudo PERCH_CACHE=DIR perch image build; then load it as the user that runs perch: perch image load",
+        )),
+    }
+}
+
 /// Loads a prepared build into microsandbox as `perch:default` and records it in
 /// `images/default.json`, so [`resolve_default_image`] finds it.
 pub async fn install(cache: &Path, prepared: &Prepared) -> Result<ImageRef, ImageError> {
     crate::sandbox::microvm::load_image(&prepared.dir.archive(), DEFAULT_REFERENCE).await?;
+    record(cache, prepared)
+}
+
+/// Records a prepared build in `images/default.json` without loading it (root does not write
+/// into a microsandbox home another user owns; that user runs `perch image load`).
+pub fn record(cache: &Path, prepared: &Prepared) -> Result<ImageRef, ImageError> {
     write_json_atomic(
         &default_record(cache),
         &serde_json::json!({
@@ -342,13 +386,23 @@ pub async fn install(cache: &Path, prepared: &Prepared) -> Result<ImageRef, Imag
             "recipe": prepared.recipe.flavour,
             "suite": prepared.recipe.suite,
             "arch": prepared.recipe.arch,
-            "loaded": chrono::Utc::now().to_rfc3339(),
+            "recorded": chrono::Utc::now().to_rfc3339(),
         }),
     )?;
     Ok(ImageRef::Local {
         reference: DEFAULT_REFERENCE.to_owned(),
         rootfs: prepared.dir.rootfs(),
     })
+}
+
+/// `perch image load`: loads the build `images/default.json` records into this user's
+/// microsandbox home. Writes nothing into the cache, which may be root's.
+pub async fn load_recorded(cache: &Path) -> Result<ImageRef, ImageError> {
+    let image = resolve_default_image(cache)?;
+    if let ImageRef::Local { reference, rootfs } = &image {
+        crate::sandbox::microvm::load_image(&rootfs.with_file_name("image.tar"), reference).await?;
+    }
+    Ok(image)
 }
 
 /// The build `perch:default` refers to, as the sandbox boots it; `Unavailable` if
@@ -462,7 +516,7 @@ fn pack_layer(rootfs: &Path, layer_path: &Path) -> Result<Blob, ImageError> {
         .map_err(|error| tar_failed(error.to_string()))?;
     let mut stderr_text = String::new();
     let copied = (|| -> io::Result<Blob> {
-        let mut out = File::create(layer_path)?;
+        let mut out = create_new(layer_path)?;
         let mut stdout = child
             .stdout
             .take()
@@ -495,7 +549,7 @@ fn pack_layer(rootfs: &Path, layer_path: &Path) -> Result<Blob, ImageError> {
 }
 
 fn write_layout(path: &Path, image: &OciImage, packed: &Packed, layer: &Path) -> io::Result<()> {
-    let file = File::create(path)?;
+    let file = create_new(path)?;
     let mut builder = tar::Builder::new(io::BufWriter::new(file));
     for dir in ["blobs/", "blobs/sha256/"] {
         let mut header = entry_header(tar::EntryType::Directory, 0o755, 0);
@@ -563,6 +617,7 @@ fn lock(dir: &ImageDir) -> Result<File, ImageError> {
         .create(true)
         .truncate(false)
         .write(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
         .open(&path)
         .map_err(|error| ImageError::io("open", &path, &error))?;
     match file.try_lock() {
@@ -679,8 +734,9 @@ fn debootstrap(
     }
     let target = dir.partial_rootfs();
     let log_path = dir.log();
+    remove_file_if_present(&log_path)?;
     let mut log =
-        File::create(&log_path).map_err(|error| ImageError::io("create", &log_path, &error))?;
+        create_new(&log_path).map_err(|error| ImageError::io("create", &log_path, &error))?;
     let mut args = recipe.debootstrap_options();
     args.push(recipe.suite.clone());
     progress(&format!(
@@ -824,6 +880,11 @@ fn remove_file_if_present(path: &Path) -> Result<(), ImageError> {
     }
 }
 
+/// Creates `path`, which must not exist yet: never through a symbolic link, never over a file.
+fn create_new(path: &Path) -> io::Result<File> {
+    OpenOptions::new().write(true).create_new(true).open(path)
+}
+
 fn read_json(path: &Path) -> Option<serde_json::Value> {
     serde_json::from_str(&fs::read_to_string(path).ok()?).ok()
 }
@@ -835,7 +896,11 @@ fn write_json_atomic(path: &Path, value: &serde_json::Value) -> Result<(), Image
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent)?;
         }
-        let mut file = File::create(&temporary)?;
+        match fs::remove_file(&temporary) {
+            Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
+            _ => {}
+        }
+        let mut file = create_new(&temporary)?;
         file.write_all(serde_json::to_string_pretty(value)?.as_bytes())?;
         file.write_all(b"\n")?;
         file.sync_all()?;

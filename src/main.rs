@@ -242,6 +242,9 @@ enum ImageCommand {
         #[arg(long)]
         rebuild: bool,
     },
+    /// Load the built perch:default into this user's microsandbox home ($MSB_HOME). `perch
+    /// image build` as root leaves this to the user that owns the home.
+    Load,
 }
 
 fn main() -> ExitCode {
@@ -250,6 +253,9 @@ fn main() -> ExitCode {
         Command::Run { log_format, .. } => *log_format,
         _ => LogFormat::Human,
     });
+    if let Err(error) = perch::limits::raise_open_files() {
+        tracing::warn!("{error}");
+    }
     let result = match cli.command {
         Command::Init { dir } => init(dir.unwrap_or_else(|| PathBuf::from("."))),
         Command::Info { dir, json } => show_info(dir.unwrap_or_else(|| PathBuf::from(".")), json),
@@ -272,6 +278,9 @@ fn main() -> ExitCode {
             suite,
             rebuild,
         }),
+        Command::Image {
+            command: ImageCommand::Load,
+        } => load_image(),
         Command::Status { dir, json } => status(dir.unwrap_or_else(|| PathBuf::from(".")), json),
         Command::Pair {
             command: PairCommand::Approve { code, dir },
@@ -459,7 +468,8 @@ fn run_doctor(dir: Option<PathBuf>, online: bool) -> Result<ExitCode, String> {
 
 fn build_image(options: image::BuildOptions) -> Result<ExitCode, String> {
     let started = std::time::Instant::now();
-    let cache = doctor::Places::from_environment().cache;
+    let places = doctor::Places::from_environment();
+    let cache = places.cache.clone();
     let mut progress = |line: &str| {
         let _ = emit(&format!("image: {line}\n"));
     };
@@ -470,6 +480,14 @@ fn build_image(options: image::BuildOptions) -> Result<ExitCode, String> {
         prepared.dir.archive().display(),
         perch_core::image::DEFAULT_REFERENCE
     ));
+    if let Some(reason) = perch::trust::refusal_as_root(&places.msb_home) {
+        image::record(&cache, &prepared).map_err(|error| error.to_string())?;
+        progress(&format!(
+            "built, not loaded: this is root, and {reason}; load it as the user that owns {}: perch image load",
+            places.msb_home.display()
+        ));
+        return Ok(ExitCode::SUCCESS);
+    }
     let loading = std::time::Instant::now();
     let image = runtime()?
         .block_on(image::install(&cache, &prepared))
@@ -481,6 +499,25 @@ fn build_image(options: image::BuildOptions) -> Result<ExitCode, String> {
         image::default_record(&cache).display()
     ));
     progress(&format!("done in {:.0} s", started.elapsed().as_secs_f64()));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn load_image() -> Result<ExitCode, String> {
+    let places = doctor::Places::from_environment();
+    if let Some(reason) = perch::trust::refusal_as_root(&places.msb_home) {
+        return Err(format!(
+            "not loading the image as root: {reason}\n  fix: run it as the user that owns {}",
+            places.msb_home.display()
+        ));
+    }
+    let image = runtime()?
+        .block_on(image::load_recorded(&places.cache))
+        .map_err(|error| error.to_string())?;
+    emit(&format!(
+        "image: {} is loaded into {}\n",
+        image.reference(),
+        places.msb_home.display()
+    ))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -883,7 +920,11 @@ fn pair_approve(dir: PathBuf, code: &str) -> Result<ExitCode, String> {
 /// The heartbeat tasks as the running service sees them, or, when none runs, as the file and
 /// the ledger say.
 fn heartbeat_listing(agent_dir: &AgentDir) -> Result<serde_json::Value, String> {
-    let live = runtime()?.block_on(control::ask(agent_dir, &ControlRequest::HeartbeatList));
+    let live = runtime()?.block_on(control::ask_within(
+        agent_dir,
+        &ControlRequest::HeartbeatList,
+        STATUS_TIMEOUT,
+    ));
     if let Some(Ok(answer)) = live
         && answer["ok"] == true
     {
@@ -1057,9 +1098,17 @@ fn heartbeat_resume(dir: PathBuf, name: &str) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// How long `perch status` (and `perch heartbeat list`) waits for each answer of the running
+/// service before it shows what `.perch/` holds.
+const STATUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
     let agent_dir = AgentDir::open(&dir).map_err(|error| error.to_string())?;
-    let live = runtime()?.block_on(control::ask(&agent_dir, &ControlRequest::Status));
+    let live = runtime()?.block_on(control::ask_within(
+        &agent_dir,
+        &ControlRequest::Status,
+        STATUS_TIMEOUT,
+    ));
     let state = agent_dir.state_dir();
     let inbox =
         perch::log::peek_journal(&state.join("inbox")).map_err(|error| error.to_string())?;
@@ -1122,6 +1171,10 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
     }
     let report = serde_json::json!({
         "running": matches!(live, Some(Ok(_))),
+        "live_error": match &live {
+            Some(Err(error)) => serde_json::json!(error),
+            _ => serde_json::Value::Null,
+        },
         "channels": channels,
         "channel_health": live_channels,
         "undecryptable": undecryptable,
@@ -1150,10 +1203,12 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
         let mut out = String::new();
         out.push_str(&format!(
             "running            {}\n",
-            if report["running"] == true {
-                "yes"
-            } else {
-                "no"
+            match (&live, report["running"] == true) {
+                (_, true) => "yes".to_owned(),
+                (Some(Err(error)), false) => {
+                    format!("unknown: {error}; the rest is read from .perch/")
+                }
+                _ => "no".to_owned(),
             }
         ));
         out.push_str(&format!(

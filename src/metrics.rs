@@ -328,14 +328,29 @@ const HEAD_LIMIT: usize = 8 * 1024;
 /// How long a client has to send its request head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long one connection may take from accept to close, the answer included, so a client
+/// that stops reading cannot hold its slot.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most connections answered at once; one more is closed as soon as it is accepted. A
+/// scraper needs one; the rest of the slots absorb retries. Anyone on the machine can connect,
+/// and each connection is a descriptor perch also needs for its lanes and channels.
+pub const MAX_CONNECTIONS: usize = 16;
+
+/// How long the accept loop pauses after a failed accept (`EMFILE` and the like) before it tries
+/// again, instead of spinning on the error.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
 /// Answers `GET /metrics` on `listener` with what `scrape` renders, one request per connection,
-/// until `shutdown`.
+/// at most [`MAX_CONNECTIONS`] at once, each within [`CONNECTION_TIMEOUT`], until `shutdown`.
 pub async fn serve<F, Fut>(listener: TcpListener, shutdown: CancellationToken, scrape: F)
 where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = String> + Send + 'static,
 {
     let scrape = Arc::new(scrape);
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut refused: u64 = 0;
     loop {
         let accepted = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -343,16 +358,34 @@ where
         };
         match accepted {
             Ok((stream, _)) => {
+                let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                    drop(stream);
+                    refused += 1;
+                    if refused.is_power_of_two() {
+                        tracing::warn!(
+                            "metrics: {refused} connection(s) closed unanswered: {MAX_CONNECTIONS} were already open"
+                        );
+                    }
+                    continue;
+                };
                 let scrape = Arc::clone(&scrape);
                 tokio::spawn(async move {
-                    if let Err(error) = answer(stream, scrape.as_ref()).await {
+                    let answered =
+                        tokio::time::timeout(CONNECTION_TIMEOUT, answer(stream, scrape.as_ref()))
+                            .await
+                            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
+                    if let Err(error) = answered {
                         tracing::debug!("metrics: a request was not answered: {error}");
                     }
+                    drop(slot);
                 });
             }
             Err(error) => {
                 tracing::warn!("metrics: cannot accept a connection: {error}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(ACCEPT_BACKOFF) => {}
+                }
             }
         }
     }

@@ -308,23 +308,10 @@ pub async fn run(
     {
         let service = Arc::clone(&service);
         let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            loop {
-                let accepted = tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    accepted = control_listener.accept() => accepted,
-                };
-                if let Ok((stream, _)) = accepted {
-                    let service = Arc::clone(&service);
-                    tokio::spawn(async move {
-                        let _ = control::answer_one(stream, |request| async move {
-                            service.control(request).await
-                        })
-                        .await;
-                    });
-                }
-            }
-        });
+        tokio::spawn(control::serve(control_listener, shutdown, move |request| {
+            let service = Arc::clone(&service);
+            async move { service.control(request).await }
+        }));
     }
     if let Some(listener) = setup.metrics_listener {
         let service = Arc::clone(&service);

@@ -30,6 +30,7 @@ pub mod spend;
 pub mod sse;
 pub mod starts;
 pub mod tree;
+pub mod trust;
 pub mod yaml;
 
 pub use problem::{Problem, Problems};

@@ -214,12 +214,15 @@ fn the_unit_keeps_its_promises() {
         ("ProtectControlGroups", "yes"),
         ("RestrictSUIDSGID", "yes"),
         ("LockPersonality", "yes"),
+        ("LimitNOFILE", "65536"),
     ] {
         assert_eq!(unit.one(service, key), value, "[Service] {key}=");
     }
     let environment = unit.all(service, "Environment");
     for variable in [
         "MSB_HOME=/var/lib/perch/msb",
+        "MSB_PATH=/usr/local/lib/perch/runtime/bin/msb",
+        "MSB_LIBKRUNFW_PATH=/usr/local/lib/perch/runtime/lib/libkrunfw.so.5.6.1",
         "PERCH_CACHE=/var/lib/perch/cache",
     ] {
         assert!(
@@ -232,14 +235,7 @@ fn the_unit_keeps_its_promises() {
         .split_whitespace()
         .map(|path| path.trim_start_matches('-'))
         .collect();
-    assert_eq!(
-        writable,
-        [
-            "/var/lib/perch/agents/%i",
-            "/var/lib/perch/msb",
-            "/var/lib/perch/cache"
-        ]
-    );
+    assert_eq!(writable, ["/var/lib/perch/agents/%i", "/var/lib/perch/msb"]);
     let drain = 30;
     let machine_stop_grace = 20;
     let stop: u32 = unit.one(service, "TimeoutStopSec").parse().unwrap();

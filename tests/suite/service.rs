@@ -45,7 +45,7 @@ fn launch_with(
 }
 
 /// The command [`launch_with`] spawns; more arguments may follow the directory.
-fn run_command(
+pub(super) fn run_command(
     dir: &Path,
     token: (&str, &str),
     failpoint: Option<&str>,
@@ -74,7 +74,7 @@ pub(super) fn stop(child: Child) -> String {
     finish(child)
 }
 
-fn terminate(child: &Child) {
+pub(super) fn terminate(child: &Child) {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
         nix::sys::signal::Signal::SIGTERM,
@@ -1156,14 +1156,14 @@ fn group_context_survives_a_restart_and_is_offered_once() {
 }
 
 /// A `perch run` whose stderr is read line by line while it runs.
-struct Watched {
+pub(super) struct Watched {
     child: Child,
     lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     reader: std::thread::JoinHandle<()>,
 }
 
 impl Watched {
-    fn spawn(mut command: Command) -> Watched {
+    pub(super) fn spawn(mut command: Command) -> Watched {
         let mut child = command.spawn().unwrap();
         let stderr = child.stderr.take().unwrap();
         let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -1184,12 +1184,16 @@ impl Watched {
         }
     }
 
-    fn lines(&self) -> Vec<String> {
+    pub(super) fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub(super) fn lines(&self) -> Vec<String> {
         self.lines.lock().unwrap().clone()
     }
 
     /// Stops it with SIGTERM, asserts that it exited 0, and returns every line it wrote.
-    fn stop(self) -> Vec<String> {
+    pub(super) fn stop(self) -> Vec<String> {
         let Watched {
             mut child,
             lines,
@@ -1208,7 +1212,7 @@ impl Watched {
 }
 
 /// One HTTP/1.1 request to `address`; the status line and the body.
-fn http_get(address: &str, path: &str) -> (String, String) {
+pub(super) fn http_get(address: &str, path: &str) -> (String, String) {
     use std::io::{Read as _, Write as _};
     let mut stream = std::net::TcpStream::connect(address).unwrap();
     write!(stream, "GET {path} HTTP/1.1\r\nHost: {address}\r\n\r\n").unwrap();
