@@ -336,16 +336,14 @@ impl State<'_, '_> {
                 b'$' if p + 1 == self.pattern.len() => {
                     return Ok((s == self.subject.len()).then_some(s));
                 }
-                b'%' if self.pattern_at(p + 1) == b'b' => {
-                    match self.balance(s, p + 2)? {
-                        Some(end) => {
-                            s = end;
-                            p += 4;
-                            continue;
-                        }
-                        None => return Ok(None),
+                b'%' if self.pattern_at(p + 1) == b'b' => match self.balance(s, p + 2)? {
+                    Some(end) => {
+                        s = end;
+                        p += 4;
+                        continue;
                     }
-                }
+                    None => return Ok(None),
+                },
                 b'%' if self.pattern_at(p + 1) == b'f' => {
                     p += 2;
                     if self.pattern_at(p) != b'[' {
@@ -497,9 +495,7 @@ impl State<'_, '_> {
 
     fn balance(&mut self, mut s: usize, p: usize) -> Result<Option<usize>, MatchError> {
         if p + 1 >= self.pattern.len() {
-            return Err(malformed(
-                "malformed pattern (missing arguments to '%b')",
-            ));
+            return Err(malformed("malformed pattern (missing arguments to '%b')"));
         }
         if s >= self.subject.len() || self.subject[s] != self.pattern[p] {
             return Ok(None);
@@ -599,7 +595,11 @@ mod tests {
         ];
         for (subject, pattern, expected) in cases {
             let expected = expected.map(|texts| texts.iter().map(|t| (*t).to_owned()).collect());
-            assert_eq!(matched(subject, pattern), expected, "{subject:?} ~ {pattern:?}");
+            assert_eq!(
+                matched(subject, pattern),
+                expected,
+                "{subject:?} ~ {pattern:?}"
+            );
         }
     }
 
