@@ -15,3 +15,17 @@ pub fn hit(point: &str) {
 #[cfg(not(feature = "sandbox-double"))]
 #[inline(always)]
 pub fn hit(_point: &str) {}
+
+/// Blocks the calling thread for a minute if `PERCH_FAILPOINT` names `point`: a step that
+/// hangs. Call it only on a thread of its own, never on the async runtime.
+#[cfg(feature = "sandbox-double")]
+pub fn stall(point: &str) {
+    if std::env::var("PERCH_FAILPOINT").is_ok_and(|wanted| wanted == point) {
+        std::thread::sleep(std::time::Duration::from_secs(60));
+    }
+}
+
+/// Failpoints are compiled out of this build.
+#[cfg(not(feature = "sandbox-double"))]
+#[inline(always)]
+pub fn stall(_point: &str) {}

@@ -31,6 +31,11 @@ pub enum InboxRecord {
     },
     /// What became of the event journaled as `event`.
     Verdict { event: u64, verdict: Verdict },
+    /// The channel's `hook` (its file) started deciding the event journaled as `event`. A
+    /// mark without a verdict after it means perch stopped during the hook: at restart the
+    /// event is rejected rather than handed to the hook again. Journals written before this
+    /// record existed simply have none.
+    Deciding { event: u64, hook: String },
 }
 
 /// What perch decided about one event.
@@ -59,6 +64,11 @@ pub enum Verdict {
 pub struct Backlog {
     /// Events journaled without a verdict yet, in order: `(seq, channel, event)`.
     pub undecided: Vec<(u64, String, InboundEvent)>,
+    /// Events a hook was deciding when perch stopped, in order, with the deciding mark's
+    /// sequence number and the hook's file; they are not in `undecided`.
+    pub interrupted: Vec<Interrupted>,
+    /// Deciding marks whose event was decided or consumed since: only to be consumed.
+    pub settled_marks: Vec<u64>,
     /// Items whose run has not been recorded as done, in order.
     pub pending: Vec<PendingItem>,
     /// The newest cursor journaled per channel.
@@ -69,6 +79,17 @@ pub struct Backlog {
     /// their room, oldest first: `(channel, event)`. The journal keeps consumed items for its
     /// retention window, so the context a restart would otherwise forget is rebuilt from it.
     pub context: Vec<(String, InboundEvent)>,
+}
+
+/// An event whose hook never finished deciding it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Interrupted {
+    pub event_seq: u64,
+    pub mark_seq: u64,
+    pub channel: String,
+    pub event: InboundEvent,
+    /// The file of the hook that was deciding it.
+    pub hook: String,
 }
 
 /// An item waiting for its lane.
@@ -142,11 +163,12 @@ impl Inbox {
                         }
                     }
                 }
-                Err(_) => {}
+                Ok(InboxRecord::Deciding { .. }) | Err(_) => {}
             }
         }
         let mut events: BTreeMap<u64, (String, InboundEvent)> = BTreeMap::new();
         let mut verdicts: Vec<(u64, u64, Verdict)> = Vec::new();
+        let mut marks: Vec<(u64, u64, String)> = Vec::new();
         for item in &contents.pending {
             match decode(item) {
                 Ok(InboxRecord::Event { channel, event }) => {
@@ -155,6 +177,7 @@ impl Inbox {
                 Ok(InboxRecord::Verdict { event, verdict }) => {
                     verdicts.push((item.seq, event, verdict));
                 }
+                Ok(InboxRecord::Deciding { event, hook }) => marks.push((item.seq, event, hook)),
                 Err(_) => {}
             }
         }
@@ -174,9 +197,28 @@ impl Inbox {
                 });
             }
         }
+        for (mark_seq, event_seq, hook) in marks {
+            match events.get(&event_seq) {
+                Some((channel, event)) if !decided.contains(&event_seq) => {
+                    backlog.interrupted.push(Interrupted {
+                        event_seq,
+                        mark_seq,
+                        channel: channel.clone(),
+                        event: event.clone(),
+                        hook,
+                    });
+                }
+                _ => backlog.settled_marks.push(mark_seq),
+            }
+        }
+        let interrupted: HashSet<u64> = backlog
+            .interrupted
+            .iter()
+            .map(|interrupted| interrupted.event_seq)
+            .collect();
         backlog.undecided = events
             .into_iter()
-            .filter(|(seq, _)| !decided.contains(seq))
+            .filter(|(seq, _)| !decided.contains(seq) && !interrupted.contains(seq))
             .map(|(seq, (channel, event))| (seq, channel, event))
             .collect();
         let writer = JournalWriter::start(journal, seen, dir, "inbox")?;
@@ -213,6 +255,24 @@ impl Inbox {
             Some(Journaled::New { seq }) => Ok(*seq),
             _ => Err(LogError::WriterStopped {
                 reason: "a verdict was not written".into(),
+            }),
+        }
+    }
+
+    /// Journals that `hook` (its file) starts deciding the event journaled as `event`;
+    /// returns the mark's sequence number, to consume once the verdict is journaled.
+    pub async fn record_deciding(&self, event: u64, hook: &str) -> Result<u64, LogError> {
+        let entry = JournalEntry {
+            body: encode(&InboxRecord::Deciding {
+                event,
+                hook: hook.to_owned(),
+            }),
+            key: None,
+        };
+        match self.writer.append(vec![entry]).await?.first() {
+            Some(Journaled::New { seq }) => Ok(*seq),
+            _ => Err(LogError::WriterStopped {
+                reason: "a deciding mark was not written".into(),
             }),
         }
     }

@@ -13,6 +13,7 @@ use mlua::{
     UserDataMethods, Value as LuaValue, VmState,
 };
 use perch_core::config::Declaration;
+use perch_core::lua_pattern::{Capture, Match, MatchError, Pattern, Steps, find_plain, is_plain};
 use perch_core::name::EnvName;
 use perch_core::problem::{Pos, Problem};
 use perch_core::tree::{FunctionId, Key, Node, Path, Value};
@@ -21,7 +22,7 @@ use std::ffi::c_void;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// Resource limits for one Lua state.
@@ -30,8 +31,13 @@ pub struct Limits {
     /// The most memory the state may allocate. Declared values held on the Rust side are held
     /// to the same amount.
     pub memory_bytes: usize,
-    /// The most Lua instructions the state may run, counted across everything it runs.
+    /// The most Lua instructions the state may run, counted across everything it runs. The
+    /// work of pattern matching and of the table and string functions that loop in C counts
+    /// too, about one instruction per element or step.
     pub instructions: u64,
+    /// The longest the state may run, checked every thousand instructions; `None` for calls
+    /// that spend most of their time waiting (tools, whose commands have their own timeouts).
+    pub time: Option<Duration>,
 }
 
 impl Limits {
@@ -39,6 +45,7 @@ impl Limits {
     pub const CONFIG: Limits = Limits {
         memory_bytes: 32 << 20,
         instructions: 20_000_000,
+        time: Some(Duration::from_secs(10)),
     };
 }
 
@@ -48,6 +55,7 @@ impl Limits {
     pub const TOOL_CALL: Limits = Limits {
         memory_bytes: 64 << 20,
         instructions: 100_000_000,
+        time: None,
     };
 
     /// The limits for one call of a channel's hook (`on_message`, `format`), which runs for
@@ -55,6 +63,7 @@ impl Limits {
     pub const HOOK_CALL: Limits = Limits {
         memory_bytes: 32 << 20,
         instructions: 10_000_000,
+        time: Some(Duration::from_secs(2)),
     };
 }
 
@@ -98,8 +107,10 @@ impl fmt::Debug for Evaluation {
 /// The state has the base library without `dofile`, `loadfile`, `load` and `collectgarbage`;
 /// `string` (without `dump`), `table`, `math`, `utf8` and `coroutine`; an `os` with only `time`,
 /// `clock`, `date` and `difftime`; `print`, which discards its output because stdout carries
-/// perch's own output; `setmetatable`, which refuses `__gc`; `xpcall`, whose message handler runs
-/// after the error unwound; and `env "NAME"`, a reference to a host environment variable that
+/// perch's own output; `setmetatable`, which refuses `__gc` and `__close` and sets a copy of
+/// the metatable; `getmetatable`, which returns the metatable given, never the one in use;
+/// `xpcall`, whose message handler runs after the error unwound; `string` and `table`
+/// functions that loop in C counted against the instruction limit; and `env "NAME"`, a reference to a host environment variable that
 /// never reads it.
 ///
 /// Every problem is returned: a file that fails to run, and every value its declarations hold
@@ -111,7 +122,7 @@ pub fn evaluate(
     limits: Limits,
 ) -> Result<Evaluation, Vec<Problem>> {
     let recorder = Arc::new(Mutex::new(Recorder::new(file, limits.memory_bytes)));
-    let budget = Arc::new(InstructionBudget::new(limits.instructions));
+    let budget = Arc::new(InstructionBudget::new(limits));
     let lua = prepare_state(file, declare, limits, &recorder, &budget).map_err(|error| {
         vec![Problem::new(
             file,
@@ -180,7 +191,11 @@ fn prepare_state(
     }
     globals.raw_set("os", os)?;
 
-    globals.raw_set("setmetatable", setmetatable_without_finalizers(&lua, file)?)?;
+    let (setmetatable, getmetatable) = metatables_held_apart(&lua, file, budget)?;
+    globals.raw_set("setmetatable", setmetatable)?;
+    globals.raw_set("getmetatable", getmetatable)?;
+    counted_string_functions(&lua, file, limits, budget)?;
+    counted_table_functions(&lua, budget)?;
     globals.raw_set("xpcall", xpcall_after_unwinding(&lua, file)?)?;
     globals.raw_set("print", lua.create_function(|_, _: MultiValue| Ok(()))?)?;
     lua.set_warning_function(|_, _, _| Ok(()));
@@ -194,52 +209,590 @@ fn prepare_state(
     Ok(lua)
 }
 
-/// `setmetatable` refusing `__gc`: Lua runs finalizers with hooks off, so a finalizer would run
-/// outside the instruction limit.
-fn setmetatable_without_finalizers(lua: &Lua, file: &str) -> mlua::Result<Function> {
+/// `setmetatable` refusing `__gc` and `__close`, which Lua runs with hooks off (finalizers;
+/// the to-be-closed variables of a function the instruction limit stops), outside the limit;
+/// and `getmetatable`, which never hands out a metatable in use.
+///
+/// The metatable a table gets is a copy of the one given, taken at the call, so a metatable
+/// changed afterwards (`mt.__close = f`) cannot give a table `__close` later. `getmetatable`
+/// returns the table that was given (or its `__metatable` field, as in Lua), and nil for
+/// metatables perch set itself (strings', deserialized lists').
+fn metatables_held_apart(
+    lua: &Lua,
+    file: &str,
+    budget: &Arc<InstructionBudget>,
+) -> mlua::Result<(Function, Function)> {
+    let given = lua.create_table()?;
+    let weak_keys = lua.create_table()?;
+    weak_keys.raw_set("__mode", "k")?;
+    given.set_metatable(Some(weak_keys))?;
+
     let file = file.to_owned();
-    lua.create_function(move |lua, (table, metatable): (LuaValue, LuaValue)| {
-        let fix = "call it as setmetatable(table, metatable)";
-        let LuaValue::Table(table) = table else {
-            let message = format!("setmetatable takes a table, got {}", table.type_name());
-            return Err(CallError::raise(lua, &file, message, fix));
+    let (budget, given_by_copy) = (Arc::clone(budget), given.clone());
+    let setmetatable =
+        lua.create_function(move |lua, (table, metatable): (LuaValue, LuaValue)| {
+            let fix = "call it as setmetatable(table, metatable)";
+            let LuaValue::Table(table) = table else {
+                let message = format!("setmetatable takes a table, got {}", table.type_name());
+                return Err(CallError::raise(lua, &file, message, fix));
+            };
+            let metatable = match metatable {
+                LuaValue::Nil => None,
+                LuaValue::Table(metatable) => Some(metatable),
+                other => {
+                    let message = format!(
+                        "setmetatable takes a table or nil as the metatable, got {}",
+                        other.type_name()
+                    );
+                    return Err(CallError::raise(lua, &file, message, fix));
+                }
+            };
+            if let Some(current) = table.metatable()
+                && !current.raw_get::<LuaValue>("__metatable")?.is_nil()
+            {
+                let message = "cannot change a protected metatable".to_owned();
+                return Err(CallError::raise(
+                    lua,
+                    &file,
+                    message,
+                    "leave that table's metatable as it is",
+                ));
+            }
+            let Some(metatable) = metatable else {
+                table.set_metatable(None)?;
+                return Ok(table);
+            };
+            for (refused, fix) in [
+                ("__gc", "remove __gc from the metatable"),
+                ("__close", "remove __close from the metatable"),
+            ] {
+                if !metatable.raw_get::<LuaValue>(refused)?.is_nil() {
+                    let message = format!("{refused} metamethods are not allowed in configuration");
+                    return Err(CallError::raise(lua, &file, message, fix));
+                }
+            }
+            let copy = lua.create_table()?;
+            let mut fields = 0;
+            for pair in metatable.pairs::<LuaValue, LuaValue>() {
+                let (key, value) = pair?;
+                copy.raw_set(key, value)?;
+                fields += 1;
+            }
+            budget.charge(lua, fields)?;
+            given_by_copy.raw_set(copy.clone(), metatable)?;
+            table.set_metatable(Some(copy))?;
+            Ok(table)
+        })?;
+
+    let getmetatable = lua.create_function(move |_, value: LuaValue| {
+        let LuaValue::Table(table) = value else {
+            return Ok(LuaValue::Nil);
         };
-        let metatable = match metatable {
-            LuaValue::Nil => None,
-            LuaValue::Table(metatable) => Some(metatable),
+        let Some(metatable) = table.metatable() else {
+            return Ok(LuaValue::Nil);
+        };
+        let protected: LuaValue = metatable.raw_get("__metatable")?;
+        if !protected.is_nil() {
+            return Ok(protected);
+        }
+        given.raw_get(metatable)
+    })?;
+    Ok((setmetatable, getmetatable))
+}
+
+/// The longest string `string.find`, `match`, `gmatch` and `gsub` search. Their work is counted
+/// against the instruction limit, so this is not what bounds their time; it is the size of one
+/// command's output stream, so a tool can search everything a command printed.
+const MAX_PATTERN_SUBJECT_BYTES: usize = 1 << 20;
+
+/// `string.find`, `match`, `gmatch` and `gsub` by [`perch_core::lua_pattern`], whose every step
+/// is counted, and `string.rep`, whose repetitions are counted before it runs. Lua's own
+/// versions loop in C, where the instruction hook cannot stop them. `("x"):find` is the same
+/// function: strings index the `string` table.
+fn counted_string_functions(
+    lua: &Lua,
+    file: &str,
+    limits: Limits,
+    budget: &Arc<InstructionBudget>,
+) -> mlua::Result<()> {
+    let string: Table = lua.globals().get("string")?;
+    let matching = Arc::new(Matching {
+        file: file.to_owned(),
+        budget: Arc::clone(budget),
+        max_result_bytes: limits.memory_bytes,
+    });
+
+    let find = Arc::clone(&matching);
+    string.raw_set(
+        "find",
+        lua.create_function(
+            move |lua, (subject, pattern, init, plain): (LuaValue, LuaValue, Option<i64>, LuaValue)| {
+                let plain = !matches!(plain, LuaValue::Nil | LuaValue::Boolean(false));
+                find.find(lua, &subject, &pattern, init, plain, true)
+            },
+        )?,
+    )?;
+    let matcher = Arc::clone(&matching);
+    string.raw_set(
+        "match",
+        lua.create_function(
+            move |lua, (subject, pattern, init): (LuaValue, LuaValue, Option<i64>)| {
+                matcher.find(lua, &subject, &pattern, init, false, false)
+            },
+        )?,
+    )?;
+    let gmatch = Arc::clone(&matching);
+    string.raw_set(
+        "gmatch",
+        lua.create_function(
+            move |lua, (subject, pattern, init): (LuaValue, LuaValue, Option<i64>)| {
+                gmatch.gmatch(lua, &subject, &pattern, init)
+            },
+        )?,
+    )?;
+    let gsub = Arc::clone(&matching);
+    string.raw_set(
+        "gsub",
+        lua.create_function(
+            move |lua,
+                  (subject, pattern, replacement, most): (
+                LuaValue,
+                LuaValue,
+                LuaValue,
+                Option<i64>,
+            )| { gsub.gsub(lua, &subject, &pattern, &replacement, most) },
+        )?,
+    )?;
+
+    let original_rep: Function = string.get("rep")?;
+    let rep_budget = Arc::clone(budget);
+    string.raw_set(
+        "rep",
+        lua.create_function(move |lua, args: MultiValue| {
+            let times = integer_arg(args.get(1)).unwrap_or(0).max(0);
+            let piece = args.iter().take(3).step_by(2).map(|value| match value {
+                LuaValue::String(text) => text.as_bytes().len() as u64,
+                _ => 0,
+            });
+            let bytes: u64 = piece.sum();
+            let times = times.unsigned_abs();
+            let work = 1 + times / 8 + times.saturating_mul(bytes) / 256;
+            rep_budget.charge(lua, work)?;
+            original_rep.call::<MultiValue>(args)
+        })?,
+    )?;
+    Ok(())
+}
+
+/// `table.insert`, `remove`, `move`, `concat` and `sort`, with the elements they go through in
+/// C counted before they run: one call could otherwise shift or visit billions of elements
+/// (`table.move({}, 1, 1e12, 2)`) on a single instruction.
+fn counted_table_functions(lua: &Lua, budget: &Arc<InstructionBudget>) -> mlua::Result<()> {
+    let table: Table = lua.globals().get("table")?;
+    type Work = fn(&MultiValue) -> mlua::Result<u64>;
+    let counted: [(&str, Work); 5] = [
+        ("insert", |args| {
+            if args.len() < 3 {
+                return Ok(1);
+            }
+            let length = table_length(args)?;
+            let position = integer_arg(args.get(1)).unwrap_or(length);
+            Ok(distance(position, length))
+        }),
+        ("remove", |args| {
+            if args.len() < 2 {
+                return Ok(1);
+            }
+            let length = table_length(args)?;
+            let position = integer_arg(args.get(1)).unwrap_or(length);
+            Ok(distance(position, length))
+        }),
+        ("move", |args| {
+            let first = integer_arg(args.get(1)).unwrap_or(1);
+            let last = integer_arg(args.get(2)).unwrap_or(0);
+            Ok(distance(first, last))
+        }),
+        ("concat", |args| {
+            let first = integer_arg(args.get(2)).unwrap_or(1);
+            let last = match integer_arg(args.get(3)) {
+                Some(last) => last,
+                None => table_length(args)?,
+            };
+            Ok(distance(first, last))
+        }),
+        ("sort", |args| {
+            let length = table_length(args)?.max(1).unsigned_abs();
+            Ok(length.saturating_mul(u64::from(64 - length.leading_zeros())))
+        }),
+    ];
+    for (name, work) in counted {
+        let original: Function = table.get(name)?;
+        let budget = Arc::clone(budget);
+        table.raw_set(
+            name,
+            lua.create_function(move |lua, args: MultiValue| {
+                budget.charge(lua, work(&args)?)?;
+                original.call::<MultiValue>(args)
+            })?,
+        )?;
+    }
+    Ok(())
+}
+
+/// `#t` for the table a table function was given (its `__len` included, as the C code uses it).
+fn table_length(args: &MultiValue) -> mlua::Result<i64> {
+    match args.front() {
+        Some(LuaValue::Table(table)) => table.len(),
+        _ => Ok(0),
+    }
+}
+
+/// The elements from `first` to `last`, at least one.
+fn distance(first: i64, last: i64) -> u64 {
+    last.saturating_sub(first)
+        .saturating_add(1)
+        .max(1)
+        .unsigned_abs()
+}
+
+/// An integer argument as Lua would read it, when it is one.
+fn integer_arg(value: Option<&LuaValue>) -> Option<i64> {
+    match value? {
+        LuaValue::Integer(number) => Some(*number),
+        LuaValue::Number(number) if number.is_finite() => Some(*number as i64),
+        _ => None,
+    }
+}
+
+/// What the counted pattern functions share: the file for errors and the budget they spend.
+struct Matching {
+    file: String,
+    budget: Arc<InstructionBudget>,
+    /// The longest string `gsub` builds, as the state's memory limit would allow.
+    max_result_bytes: usize,
+}
+
+impl Matching {
+    fn error(&self, lua: &Lua, function: &str, message: String) -> mlua::Error {
+        CallError::raise(
+            lua,
+            &self.file,
+            format!("string.{function}: {message}"),
+            "correct the call on that line",
+        )
+    }
+
+    /// A string argument (numbers become their text, as in Lua), at most
+    /// [`MAX_PATTERN_SUBJECT_BYTES`] long.
+    fn text(
+        &self,
+        lua: &Lua,
+        function: &str,
+        position: usize,
+        value: &LuaValue,
+    ) -> mlua::Result<Vec<u8>> {
+        let text = match value {
+            LuaValue::String(text) => text.as_bytes().to_vec(),
+            LuaValue::Integer(_) | LuaValue::Number(_) => match lua.coerce_string(value.clone())? {
+                Some(text) => text.as_bytes().to_vec(),
+                None => Vec::new(),
+            },
             other => {
                 let message = format!(
-                    "setmetatable takes a table or nil as the metatable, got {}",
+                    "bad argument #{position} (string expected, got {})",
                     other.type_name()
                 );
-                return Err(CallError::raise(lua, &file, message, fix));
+                return Err(self.error(lua, function, message));
             }
         };
-        if let Some(current) = table.metatable()
-            && !current.raw_get::<LuaValue>("__metatable")?.is_nil()
-        {
-            let message = "cannot change a protected metatable".to_owned();
-            return Err(CallError::raise(
-                lua,
-                &file,
-                message,
-                "leave that table's metatable as it is",
-            ));
+        if text.len() > MAX_PATTERN_SUBJECT_BYTES {
+            let message = format!(
+                "argument #{position} is {} bytes; patterns work on strings of at most {}",
+                text.len(),
+                mebibytes(MAX_PATTERN_SUBJECT_BYTES)
+            );
+            return Err(self.error(lua, function, message));
         }
-        if let Some(metatable) = &metatable
-            && !metatable.raw_get::<LuaValue>("__gc")?.is_nil()
-        {
-            let message = "__gc metamethods are not allowed in configuration".to_owned();
-            return Err(CallError::raise(
-                lua,
-                &file,
-                message,
-                "remove __gc from the metatable",
-            ));
+        Ok(text)
+    }
+
+    /// Runs `work` with what is left of the budget, and counts what it used.
+    fn counted<T>(
+        &self,
+        lua: &Lua,
+        function: &str,
+        work: impl FnOnce(&mut Steps) -> Result<T, MatchError>,
+    ) -> mlua::Result<T> {
+        let mut steps = Steps {
+            left: self.budget.remaining(),
+        };
+        let before = steps.left;
+        let result = work(&mut steps);
+        match result {
+            Ok(value) => {
+                self.budget.charge(lua, before - steps.left)?;
+                Ok(value)
+            }
+            Err(MatchError::OutOfSteps) => Err(self.budget.stop(lua, calling_line(lua))),
+            Err(MatchError::Pattern(message)) => Err(self.error(lua, function, message)),
         }
-        table.set_metatable(metatable)?;
-        Ok(table)
-    })
+    }
+
+    fn capture_value(lua: &Lua, subject: &[u8], capture: Capture) -> mlua::Result<LuaValue> {
+        Ok(match capture {
+            Capture::Text { start, end } => {
+                LuaValue::String(lua.create_string(&subject[start..end])?)
+            }
+            Capture::Position(at) => LuaValue::Integer(i64::try_from(at + 1).unwrap_or(i64::MAX)),
+        })
+    }
+
+    fn values(
+        lua: &Lua,
+        subject: &[u8],
+        captures: impl IntoIterator<Item = Capture>,
+    ) -> mlua::Result<MultiValue> {
+        captures
+            .into_iter()
+            .map(|capture| Self::capture_value(lua, subject, capture))
+            .collect()
+    }
+
+    /// `string.find` (`find` true) and `string.match`.
+    fn find(
+        &self,
+        lua: &Lua,
+        subject: &LuaValue,
+        pattern: &LuaValue,
+        init: Option<i64>,
+        plain: bool,
+        find: bool,
+    ) -> mlua::Result<MultiValue> {
+        let function = if find { "find" } else { "match" };
+        let subject = self.text(lua, function, 1, subject)?;
+        let pattern = self.text(lua, function, 2, pattern)?;
+        let Some(init) = start_index(init, subject.len()) else {
+            return Ok(MultiValue::from_iter([LuaValue::Nil]));
+        };
+        let one_based = |at: usize| LuaValue::Integer(i64::try_from(at).unwrap_or(i64::MAX));
+        if find && (plain || is_plain(&pattern)) {
+            let found = self.counted(lua, function, |steps| {
+                find_plain(&subject, &pattern, init, steps)
+            })?;
+            return Ok(match found {
+                Some(at) => {
+                    MultiValue::from_iter([one_based(at + 1), one_based(at + pattern.len())])
+                }
+                None => MultiValue::from_iter([LuaValue::Nil]),
+            });
+        }
+        let found = self.counted(lua, function, |steps| {
+            Pattern::new(&pattern).find(&subject, init, steps)
+        })?;
+        let Some(found) = found else {
+            return Ok(MultiValue::from_iter([LuaValue::Nil]));
+        };
+        if find {
+            let mut values =
+                MultiValue::from_iter([one_based(found.start + 1), one_based(found.end)]);
+            values.extend(Self::values(lua, &subject, found.captures.iter().copied())?);
+            Ok(values)
+        } else {
+            Self::values(lua, &subject, found.values())
+        }
+    }
+
+    fn gmatch(
+        self: &Arc<Self>,
+        lua: &Lua,
+        subject: &LuaValue,
+        pattern: &LuaValue,
+        init: Option<i64>,
+    ) -> mlua::Result<Function> {
+        let subject = self.text(lua, "gmatch", 1, subject)?;
+        let pattern = self.text(lua, "gmatch", 2, pattern)?;
+        let start = start_index(init, subject.len()).unwrap_or(subject.len() + 1);
+        let position = Mutex::new((start, None::<usize>));
+        let matching = Arc::clone(self);
+        lua.create_function(move |lua, ()| {
+            let mut position = position.lock().unwrap_or_else(PoisonError::into_inner);
+            let (mut at, last_match) = *position;
+            while at <= subject.len() {
+                let found = matching.counted(lua, "gmatch", |steps| {
+                    Pattern::without_anchor(&pattern).match_at(&subject, at, steps)
+                })?;
+                if let Some(found) = found
+                    && Some(found.end) != last_match
+                {
+                    *position = (found.end, Some(found.end));
+                    return Self::values(lua, &subject, found.values());
+                }
+                at += 1;
+            }
+            *position = (at, last_match);
+            Ok(MultiValue::new())
+        })
+    }
+
+    fn gsub(
+        &self,
+        lua: &Lua,
+        subject_value: &LuaValue,
+        pattern: &LuaValue,
+        replacement: &LuaValue,
+        most: Option<i64>,
+    ) -> mlua::Result<(LuaValue, i64)> {
+        let subject = self.text(lua, "gsub", 1, subject_value)?;
+        let pattern = self.text(lua, "gsub", 2, pattern)?;
+        let replacement = match replacement {
+            LuaValue::String(_) | LuaValue::Integer(_) | LuaValue::Number(_) => {
+                Replacement::Text(self.text(lua, "gsub", 3, replacement)?)
+            }
+            LuaValue::Table(table) => Replacement::Table(table.clone()),
+            LuaValue::Function(function) => Replacement::Function(function.clone()),
+            other => {
+                let message = format!(
+                    "bad argument #3 (string/function/table expected, got {})",
+                    other.type_name()
+                );
+                return Err(self.error(lua, "gsub", message));
+            }
+        };
+        let most = most.unwrap_or(i64::MAX);
+        let pattern = Pattern::new(&pattern);
+        let mut built: Vec<u8> = Vec::new();
+        let (mut at, mut last_match, mut count, mut changed) = (0, None, 0_i64, false);
+        while count < most {
+            let found = self.counted(lua, "gsub", |steps| pattern.match_at(&subject, at, steps))?;
+            match found {
+                Some(found) if Some(found.end) != last_match => {
+                    count += 1;
+                    changed |= self.replace(lua, &subject, &found, &replacement, &mut built)?;
+                    at = found.end;
+                    last_match = Some(found.end);
+                }
+                _ if at < subject.len() => {
+                    built.push(subject[at]);
+                    at += 1;
+                }
+                _ => break,
+            }
+            if built.len() > self.max_result_bytes {
+                let message = format!(
+                    "the result would be larger than {}",
+                    mebibytes(self.max_result_bytes)
+                );
+                return Err(self.error(lua, "gsub", message));
+            }
+            if pattern.is_anchored() {
+                break;
+            }
+        }
+        if !changed {
+            return Ok((LuaValue::String(lua.create_string(&subject)?), count));
+        }
+        built.extend_from_slice(&subject[at..]);
+        Ok((LuaValue::String(lua.create_string(&built)?), count))
+    }
+
+    /// Appends what replaces `found`; false when the original text was kept.
+    fn replace(
+        &self,
+        lua: &Lua,
+        subject: &[u8],
+        found: &Match,
+        replacement: &Replacement,
+        built: &mut Vec<u8>,
+    ) -> mlua::Result<bool> {
+        let whole = &subject[found.start..found.end];
+        let value = match replacement {
+            Replacement::Text(text) => {
+                let mut rest = text.as_slice();
+                while let Some(percent) = rest.iter().position(|byte| *byte == b'%') {
+                    built.extend_from_slice(&rest[..percent]);
+                    let escaped = rest.get(percent + 1).copied();
+                    match escaped {
+                        Some(b'%') => built.push(b'%'),
+                        Some(b'0') => built.extend_from_slice(whole),
+                        Some(digit @ b'1'..=b'9') => {
+                            let capture = found
+                                .capture(usize::from(digit - b'1'))
+                                .map_err(|error| self.pattern_error(lua, error))?;
+                            match capture {
+                                Capture::Text { start, end } => {
+                                    built.extend_from_slice(&subject[start..end]);
+                                }
+                                Capture::Position(at) => {
+                                    built.extend_from_slice((at + 1).to_string().as_bytes());
+                                }
+                            }
+                        }
+                        _ => {
+                            let message = "invalid use of '%' in replacement string".to_owned();
+                            return Err(self.error(lua, "gsub", message));
+                        }
+                    }
+                    rest = &rest[(percent + 2).min(rest.len())..];
+                }
+                built.extend_from_slice(rest);
+                self.budget.charge(lua, 1 + text.len() as u64 / 64)?;
+                return Ok(true);
+            }
+            Replacement::Table(table) => {
+                let first = found
+                    .capture(0)
+                    .map_err(|error| self.pattern_error(lua, error))?;
+                table.get::<LuaValue>(Self::capture_value(lua, subject, first)?)?
+            }
+            Replacement::Function(function) => {
+                function.call::<LuaValue>(Self::values(lua, subject, found.values())?)?
+            }
+        };
+        match value {
+            LuaValue::Nil | LuaValue::Boolean(false) => {
+                built.extend_from_slice(whole);
+                Ok(false)
+            }
+            LuaValue::String(_) | LuaValue::Integer(_) | LuaValue::Number(_) => {
+                if let Some(text) = lua.coerce_string(value)? {
+                    built.extend_from_slice(&text.as_bytes());
+                    self.budget.charge(lua, 1 + built.len() as u64 / 4096)?;
+                }
+                Ok(true)
+            }
+            other => {
+                let message = format!("invalid replacement value (a {})", other.type_name());
+                Err(self.error(lua, "gsub", message))
+            }
+        }
+    }
+
+    fn pattern_error(&self, lua: &Lua, error: MatchError) -> mlua::Error {
+        match error {
+            MatchError::OutOfSteps => self.budget.stop(lua, calling_line(lua)),
+            MatchError::Pattern(message) => self.error(lua, "gsub", message),
+        }
+    }
+}
+
+enum Replacement {
+    Text(Vec<u8>),
+    Table(Table),
+    Function(Function),
+}
+
+/// Lua's `init` argument (1-based, negative from the end) as a 0-based offset; `None` when it
+/// starts past the end.
+fn start_index(init: Option<i64>, length: usize) -> Option<usize> {
+    let length_i = i64::try_from(length).unwrap_or(i64::MAX);
+    let one_based = match init.unwrap_or(1) {
+        positive if positive > 0 => positive,
+        0 => 1,
+        negative if negative < -length_i => 1,
+        negative => length_i + negative + 1,
+    };
+    let offset = usize::try_from(one_based - 1).ok()?;
+    (offset <= length).then_some(offset)
 }
 
 /// `xpcall` running its message handler once the error has unwound, like `pcall` and then a call.
@@ -645,26 +1198,78 @@ impl Conversion<'_> {
     }
 }
 
-/// Counts the instructions a state runs and stops it when they pass the limit.
+/// Counts the instructions a state runs and stops it when they pass the limit or the call
+/// runs past its deadline.
 struct InstructionBudget {
     limit: AtomicU64,
     used: AtomicU64,
     exhausted: AtomicBool,
     /// The line running when the limit was passed; 0 when unknown.
     stopped_on_line: AtomicU32,
+    /// When the running call must stop, and how long it was given.
+    deadline: Mutex<Option<(Instant, Duration)>>,
+    /// Set when the deadline rather than the instruction count stopped the call.
+    overtime: AtomicBool,
 }
 
 impl InstructionBudget {
     /// Instructions between two checks of the budget while it lasts.
     const STEP: u32 = 1000;
 
-    fn new(limit: u64) -> Self {
+    fn new(limits: Limits) -> Self {
         InstructionBudget {
-            limit: AtomicU64::new(limit),
+            limit: AtomicU64::new(limits.instructions),
             used: AtomicU64::new(0),
             exhausted: AtomicBool::new(false),
             stopped_on_line: AtomicU32::new(0),
+            deadline: Mutex::new(Self::deadline_for(limits)),
+            overtime: AtomicBool::new(false),
         }
+    }
+
+    fn deadline_for(limits: Limits) -> Option<(Instant, Duration)> {
+        limits.time.map(|time| (Instant::now() + time, time))
+    }
+
+    fn is_overtime(&self) -> bool {
+        let deadline = *self.deadline.lock().unwrap_or_else(PoisonError::into_inner);
+        deadline.is_some_and(|(at, _)| Instant::now() >= at)
+    }
+
+    /// The instructions left to the running call.
+    fn remaining(&self) -> u64 {
+        if self.is_exhausted() {
+            return 0;
+        }
+        self.limit
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.used.load(Ordering::Relaxed))
+    }
+
+    /// Counts `work` done in C on behalf of the running call; an error, as when the hook stops
+    /// the call, when it does not fit in what is left.
+    fn charge(self: &Arc<Self>, lua: &Lua, work: u64) -> mlua::Result<()> {
+        let used = self
+            .used
+            .fetch_add(work, Ordering::Relaxed)
+            .saturating_add(work);
+        if used <= self.limit.load(Ordering::Relaxed) && !self.is_exhausted() {
+            return Ok(());
+        }
+        Err(self.stop(lua, calling_line(lua)))
+    }
+
+    /// Marks the budget spent and makes every further instruction fail.
+    fn stop(self: &Arc<Self>, lua: &Lua, line: u32) -> mlua::Error {
+        if !self.exhausted.swap(true, Ordering::Relaxed) {
+            self.stopped_on_line.store(line, Ordering::Relaxed);
+        }
+        // A `pcall` may catch the error; failing again on the very next instruction, wherever it
+        // is, leaves the file no instruction to carry on with.
+        if let Err(error) = self.install_every(lua, 1) {
+            return error;
+        }
+        mlua::Error::runtime(self.message())
     }
 
     /// A global hook reaches the coroutines the file creates as well as the main chunk.
@@ -690,28 +1295,28 @@ impl InstructionBudget {
             .used
             .fetch_add(u64::from(instructions), Ordering::Relaxed)
             .saturating_add(u64::from(instructions));
-        if used <= self.limit.load(Ordering::Relaxed) && !self.is_exhausted() {
+        let overtime = !self.is_exhausted() && self.is_overtime();
+        if used <= self.limit.load(Ordering::Relaxed) && !self.is_exhausted() && !overtime {
             return Ok(VmState::Continue);
         }
-        if !self.exhausted.swap(true, Ordering::Relaxed) {
-            let line = frame
-                .current_line()
-                .and_then(|line| u32::try_from(line).ok())
-                .unwrap_or(0);
-            self.stopped_on_line.store(line, Ordering::Relaxed);
+        if overtime {
+            self.overtime.store(true, Ordering::Relaxed);
         }
-        // A `pcall` may catch the error; failing again on the very next instruction, wherever it
-        // is, leaves the file no instruction to carry on with.
-        self.install_every(lua, 1)?;
-        Err(mlua::Error::runtime(self.message()))
+        let line = frame
+            .current_line()
+            .and_then(|line| u32::try_from(line).ok())
+            .unwrap_or(0);
+        Err(self.stop(lua, line))
     }
 
-    /// A fresh budget of `limit` instructions for the next call.
-    fn renew(self: &Arc<Self>, lua: &Lua, limit: u64) -> mlua::Result<()> {
-        self.limit.store(limit, Ordering::Relaxed);
+    /// A fresh budget for the next call.
+    fn renew(self: &Arc<Self>, lua: &Lua, limits: Limits) -> mlua::Result<()> {
+        self.limit.store(limits.instructions, Ordering::Relaxed);
         self.used.store(0, Ordering::Relaxed);
         self.exhausted.store(false, Ordering::Relaxed);
+        self.overtime.store(false, Ordering::Relaxed);
         self.stopped_on_line.store(0, Ordering::Relaxed);
+        *self.deadline.lock().unwrap_or_else(PoisonError::into_inner) = Self::deadline_for(limits);
         self.install(lua)
     }
 
@@ -720,10 +1325,17 @@ impl InstructionBudget {
     }
 
     fn message(&self) -> String {
-        format!(
-            "stopped after {} Lua instructions (an endless loop?)",
-            self.limit.load(Ordering::Relaxed)
-        )
+        let deadline = *self.deadline.lock().unwrap_or_else(PoisonError::into_inner);
+        match deadline {
+            Some((_, time)) if self.overtime.load(Ordering::Relaxed) => format!(
+                "stopped after running for {} s (an endless loop, or work too slow for Lua?)",
+                time.as_secs_f64()
+            ),
+            _ => format!(
+                "stopped after {} Lua instructions (an endless loop?)",
+                self.limit.load(Ordering::Relaxed)
+            ),
+        }
     }
 
     fn problem(&self, file: &str) -> Problem {
@@ -848,7 +1460,7 @@ impl Evaluation {
             .cloned()
             .ok_or_else(|| format!("{file}: the tool's function is missing"))?;
         let prepared = (|| {
-            self.budget.renew(&self.lua, limits.instructions)?;
+            self.budget.renew(&self.lua, limits)?;
             let arguments = self.lua.to_value(arguments)?;
             let ctx = tool_context_table(&self.lua, context.clone())?;
             Ok::<_, mlua::Error>((arguments, ctx))
@@ -1157,6 +1769,27 @@ impl Evaluation {
         store: &mut HookStore,
     ) -> Result<serde_json::Value, String> {
         let _one_at_a_time = self.calls.lock().await;
+        self.call_hook_now(function, input, store)
+    }
+
+    /// [`Evaluation::call_hook`] for a thread outside the async runtime: it blocks while
+    /// another call runs in this state.
+    pub fn call_hook_blocking(
+        &self,
+        function: FunctionId,
+        input: &serde_json::Value,
+        store: &mut HookStore,
+    ) -> Result<serde_json::Value, String> {
+        let _one_at_a_time = self.calls.blocking_lock();
+        self.call_hook_now(function, input, store)
+    }
+
+    fn call_hook_now(
+        &self,
+        function: FunctionId,
+        input: &serde_json::Value,
+        store: &mut HookStore,
+    ) -> Result<serde_json::Value, String> {
         let limits = Limits::HOOK_CALL;
         let file = self.file.as_str();
         let function = self
@@ -1170,7 +1803,7 @@ impl Evaluation {
         }));
         let prepared = (|| {
             self.lua.set_memory_limit(limits.memory_bytes)?;
-            self.budget.renew(&self.lua, limits.instructions)?;
+            self.budget.renew(&self.lua, limits)?;
             let input = self.lua.to_value_with(input, TO_LUA)?;
             let table = store_table(&self.lua, file, &live)?;
             Ok::<_, mlua::Error>((input, table))
@@ -1584,6 +2217,275 @@ agent { cycle = cycle, thread = coroutine.create(function() end), bytes = "\xff"
         assert!(store.set("big".into(), big).is_err());
         assert!(store.entries().is_empty());
         assert!(HookStore::new(BTreeMap::from([("k".into(), serde_json::json!(1))])).is_ok());
+    }
+
+    /// Runs `work` on a thread of its own; a test of a budget escape fails rather than hangs
+    /// when the escape works.
+    fn within_seconds<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+        let (sender, answer) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = sender.send(work());
+        });
+        answer
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the Lua state ran past its limits (a hang)")
+    }
+
+    fn stopped_by_the_budget(source: &'static str) -> Vec<Problem> {
+        let limits = Limits {
+            instructions: 100_000,
+            ..Limits::CONFIG
+        };
+        within_seconds(move || {
+            evaluate("agent.lua", source, DECLARE, limits)
+                .map(drop)
+                .expect_err(source)
+        })
+    }
+
+    /// A table whose metatable gets a `__close` handler that never returns after
+    /// `setmetatable`, past its check.
+    const FOREVER: &str = "local mt = {}\nlocal forever = setmetatable({}, mt)\n\
+                           mt.__close = function() while true do end end\n";
+
+    const BUDGET: &str = "stopped after 100000 Lua instructions (an endless loop?)";
+
+    #[test]
+    fn close_handlers_and_loops_in_c_cannot_escape_the_instruction_limit() {
+        let not_closable = "got a non-closable value";
+        let escapes: [(&str, &str, &str); 19] = [
+            (
+                "__close given to setmetatable",
+                "setmetatable({}, { __close = function() end })",
+                "__close metamethods are not allowed in configuration",
+            ),
+            (
+                "__close on the strings' metatable",
+                "getmetatable('').__close = function() end",
+                "attempt to index a nil value",
+            ),
+            (
+                "<close> in a wrapped coroutine",
+                "coroutine.wrap(function() local x <close> = forever; while true do end end)()",
+                not_closable,
+            ),
+            (
+                "<close> in a resumed coroutine",
+                "local ok, e = coroutine.resume(coroutine.create(function() local x <close> = forever; while true do end end))\nerror(e)",
+                not_closable,
+            ),
+            (
+                "a for loop's closing value",
+                "for _ in function() return true end, nil, nil, forever do end",
+                not_closable,
+            ),
+            (
+                "<close> at top level",
+                "local x <close> = forever\nwhile true do end",
+                not_closable,
+            ),
+            (
+                "<close> in pcall",
+                "local ok, e = pcall(function() local x <close> = forever; while true do end end)\nerror(e)",
+                not_closable,
+            ),
+            (
+                "<close> in xpcall",
+                "xpcall(function() local x <close> = forever; while true do end end, function(e) error(e) end)",
+                not_closable,
+            ),
+            (
+                "__tostring from string.format",
+                "string.format('%s', setmetatable({}, { __tostring = function() while true do end end }))",
+                BUDGET,
+            ),
+            (
+                "__index from table.concat",
+                "table.concat(setmetatable({}, { __index = function() while true do end end }), '', 1, 2)",
+                BUDGET,
+            ),
+            (
+                "a table.sort comparator",
+                "table.sort({ 3, 2, 1 }, function() while true do end end)",
+                BUDGET,
+            ),
+            (
+                "a gsub replacement function",
+                "string.gsub('aaa', 'a', function() while true do end end)",
+                BUDGET,
+            ),
+            (
+                "string.rep of nothing, many times",
+                "string.rep('', 1e15)",
+                BUDGET,
+            ),
+            (
+                "table.move over a huge range",
+                "table.move({}, 1, 1e12, 2)",
+                BUDGET,
+            ),
+            (
+                "table.insert shifting a huge length",
+                "table.insert(setmetatable({}, { __len = function() return 1e12 end }), 1, 1)",
+                BUDGET,
+            ),
+            (
+                "table.remove shifting a huge length",
+                "table.remove(setmetatable({}, { __len = function() return 1e12 end }), 1)",
+                BUDGET,
+            ),
+            (
+                "setmetatable copying a huge metatable",
+                "local big = {}\nfor i = 1, 5000 do big[i] = i end\nwhile true do setmetatable({}, big) end",
+                BUDGET,
+            ),
+            (
+                "the trim idiom on a run of spaces",
+                "local s = 'x' .. string.rep(' ', 60000) .. 'y'\nlocal trimmed = s:match('^%s*(.-)%s*$')",
+                BUDGET,
+            ),
+            (
+                "nested quantifiers",
+                "string.find(string.rep('a', 5000), '.-.-.-.-b')",
+                BUDGET,
+            ),
+        ];
+        for (name, body, expected) in escapes {
+            let source: &'static str = Box::leak(format!("{FOREVER}{body}").into_boxed_str());
+            let problems = stopped_by_the_budget(source);
+            assert_eq!(problems.len(), 1, "{name}: {problems:?}");
+            assert!(
+                problems[0].message.contains(expected),
+                "{name}: {problems:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn metatables_perch_set_are_not_handed_out() {
+        let source = "channel { hook = function(msg)\n  \
+                      return { list = type(getmetatable(msg.list)) ~= 'table', text = getmetatable('') == nil }\nend }";
+        let evaluation = evaluate("channels/ops.lua", source, &["channel"], Limits::CONFIG)
+            .unwrap_or_else(|problems| panic!("{problems:?}"));
+        let Value::Map(entries) = &evaluation.declarations()[0].args[0].value else {
+            panic!("not a map");
+        };
+        let Value::Function(hook) = entries[0].1.value else {
+            panic!("not a function");
+        };
+        let returned = evaluation.call_hook_blocking(
+            hook,
+            &serde_json::json!({ "list": [1, 2] }),
+            &mut HookStore::default(),
+        );
+        assert_eq!(
+            returned,
+            Ok(serde_json::json!({ "list": true, "text": true }))
+        );
+    }
+
+    #[test]
+    fn a_call_stops_at_its_deadline() {
+        let limits = Limits {
+            instructions: u64::MAX,
+            time: Some(std::time::Duration::from_millis(200)),
+            ..Limits::CONFIG
+        };
+        let started = std::time::Instant::now();
+        let problems = within_seconds(move || {
+            evaluate(
+                "agent.lua",
+                "local a = 1\nwhile true do end",
+                DECLARE,
+                limits,
+            )
+            .map(drop)
+            .expect_err("a deadline")
+        });
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].pos, Pos::line(2));
+        assert!(
+            problems[0]
+                .message
+                .starts_with("stopped after running for 0.2 s"),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn the_counted_string_and_table_functions_behave_as_lua_s() {
+        let source = r##"
+assert(("  hi  "):match("^%s*(.-)%s*$") == "hi")
+assert(string.find("hello", "l") == 3)
+local a, b = string.find("hello", "ll")
+assert(a == 3 and b == 4)
+assert(string.find("a.b", ".", 1, true) == 2)
+assert(select("#", string.find("hello", "(h)(e)")) == 4)
+assert(string.find("abc", "b", -1) == nil and string.find("abc", "c", -1) == 3)
+assert(string.find("", "") == 1 and string.find("abc", "", 10) == nil)
+assert(string.find(12345, 34) == 3)
+assert(string.match("key", "()") == 1)
+assert(string.match("2024-01-02", "(%d+)-(%d+)-(%d+)") == "2024")
+assert(select(3, string.match("2024-01-02", "(%d+)-(%d+)-(%d+)")) == "02")
+local replaced, count = string.gsub("hello world", "o", "0")
+assert(replaced == "hell0 w0rld" and count == 2)
+assert(string.gsub("abc", "%w", "%0%0") == "aabbcc")
+assert(string.gsub("abc", "", "-") == "-a-b-c-")
+assert(string.gsub("hello world", "(%w+)", "<%1>") == "<hello> <world>")
+assert(string.gsub("$name is $age", "%$(%w+)", { name = "Ann", age = 3 }) == "Ann is 3")
+assert(string.gsub("a b", "%w", function(w) return w:upper() end) == "A B")
+assert(string.gsub("a b", "%w", function() return nil end) == "a b")
+assert(string.gsub("hello", "l", "L", 1) == "heLlo")
+assert(string.gsub("  x", "^%s+", "") == "x")
+local words = {}
+for word in ("one two  three"):gmatch("%a+") do words[#words + 1] = word end
+assert(#words == 3 and words[3] == "three")
+local pairs_seen = {}
+for k, v in string.gmatch("a=1, b=2", "(%w+)=(%w+)") do pairs_seen[#pairs_seen + 1] = k .. v end
+assert(table.concat(pairs_seen, ",") == "a1,b2")
+assert(not pcall(string.find, "a", "[a"))
+assert(not pcall(string.gsub, "a", "a", "%2"))
+assert(not pcall(string.gsub, "a", "a", true))
+assert(("x"):rep(3, ",") == "x,x,x")
+assert(table.concat({ 1, 2, 3 }, ",") == "1,2,3")
+local t = { 1, 2, 3 }
+table.insert(t, 1, 0)
+assert(t[1] == 0 and #t == 4)
+table.insert(t, 9)
+assert(t[5] == 9)
+assert(table.remove(t, 1) == 0 and table.remove(t) == 9 and #t == 3)
+table.sort(t, function(x, y) return x > y end)
+assert(t[1] == 3 and t[3] == 1)
+assert(table.move({ 1, 2, 3 }, 1, 3, 2)[3] == 2)
+local co = coroutine.wrap(function(x) local y = coroutine.yield(x + 1) return y * 2 end)
+assert(co(1) == 2 and co(5) == 10)
+local ok, failure = pcall(coroutine.wrap(function() error("boom") end))
+assert(not ok and failure:find("boom"))
+local Class = {}
+Class.__index = Class
+local object = setmetatable({}, Class)
+function Class.greet() return "hi" end
+assert(object.greet() == "hi" and getmetatable(object) == Class)
+local added = {}
+local late = setmetatable({}, added)
+added.__index = function() return "late" end
+assert(late.x == nil, "a metamethod added after setmetatable is not used")
+local nothing <close> = nil
+agent {}
+"##;
+        run("agent.lua", source).unwrap_or_else(|problems| panic!("{problems:?}"));
+    }
+
+    #[test]
+    fn pattern_subjects_are_capped() {
+        let source = "local a = 1\nstring.find(string.rep('x', 1024 * 1024 + 1), 'y')";
+        let problem = only_problem(run("agent.lua", source));
+        assert_eq!(problem.pos, Pos::line(2));
+        assert_eq!(
+            problem.message,
+            "string.find: argument #1 is 1048577 bytes; patterns work on strings of at most 1 MiB"
+        );
     }
 
     #[tokio::test]

@@ -91,6 +91,8 @@ struct Channel {
     loaded: LoadedChannel,
     connector: Arc<dyn Connector>,
     hooks: Mutex<ChannelHooks>,
+    /// The channel's hook calls still running, abandoned ones included.
+    hook_calls_running: Arc<std::sync::atomic::AtomicUsize>,
     health: std::sync::Mutex<Health>,
     /// Told when the channel stops or turns unhealthy.
     alerts: Alerts,
@@ -165,11 +167,17 @@ impl Channel {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
+        let hook_calls_running = self
+            .hook_calls_running
+            .load(std::sync::atomic::Ordering::SeqCst);
         serde_json::json!({
             "name": self.loaded.config.name.to_string(),
             "kind": self.loaded.config.kind().as_str(),
             "connection": health.connection,
-            "healthy": health.hook_failures < UNHEALTHY_AFTER && !health.connection.starts_with("stopped"),
+            "healthy": health.hook_failures < UNHEALTHY_AFTER
+                && hook_calls_running < crate::channel::hooks::MAX_ABANDONED
+                && !health.connection.starts_with("stopped"),
+            "hook_calls_running": hook_calls_running,
             "hook_failures_in_a_row": health.hook_failures,
             "last_hook_error": health.last_hook_error,
         })
@@ -248,12 +256,14 @@ pub async fn run(
     for loaded in channels_loaded {
         let connector = (setup.connectors)(&loaded)?;
         let hooks = ChannelHooks::open(&dir, &loaded)?;
+        let hook_calls_running = hooks.running_calls();
         channels.insert(
             loaded.config.name.to_string(),
             Arc::new(Channel {
                 loaded,
                 connector,
                 hooks: Mutex::new(hooks),
+                hook_calls_running,
                 health: std::sync::Mutex::new(Health::default()),
                 alerts: alerts.clone(),
             }),
@@ -693,6 +703,7 @@ impl Service {
                 0,
             )
         };
+        let mut deciding = None;
         let verdict = match admission {
             Admission::Answer if chat_command(&event.text).is_some() => {
                 let command = chat_command(&event.text).unwrap_or_default().to_owned();
@@ -701,6 +712,15 @@ impl Service {
             }
             Admission::Answer => {
                 let message = crate::channel::hooks::message_input(config, &event);
+                if config.on_message.is_some() {
+                    let mark = self
+                        .inbox
+                        .record_deciding(seq, &connected.loaded.file)
+                        .await
+                        .map_err(|error| error.to_string())?;
+                    deciding = Some(mark);
+                    crate::failpoint::hit("during:on_message");
+                }
                 let verdict = connected.hooks.lock().await.run_on_message(&message).await;
                 match &verdict {
                     HookVerdict::Error(error) => {
@@ -750,7 +770,8 @@ impl Service {
             Admission::Refused { reason } => Verdict::Refused { reason },
         };
         let Verdict::Item { lane, text } = verdict.clone() else {
-            return self.settle(seq, verdict).await;
+            self.settle(seq, verdict).await?;
+            return self.consume_marks(deciding).await;
         };
         let earlier = self
             .context
@@ -769,6 +790,7 @@ impl Service {
             .record_verdict(seq, verdict)
             .await
             .map_err(|error| error.to_string())?;
+        self.consume_marks(deciding).await?;
         self.dispatch(PendingItem {
             event_seq: seq,
             verdict_seq,
@@ -1197,6 +1219,18 @@ impl Service {
             .map_err(|error| error.to_string())?;
         self.inbox
             .consume(vec![seq, verdict_seq])
+            .await
+            .map_err(|error| error.to_string())
+    }
+
+    /// Consumes deciding marks once their event's verdict is journaled.
+    async fn consume_marks(&self, marks: impl IntoIterator<Item = u64>) -> Result<(), String> {
+        let marks: Vec<u64> = marks.into_iter().collect();
+        if marks.is_empty() {
+            return Ok(());
+        }
+        self.inbox
+            .consume(marks)
             .await
             .map_err(|error| error.to_string())
     }
@@ -1880,6 +1914,27 @@ impl Service {
                 self.dispatch(item).await?;
             }
         }
+        self.consume_marks(backlog.settled_marks).await?;
+        let rejected = backlog.interrupted.len();
+        for interrupted in backlog.interrupted {
+            let reason = format!(
+                "perch stopped while the on_message hook of {} was deciding this message (a \
+                 crash, a kill or a hang in the hook); it is not handed to the hook again",
+                interrupted.hook
+            );
+            tracing::warn!(
+                channel = %interrupted.channel,
+                "channel {}: event {} rejected: {reason}",
+                interrupted.channel,
+                interrupted.event_seq
+            );
+            if let Some(channel) = self.channels.get(&interrupted.channel) {
+                channel.hook_result(Some(&reason));
+            }
+            self.settle(interrupted.event_seq, Verdict::Error { reason })
+                .await?;
+            self.consume_marks([interrupted.mark_seq]).await?;
+        }
         for (seq, channel, event) in backlog.undecided {
             self.decide(seq, &channel, event).await?;
         }
@@ -1888,6 +1943,7 @@ impl Service {
             "replied_after_restart": replied_after_restart,
             "queued_again": queued,
             "decided_again": undecided,
+            "rejected_as_interrupted": rejected,
         }))
     }
 }

@@ -1,11 +1,13 @@
 //! Running the agent's Lua tools: arguments checked against the declaration (defaults filled
 //! in) before the tool runs, its function called with a `ctx` that reaches the sandbox, and the
-//! result shaped for the model.
+//! result shaped for the model. The tool's Lua runs on a thread of its own, off the async
+//! runtime's workers.
 
 use crate::agent::LoadedAgent;
 use crate::lua::ToolContext;
 use crate::sandbox::{self, Machine};
 use perch_core::config::ToolDecl;
+use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::toolbox::{ToolOutcome, Toolbox};
@@ -25,7 +27,19 @@ pub async fn run_tool(
         machine: machine.clone(),
         cancel: cancel.clone(),
     };
-    let value = code.call_tool(decl.run, &arguments, context).await?;
+    let (code, function) = (Arc::clone(code), decl.run);
+    let runtime = tokio::runtime::Handle::current();
+    let (sender, answer) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("perch-tool".into())
+        .spawn(move || {
+            let value = runtime.block_on(code.call_tool(function, &arguments, context));
+            let _ = sender.send(value);
+        })
+        .map_err(|error| format!("cannot start the tool's thread: {error}"))?;
+    let value = answer
+        .await
+        .map_err(|_| format!("the tool {name} stopped without an answer"))??;
     let text = match value {
         serde_json::Value::String(text) => text,
         other => serde_json::to_string_pretty(&other).map_err(|error| error.to_string())?,
@@ -38,7 +52,7 @@ pub async fn run_tool(
 fn find<'a>(
     agent: &'a LoadedAgent,
     name: &str,
-) -> Result<(&'a ToolDecl, &'a crate::lua::Evaluation), String> {
+) -> Result<(&'a ToolDecl, &'a Arc<crate::lua::Evaluation>), String> {
     let decl = agent
         .definition
         .tools

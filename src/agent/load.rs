@@ -38,6 +38,8 @@ pub struct LoadedChannel {
     pub config: ChannelConfig,
     /// The file's Lua state, in which its hooks run.
     pub code: Arc<lua::Evaluation>,
+    /// The file's text as loaded, to make a fresh state from when a hook's is abandoned.
+    pub source: Arc<str>,
 }
 
 /// Loads and checks `agent.lua`, `sandbox.lua`, `models.yml`, `tools/*.lua` and
@@ -233,5 +235,6 @@ pub fn load_channel(
         file: file.to_owned(),
         config,
         code: Arc::new(evaluation),
+        source: Arc::from(source),
     })
 }

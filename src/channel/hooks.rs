@@ -3,6 +3,11 @@
 //! text. Both run in the channel file's restricted Lua state, one call at a time, with their own
 //! instruction budget. The store they share persists in `.perch/channels/<name>/store.json`,
 //! and what a call changes in it is kept only when the call succeeds.
+//!
+//! A call runs on a thread of its own, off the async runtime, and is waited for at most
+//! [`HOOK_DEADLINE`]. A call that overruns it is abandoned with its Lua state (the thread
+//! finishes under the state's limits) and the next call gets a fresh state made from the file.
+//! While [`MAX_ABANDONED`] abandoned calls are still running, calls are refused.
 
 use super::InboundEvent;
 use crate::agent::{AgentDir, LoadedChannel};
@@ -15,6 +20,23 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// The longest perch waits for one hook call: the hook's own 2 s limit, which Lua checks every
+/// thousand instructions, and a second for one long step in C.
+pub const HOOK_DEADLINE: Duration = Duration::from_secs(3);
+
+/// Abandoned hook calls of one channel that may still be running before the channel refuses
+/// to start more.
+pub const MAX_ABANDONED: usize = 2;
+
+/// The most message text `on_message` is handed; longer text is cut, with [`CUT_MARKER`].
+pub const MAX_HOOK_TEXT_BYTES: usize = 64 << 10;
+
+/// Ends text cut to [`MAX_HOOK_TEXT_BYTES`] for a hook.
+pub const CUT_MARKER: &str = "\n[message cut: hooks see its first 64 KiB]";
 
 /// What the inbox receives for one message: its text and, when the hook routes it elsewhere,
 /// the lane.
@@ -43,15 +65,26 @@ pub enum HookVerdict {
 #[derive(Debug)]
 pub struct ChannelHooks {
     channel: LoadedChannel,
+    /// The state the next call runs in; `None` after a call was abandoned, until a fresh one
+    /// is made.
+    code: Option<Arc<crate::lua::Evaluation>>,
+    /// Hook calls of this channel whose thread is still running, abandoned ones included.
+    running: Arc<AtomicUsize>,
     store_path: PathBuf,
     store: HookStore,
 }
 
 /// What `on_message` receives as `msg` for `event`: the event's fields, plus `channel` (the
-/// channel's name) and `alias` (the room's name in the channel file, or null).
+/// channel's name) and `alias` (the room's name in the channel file, or null). When the
+/// channel has an `on_message` hook, text longer than [`MAX_HOOK_TEXT_BYTES`] is cut.
 pub fn message_input(config: &ChannelConfig, event: &InboundEvent) -> serde_json::Value {
     let mut input = serde_json::to_value(event).unwrap_or_default();
     if let serde_json::Value::Object(fields) = &mut input {
+        if config.on_message.is_some()
+            && let Some(serde_json::Value::String(text)) = fields.get_mut("text")
+        {
+            cut_for_hook(text);
+        }
         fields.insert("channel".into(), config.name.as_str().into());
         fields.insert(
             "alias".into(),
@@ -61,6 +94,19 @@ pub fn message_input(config: &ChannelConfig, event: &InboundEvent) -> serde_json
         );
     }
     input
+}
+
+/// Cuts `text` to [`MAX_HOOK_TEXT_BYTES`] at a character boundary, marking the cut.
+pub fn cut_for_hook(text: &mut String) {
+    if text.len() <= MAX_HOOK_TEXT_BYTES {
+        return;
+    }
+    let mut end = MAX_HOOK_TEXT_BYTES - CUT_MARKER.len();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push_str(CUT_MARKER);
 }
 
 /// Where the store of channel `name` is kept.
@@ -78,9 +124,17 @@ impl ChannelHooks {
         let store = read_store(&store_path)?;
         Ok(ChannelHooks {
             channel: channel.clone(),
+            code: Some(Arc::clone(&channel.code)),
+            running: Arc::new(AtomicUsize::new(0)),
             store_path,
             store,
         })
+    }
+
+    /// Counts this channel's hook calls that were abandoned and are still running (and the
+    /// call running now, if any), for `perch status`.
+    pub fn running_calls(&self) -> Arc<AtomicUsize> {
+        Arc::clone(&self.running)
     }
 
     /// The store as the last successful call left it.
@@ -118,11 +172,20 @@ impl ChannelHooks {
     }
 
     /// Runs `format(reply, store)` on `text`; it must return a string. Without the hook the
-    /// text is returned as it is.
+    /// text is returned as it is, and so is text longer than [`MAX_HOOK_TEXT_BYTES`], which
+    /// is not handed to the hook (an error says so).
     pub async fn run_format(&mut self, text: &str) -> Result<String, String> {
         let Some(function) = self.channel.config.format else {
             return Ok(text.to_owned());
         };
+        if text.len() > MAX_HOOK_TEXT_BYTES {
+            return Err(format!(
+                "{}: the reply is {} bytes, more than the {} KiB format is handed; it is sent as written",
+                self.channel.file,
+                text.len(),
+                MAX_HOOK_TEXT_BYTES >> 10
+            ));
+        }
         let (returned, store) = self
             .call(function, &serde_json::Value::String(text.to_owned()))
             .await?;
@@ -139,18 +202,68 @@ impl ChannelHooks {
         }
     }
 
+    /// Calls `function` on a thread of its own and waits for it at most [`HOOK_DEADLINE`].
     async fn call(
-        &self,
+        &mut self,
         function: FunctionId,
         input: &serde_json::Value,
     ) -> Result<(serde_json::Value, HookStore), String> {
+        let file = self.channel.file.clone();
+        let abandoned = self.running.load(Ordering::SeqCst);
+        if abandoned >= MAX_ABANDONED {
+            return Err(format!(
+                "{file}: {abandoned} earlier hook calls overran their {} s deadline and are still \
+                 running; the channel refuses messages until they finish (restart perch if they \
+                 never do)",
+                HOOK_DEADLINE.as_secs()
+            ));
+        }
+        let code = self.code.clone();
+        let channel = self.channel.clone();
         let mut draft = self.store.clone();
-        let returned = self
-            .channel
-            .code
-            .call_hook(function, input, &mut draft)
-            .await?;
-        Ok((returned, draft))
+        let input = input.clone();
+        let running = Arc::clone(&self.running);
+        running.fetch_add(1, Ordering::SeqCst);
+        let (sender, answer) = tokio::sync::oneshot::channel();
+        let spawned = std::thread::Builder::new()
+            .name("perch-hook".into())
+            .spawn(move || {
+                let _running = Running(running);
+                crate::failpoint::stall("stall:hook");
+                let outcome = fresh_or(code, &channel).map(|code| {
+                    let returned = code.call_hook_blocking(function, &input, &mut draft);
+                    (code, returned.map(|returned| (returned, draft)))
+                });
+                let _ = sender.send(outcome);
+            });
+        if let Err(error) = spawned {
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            return Err(format!("{file}: cannot start the hook's thread: {error}"));
+        }
+        match tokio::time::timeout(HOOK_DEADLINE, answer).await {
+            Ok(Ok(Ok((code, returned)))) => {
+                self.code = Some(code);
+                returned
+            }
+            Ok(Ok(Err(error))) => {
+                self.code = None;
+                Err(error)
+            }
+            Ok(Err(_)) => {
+                self.code = None;
+                Err(format!(
+                    "{file}: the hook's thread stopped without an answer"
+                ))
+            }
+            Err(_) => {
+                self.code = None;
+                Err(format!(
+                    "{file}: the hook did not finish within {} s; its Lua state is abandoned and \
+                     the next call gets a fresh one",
+                    HOOK_DEADLINE.as_secs()
+                ))
+            }
+        }
     }
 
     fn item(&self, returned: serde_json::Value) -> Result<HookVerdict, String> {
@@ -214,6 +327,47 @@ impl ChannelHooks {
     }
 }
 
+/// Counts a hook thread as running until it ends.
+struct Running(Arc<AtomicUsize>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// `code`, or a fresh state made from the channel file when there is none. The file must
+/// declare the same again, so that the hooks' function ids still hold.
+fn fresh_or(
+    code: Option<Arc<crate::lua::Evaluation>>,
+    channel: &LoadedChannel,
+) -> Result<Arc<crate::lua::Evaluation>, String> {
+    if let Some(code) = code {
+        return Ok(code);
+    }
+    let file = &channel.file;
+    let fresh = crate::lua::evaluate(
+        file,
+        &channel.source,
+        &["channel"],
+        crate::lua::Limits::CONFIG,
+    )
+    .map_err(|problems| {
+        let shown: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        format!(
+            "{file}: a fresh Lua state could not be made: {}",
+            shown.join("; ")
+        )
+    })?;
+    if fresh.declarations() != channel.code.declarations() {
+        return Err(format!(
+            "{file}: a fresh Lua state declared something else than the file did at start; \
+             restart perch"
+        ));
+    }
+    Ok(Arc::new(fresh))
+}
+
 /// A returned value in a few words, for errors.
 fn describe(value: &serde_json::Value) -> String {
     const SHOWN: usize = 60;
@@ -273,4 +427,23 @@ fn write_store(path: &Path, store: &HookStore) -> io::Result<()> {
     file.sync_all()?;
     fs::rename(&temporary, path)?;
     File::open(parent)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_for_a_hook_is_cut_at_a_character_boundary_with_a_marker() {
+        let mut short = "é".repeat(100);
+        cut_for_hook(&mut short);
+        assert_eq!(short, "é".repeat(100));
+
+        let mut long = format!("a{}", "é".repeat(MAX_HOOK_TEXT_BYTES));
+        cut_for_hook(&mut long);
+        assert!(long.len() <= MAX_HOOK_TEXT_BYTES, "{}", long.len());
+        assert!(long.len() > MAX_HOOK_TEXT_BYTES - CUT_MARKER.len() - 2);
+        assert!(long.ends_with(CUT_MARKER));
+        assert!(long.starts_with("aé"));
+    }
 }

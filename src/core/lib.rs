@@ -18,6 +18,7 @@ pub mod id;
 pub mod image;
 pub mod journal;
 pub mod log;
+pub mod lua_pattern;
 pub mod markdown;
 pub mod name;
 pub mod output;
