@@ -10,6 +10,7 @@
 
 use crate::channel::InboundEvent;
 use crate::log::{Clock, Journal, JournalEntry, JournalItem, JournalWriter, Journaled, LogError};
+use perch_core::chat::{Admitted, BotTurns};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -79,6 +80,9 @@ pub struct Backlog {
     /// their room, oldest first: `(channel, event)`. The journal keeps consumed items for its
     /// retention window, so the context a restart would otherwise forget is rebuilt from it.
     pub context: Vec<(String, InboundEvent)>,
+    /// The bot-loop guard's count per room, rebuilt from the verdicts still on disk, so a
+    /// restart does not start a bot loop's count from zero.
+    pub bot_turns: BotTurns,
 }
 
 /// An event whose hook never finished deciding it.
@@ -151,6 +155,12 @@ impl Inbox {
                 }
                 Ok(InboxRecord::Verdict { event, verdict }) => {
                     if let Some((channel, event)) = journaled.get(&event) {
+                        backlog.bot_turns.note(
+                            channel,
+                            &event.room,
+                            event.sender.is_bot,
+                            admitted(&verdict),
+                        );
                         let same_room = |(kept_channel, kept): &(String, InboundEvent)| {
                             kept_channel == channel && kept.room == event.room
                         };
@@ -285,6 +295,19 @@ impl Inbox {
     /// Items journaled and not yet consumed.
     pub async fn depth(&self) -> usize {
         self.writer.depth().await
+    }
+}
+
+/// What the bot-loop guard counts of a verdict: the hook ran on it (a turn), it was kept as
+/// context, or it was not admitted.
+pub fn admitted(verdict: &Verdict) -> Admitted {
+    match verdict {
+        Verdict::Item { .. }
+        | Verdict::Dropped
+        | Verdict::Error { .. }
+        | Verdict::Command { .. } => Admitted::Answered,
+        Verdict::Context => Admitted::Context,
+        Verdict::Stale | Verdict::Refused { .. } => Admitted::No,
     }
 }
 

@@ -67,7 +67,9 @@ impl<S: Subscriber> Layer<S> for Lines {
 }
 
 /// `perch: [warning: |error: ]<message>[ key=value ...]`, newline-terminated, the fields in the
-/// event's order. A value with spaces, quotes or `=` in it is written as a JSON string.
+/// event's order. A value with spaces, quotes or `=` in it is written as a JSON string. Control
+/// and invisible format characters are written escaped (`\u{1b}`), so nothing quoted from a
+/// platform can forge a line or drive the terminal.
 pub fn human_line(level: Level, message: &str, fields: &[(String, serde_json::Value)]) -> String {
     let mut line = String::from("perch: ");
     if level == Level::ERROR {
@@ -75,7 +77,7 @@ pub fn human_line(level: Level, message: &str, fields: &[(String, serde_json::Va
     } else if level == Level::WARN {
         line.push_str("warning: ");
     }
-    line.push_str(message);
+    line.push_str(&perch_core::terminal::escaped(message));
     for (key, value) in fields {
         let shown = match value {
             serde_json::Value::String(text)
@@ -88,6 +90,7 @@ pub fn human_line(level: Level, message: &str, fields: &[(String, serde_json::Va
             }
             other => other.to_string(),
         };
+        let shown = perch_core::terminal::escaped(&shown);
         line.push_str(&format!(" {key}={shown}"));
     }
     line.push('\n');

@@ -21,6 +21,7 @@ use perch_core::image::Flavour;
 use perch_core::log::Outcome;
 use perch_core::name::{ChannelName, LaneName};
 use perch_core::pairing::Approval;
+use perch_core::terminal::shown;
 use perch_core::prompt::Origin;
 use std::io::{self, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -904,9 +905,9 @@ fn pair_approve(dir: PathBuf, code: &str) -> Result<ExitCode, String> {
     if answer["ok"] == true {
         emit(&format!(
             "approved {} ({}) on channel {}\n",
-            answer["name"].as_str().unwrap_or_default(),
-            answer["sender"].as_str().unwrap_or_default(),
-            answer["channel"].as_str().unwrap_or_default()
+            shown(answer["name"].as_str().unwrap_or_default()),
+            shown(answer["sender"].as_str().unwrap_or_default()),
+            shown(answer["channel"].as_str().unwrap_or_default())
         ))?;
         Ok(ExitCode::SUCCESS)
     } else {
@@ -1179,6 +1180,8 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
         "channel_health": live_channels,
         "undecryptable": undecryptable,
         "inbox_pending": inbox.pending.len(),
+        "inbox_unreadable": inbox.unreadable.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "outbox_unreadable": outbox.unreadable.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "outbox_pending": outbox.pending.len(),
         "deliveries_unknown": unknown,
         "pairings_pending": pairing.pending.iter().map(|pending| serde_json::json!({"channel": pending.channel, "sender": pending.sender, "name": pending.name, "expires": pending.expires})).collect::<Vec<_>>(),
@@ -1230,7 +1233,7 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
                     } else {
                         format!(
                             "; UNHEALTHY: {}",
-                            channel["last_hook_error"].as_str().unwrap_or("stopped")
+                            shown(channel["last_hook_error"].as_str().unwrap_or("stopped"))
                         )
                     }
                 ));
@@ -1242,13 +1245,24 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
             ));
         }
         out.push_str(&format!(
-            "inbox pending      {}{}\n",
+            "inbox pending      {}{}{}\n",
+            if inbox.unreadable.is_empty() { "" } else { "at least " },
             inbox.pending.len(),
             report["inbox_oldest_waiting"]
                 .as_str()
                 .map(|at| format!(" (oldest since {at})"))
                 .unwrap_or_default()
         ));
+        for (journal, unreadable) in [("inbox", &inbox.unreadable), ("outbox", &outbox.unreadable)]
+        {
+            for line in unreadable {
+                out.push_str(&format!(
+                    "{:<19}{}; `perch run` does not open the {journal} until it is repaired\n",
+                    format!("{journal} corrupt"),
+                    shown(&line.to_string())
+                ));
+            }
+        }
         for (channel, event) in report["last_events"].as_object().into_iter().flatten() {
             out.push_str(&format!(
                 "last event         {channel}: {}\n",
@@ -1304,7 +1318,11 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
                 }
             ));
         }
-        out.push_str(&format!("outbox pending     {}\n", outbox.pending.len()));
+        out.push_str(&format!(
+            "outbox pending     {}{}\n",
+            if outbox.unreadable.is_empty() { "" } else { "at least " },
+            outbox.pending.len()
+        ));
         out.push_str(&format!("unknown deliveries {}\n", unknown.len()));
         for delivery in &unknown {
             out.push_str(&format!(
@@ -1313,6 +1331,17 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
             ));
         }
         out.push_str(&format!("pairings pending   {}\n", pairing.pending.len()));
+        let mut pending: Vec<_> = pairing.pending.iter().collect();
+        pending.sort_by_key(|pending| pending.expires);
+        for pending in pending {
+            out.push_str(&format!(
+                "  {} ({}) on {}, until {}\n",
+                shown(&pending.name),
+                shown(&pending.sender),
+                shown(&pending.channel),
+                pending.expires.to_rfc3339()
+            ));
+        }
         for task in report["heartbeats"]["tasks"]
             .as_array()
             .into_iter()

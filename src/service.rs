@@ -25,6 +25,8 @@ use crate::runtime::Runtime;
 use crate::sandbox::MachineSetup;
 use crate::starts;
 use perch_core::admission::{Admission, Arrived, admit};
+use perch_core::chat::{BotTurns, ChatCommand};
+use perch_core::terminal;
 use perch_core::alert::AlertKind;
 use perch_core::config::BusyPolicy;
 use perch_core::delivery::{Unreceipted, lane_for, split_message};
@@ -204,6 +206,9 @@ struct Service {
     /// The last group messages per (channel, room) that did not address the agent, offered to
     /// the model with the next message that does.
     context: Mutex<HashMap<(String, String), VecDeque<String>>>,
+    /// Bot messages answered per (channel, room) since the last human one, for the loop guard;
+    /// rebuilt from the inbox at start.
+    bot_turns: Mutex<BotTurns>,
     /// The heartbeat scheduler, once started.
     heartbeats: std::sync::OnceLock<Heartbeats>,
     /// Set when this start keeps its channels paused (the crash-loop breaker).
@@ -294,6 +299,7 @@ pub async fn run(
     let service = Arc::new(Service {
         lanes: Mutex::new(HashMap::new()),
         context: Mutex::new(context),
+        bot_turns: Mutex::new(backlog.bot_turns.clone()),
         generations: Mutex::new(generations),
         generations_path,
         pairing: Mutex::new(pairing),
@@ -688,11 +694,11 @@ impl Service {
             sender: &event.sender.id,
             sender_is_bot: event.sender.is_bot,
             direct: event.direct,
-            // A chat command is addressed to the agent wherever it is written.
-            addressed: event.addressed || chat_command(&event.text).is_some(),
+            addressed: event.addressed,
             room: &event.room,
             sent_at: event.sent_at,
         };
+        let bot_turns = self.bot_turns.lock().await.in_room(channel, &event.room);
         let admission = {
             let pairing = self.pairing.lock().await;
             admit(
@@ -700,17 +706,19 @@ impl Service {
                 &arrived,
                 self.clock.now(),
                 |sender| pairing.is_approved(channel, sender),
-                0,
+                bot_turns,
             )
         };
         let mut deciding = None;
-        let verdict = match admission {
-            Admission::Answer if chat_command(&event.text).is_some() => {
-                let command = chat_command(&event.text).unwrap_or_default().to_owned();
-                self.command(&connected, &event, &command).await?;
-                Verdict::Command { command }
+        let command = perch_core::chat::command_for_me(&event.text, event.addressed);
+        let verdict = match (admission, command) {
+            (Admission::Answer, Some(command)) => {
+                self.command(&connected, &event, command).await?;
+                Verdict::Command {
+                    command: command.as_str().to_owned(),
+                }
             }
-            Admission::Answer => {
+            (Admission::Answer, None) => {
                 let message = crate::channel::hooks::message_input(config, &event);
                 if config.on_message.is_some() {
                     let mark = self
@@ -749,7 +757,7 @@ impl Service {
                     HookVerdict::Error(reason) => Verdict::Error { reason },
                 }
             }
-            Admission::Context => {
+            (Admission::Context, _) => {
                 let mut context = self.context.lock().await;
                 let room = context
                     .entry((channel.to_owned(), event.room.clone()))
@@ -760,15 +768,21 @@ impl Service {
                 }
                 Verdict::Context
             }
-            Admission::Stale => Verdict::Stale,
-            Admission::Pair => {
+            (Admission::Stale, _) => Verdict::Stale,
+            (Admission::Pair, _) => {
                 self.offer_pairing(&connected, &event).await?;
                 Verdict::Refused {
                     reason: "unknown sender in a direct message; pairing offered".into(),
                 }
             }
-            Admission::Refused { reason } => Verdict::Refused { reason },
+            (Admission::Refused { reason }, _) => Verdict::Refused { reason },
         };
+        self.bot_turns.lock().await.note(
+            channel,
+            &event.room,
+            event.sender.is_bot,
+            crate::inbox::admitted(&verdict),
+        );
         let Verdict::Item { lane, text } = verdict.clone() else {
             self.settle(seq, verdict).await?;
             return self.consume_marks(deciding).await;
@@ -826,11 +840,11 @@ impl Service {
         &self,
         channel: &Channel,
         event: &InboundEvent,
-        command: &str,
+        command: ChatCommand,
     ) -> Result<(), String> {
         let name = channel.loaded.config.name.to_string();
         let reply = match command {
-            "stop" => {
+            ChatCommand::Stop => {
                 let lane = self.conversation_lane(&name, event).await;
                 let stopped = match lane {
                     Some(lane) => self
@@ -848,7 +862,7 @@ impl Service {
                 }
                 .to_owned()
             }
-            "new" => {
+            ChatCommand::New => {
                 let Some(base) = lane_for(&name, &event.room, event.thread.as_deref()) else {
                     return Ok(());
                 };
@@ -857,7 +871,7 @@ impl Service {
                 write_generations(&self.generations_path, &generations)?;
                 "Starting a new conversation: I will not see the earlier messages here.".to_owned()
             }
-            _ => format!(
+            ChatCommand::Status => format!(
                 "perch is running: {} channel(s), {} inbox item(s) waiting, {} deliveries waiting.",
                 self.channels.len(),
                 self.inbox.depth().await,
@@ -879,19 +893,45 @@ impl Service {
                 code,
                 self.clock.now(),
             );
-            if matches!(issued, Issued::New(_)) {
+            if matches!(issued, Issued::New(_) | Issued::Busy { .. }) {
                 control::write_pairing(&self.pairing_path, &pairing)?;
             }
             issued
         };
-        if let Issued::New(code) = issued {
-            let text = format!(
+        let text = match issued {
+            Issued::New(code) => format!(
                 "I do not know you yet. If you should be able to talk to me, ask my owner to run \
                  `perch pair approve {code}` within the hour."
-            );
-            self.reply(channel, event.clone(), text).await?;
-        }
-        Ok(())
+            ),
+            Issued::Busy { oldest } => {
+                let channel_name = channel.loaded.config.name.to_string();
+                let holder = terminal::shown(&oldest.name);
+                tracing::warn!(
+                    channel = %channel_name,
+                    "channel {channel_name}: every pairing code is taken; {} ({}) was told \
+                     pairing is busy",
+                    terminal::shown(&event.sender.name),
+                    terminal::shown(&event.sender.id)
+                );
+                self.alert(
+                    AlertKind::PairingFull,
+                    format!(
+                        "every pairing code of channel {channel_name} is taken, so new senders \
+                         are told pairing is busy. The oldest is held by {holder} ({}) until {}; \
+                         `perch status` lists them all.",
+                        terminal::shown(&oldest.sender),
+                        oldest.expires.to_rfc3339()
+                    ),
+                );
+                format!(
+                    "I do not know you yet, and pairing is busy right now: too many people are \
+                     waiting for my owner. Please write again after {} UTC.",
+                    oldest.expires.format("%H:%M")
+                )
+            }
+            Issued::Pending | Issued::BusyTold => return Ok(()),
+        };
+        self.reply(channel, event.clone(), text).await
     }
 
     /// Answers a request that came in on the control socket.
@@ -1434,7 +1474,8 @@ impl Service {
     }
 
     /// Answers `to` with how its run ended: the reply (and its files) when it completed, a short
-    /// apology naming the reason when it failed or was interrupted, nothing when cancelled.
+    /// apology when it failed or was interrupted (the reason is logged, never posted), nothing
+    /// when cancelled.
     async fn deliver_outcome(
         &self,
         channel: &Channel,
@@ -1447,10 +1488,10 @@ impl Service {
                 crate::attachments::reply_files(&self.runtime.agent().dir.workspace(), text)
             }
             Outcome::Cancelled => (String::new(), Vec::new()),
-            Outcome::Failed { reason } | Outcome::Interrupted { reason } => (
-                format!("Sorry, I could not finish that: {reason}"),
-                Vec::new(),
-            ),
+            // The reason can quote the provider (organisation and project ids, e-mail
+            // addresses): it stays in the log and the lane.
+            Outcome::Failed { .. } => (FAILED_REPLY.to_owned(), Vec::new()),
+            Outcome::Interrupted { .. } => (INTERRUPTED_REPLY.to_owned(), Vec::new()),
         };
         if reply.trim().is_empty() && files.is_empty() {
             return Ok(());
@@ -1982,6 +2023,14 @@ fn outcome_name(outcome: &Outcome) -> &'static str {
     }
 }
 
+/// What a chat is told when a run failed; the reason goes to the log and the lane only.
+const FAILED_REPLY: &str = "Sorry, I could not finish that: something went wrong on my side. My \
+                            owner can find the details in perch's log.";
+
+/// What a chat is told when a run was interrupted (perch stopped or crashed during it).
+const INTERRUPTED_REPLY: &str = "Sorry, I could not finish that: I was interrupted. Please ask \
+                                 again.";
+
 /// Group messages kept per room as context.
 const CONTEXT_MESSAGES: usize = 5;
 
@@ -2091,19 +2140,6 @@ fn random_bytes() -> [u8; 6] {
     let random = uuid::Uuid::new_v4();
     let bytes = random.as_bytes();
     [bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5]]
-}
-
-/// The chat command a message is, if it is one: `/stop`, `/new` or `/status` (with an optional
-/// `@botname` suffix, as Telegram groups write them).
-fn chat_command(text: &str) -> Option<&'static str> {
-    let word = text.split_whitespace().next()?;
-    let word = word.split('@').next()?;
-    match word {
-        "/stop" => Some("stop"),
-        "/new" => Some("new"),
-        "/status" => Some("status"),
-        _ => None,
-    }
 }
 
 fn read_generations(path: &std::path::Path) -> Result<BTreeMap<String, u32>, String> {

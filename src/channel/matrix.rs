@@ -29,12 +29,12 @@
 //! Files. An `m.file`, `m.image`, `m.audio` or `m.video` message is handed on with an
 //! [`Attachment`] (its `mxc://` URI, name, type and size; its caption, if any, is the text). An
 //! encrypted file's key is not put in the attachment, so it never reaches perch's journal:
-//! [`Connector::fetch`] fetches the event again, decrypts it with the crypto store and
-//! downloads and decrypts the file through matrix-sdk's media API.
+//! [`Connector::fetch`] fetches the event again, reads the file's key from it, downloads the
+//! file (capped at the limit as it arrives: a declared size is not trusted) and decrypts it.
 //!
 //! A message is `direct` in a room marked as a DM or with two members, and `addressed` when it
 //! mentions the account (`m.mentions`, its user id, or its display name as a word) or replies
-//! to one of its events; an `m.notice` counts as sent by a bot.
+//! to one of its events; an `m.notice` counts as sent by a bot, and perch posts `m.notice`s.
 //!
 //! Encryption. matrix-sdk decrypts timeline events with the keys in the crypto store. An event
 //! it cannot decrypt is not dropped: it is logged, kept in a report
@@ -67,7 +67,6 @@ use chrono::{DateTime, Utc};
 use matrix_sdk::authentication::matrix::MatrixSession;
 use matrix_sdk::config::{RequestConfig, SyncSettings, SyncToken};
 use matrix_sdk::deserialized_responses::{TimelineEvent, TimelineEventKind};
-use matrix_sdk::media::{MediaFormat, MediaRequestParameters};
 use matrix_sdk::room::MessagesOptions;
 use matrix_sdk::ruma::api::client::filter::FilterDefinition;
 use matrix_sdk::ruma::api::client::sync::sync_events::v3::Filter;
@@ -885,21 +884,45 @@ impl MatrixConnector {
         } else {
             MediaSource::Plain(OwnedMxcUri::from(attachment.source.as_str()))
         };
-        let request = MediaRequestParameters {
-            source,
-            format: MediaFormat::File,
-        };
-        let bytes = client
-            .media()
-            .get_media_content(&request, false)
-            .await
-            .map_err(|error| failed(self.redact(&error.to_string())))?;
-        if bytes.len() as u64 > limit {
-            return Err(FetchError::TooLarge {
-                size: Some(bytes.len() as u64),
-            });
+        match source {
+            MediaSource::Plain(uri) => self.download_capped(client, &uri, limit).await,
+            MediaSource::Encrypted(file) => {
+                let ciphertext = self.download_capped(client, &file.url, limit).await?;
+                let info = matrix_sdk_base::crypto::MediaEncryptionInfo::from(*file);
+                let mut plain = Vec::with_capacity(ciphertext.len());
+                let mut cursor = std::io::Cursor::new(ciphertext);
+                let decrypted = matrix_sdk_base::crypto::AttachmentDecryptor::new(&mut cursor, info)
+                    .map_err(|error| failed(format!("the file cannot be decrypted: {error}")))
+                    .and_then(|decryptor| {
+                        std::io::Read::read_to_end(
+                            &mut std::io::Read::take(decryptor, limit + 1),
+                            &mut plain,
+                        )
+                        .map_err(|error| failed(format!("the file cannot be decrypted: {error}")))
+                    })?;
+                if decrypted as u64 > limit {
+                    return Err(FetchError::TooLarge { size: None });
+                }
+                Ok(plain)
+            }
         }
-        Ok(bytes)
+    }
+
+    /// [`download_capped`] with this account's homeserver and access token; errors redacted.
+    async fn download_capped(
+        &self,
+        client: &Client,
+        uri: &matrix_sdk::ruma::MxcUri,
+        limit: u64,
+    ) -> Result<Vec<u8>, FetchError> {
+        download_capped(client.homeserver(), client.access_token(), uri, limit)
+            .await
+            .map_err(|error| match error {
+                FetchError::Failed { message } => FetchError::Failed {
+                    message: self.redact(&message),
+                },
+                other => other,
+            })
     }
 
     fn delivery_error(&self, error: &matrix_sdk::Error) -> DeliveryError {
@@ -1499,14 +1522,82 @@ fn contains_word(haystack: &str, needle: &str) -> bool {
     })
 }
 
-/// The content of one delivery: Markdown rendered to HTML when it fits in [`CONTENT_BUDGET`],
-/// plain text otherwise; the reply and thread relations; an empty `m.mentions`.
+/// GETs the media `uri` from `homeserver` (the authenticated endpoint, then the legacy one),
+/// refusing it when its declared length is over `limit` and aborting as soon as more than
+/// `limit` bytes arrive, so a file without an honest size is never held whole. Each read waits
+/// at most [`REQUEST_TIMEOUT`].
+async fn download_capped(
+    homeserver: url::Url,
+    token: Option<String>,
+    uri: &matrix_sdk::ruma::MxcUri,
+    limit: u64,
+) -> Result<Vec<u8>, FetchError> {
+    let failed = |message: String| FetchError::Failed { message };
+    let (server, media) = uri
+        .parts()
+        .map_err(|_| failed(format!("{uri} is not a media URI")))?;
+    let http = matrix_sdk::reqwest::Client::builder()
+        .connect_timeout(REQUEST_TIMEOUT)
+        .read_timeout(REQUEST_TIMEOUT)
+        .build()
+        .map_err(|error| failed(format!("cannot set up the HTTP client: {error}")))?;
+    let mut refused = None;
+    for prefix in ["_matrix/client/v1/media/download", "_matrix/media/v3/download"] {
+        let mut url = homeserver.clone();
+        url.path_segments_mut()
+            .map_err(|()| failed("the homeserver URL cannot take a path".into()))?
+            .pop_if_empty()
+            .extend(prefix.split('/'))
+            .push(server.as_str())
+            .push(media);
+        let mut request = http.get(url);
+        if let Some(token) = &token {
+            request = request.bearer_auth(token);
+        }
+        let mut response = request
+            .send()
+            .await
+            .map_err(|error| failed(error.to_string()))?;
+        let status = response.status();
+        if matches!(status.as_u16(), 400 | 404 | 405) && refused.is_none() {
+            refused = Some(status);
+            continue;
+        }
+        if !status.is_success() {
+            return Err(failed(format!("the homeserver answered {status}")));
+        }
+        if let Some(length) = response.content_length().filter(|length| *length > limit) {
+            return Err(FetchError::TooLarge { size: Some(length) });
+        }
+        let mut bytes = Vec::new();
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|error| failed(error.to_string()))?
+        {
+            if (bytes.len() + chunk.len()) as u64 > limit {
+                return Err(FetchError::TooLarge { size: None });
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        return Ok(bytes);
+    }
+    Err(failed(format!(
+        "the homeserver answered {} for the file",
+        refused.map_or_else(String::new, |status| status.to_string())
+    )))
+}
+
+/// The content of one delivery: an `m.notice` (perch is a bot: another agent counts its
+/// messages as a bot's, so the bot-loop guard applies), Markdown rendered to HTML when it fits
+/// in [`CONTENT_BUDGET`], plain text otherwise; the reply and thread relations; an empty
+/// `m.mentions`.
 fn message_content(delivery: &Delivery) -> Result<RoomMessageEventContent, DeliveryError> {
     let relation = relation(delivery)?;
     let mut fitted = None;
     for content in [
-        RoomMessageEventContent::text_markdown(&delivery.text),
-        RoomMessageEventContent::text_plain(&delivery.text),
+        RoomMessageEventContent::notice_markdown(&delivery.text),
+        RoomMessageEventContent::notice_plain(&delivery.text),
     ] {
         let mut content = content;
         content.mentions = Some(Mentions::new());
@@ -1722,6 +1813,75 @@ async fn two_members(room: &Room) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A homeserver that answers every media download with `head` then, unless `body` is
+    /// `None`, `body`; with `None` it streams bytes until the client goes away. It answers 404
+    /// on the authenticated endpoint when `legacy_only`. Returns its URL.
+    async fn media_server(head: &'static str, body: Option<&'static [u8]>, legacy_only: bool) -> url::Url {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut request = vec![0; 4096];
+                    let read = stream.read(&mut request).await.unwrap_or(0);
+                    let request = String::from_utf8_lossy(&request[..read]).into_owned();
+                    if legacy_only && request.contains("/client/v1/media/") {
+                        let _ = stream
+                            .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                            .await;
+                        return;
+                    }
+                    if stream.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    match body {
+                        Some(body) => {
+                            let _ = stream.write_all(body).await;
+                        }
+                        None => {
+                            let chunk = vec![b'x'; 64 * 1024];
+                            while stream.write_all(&chunk).await.is_ok() {}
+                        }
+                    }
+                });
+            }
+        });
+        url::Url::parse(&format!("http://{address}")).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_download_is_capped_whatever_size_the_server_declares() {
+        let uri = OwnedMxcUri::from("mxc://example.org/abcdef");
+        let endless = media_server("HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n", None, false).await;
+        let refused = download_capped(endless, None, &uri, 1 << 20).await;
+        assert!(
+            matches!(refused, Err(FetchError::TooLarge { size: None })),
+            "{refused:?}"
+        );
+
+        let declared = media_server(
+            "HTTP/1.1 200 OK\r\ncontent-length: 9999999999\r\n\r\n",
+            Some(b"tiny"),
+            false,
+        )
+        .await;
+        let refused = download_capped(declared, None, &uri, 1 << 20).await;
+        assert!(
+            matches!(refused, Err(FetchError::TooLarge { size: Some(9_999_999_999) })),
+            "{refused:?}"
+        );
+
+        let small = media_server(
+            "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n",
+            Some(b"hello"),
+            true,
+        )
+        .await;
+        let fetched = download_capped(small, Some("secret".into()), &uri, 5).await;
+        assert_eq!(fetched.unwrap(), b"hello", "the legacy endpoint after a 404");
+    }
 
     fn me(display_name: Option<&str>) -> Me {
         Me {

@@ -58,7 +58,6 @@ const TYPING_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_CHARS: usize = 4096;
 /// Telegram's limit on a caption, in characters after entity parsing.
 const MAX_CAPTION: usize = 1024;
-const REDACTED: &str = "<token>";
 /// The longest error text passed on, in characters (a server's error page can be huge).
 const MESSAGE_LIMIT: usize = 400;
 
@@ -115,7 +114,7 @@ impl TelegramConnector {
             .map_err(|error| SetupError {
                 message: format!("cannot build the HTTP client for Telegram: {error}"),
             })?;
-        let mut bot = Bot::with_client(token.expose(), client);
+        let mut bot = Bot::with_client(token.expose().trim(), client);
         if let Some(api_url) = api_url {
             bot = bot.set_api_url(parse_api_url(&api_url)?);
         }
@@ -511,14 +510,10 @@ impl TelegramConnector {
         self.redact(&text)
     }
 
-    /// `text` without the token, cut to [`MESSAGE_LIMIT`] characters.
+    /// `text` without the token (or anything shaped like one), cut to [`MESSAGE_LIMIT`]
+    /// characters.
     fn redact(&self, text: &str) -> String {
-        let token = self.bot.token();
-        let text = if token.is_empty() {
-            text.trim().to_owned()
-        } else {
-            text.trim().replace(token, REDACTED)
-        };
+        let text = perch_core::redact::redact_telegram_token(text.trim(), self.bot.token());
         match text.char_indices().nth(MESSAGE_LIMIT) {
             Some((end, _)) => format!("{}…", &text[..end]),
             None => text,
@@ -907,6 +902,24 @@ mod tests {
         assert!(!format!("{connector:?}").contains(token));
         let long = connector.redact(&"x".repeat(1000));
         assert_eq!(long.chars().count(), MESSAGE_LIMIT + 1);
+
+        for stray in [" ", "\t", "\r", "\r\n"] {
+            let mangled = format!("{token}{stray}");
+            let secret = perch_core::secret::EnvRef::new(
+                perch_core::name::EnvName::try_from("TELEGRAM_TOKEN").unwrap(),
+            )
+            .resolve(|_| Some(mangled.clone()))
+            .unwrap();
+            let connector = TelegramConnector::new(secret, None).unwrap();
+            for echoed in [
+                format!("url (https://api.telegram.org/bot{mangled}/GetMe)"),
+                format!("url (https://api.telegram.org/bot{token}%0D/GetMe)"),
+                format!("url (https://api.telegram.org/bot{token}%20/GetMe)"),
+            ] {
+                let redacted = connector.redact(&echoed);
+                assert!(!redacted.contains("secret-token"), "{stray:?}: {redacted}");
+            }
+        }
     }
 
     #[test]

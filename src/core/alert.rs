@@ -25,6 +25,8 @@ pub enum AlertKind {
     Spend,
     /// The crash-loop breaker engaged.
     CrashLoop,
+    /// Every pairing slot of a channel is taken: later senders are told pairing is busy.
+    PairingFull,
 }
 
 impl AlertKind {
@@ -36,6 +38,7 @@ impl AlertKind {
             AlertKind::HeartbeatStopped => "heartbeat",
             AlertKind::Spend => "spend",
             AlertKind::CrashLoop => "crash loop",
+            AlertKind::PairingFull => "pairing",
         }
     }
 }

@@ -101,7 +101,8 @@ impl fmt::Display for FileRefusal {
 }
 
 /// A file name safe to create in a directory perch owns: the last component of `name` (a sender
-/// can write `../../etc/passwd`), without control characters (NUL included), separators or
+/// can write `../../etc/passwd`), without invisible format characters (bidi overrides and
+/// isolates, zero-width characters), without control characters (NUL included), separators or
 /// characters file systems refuse, without leading dots (no hidden files) or leading dashes,
 /// at most [`NAME_LIMIT`] bytes with its extension kept. A name with nothing left becomes
 /// `image`, `audio`, `video` or `file`, with the extension of `content_type` when known.
@@ -113,6 +114,7 @@ pub fn safe_file_name(name: Option<&str>, content_type: Option<&str>) -> String 
         .unwrap_or_default();
     let cleaned: String = last
         .chars()
+        .filter(|ch| !crate::terminal::is_invisible_format(*ch))
         .map(|ch| {
             if ch.is_control() || matches!(ch, ':' | '*' | '?' | '"' | '<' | '>' | '|') {
                 '_'
@@ -505,6 +507,13 @@ mod tests {
             (Some("what?.txt"), None, "what_.txt"),
             (Some("\0"), None, "file"),
             (Some("ünïcødé 文件.md"), None, "ünïcødé 文件.md"),
+            (Some("invoice\u{202e}fdp.exe"), None, "invoicefdp.exe"),
+            (Some("a\u{2066}b\u{2069}\u{200f}.txt"), None, "ab.txt"),
+            (Some("zero\u{200b}\u{feff}width.txt"), None, "zerowidth.txt"),
+            (Some("\u{202e}\u{2067}"), Some("image/png"), "image.png"),
+            (Some(".\u{200b}.hidden"), None, "hidden"),
+            (Some("esc\u{1b}[2J.txt"), None, "esc_[2J.txt"),
+            (Some("c1\u{9b}.txt"), None, "c1_.txt"),
             (None, Some("image/jpeg"), "image.jpg"),
             (None, Some("audio/ogg; codecs=opus"), "audio.ogg"),
             (None, Some("video/mp4"), "video.mp4"),

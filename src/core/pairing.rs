@@ -1,6 +1,8 @@
 //! Pairing: how an unknown sender in a direct message becomes an approved one. The sender gets
 //! a short code; the owner approves it with `perch pair approve CODE`. Codes expire, a sender
-//! has at most one, and a channel has only a few pending at once.
+//! has at most one, and a channel has only a few pending at once. When they are all taken (a few
+//! throwaway accounts can do that), a later sender is told that pairing is busy, once an hour,
+//! and the owner is shown who holds the codes, so no sender is left without an answer.
 
 use crate::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -9,6 +11,9 @@ use serde::{Deserialize, Serialize};
 pub const CODE_LIFETIME_SECONDS: i64 = 3600;
 /// Codes pending at once, per channel.
 pub const MAX_PENDING_PER_CHANNEL: usize = 3;
+/// Senders remembered as told that pairing is busy (so each is told once an hour); past it, the
+/// oldest is forgotten.
+pub const MAX_BUSY_TOLD: usize = 64;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pairing {
@@ -16,6 +21,16 @@ pub struct Pairing {
     pub pending: Vec<PendingPair>,
     #[serde(default)]
     pub approved: Vec<Approved>,
+    /// Senders told that pairing is busy, until when they are not told again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub told_busy: Vec<ToldBusy>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToldBusy {
+    pub channel: String,
+    pub sender: String,
+    pub until: Timestamp,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,8 +57,11 @@ pub enum Issued {
     /// The sender already has a code pending; say nothing more (no spam to a sender who
     /// keeps writing).
     Pending,
-    /// Too many codes pending on this channel; say nothing.
-    Full,
+    /// Every code of this channel is taken: tell the sender that pairing is busy and when the
+    /// oldest code expires; tell the owner who holds them (`oldest` is the first to expire).
+    Busy { oldest: PendingPair },
+    /// Busy, and this sender was already told so within the hour; say nothing.
+    BusyTold,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,9 +77,10 @@ impl Pairing {
             .any(|approved| approved.channel == channel && approved.sender == sender)
     }
 
-    /// Forgets expired codes.
+    /// Forgets expired codes, and busy notices that may be given again.
     pub fn expire(&mut self, now: Timestamp) {
         self.pending.retain(|pending| pending.expires > now);
+        self.told_busy.retain(|told| told.until > now);
     }
 
     /// Issues `code` (random, from the caller) for an unknown sender, unless one is pending.
@@ -81,14 +100,35 @@ impl Pairing {
         {
             return Issued::Pending;
         }
-        if self
+        let holders: Vec<&PendingPair> = self
             .pending
             .iter()
             .filter(|pending| pending.channel == channel)
-            .count()
-            >= MAX_PENDING_PER_CHANNEL
-        {
-            return Issued::Full;
+            .collect();
+        if holders.len() >= MAX_PENDING_PER_CHANNEL {
+            let Some(oldest) = holders
+                .into_iter()
+                .min_by_key(|pending| pending.expires)
+                .cloned()
+            else {
+                return Issued::BusyTold;
+            };
+            if self
+                .told_busy
+                .iter()
+                .any(|told| told.channel == channel && told.sender == sender)
+            {
+                return Issued::BusyTold;
+            }
+            if self.told_busy.len() >= MAX_BUSY_TOLD {
+                self.told_busy.remove(0);
+            }
+            self.told_busy.push(ToldBusy {
+                channel: channel.to_owned(),
+                sender: sender.to_owned(),
+                until: now + chrono::Duration::seconds(CODE_LIFETIME_SECONDS),
+            });
+            return Issued::Busy { oldest };
         }
         self.pending.push(PendingPair {
             code: code.clone(),
@@ -175,14 +215,48 @@ mod tests {
             let issued = pairing.issue("tg", &sender.to_string(), "x", format!("C{sender}"), at(0));
             assert!(matches!(issued, Issued::New(_)));
         }
-        assert_eq!(
-            pairing.issue("tg", "99", "x", "C99".into(), at(0)),
-            Issued::Full
+        assert!(
+            matches!(
+                pairing.issue("tg", "99", "x", "C99".into(), at(1)),
+                Issued::Busy { oldest } if oldest.sender == "0"
+            ),
+            "a later sender is told pairing is busy"
         );
+        assert_eq!(
+            pairing.issue("tg", "99", "x", "C99".into(), at(2)),
+            Issued::BusyTold,
+            "once an hour"
+        );
+        assert!(!pairing.pending.iter().any(|pending| pending.sender == "99"));
         assert!(matches!(
             pairing.issue("dc", "99", "x", "D99".into(), at(0)),
             Issued::New(_)
         ));
         assert_eq!(pairing_code([0, 1, 2, 3, 4, 255]).len(), 6);
+    }
+
+    #[test]
+    fn busy_notices_are_bounded_and_given_again_after_the_hour() {
+        let mut pairing = Pairing::default();
+        for sender in 0..MAX_PENDING_PER_CHANNEL {
+            pairing.issue("tg", &format!("t{sender}"), "x", format!("C{sender}"), at(0));
+        }
+        for sender in 0..MAX_BUSY_TOLD + 5 {
+            let issued = pairing.issue("tg", &sender.to_string(), "x", "X".into(), at(1));
+            assert!(matches!(issued, Issued::Busy { .. }), "{sender}");
+        }
+        assert_eq!(pairing.told_busy.len(), MAX_BUSY_TOLD);
+        assert!(matches!(
+            pairing.issue("tg", "7", "x", "X".into(), at(59)),
+            Issued::BusyTold
+        ));
+        assert!(
+            matches!(
+                pairing.issue("tg", "7", "x", "NEW234".into(), at(62)),
+                Issued::New(_)
+            ),
+            "the throwaway codes expired: the sender gets one"
+        );
+        assert!(pairing.told_busy.is_empty());
     }
 }

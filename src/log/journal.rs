@@ -49,6 +49,24 @@ pub struct JournalContents {
     pub pending: Vec<JournalItem>,
     /// Consumed items still on disk (inside the retention window), in order.
     pub consumed: Vec<JournalItem>,
+    /// Lines [`peek`] could not read (a torn last line is not one of them): what is pending is
+    /// not known past them.
+    pub unreadable: Vec<UnreadableLine>,
+}
+
+/// A journal line that is not one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreadableLine {
+    pub path: PathBuf,
+    /// 1-based.
+    pub line: usize,
+    pub reason: String,
+}
+
+impl std::fmt::Display for UnreadableLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}: {}", self.path.display(), self.line, self.reason)
+    }
 }
 
 impl Journal {
@@ -156,6 +174,7 @@ impl Journal {
             JournalContents {
                 pending: items,
                 consumed: done,
+                unreadable: Vec::new(),
             },
         ))
     }
@@ -290,21 +309,35 @@ fn create_segment(dir: &Path, number: u32, clock: &Clock) -> Result<(), LogError
 pub fn peek(dir: &Path) -> Result<JournalContents, LogError> {
     let mut items = Vec::new();
     let mut consumed = BTreeSet::new();
+    let mut unreadable = Vec::new();
     let numbers = match segment_numbers(dir) {
         Ok(numbers) => numbers,
         Err(_) if !dir.exists() => return Ok(JournalContents::default()),
         Err(error) => return Err(error),
     };
+    let newest = numbers.last().copied();
     for number in numbers {
         let path = segment_path(dir, number);
-        let text = fs::read_to_string(&path).map_err(LogError::io(&path, "read"))?;
-        for line in text.lines() {
-            match serde_json::from_str::<JournalLine>(line) {
+        let bytes = fs::read(&path).map_err(LogError::io(&path, "read"))?;
+        let mut lines: Vec<&[u8]> = bytes.split(|byte| *byte == b'\n').collect();
+        if lines.last().is_some_and(|last| last.is_empty()) {
+            lines.pop();
+        } else if Some(number) == newest {
+            // A torn last line: a crash mid-append leaves it, and the next open cuts it off.
+            lines.pop();
+        }
+        for (index, line) in lines.into_iter().enumerate() {
+            match serde_json::from_slice::<JournalLine>(line) {
                 Ok(JournalLine::Item { seq, at, body }) => {
                     items.push(JournalItem { seq, at, body })
                 }
                 Ok(JournalLine::Consumed { seqs, .. }) => consumed.extend(seqs),
-                Ok(JournalLine::Header { .. }) | Err(_) => {}
+                Ok(JournalLine::Header { .. }) => {}
+                Err(error) => unreadable.push(UnreadableLine {
+                    path: path.clone(),
+                    line: index + 1,
+                    reason: format!("not a journal line: {error}"),
+                }),
             }
         }
     }
@@ -314,5 +347,6 @@ pub fn peek(dir: &Path) -> Result<JournalContents, LogError> {
     Ok(JournalContents {
         pending,
         consumed: done,
+        unreadable,
     })
 }

@@ -30,7 +30,7 @@ pub(super) fn start(dir: &Path, failpoint: Option<&str>) -> Child {
 }
 
 /// `perch run DIR` on the namespace double, with one platform token in its environment.
-fn launch(dir: &Path, token: (&str, &str), failpoint: Option<&str>) -> Child {
+pub(super) fn launch(dir: &Path, token: (&str, &str), failpoint: Option<&str>) -> Child {
     launch_with(dir, token, failpoint, &[])
 }
 
@@ -213,7 +213,7 @@ fn agent_with_channel(model: &FakeModel, channel: &str) -> tempfile::TempDir {
     agent_with(model, "channels/tg.lua", channel)
 }
 
-fn agent_with(model: &FakeModel, file: &str, channel: &str) -> tempfile::TempDir {
+pub(super) fn agent_with(model: &FakeModel, file: &str, channel: &str) -> tempfile::TempDir {
     let dir = new_agent();
     write(dir.path(), "models.yml", &model.models_yml("fake", "m1"));
     write(dir.path(), "agent.lua", "agent { model = \"fake/m1\" }\n");
@@ -222,7 +222,7 @@ fn agent_with(model: &FakeModel, file: &str, channel: &str) -> tempfile::TempDir
 }
 
 /// An agent with one Discord channel on the fake; `options` go inside `channel { ... }`.
-fn discord_agent(
+pub(super) fn discord_agent(
     model: &FakeModel,
     discord: &super::fake_discord::FakeDiscord,
     options: &str,
@@ -237,7 +237,7 @@ fn discord_agent(
     )
 }
 
-fn perch_cli(args: &[&str]) -> std::process::Output {
+pub(super) fn perch_cli(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_perch"))
         .args(args)
         .env_clear()
@@ -330,7 +330,8 @@ fn groups_bots_and_chat_commands() {
     let other_bot = User::bot(11, "Other", "otherbot");
     telegram.push_message(&team, &carol, "just chatting among ourselves");
     telegram.push_message(&team, &other_bot, "beep");
-    telegram.push_message(&team, &carol, "/status");
+    let username = User::me().username.unwrap();
+    telegram.push_message(&team, &carol, &format!("/status@{username}"));
     wait_until("the status reply", || !telegram.sent().is_empty());
     assert!(
         telegram.sent()[0].shown.starts_with("perch is running"),
@@ -344,8 +345,6 @@ fn groups_bots_and_chat_commands() {
     );
 
     model.push(Script::text("first conversation"));
-    let me = User::me();
-    let username = me.username.unwrap();
     telegram.push_message(&team, &carol, &format!("@{username} remember the number 7"));
     wait_until("the first answer", || telegram.sent().len() == 2);
     let first = model.requests()[0].body.to_string();
@@ -354,7 +353,7 @@ fn groups_bots_and_chat_commands() {
         "context is offered: {first}"
     );
     assert!(!first.contains("beep"), "a bot's message is not context");
-    telegram.push_message(&team, &carol, "/new");
+    telegram.push_message(&team, &carol, &format!("/new@{username}"));
     wait_until("the /new reply", || telegram.sent().len() == 3);
     model.push(Script::text("second conversation"));
     telegram.push_message(&team, &carol, &format!("@{username} what number?"));
@@ -969,7 +968,7 @@ fn sigterm_lets_a_run_in_progress_finish_and_post_its_reply() {
     assert_eq!(telegram.sent().len(), 1);
 }
 
-fn status_json(dir: &Path) -> serde_json::Value {
+pub(super) fn status_json(dir: &Path) -> serde_json::Value {
     let output = perch_cli(&["status", dir.to_str().unwrap(), "--json"]);
     assert!(
         output.status.success(),

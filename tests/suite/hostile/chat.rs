@@ -1,2 +1,285 @@
 //! Hostile chat users: bot loops, commands for other bots, names and texts made to fool a
 //! terminal or the model, pairing starvation, oversized media.
+
+use super::super::fake_discord::{Author, FakeDiscord, TOKEN as DISCORD_TOKEN};
+use super::super::fake_model::{FakeModel, Script};
+use super::super::fake_telegram::{Chat, FakeTelegram, User};
+use super::super::service::{
+    agent_with, discord_agent, launch, perch_cli, start, status_json, stop, wait_until,
+};
+use perch_core::config::Api;
+use std::path::Path;
+
+/// An agent with one Telegram channel on the fake; `options` go inside `channel { ... }`.
+fn telegram_agent(model: &FakeModel, telegram: &FakeTelegram, options: &str) -> tempfile::TempDir {
+    agent_with(
+        model,
+        "channels/tg.lua",
+        &format!(
+            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {:?},\n  {options} }}\n",
+            telegram.api_url()
+        ),
+    )
+}
+
+const TEAM: &str = "rooms = { team = \"-100\" }, allow = { rooms = { \"team\" } }";
+
+#[test]
+fn a_bot_loop_stops_after_bot_turns_a_human_resets_it_and_a_restart_keeps_the_count() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(
+        &model,
+        &telegram,
+        &format!("{TEAM}, groups = \"all\", allow_bots = {{ \"11\" }}, bot_turns = 3"),
+    );
+    let team = Chat::group(-100, "Team");
+    let other_agent = User::bot(11, "Other agent", "otheragentbot");
+    let carol = User::human(9, "Carol");
+    let child = start(dir.path(), None);
+    for turn in 0..8 {
+        telegram.push_message(&team, &other_agent, &format!("bot turn {turn}"));
+    }
+    let human = telegram.push_message(&team, &carol, "enough, you two");
+    wait_until("the answer to the human", || {
+        telegram
+            .sent()
+            .iter()
+            .any(|sent| sent.reply_to == Some(human.message_id))
+    });
+    assert_eq!(
+        telegram.sent().len(),
+        4,
+        "three bot turns and the human's message are answered; five bot messages are not"
+    );
+    assert_eq!(model.requests().len(), 4);
+
+    for turn in 0..2 {
+        telegram.push_message(&team, &other_agent, &format!("after the human {turn}"));
+    }
+    wait_until("two more bot turns", || telegram.sent().len() == 6);
+    stop(child);
+
+    let child = start(dir.path(), None);
+    for turn in 0..2 {
+        telegram.push_message(&team, &other_agent, &format!("after the restart {turn}"));
+    }
+    let human = telegram.push_message(&team, &carol, "and now?");
+    wait_until("the answer to the human", || {
+        telegram
+            .sent()
+            .iter()
+            .any(|sent| sent.reply_to == Some(human.message_id))
+    });
+    stop(child);
+    assert_eq!(
+        telegram.sent().len(),
+        8,
+        "the count was rebuilt at start: one more bot turn, not two"
+    );
+}
+
+#[test]
+fn a_bot_loop_stops_on_discord_too() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let discord = FakeDiscord::start();
+    let dir = discord_agent(
+        &model,
+        &discord,
+        "rooms = { general = \"555\" }, allow = { rooms = { \"general\" } }, groups = \"all\",\n  allow_bots = { \"88\" }, bot_turns = 2",
+    );
+    discord.guild_channel(555);
+    let child = launch(dir.path(), ("DISCORD_TOKEN", DISCORD_TOKEN), None);
+    wait_until("the gateway session", || discord.live_sessions() > 0);
+    let other_agent = Author::bot(88, "other-agent");
+    for turn in 0..5 {
+        discord.push_message(555, &other_agent, &format!("bot turn {turn}"));
+    }
+    let human = discord.push_message(555, &Author::user(77, "Dana"), "stop it");
+    wait_until("the answer to the human", || {
+        discord
+            .posted()
+            .iter()
+            .any(|posted| posted.body["message_reference"]["message_id"] == human.to_string())
+    });
+    stop(child);
+    assert_eq!(discord.posted().len(), 3, "two bot turns and the human's");
+}
+
+#[test]
+fn commands_for_another_bot_or_not_addressed_are_not_obeyed() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram, TEAM);
+    let team = Chat::group(-100, "Team");
+    let stranger_room = Chat::group(-200, "Elsewhere");
+    let carol = User::human(9, "Carol");
+    let mallory = User::human(13, "Mallory");
+    let me = User::me().username.unwrap();
+    let child = start(dir.path(), None);
+    for text in ["/new@otherbot", "/stop@otherbot", "/status@otherbot", "/new", "/status"] {
+        telegram.push_message(&team, &carol, text);
+    }
+    telegram.push_message(&stranger_room, &mallory, &format!("/new@{me}"));
+    telegram.push_message(&stranger_room, &mallory, &format!("/status@{me}"));
+    let asked = telegram.push_message(&team, &carol, &format!("/status@{me}"));
+    wait_until("the status reply", || !telegram.sent().is_empty());
+    stop(child);
+    let sent = telegram.sent();
+    assert_eq!(
+        sent.len(),
+        1,
+        "only the command addressed to this bot by an allowed sender is obeyed: {:?}",
+        sent.iter().map(|sent| &sent.shown).collect::<Vec<_>>()
+    );
+    assert_eq!(sent[0].reply_to, Some(asked.message_id));
+    assert!(sent[0].shown.starts_with("perch is running"));
+    assert!(
+        !dir.path().join(".perch/conversations.json").exists(),
+        "no /new was obeyed"
+    );
+    assert_eq!(model.requests().len(), 0);
+}
+
+const HOSTILE_NAME: &str = "Eve\u{1b}[2J\u{1b}]0;owned\u{7}\u{202e}gnp.exe\u{2066}";
+
+fn assert_escaped(what: &str, text: &str) {
+    for raw in ['\u{1b}', '\u{7}', '\u{202e}', '\u{2066}'] {
+        assert!(!text.contains(raw), "{what} prints {raw:?} raw: {text:?}");
+    }
+    assert!(text.contains("Eve\\u{1b}[2J"), "{what}: {text:?}");
+    assert!(text.contains("\\u{202e}gnp.exe\\u{2066}"), "{what}: {text:?}");
+}
+
+#[test]
+fn a_display_name_made_to_fool_the_terminal_is_shown_escaped_and_stored_as_received() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram, "");
+    let path = dir.path().to_str().unwrap();
+    let eve = User::human(66, HOSTILE_NAME);
+    let child = start(dir.path(), None);
+    telegram.push_message(&Chat::private(&eve), &eve, "let me in");
+    wait_until("the pairing code", || !telegram.sent().is_empty());
+    let offer = telegram.sent()[0].text.clone();
+    let code = offer
+        .split('`')
+        .nth(1)
+        .and_then(|command| command.split_whitespace().last())
+        .unwrap()
+        .to_owned();
+
+    let status = perch_cli(&["status", path]);
+    assert!(status.status.success());
+    assert_escaped("perch status", &String::from_utf8_lossy(&status.stdout));
+    let stored: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join(".perch/pairing.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        stored["pending"][0]["name"], HOSTILE_NAME,
+        "stored as received"
+    );
+
+    let approved = perch_cli(&["pair", "approve", &code, path]);
+    assert!(approved.status.success());
+    assert_escaped(
+        "perch pair approve",
+        &String::from_utf8_lossy(&approved.stdout),
+    );
+    let stderr = stop(child);
+    assert!(!stderr.contains('\u{1b}'), "the log holds no raw ESC: {stderr:?}");
+}
+
+#[test]
+fn a_provider_error_reaches_the_chat_as_a_generic_sentence_and_the_log_keeps_it() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram, "dm = \"allow\"");
+    model.push(Script::status_body(
+        403,
+        r#"{"error":{"message":"Project proj_Q7f3 in organization org-8TqZ has no access to this model; contact billing-admin@example.com","type":"invalid_request_error","code":"model_not_found"}}"#,
+    ));
+    let alice = User::human(42, "Alice");
+    let child = start(dir.path(), None);
+    telegram.push_message(&Chat::private(&alice), &alice, "hello");
+    wait_until("the apology", || !telegram.sent().is_empty());
+    let stderr = stop(child);
+    let said = &telegram.sent()[0].shown;
+    assert!(said.starts_with("Sorry, I could not finish that"), "{said}");
+    for detail in ["example.com", "org-8TqZ", "proj_Q7f3", "billing"] {
+        assert!(!said.contains(detail), "the chat sees {detail}: {said}");
+    }
+    assert!(stderr.contains("org-8TqZ"), "the log keeps the detail: {stderr}");
+}
+
+#[test]
+fn throwaway_accounts_cannot_starve_pairing() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram, "");
+    let child = start(dir.path(), None);
+    for id in 101..=103 {
+        let throwaway = User::human(id, &format!("throwaway {id}"));
+        telegram.push_message(&Chat::private(&throwaway), &throwaway, "hi");
+    }
+    wait_until("three codes", || telegram.sent().len() == 3);
+    let dora = User::human(104, "Dora");
+    telegram.push_message(&Chat::private(&dora), &dora, "hello, I am real");
+    wait_until("an answer to the fourth sender", || telegram.sent().len() == 4);
+    telegram.push_message(&Chat::private(&dora), &dora, "hello??");
+    let later = User::human(105, "Later");
+    telegram.push_message(&Chat::private(&later), &later, "me too");
+    wait_until("an answer to the fifth sender", || telegram.sent().len() == 5);
+    let status = status_json(dir.path());
+    stop(child);
+    let sent = telegram.sent();
+    assert_eq!(sent[3].chat_id, 104);
+    assert!(sent[3].shown.contains("pairing is busy"), "{}", sent[3].shown);
+    assert!(!sent[3].shown.contains("perch pair approve"), "no code");
+    assert_eq!(sent[4].chat_id, 105, "the repeated hello got no second notice");
+    let pending = status["pairings_pending"].as_array().unwrap();
+    assert_eq!(pending.len(), 3, "the owner sees who holds the codes");
+    assert!(pending.iter().any(|pending| pending["name"] == "throwaway 101"));
+}
+
+fn newest_segment(journal: &Path) -> std::path::PathBuf {
+    let mut segments: Vec<_> = std::fs::read_dir(journal)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "jsonl"))
+        .collect();
+    segments.sort();
+    segments.pop().unwrap()
+}
+
+#[test]
+fn a_corrupt_inbox_line_is_reported_by_status_not_hidden() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram, "dm = \"allow\"");
+    let alice = User::human(42, "Alice");
+    let child = start(dir.path(), None);
+    telegram.push_message(&Chat::private(&alice), &alice, "hello");
+    wait_until("the answer", || !telegram.sent().is_empty());
+    stop(child);
+    let segment = newest_segment(&dir.path().join(".perch/inbox"));
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let line = bytes.iter().filter(|byte| **byte == b'\n').count() + 1;
+    bytes.extend_from_slice(b"{\"kind\":\"item\",\"seq\":99,\"body\": \x1b[31m not json\n");
+    std::fs::write(&segment, bytes).unwrap();
+
+    let status = status_json(dir.path());
+    let unreadable = status["inbox_unreadable"].as_array().unwrap();
+    assert_eq!(unreadable.len(), 1, "{status}");
+    let reported = unreadable[0].as_str().unwrap();
+    assert!(
+        reported.contains(&format!("{}:{line}:", segment.display())),
+        "names the file and line: {reported}"
+    );
+    let text = perch_cli(&["status", dir.path().to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(text.contains("inbox corrupt"), "{text}");
+    assert!(text.contains("inbox pending      at least 0"), "{text}");
+    assert!(!text.contains('\u{1b}'), "{text:?}");
+}

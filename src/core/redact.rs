@@ -1,0 +1,125 @@
+//! Removing a Telegram bot token from text that may quote it (an error echoing a request URL).
+//! An exact match is not enough: a token read with a stray space, tab or CR is sent and echoed
+//! differently from how it was read, so every token-shaped piece goes too.
+
+/// What a removed token is replaced with.
+pub const REDACTED_TOKEN: &str = "<token>";
+
+/// `text` without `token` (as given and trimmed), without its secret part, without anything in
+/// the shape of a bot token (`<digits>:<20 or more of A-Z a-z 0-9 _ ->`), and without whatever
+/// follows `/bot` in a URL up to the next `/` when it holds a `:`.
+pub fn redact_telegram_token(text: &str, token: &str) -> String {
+    let mut text = text.to_owned();
+    let trimmed = token.trim();
+    let secret = trimmed.split_once(':').map(|(_, secret)| secret.trim());
+    for exact in [Some(token), Some(trimmed), secret].into_iter().flatten() {
+        if exact.len() >= 8 {
+            text = text.replace(exact, REDACTED_TOKEN);
+        }
+    }
+    redact_url_paths(&redact_token_shapes(&text))
+}
+
+fn is_secret_char(ch: char) -> bool {
+    ch.is_ascii_alphanumeric() || ch == '_' || ch == '-'
+}
+
+/// Replaces `<digits>:<secret chars, 20 or more>`.
+fn redact_token_shapes(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut index = 0;
+    while index < chars.len() {
+        let starts_word = index == 0 || !chars[index - 1].is_ascii_digit();
+        if starts_word && chars[index].is_ascii_digit() {
+            let digits_end = (index..chars.len())
+                .find(|&at| !chars[at].is_ascii_digit())
+                .unwrap_or(chars.len());
+            if digits_end < chars.len() && chars[digits_end] == ':' {
+                let secret_end = (digits_end + 1..chars.len())
+                    .find(|&at| !is_secret_char(chars[at]))
+                    .unwrap_or(chars.len());
+                if secret_end - (digits_end + 1) >= 20 {
+                    out.push_str(REDACTED_TOKEN);
+                    index = secret_end;
+                    continue;
+                }
+            }
+            out.extend(&chars[index..digits_end]);
+            index = digits_end;
+            continue;
+        }
+        out.push(chars[index]);
+        index += 1;
+    }
+    out
+}
+
+/// Replaces what follows `/bot` up to the next `/` (or the end of the URL), where the Bot API
+/// puts the token: `https://api.telegram.org/bot<token>/getMe`.
+fn redact_url_paths(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("/bot") {
+        let (before, after) = rest.split_at(at + "/bot".len());
+        out.push_str(before);
+        let end = after
+            .find(|ch: char| ch == '/' || ch == '?' || ch == '"' || ch == ')' || ch == '\n')
+            .unwrap_or(after.len());
+        let taken = &after[..end];
+        if taken.contains(':') || taken.contains(REDACTED_TOKEN) {
+            out.push_str(REDACTED_TOKEN);
+        } else {
+            out.push_str(taken);
+        }
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw";
+
+    #[test]
+    fn the_token_is_removed_however_it_was_mangled() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "error sending request for url (https://api.telegram.org/bot123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw/GetMe)",
+                "error sending request for url (https://api.telegram.org/bot<token>/GetMe)",
+            ),
+            (
+                "url (http://127.0.0.1:8081/bot123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw%0D/GetUpdates)",
+                "url (http://127.0.0.1:8081/bot<token>/GetUpdates)",
+            ),
+            (
+                "url (http://x/bot123456789:AAHdqTcvCH1vGWJxf%20SeofSAs0K5PALDsaw/GetMe)",
+                "url (http://x/bot<token>/GetMe)",
+            ),
+            (
+                "bad token 123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw\t!",
+                "bad token <token>\t!",
+            ),
+            ("just AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw", "just <token>"),
+            (
+                "another bot 987654321:ZZZdqTcvCH1vGWJxfSeofSAs0K5PALDsaw",
+                "another bot <token>",
+            ),
+            ("port 127.0.0.1:8081 and 12:30", "port 127.0.0.1:8081 and 12:30"),
+            ("the bot said hi", "the bot said hi"),
+            ("https://api.telegram.org/bot/GetMe", "https://api.telegram.org/bot/GetMe"),
+            ("https://example.org/botany/x", "https://example.org/botany/x"),
+        ];
+        for (raw, expected) in cases {
+            assert_eq!(redact_telegram_token(raw, TOKEN), *expected, "{raw:?}");
+            for stray in [" ", "\t", "\r", "\r\n"] {
+                let mangled = format!("{TOKEN}{stray}");
+                let redacted = redact_telegram_token(raw, &mangled);
+                assert!(!redacted.contains("AAHdqTcv"), "{raw:?} with {stray:?}");
+            }
+        }
+    }
+}
