@@ -497,7 +497,7 @@ mod tests {
     fn complete_but_long_text_is_cut_on_character_boundaries() {
         let long = "é".repeat(5000);
         let text = streams_for_model(
-            &Captured::complete(long.clone()),
+            &Captured::complete(long),
             &Captured::default(),
             1600,
             &files(),

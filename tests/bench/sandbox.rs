@@ -115,11 +115,11 @@ pub async fn flood_output(smoke: bool) {
             "MISSED"
         };
         println!(
-            "output flood, namespace double: `yes` for {seconds} s sent {} MiB; peak RSS {} MiB, {} MiB over the {} MiB before; target growth <= {} MiB (the caps plus a constant, not the flood): {verdict}",
+            "output flood, namespace double: `yes` for {seconds} s sent {} MiB; peak RSS {:.1} MiB, {:.1} MiB over the {:.1} MiB before; target growth <= {} MiB (the caps plus a constant, not the flood): {verdict}",
             output.stdout.total() >> 20,
-            peak >> 20,
-            growth >> 20,
-            before >> 20,
+            mib(peak),
+            mib(growth),
+            mib(before),
             FLOOD_GROWTH_TARGET_BYTES >> 20,
         );
     }
@@ -130,6 +130,11 @@ pub async fn flood_output(smoke: bool) {
             "output flood, namespace double: skipped: built without the sandbox-double feature"
         );
     }
+}
+
+#[cfg(feature = "sandbox-double")]
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1 << 20)
 }
 
 #[cfg(feature = "sandbox-double")]
