@@ -127,7 +127,7 @@ mod tests {
                 "a world-writable file",
                 vec![
                     root.clone(),
-                    lib.clone(),
+                    lib,
                     file("/usr/local/lib/perch/bin/msb", 0, 0o757),
                 ],
                 0,
@@ -189,7 +189,7 @@ mod tests {
             ),
             (
                 "a file in the middle of the path",
-                vec![root.clone(), file("/etc/passwd", 0, 0o644), msb.clone()],
+                vec![root, file("/etc/passwd", 0, 0o644), msb],
                 0,
                 Some("/etc/passwd is not a directory"),
             ),

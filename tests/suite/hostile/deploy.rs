@@ -455,11 +455,15 @@ fn the_control_socket_survives_running_out_of_descriptors_without_spinning() {
     let model = FakeModel::start(Api::OpenAiCompletions);
     let telegram = FakeTelegram::start();
     let dir = telegram_agent(&model, &telegram);
+    model.push(Script::text("Hello Carol!"));
     let perch = run_limited(dir.path(), "4096:4096", true);
     metrics_address(&perch);
     let pid = perch.id();
     let socket = dir.path().join(".perch/control.sock");
-    wait_until("the control socket", || socket.exists());
+    // An answered message: every part of the service has started and holds its descriptors.
+    let carol = User::human(9, "Carol");
+    telegram.push_message(&Chat::private(&carol), &carol, "are you up?");
+    wait_until("the first reply", || !telegram.sent().is_empty());
 
     let limit = open_descriptors(pid) + 2;
     let lowered = Command::new("prlimit")
