@@ -135,7 +135,10 @@ mod tests {
             ("/stop please", Some((ChatCommand::Stop, None))),
             ("  /status", Some((ChatCommand::Status, None))),
             ("/new@otherbot", Some((ChatCommand::New, Some("otherbot")))),
-            ("/status@perch_bot now", Some((ChatCommand::Status, Some("perch_bot")))),
+            (
+                "/status@perch_bot now",
+                Some((ChatCommand::Status, Some("perch_bot"))),
+            ),
             ("/new@", None),
             ("/newer", None),
             ("/New", None),
