@@ -130,7 +130,8 @@ mod tests {
 
     #[test]
     fn commands_are_parsed_with_their_addressee() {
-        let cases: &[(&str, Option<(ChatCommand, Option<&str>)>)] = &[
+        type Parsed = Option<(ChatCommand, Option<&'static str>)>;
+        let cases: &[(&str, Parsed)] = &[
             ("/new", Some((ChatCommand::New, None))),
             ("/stop please", Some((ChatCommand::Stop, None))),
             ("  /status", Some((ChatCommand::Status, None))),

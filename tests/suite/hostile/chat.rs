@@ -95,12 +95,14 @@ fn a_bot_loop_stops_on_discord_too() {
     for turn in 0..5 {
         discord.push_message(555, &other_agent, &format!("bot turn {turn}"));
     }
-    let human = discord.push_message(555, &Author::user(77, "Dana"), "stop it");
+    let human = discord
+        .push_message(555, &Author::user(77, "Dana"), "stop it")
+        .to_string();
     wait_until("the answer to the human", || {
         discord
             .posted()
             .iter()
-            .any(|posted| posted.body["message_reference"]["message_id"] == human.to_string())
+            .any(|posted| posted.body["message_reference"]["message_id"] == human.as_str())
     });
     stop(child);
     assert_eq!(discord.posted().len(), 3, "two bot turns and the human's");
