@@ -1469,6 +1469,10 @@ impl Service {
             Outcome::Cancelled => (String::new(), Vec::new()),
             // The reason can quote the provider (organisation and project ids, e-mail
             // addresses): it stays in the log and the lane.
+            Outcome::Failed { reason } if reason.starts_with(SPEND_CAP_REASON) => (
+                format!("Sorry, I could not finish that: {reason}"),
+                Vec::new(),
+            ),
             Outcome::Failed { .. } => (FAILED_REPLY.to_owned(), Vec::new()),
             Outcome::Interrupted { .. } => (INTERRUPTED_REPLY.to_owned(), Vec::new()),
         };
@@ -1983,6 +1987,9 @@ fn outcome_name(outcome: &Outcome) -> &'static str {
 /// What a chat is told when a run failed; the reason goes to the log and the lane only.
 const FAILED_REPLY: &str = "Sorry, I could not finish that: something went wrong on my side. My \
                             owner can find the details in perch's log.";
+
+/// How the spend guard's own refusal starts: perch's words, which the chat is told.
+const SPEND_CAP_REASON: &str = "the daily spend cap";
 
 /// What a chat is told when a run was interrupted (perch stopped or crashed during it).
 const INTERRUPTED_REPLY: &str = "Sorry, I could not finish that: I was interrupted. Please ask \
