@@ -77,7 +77,11 @@ pub fn human_line(level: Level, message: &str, fields: &[(String, serde_json::Va
     } else if level == Level::WARN {
         line.push_str("warning: ");
     }
-    line.push_str(&perch_core::terminal::escaped(message));
+    let lines: Vec<String> = message
+        .split('\n')
+        .map(perch_core::terminal::escaped)
+        .collect();
+    line.push_str(&lines.join("\n"));
     for (key, value) in fields {
         let shown = match value {
             serde_json::Value::String(text)

@@ -21,8 +21,8 @@ use perch_core::image::Flavour;
 use perch_core::log::Outcome;
 use perch_core::name::{ChannelName, LaneName};
 use perch_core::pairing::Approval;
-use perch_core::terminal::shown;
 use perch_core::prompt::Origin;
+use perch_core::terminal::shown;
 use std::io::{self, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -1246,7 +1246,11 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
         }
         out.push_str(&format!(
             "inbox pending      {}{}{}\n",
-            if inbox.unreadable.is_empty() { "" } else { "at least " },
+            if inbox.unreadable.is_empty() {
+                ""
+            } else {
+                "at least "
+            },
             inbox.pending.len(),
             report["inbox_oldest_waiting"]
                 .as_str()
@@ -1320,7 +1324,11 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
         }
         out.push_str(&format!(
             "outbox pending     {}{}\n",
-            if outbox.unreadable.is_empty() { "" } else { "at least " },
+            if outbox.unreadable.is_empty() {
+                ""
+            } else {
+                "at least "
+            },
             outbox.pending.len()
         ));
         out.push_str(&format!("unknown deliveries {}\n", unknown.len()));

@@ -25,9 +25,8 @@ use crate::runtime::Runtime;
 use crate::sandbox::MachineSetup;
 use crate::starts;
 use perch_core::admission::{Admission, Arrived, admit};
-use perch_core::chat::{BotTurns, ChatCommand};
-use perch_core::terminal;
 use perch_core::alert::AlertKind;
+use perch_core::chat::{BotTurns, ChatCommand};
 use perch_core::config::BusyPolicy;
 use perch_core::delivery::{Unreceipted, lane_for, split_message};
 use perch_core::heartbeat::{SlotOutcome, Target, Verdict as HeartbeatVerdict};
@@ -36,6 +35,7 @@ use perch_core::name::LaneName;
 use perch_core::pairing::{Approval, Issued, Pairing, pairing_code};
 use perch_core::prompt::Origin;
 use perch_core::spend::RunKind;
+use perch_core::terminal;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -1490,6 +1490,10 @@ impl Service {
             Outcome::Cancelled => (String::new(), Vec::new()),
             // The reason can quote the provider (organisation and project ids, e-mail
             // addresses): it stays in the log and the lane.
+            Outcome::Failed { reason } if reason.starts_with(SPEND_CAP_REASON) => (
+                format!("Sorry, I could not finish that: {reason}"),
+                Vec::new(),
+            ),
             Outcome::Failed { .. } => (FAILED_REPLY.to_owned(), Vec::new()),
             Outcome::Interrupted { .. } => (INTERRUPTED_REPLY.to_owned(), Vec::new()),
         };
@@ -2026,6 +2030,9 @@ fn outcome_name(outcome: &Outcome) -> &'static str {
 /// What a chat is told when a run failed; the reason goes to the log and the lane only.
 const FAILED_REPLY: &str = "Sorry, I could not finish that: something went wrong on my side. My \
                             owner can find the details in perch's log.";
+
+/// How the spend guard's own refusal starts: perch's words, which the chat is told.
+const SPEND_CAP_REASON: &str = "the daily spend cap";
 
 /// What a chat is told when a run was interrupted (perch stopped or crashed during it).
 const INTERRUPTED_REPLY: &str = "Sorry, I could not finish that: I was interrupted. Please ask \

@@ -891,15 +891,18 @@ impl MatrixConnector {
                 let info = matrix_sdk_base::crypto::MediaEncryptionInfo::from(*file);
                 let mut plain = Vec::with_capacity(ciphertext.len());
                 let mut cursor = std::io::Cursor::new(ciphertext);
-                let decrypted = matrix_sdk_base::crypto::AttachmentDecryptor::new(&mut cursor, info)
-                    .map_err(|error| failed(format!("the file cannot be decrypted: {error}")))
-                    .and_then(|decryptor| {
-                        std::io::Read::read_to_end(
-                            &mut std::io::Read::take(decryptor, limit + 1),
-                            &mut plain,
-                        )
+                let decrypted =
+                    matrix_sdk_base::crypto::AttachmentDecryptor::new(&mut cursor, info)
                         .map_err(|error| failed(format!("the file cannot be decrypted: {error}")))
-                    })?;
+                        .and_then(|decryptor| {
+                            std::io::Read::read_to_end(
+                                &mut std::io::Read::take(decryptor, limit + 1),
+                                &mut plain,
+                            )
+                            .map_err(|error| {
+                                failed(format!("the file cannot be decrypted: {error}"))
+                            })
+                        })?;
                 if decrypted as u64 > limit {
                     return Err(FetchError::TooLarge { size: None });
                 }
@@ -1542,7 +1545,10 @@ async fn download_capped(
         .build()
         .map_err(|error| failed(format!("cannot set up the HTTP client: {error}")))?;
     let mut refused = None;
-    for prefix in ["_matrix/client/v1/media/download", "_matrix/media/v3/download"] {
+    for prefix in [
+        "_matrix/client/v1/media/download",
+        "_matrix/media/v3/download",
+    ] {
         let mut url = homeserver.clone();
         url.path_segments_mut()
             .map_err(|()| failed("the homeserver URL cannot take a path".into()))?
@@ -1817,7 +1823,11 @@ mod tests {
     /// A homeserver that answers every media download with `head` then, unless `body` is
     /// `None`, `body`; with `None` it streams bytes until the client goes away. It answers 404
     /// on the authenticated endpoint when `legacy_only`. Returns its URL.
-    async fn media_server(head: &'static str, body: Option<&'static [u8]>, legacy_only: bool) -> url::Url {
+    async fn media_server(
+        head: &'static str,
+        body: Option<&'static [u8]>,
+        legacy_only: bool,
+    ) -> url::Url {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
@@ -1854,7 +1864,8 @@ mod tests {
     #[tokio::test]
     async fn a_download_is_capped_whatever_size_the_server_declares() {
         let uri = OwnedMxcUri::from("mxc://example.org/abcdef");
-        let endless = media_server("HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n", None, false).await;
+        let endless =
+            media_server("HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n", None, false).await;
         let refused = download_capped(endless, None, &uri, 1 << 20).await;
         assert!(
             matches!(refused, Err(FetchError::TooLarge { size: None })),
@@ -1869,7 +1880,12 @@ mod tests {
         .await;
         let refused = download_capped(declared, None, &uri, 1 << 20).await;
         assert!(
-            matches!(refused, Err(FetchError::TooLarge { size: Some(9_999_999_999) })),
+            matches!(
+                refused,
+                Err(FetchError::TooLarge {
+                    size: Some(9_999_999_999)
+                })
+            ),
             "{refused:?}"
         );
 
@@ -1880,7 +1896,11 @@ mod tests {
         )
         .await;
         let fetched = download_capped(small, Some("secret".into()), &uri, 5).await;
-        assert_eq!(fetched.unwrap(), b"hello", "the legacy endpoint after a 404");
+        assert_eq!(
+            fetched.unwrap(),
+            b"hello",
+            "the legacy endpoint after a 404"
+        );
     }
 
     fn me(display_name: Option<&str>) -> Me {

@@ -130,12 +130,16 @@ mod tests {
 
     #[test]
     fn commands_are_parsed_with_their_addressee() {
-        let cases: &[(&str, Option<(ChatCommand, Option<&str>)>)] = &[
+        type Parsed = Option<(ChatCommand, Option<&'static str>)>;
+        let cases: &[(&str, Parsed)] = &[
             ("/new", Some((ChatCommand::New, None))),
             ("/stop please", Some((ChatCommand::Stop, None))),
             ("  /status", Some((ChatCommand::Status, None))),
             ("/new@otherbot", Some((ChatCommand::New, Some("otherbot")))),
-            ("/status@perch_bot now", Some((ChatCommand::Status, Some("perch_bot")))),
+            (
+                "/status@perch_bot now",
+                Some((ChatCommand::Status, Some("perch_bot"))),
+            ),
             ("/new@", None),
             ("/newer", None),
             ("/New", None),

@@ -239,7 +239,13 @@ mod tests {
     fn busy_notices_are_bounded_and_given_again_after_the_hour() {
         let mut pairing = Pairing::default();
         for sender in 0..MAX_PENDING_PER_CHANNEL {
-            pairing.issue("tg", &format!("t{sender}"), "x", format!("C{sender}"), at(0));
+            pairing.issue(
+                "tg",
+                &format!("t{sender}"),
+                "x",
+                format!("C{sender}"),
+                at(0),
+            );
         }
         for sender in 0..MAX_BUSY_TOLD + 5 {
             let issued = pairing.issue("tg", &sender.to_string(), "x", "X".into(), at(1));

@@ -64,7 +64,7 @@ fn redact_url_paths(text: &str) -> String {
         let (before, after) = rest.split_at(at + "/bot".len());
         out.push_str(before);
         let end = after
-            .find(|ch: char| ch == '/' || ch == '?' || ch == '"' || ch == ')' || ch == '\n')
+            .find(['/', '?', '"', ')', '\n'])
             .unwrap_or(after.len());
         let taken = &after[..end];
         if taken.contains(':') || taken.contains(REDACTED_TOKEN) {
@@ -108,10 +108,19 @@ mod tests {
                 "another bot 987654321:ZZZdqTcvCH1vGWJxfSeofSAs0K5PALDsaw",
                 "another bot <token>",
             ),
-            ("port 127.0.0.1:8081 and 12:30", "port 127.0.0.1:8081 and 12:30"),
+            (
+                "port 127.0.0.1:8081 and 12:30",
+                "port 127.0.0.1:8081 and 12:30",
+            ),
             ("the bot said hi", "the bot said hi"),
-            ("https://api.telegram.org/bot/GetMe", "https://api.telegram.org/bot/GetMe"),
-            ("https://example.org/botany/x", "https://example.org/botany/x"),
+            (
+                "https://api.telegram.org/bot/GetMe",
+                "https://api.telegram.org/bot/GetMe",
+            ),
+            (
+                "https://example.org/botany/x",
+                "https://example.org/botany/x",
+            ),
         ];
         for (raw, expected) in cases {
             assert_eq!(redact_telegram_token(raw, TOKEN), *expected, "{raw:?}");

@@ -80,7 +80,10 @@ mod tests {
         let cases: &[(&str, &str)] = &[
             ("Alice", "Alice"),
             ("Zoë 山田", "Zoë 山田"),
-            ("\u{1b}[2J\u{1b}]0;pwned\u{7}", "\\u{1b}[2J\\u{1b}]0;pwned\\u{7}"),
+            (
+                "\u{1b}[2J\u{1b}]0;pwned\u{7}",
+                "\\u{1b}[2J\\u{1b}]0;pwned\\u{7}",
+            ),
             ("evil\u{202e}txt.exe", "evil\\u{202e}txt.exe"),
             ("a\u{2066}b\u{2069}", "a\\u{2066}b\\u{2069}"),
             ("zero\u{200b}width\u{feff}", "zero\\u{200b}width\\u{feff}"),
@@ -99,7 +102,11 @@ mod tests {
     fn shown_text_is_cut_to_its_length() {
         assert_eq!(for_terminal("abcdef", 3), "abc…");
         assert_eq!(for_terminal("abc", 3), "abc");
-        assert_eq!(for_terminal("ab\u{1b}", 5), "ab…", "an escape is never cut in half");
+        assert_eq!(
+            for_terminal("ab\u{1b}", 5),
+            "ab…",
+            "an escape is never cut in half"
+        );
         let long = "\u{202e}".repeat(10_000);
         assert!(shown(&long).chars().count() <= SHOWN_CHARS + 1);
         assert_eq!(escaped(&long).len(), 10_000 * "\\u{202e}".len());

@@ -257,7 +257,7 @@ async fn replies_carry_in_reply_to_keep_threads_mention_nobody_and_resend_once()
     let posted = alice.event(&room, &receipt.platform_id).await;
     assert_eq!(posted["sender"], bot.user_id.as_str());
     let content = &posted["content"];
-    assert_eq!(content["msgtype"], "m.text");
+    assert_eq!(content["msgtype"], "m.notice", "perch posts as a bot");
     assert_eq!(content["body"], "It is **4**. @room");
     assert_eq!(content["format"], "org.matrix.custom.html");
     assert!(

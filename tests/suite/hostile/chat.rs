@@ -95,12 +95,14 @@ fn a_bot_loop_stops_on_discord_too() {
     for turn in 0..5 {
         discord.push_message(555, &other_agent, &format!("bot turn {turn}"));
     }
-    let human = discord.push_message(555, &Author::user(77, "Dana"), "stop it");
+    let human = discord
+        .push_message(555, &Author::user(77, "Dana"), "stop it")
+        .to_string();
     wait_until("the answer to the human", || {
         discord
             .posted()
             .iter()
-            .any(|posted| posted.body["message_reference"]["message_id"] == human.to_string())
+            .any(|posted| posted.body["message_reference"]["message_id"] == human.as_str())
     });
     stop(child);
     assert_eq!(discord.posted().len(), 3, "two bot turns and the human's");
@@ -117,7 +119,13 @@ fn commands_for_another_bot_or_not_addressed_are_not_obeyed() {
     let mallory = User::human(13, "Mallory");
     let me = User::me().username.unwrap();
     let child = start(dir.path(), None);
-    for text in ["/new@otherbot", "/stop@otherbot", "/status@otherbot", "/new", "/status"] {
+    for text in [
+        "/new@otherbot",
+        "/stop@otherbot",
+        "/status@otherbot",
+        "/new",
+        "/status",
+    ] {
         telegram.push_message(&team, &carol, text);
     }
     telegram.push_message(&stranger_room, &mallory, &format!("/new@{me}"));
@@ -148,7 +156,10 @@ fn assert_escaped(what: &str, text: &str) {
         assert!(!text.contains(raw), "{what} prints {raw:?} raw: {text:?}");
     }
     assert!(text.contains("Eve\\u{1b}[2J"), "{what}: {text:?}");
-    assert!(text.contains("\\u{202e}gnp.exe\\u{2066}"), "{what}: {text:?}");
+    assert!(
+        text.contains("\\u{202e}gnp.exe\\u{2066}"),
+        "{what}: {text:?}"
+    );
 }
 
 #[test]
@@ -187,7 +198,10 @@ fn a_display_name_made_to_fool_the_terminal_is_shown_escaped_and_stored_as_recei
         &String::from_utf8_lossy(&approved.stdout),
     );
     let stderr = stop(child);
-    assert!(!stderr.contains('\u{1b}'), "the log holds no raw ESC: {stderr:?}");
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "the log holds no raw ESC: {stderr:?}"
+    );
 }
 
 #[test]
@@ -209,7 +223,10 @@ fn a_provider_error_reaches_the_chat_as_a_generic_sentence_and_the_log_keeps_it(
     for detail in ["example.com", "org-8TqZ", "proj_Q7f3", "billing"] {
         assert!(!said.contains(detail), "the chat sees {detail}: {said}");
     }
-    assert!(stderr.contains("org-8TqZ"), "the log keeps the detail: {stderr}");
+    assert!(
+        stderr.contains("org-8TqZ"),
+        "the log keeps the detail: {stderr}"
+    );
 }
 
 #[test]
@@ -225,21 +242,36 @@ fn throwaway_accounts_cannot_starve_pairing() {
     wait_until("three codes", || telegram.sent().len() == 3);
     let dora = User::human(104, "Dora");
     telegram.push_message(&Chat::private(&dora), &dora, "hello, I am real");
-    wait_until("an answer to the fourth sender", || telegram.sent().len() == 4);
+    wait_until("an answer to the fourth sender", || {
+        telegram.sent().len() == 4
+    });
     telegram.push_message(&Chat::private(&dora), &dora, "hello??");
     let later = User::human(105, "Later");
     telegram.push_message(&Chat::private(&later), &later, "me too");
-    wait_until("an answer to the fifth sender", || telegram.sent().len() == 5);
+    wait_until("an answer to the fifth sender", || {
+        telegram.sent().len() == 5
+    });
     let status = status_json(dir.path());
     stop(child);
     let sent = telegram.sent();
     assert_eq!(sent[3].chat_id, 104);
-    assert!(sent[3].shown.contains("pairing is busy"), "{}", sent[3].shown);
+    assert!(
+        sent[3].shown.contains("pairing is busy"),
+        "{}",
+        sent[3].shown
+    );
     assert!(!sent[3].shown.contains("perch pair approve"), "no code");
-    assert_eq!(sent[4].chat_id, 105, "the repeated hello got no second notice");
+    assert_eq!(
+        sent[4].chat_id, 105,
+        "the repeated hello got no second notice"
+    );
     let pending = status["pairings_pending"].as_array().unwrap();
     assert_eq!(pending.len(), 3, "the owner sees who holds the codes");
-    assert!(pending.iter().any(|pending| pending["name"] == "throwaway 101"));
+    assert!(
+        pending
+            .iter()
+            .any(|pending| pending["name"] == "throwaway 101")
+    );
 }
 
 fn newest_segment(journal: &Path) -> std::path::PathBuf {
