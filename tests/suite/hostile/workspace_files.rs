@@ -384,7 +384,6 @@ fn perch_run_keeps_answering_through_hostile_workspace_files() {
     let rewriting = Arc::new(AtomicBool::new(true));
     let writer = {
         let rewriting = Arc::clone(&rewriting);
-        let file = file.clone();
         let variants = [many_tasks(100), many_tasks(99), GOOD.to_owned()];
         std::thread::spawn(move || {
             let mut written = 0;
