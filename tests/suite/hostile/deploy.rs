@@ -3,10 +3,10 @@
 //! and connections are bounded.
 
 use super::super::fake_model::{FakeModel, Script};
-use super::super::fake_telegram::{Chat, FakeTelegram, TOKEN, User};
+use super::super::fake_telegram::{Chat, FakeTelegram, User};
 use super::super::service::{Watched, telegram_agent, wait_until};
 use super::super::support::{perch, stderr, stdout};
-use perch::doctor::Places;
+use super::{exits_within, on_the_double, perch_isolated};
 use perch_core::config::Api;
 use perch_core::image::{Flavour, Recipe};
 use std::collections::BTreeMap;
@@ -314,19 +314,16 @@ fn doctor_as_root_does_not_run_an_msb_the_service_user_can_replace() {
 /// loopback port; its stderr is watched.
 fn run_limited(dir: &Path, nofile: &str, metrics: bool) -> Watched {
     let mut command = Command::new("prlimit");
-    command
-        .arg(format!("--nofile={nofile}"))
-        .arg("--")
-        .arg(env!("CARGO_BIN_EXE_perch"))
-        .args(["run", dir.to_str().unwrap()])
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("PERCH_SANDBOX", "namespace-double")
-        .env("PERCH_CACHE", Places::from_environment().cache)
-        .env("TELEGRAM_TOKEN", TOKEN)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    on_the_double(
+        command
+            .arg(format!("--nofile={nofile}"))
+            .arg("--")
+            .arg(env!("CARGO_BIN_EXE_perch"))
+            .args(["run", dir.to_str().unwrap()]),
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
     if metrics {
         command.arg("--metrics=127.0.0.1:0");
     }
@@ -517,24 +514,15 @@ fn the_control_socket_survives_running_out_of_descriptors_without_spinning() {
 
 /// `perch status DIR`'s output; fails the test if it takes more than 20 s.
 fn perch_status(dir: &Path) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_perch"))
-        .args(["status", dir.to_str().unwrap()])
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .stdout(Stdio::piped())
+    let child = perch_isolated(&["status", dir.to_str().unwrap()])
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            panic!("perch status did not finish within 20 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    stdout(&child.wait_with_output().unwrap())
+    stdout(&exits_within(
+        child,
+        Duration::from_secs(20),
+        "perch status",
+    ))
 }
 
 #[test]

@@ -2,16 +2,17 @@
 //! subjects, hooks that never return.
 
 use super::super::fake_model::{FakeModel, Script};
-use super::super::fake_telegram::{Chat, FakeTelegram, TOKEN, User};
-use super::super::support::{new_agent, write};
+use super::super::fake_telegram::{Chat, FakeTelegram, User};
+use super::super::service::{agent_with, start};
+use super::super::support::{new_agent, stderr, stdout, write};
+use super::{exits_within, perch_on_the_double, stop_within};
 use chrono::TimeZone;
 use perch::channel::{InboundEvent, Sender};
-use perch::doctor::Places;
 use perch::inbox::{Inbox, Recorded, Verdict};
 use perch::log::Clock;
 use perch_core::config::Api;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 /// A `__close` handler that never returns, added to the metatable after `setmetatable` (which
@@ -21,67 +22,9 @@ const CLOSE_IN_A_COROUTINE: &str = "local mt = {}\n  local forever = setmetatabl
     mt.__close = function() while true do end end\n  \
     coroutine.wrap(function()\n    local x <close> = forever\n    while true do end\n  end)()";
 
-fn perch(args: &[&str], failpoint: Option<&str>) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_perch"));
-    command
-        .args(args)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("PERCH_SANDBOX", "namespace-double")
-        .env("PERCH_CACHE", Places::from_environment().cache)
-        .env("TELEGRAM_TOKEN", TOKEN)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if let Some(point) = failpoint {
-        command.env("PERCH_FAILPOINT", point);
-    }
-    command
-}
-
-fn start(dir: &Path, failpoint: Option<&str>) -> Child {
-    perch(&["run", dir.to_str().unwrap()], failpoint)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-/// Waits at most `limit` for `child` to exit; kills it and fails the test if it does not.
-fn exits_within(mut child: Child, limit: Duration, what: &str) -> (ExitStatus, String, String) {
-    let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            let output = child.wait_with_output().unwrap();
-            return (
-                output.status,
-                String::from_utf8_lossy(&output.stdout).into_owned(),
-                String::from_utf8_lossy(&output.stderr).into_owned(),
-            );
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn signal(child: &Child, signal: nix::sys::signal::Signal) {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
-        signal,
-    )
-    .unwrap();
-}
-
 /// SIGTERM, then at most ten seconds to exit cleanly.
 fn stop(child: Child) -> String {
-    signal(&child, nix::sys::signal::Signal::SIGTERM);
-    let (status, _, stderr) =
-        exits_within(child, Duration::from_secs(10), "perch run after SIGTERM");
-    assert!(status.success(), "perch run did not stop cleanly: {stderr}");
-    stderr
+    stop_within(child, Duration::from_secs(10))
 }
 
 fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
@@ -93,11 +36,11 @@ fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
 }
 
 fn status_json(dir: &Path) -> serde_json::Value {
-    let child = perch(&["status", dir.to_str().unwrap(), "--json"], None)
+    let child = perch_on_the_double(&["status", dir.to_str().unwrap(), "--json"])
         .spawn()
         .unwrap();
-    let (_, stdout, _) = exits_within(child, Duration::from_secs(20), "perch status");
-    serde_json::from_str(&stdout).unwrap_or_default()
+    let output = exits_within(child, Duration::from_secs(20), "perch status");
+    serde_json::from_slice(&output.stdout).unwrap_or_default()
 }
 
 /// An agent with a Telegram channel whose `on_message` is `on_message`.
@@ -106,19 +49,15 @@ fn agent_with_hook(
     telegram: &FakeTelegram,
     on_message: &str,
 ) -> tempfile::TempDir {
-    let dir = new_agent();
-    write(dir.path(), "models.yml", &model.models_yml("fake", "m1"));
-    write(dir.path(), "agent.lua", "agent { model = \"fake/m1\" }\n");
-    write(
-        dir.path(),
+    agent_with(
+        model,
         "channels/tg.lua",
         &format!(
             "channel {{\n  kind = \"telegram\",\n  token = env \"TELEGRAM_TOKEN\",\n  api_url = {:?},\n  \
              dm = \"allow\",\n  on_message = {on_message},\n}}\n",
             telegram.api_url()
         ),
-    );
-    dir
+    )
 }
 
 fn replies_to(telegram: &FakeTelegram, chat: i64) -> Vec<String> {
@@ -140,12 +79,13 @@ fn a_close_handler_in_a_failed_coroutine_is_a_problem_for_perch_info_not_a_hang(
             "{CLOSE_IN_A_COROUTINE}\nchannel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\" }}\n"
         ),
     );
-    let child = perch(&["info", dir.path().to_str().unwrap()], None)
+    let child = perch_on_the_double(&["info", dir.path().to_str().unwrap()])
         .spawn()
         .unwrap();
-    let (status, stdout, stderr) = exits_within(child, Duration::from_secs(30), "perch info");
-    assert!(!status.success(), "{stdout}");
-    let shown = format!("{stdout}{stderr}");
+    let output = exits_within(child, Duration::from_secs(30), "perch info");
+    let stdout = stdout(&output);
+    assert!(!output.status.success(), "{stdout}");
+    let shown = format!("{stdout}{}", stderr(&output));
     assert!(
         shown.contains("channels/tg.lua:5: variable 'x' got a non-closable value"),
         "{shown}"
@@ -237,8 +177,12 @@ fn a_message_whose_hook_crashed_perch_is_rejected_at_restart_not_decided_again()
     let (alice, bob) = (User::human(42, "Alice"), User::human(43, "Bob"));
     telegram.push_message(&Chat::private(&alice), &alice, "poison");
     let crashed = start(dir.path(), Some("during:on_message"));
-    let (status, _, stderr) = exits_within(crashed, Duration::from_secs(60), "the crashing run");
-    assert!(!status.success(), "the failpoint did not fire: {stderr}");
+    let crash = exits_within(crashed, Duration::from_secs(60), "the crashing run");
+    assert!(
+        !crash.status.success(),
+        "the failpoint did not fire: {}",
+        stderr(&crash)
+    );
 
     model.push(Script::text("hello Bob"));
     let child = start(dir.path(), None);

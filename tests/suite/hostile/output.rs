@@ -1,14 +1,14 @@
 //! A guest that floods output: the host keeps a bounded head and tail per stream, the whole
 //! output stays in the guest, and every command has a timeout and the run's cancellation.
 
+use super::{exits_within, perch_on_the_double};
 use crate::suite::fake_model::{FakeModel, Reply, Script};
 use crate::suite::fake_telegram::{Chat, FakeTelegram, User};
 use crate::suite::service::{start, stop, telegram_agent, wait_until};
 use crate::suite::support::{new_agent, stderr, stdout, write};
-use perch::doctor::Places;
 use perch_core::config::Api;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output};
 use std::time::{Duration, Instant};
 
 /// What the host keeps of each of a command's two streams.
@@ -41,22 +41,8 @@ tool("long", {
 })
 "#;
 
-fn perch_command(args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_perch"));
-    command
-        .args(args)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("PERCH_SANDBOX", "namespace-double")
-        .env("PERCH_CACHE", Places::from_environment().cache)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
 fn perch(args: &[&str]) -> Output {
-    perch_command(args).output().unwrap()
+    perch_on_the_double(args).output().unwrap()
 }
 
 fn agent() -> tempfile::TempDir {
@@ -105,7 +91,7 @@ fn a_flooding_command_keeps_host_memory_bounded_and_its_whole_output_in_the_gues
     let path = dir.path().to_str().unwrap();
     let flood = 200_000_000u64;
     let arguments = format!(r#"{{"command": "yes | head -c {flood}"}}"#);
-    let child = perch_command(&["tool", path, "bash", "--args", &arguments])
+    let child = perch_on_the_double(&["tool", path, "bash", "--args", &arguments])
         .spawn()
         .unwrap();
     let (peak, output) = peak_rss_until_exit(child);
@@ -179,11 +165,11 @@ fn plant_a_hanging_cat(dir: &Path) {
 fn keeping_a_long_result_in_the_guest_times_out() {
     let dir = agent();
     plant_a_hanging_cat(dir.path());
-    let child = perch_command(&["tool", dir.path().to_str().unwrap(), "long"])
+    let child = perch_on_the_double(&["tool", dir.path().to_str().unwrap(), "long"])
         .spawn()
         .unwrap();
     let started = Instant::now();
-    let output = wait_at_most(child, Duration::from_secs(60));
+    let output = exits_within(child, Duration::from_secs(60), "perch tool long");
     assert!(
         started.elapsed() < Duration::from_secs(40),
         "{:?}",
@@ -201,7 +187,7 @@ fn keeping_a_long_result_in_the_guest_times_out() {
 fn cancelling_reaches_the_command_that_keeps_a_long_result() {
     let dir = agent();
     plant_a_hanging_cat(dir.path());
-    let child = perch_command(&["tool", dir.path().to_str().unwrap(), "long"])
+    let child = perch_on_the_double(&["tool", dir.path().to_str().unwrap(), "long"])
         .spawn()
         .unwrap();
     let marker = dir.path().join("workspace/cat-started");
@@ -216,7 +202,7 @@ fn cancelling_reaches_the_command_that_keeps_a_long_result() {
         nix::sys::signal::Signal::SIGINT,
     )
     .unwrap();
-    let output = wait_at_most(child, Duration::from_secs(60));
+    let output = exits_within(child, Duration::from_secs(60), "perch tool long");
     assert!(
         interrupted.elapsed() < Duration::from_secs(5),
         "perch took {:?} to stop after the interrupt",
@@ -257,18 +243,4 @@ fn stop_in_chat_reaches_the_command_that_keeps_a_long_result() {
             .any(|sent| sent.shown == "still here")
     });
     stop(child);
-}
-
-/// Waits for `child`, killing it (and failing) when it outlives `limit`.
-fn wait_at_most(mut child: Child, limit: Duration) -> Output {
-    let deadline = Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            let output = child.wait_with_output().unwrap();
-            panic!("perch still ran after {limit:?}: {}", stderr(&output));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
 }

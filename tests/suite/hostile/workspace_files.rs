@@ -1,16 +1,17 @@
 //! A guest writing hostile files into `workspace/`: deep YAML, huge files, FIFOs, symlinks to
 //! host files or devices, a HEARTBEAT.yml rewritten in a loop.
 
+use super::{exits_within, perch_isolated, stop_within};
 use crate::suite::fake_model::{FakeModel, Script};
-use crate::suite::fake_telegram::{Chat, FakeTelegram, TOKEN, User};
+use crate::suite::fake_telegram::{Chat, FakeTelegram, User};
+use crate::suite::service::{start, telegram_agent, wait_until};
 use crate::suite::support::{new_agent, write};
-use perch::doctor::Places;
 use perch_core::config::Api;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long a command that must return promptly may take on a loaded CI machine.
 const PROMPT: Duration = Duration::from_secs(20);
@@ -21,89 +22,15 @@ const MEMORY_BOUND_KIB: u64 = 256 * 1024;
 /// A line only a host file holds, to show that its content never reaches perch's output.
 const HOST_MARKER: &str = "host-only-marker-5f1c";
 
-fn telegram_agent(model: &FakeModel, telegram: &FakeTelegram) -> tempfile::TempDir {
-    let dir = new_agent();
-    write(dir.path(), "models.yml", &model.models_yml("fake", "m1"));
-    write(dir.path(), "agent.lua", "agent { model = \"fake/m1\" }\n");
-    write(
-        dir.path(),
-        "channels/tg.lua",
-        &format!(
-            "channel {{\n  kind = \"telegram\",\n  token = env \"TELEGRAM_TOKEN\",\n  api_url = {:?},\n  dm = \"allow\",\n}}\n",
-            telegram.api_url()
-        ),
-    );
-    dir
-}
-
-fn start(dir: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_perch"))
-        .args(["run", dir.to_str().unwrap()])
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("PERCH_SANDBOX", "namespace-double")
-        .env("PERCH_CACHE", Places::from_environment().cache)
-        .env("TELEGRAM_TOKEN", TOKEN)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-/// SIGTERM, then the exit, which must be clean and come within [`PROMPT`].
-fn stop(mut child: Child) -> String {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let deadline = Instant::now() + PROMPT + Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("perch run did not stop on SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let output = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert!(
-        output.status.success(),
-        "perch run did not stop cleanly ({}): {stderr}",
-        output.status
-    );
-    stderr
-}
-
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// SIGTERM, then the exit, which must be clean and come within [`PROMPT`] and half a minute.
+fn stop(child: Child) -> String {
+    stop_within(child, PROMPT + Duration::from_secs(30))
 }
 
 /// `perch ARGS`, which must end within [`PROMPT`] (a FIFO once hung it for good).
 fn perch_promptly(args: &[&str]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_perch"))
-        .args(args)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > PROMPT {
-            let _ = child.kill();
-            panic!("perch {args:?} did not return within {PROMPT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+    let child = perch_isolated(args).spawn().unwrap();
+    exits_within(child, PROMPT, &format!("perch {args:?}"))
 }
 
 fn shown(output: &Output) -> String {
@@ -345,7 +272,7 @@ fn perch_run_keeps_answering_through_hostile_workspace_files() {
             "- ".repeat(15_000)
         ),
     );
-    let child = start(agent.path());
+    let child = start(agent.path(), None);
     let alice = User::human(42, "Alice");
     let mut answered = 0;
     let mut ask = |text: &str| {
