@@ -145,6 +145,9 @@ validated_name!(
     "a DNS name such as api.github.com, or *.example.com for its subdomains; not an IP address"
 );
 
+/// The name under which a guest reaches its own host, when `allow` lists it.
+pub const HOST_ALIAS: &str = "host.microsandbox.internal";
+
 fn is_host_pattern(value: &str) -> bool {
     let name = value.strip_prefix("*.").unwrap_or(value);
     let labels: Vec<&str> = name.split('.').collect();

@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 /// The name under which the guest reaches the host. microsandbox resolves it to the
 /// per-sandbox gateway, which is `DestinationGroup::Host` in its policy vocabulary.
-pub const HOST_ALIAS: &str = "host.microsandbox.internal";
+pub use perch_core::name::HOST_ALIAS;
 
 /// How long a graceful stop may take before the machine is killed (its disk stays).
 const STOP_GRACE: Duration = Duration::from_secs(20);
@@ -412,14 +412,14 @@ fn network_policy(allow: &[HostName]) -> Result<NetworkPolicy, String> {
 /// The guest's network policy ([`network_policy`]) and secrets, built without touching
 /// microsandbox's state so that tests can read them; [`Microvm::builder`] applies both.
 ///
-/// Each [`super::ResolvedSecret`] becomes a microsandbox secret: the guest sees the spec's
+/// Each [`super::ResolvedSecret`] becomes one microsandbox secret: the guest sees the spec's
 /// placeholder in env var `env`; the value is substituted (in request headers, microsandbox's
 /// default) only in requests to `hosts` over intercepted TLS whose SNI and DNS resolution
-/// agree. [`HOST_ALIAS`] is the one host that may get it over plain HTTP: a second entry with
-/// the same env and placeholder covers it (microsandbox merges duplicate declarations of a
-/// placeholder), so plain HTTP stays refused for every other host. Adding any secret turns
-/// microsandbox's TLS interception on. The value leaves [`perch_core::secret::Secret`] only in
-/// the `.value(...)` call here.
+/// agree. [`HOST_ALIAS`] is the one host that may get it over plain HTTP, and a secret for it
+/// names no other host: microsandbox 0.7.11 keeps one TLS setting per secret and replaces an
+/// entry with the same env rather than merging it, so `sandbox.lua` refuses the mix at load and
+/// this refuses it again. Adding any secret turns microsandbox's TLS interception on. The value
+/// leaves [`perch_core::secret::Secret`] only in the `.value(...)` call here.
 fn guest_network(spec: &Spec) -> Result<NetworkConfig, SandboxError> {
     let policy = network_policy(&spec.allow).map_err(|reason| SandboxError::Failed {
         action: "configure",
@@ -436,30 +436,25 @@ fn guest_network(spec: &Spec) -> Result<NetworkConfig, SandboxError> {
                 reason: format!("the secret {} names no host it may be sent to", secret.env),
             });
         }
-        let entry = || {
+        let to_alias = secret.hosts.iter().any(|host| host.as_str() == HOST_ALIAS);
+        if to_alias && secret.hosts.len() > 1 {
+            return Err(SandboxError::Failed {
+                action: "configure",
+                reason: format!(
+                    "the secret {} names {HOST_ALIAS} beside other hosts; give {HOST_ALIAS} a secret of its own",
+                    secret.env
+                ),
+            });
+        }
+        let entry = secret.hosts.iter().fold(
             SecretBuilder::new()
                 .env(secret.env.as_str())
                 .source(SecretSource::env(secret.source.as_str()))
                 .placeholder(secret.placeholder.as_str())
-        };
-        let tls_hosts: Vec<&str> = secret
-            .hosts
-            .iter()
-            .map(HostName::as_str)
-            .filter(|host| *host != HOST_ALIAS)
-            .collect();
-        if !tls_hosts.is_empty() {
-            let tls = tls_hosts
-                .iter()
-                .fold(entry().require_tls_identity(true), |entry, host| {
-                    entry.allow(host)
-                });
-            network.secrets.secrets.push(tls.build());
-        }
-        if secret.hosts.iter().any(|host| host.as_str() == HOST_ALIAS) {
-            let plain = entry().allow(HOST_ALIAS).require_tls_identity(false);
-            network.secrets.secrets.push(plain.build());
-        }
+                .require_tls_identity(!to_alias),
+            |entry, host| entry.allow(host.as_str()),
+        );
+        network.secrets.secrets.push(entry.build());
     }
     network
         .secrets
@@ -750,35 +745,56 @@ mod tests {
     }
 
     #[test]
-    fn secrets_need_tls_except_towards_the_host_alias() {
+    fn a_secret_is_one_entry_that_keeps_every_host_and_needs_tls() {
         let spec = spec(
-            &["api.github.com", HOST_ALIAS],
-            &["api.github.com", HOST_ALIAS],
+            &["api.github.com", "uploads.github.com"],
+            &["api.github.com", "uploads.github.com"],
         );
         let network = guest_network(&spec).unwrap();
         let entries = &network.secrets.secrets;
-        assert_eq!(entries.len(), 2);
-        for entry in entries {
-            assert_eq!(entry.env_var, "GITHUB_TOKEN");
-            assert_eq!(entry.placeholder, "perch-github-token");
-            assert_eq!(entry.value.as_str(), "", "no value at rest");
-            assert_eq!(
-                entry.source,
-                Some(SecretSource::env("GITHUB_TOKEN")),
-                "read from the host variable at boot"
-            );
-        }
+        assert_eq!(
+            entries.len(),
+            1,
+            "one entry per env: microsandbox keeps only the last"
+        );
+        let entry = &entries[0];
+        assert_eq!(entry.env_var, "GITHUB_TOKEN");
+        assert_eq!(entry.placeholder, "perch-github-token");
+        assert_eq!(entry.value.as_str(), "", "no value at rest");
+        assert_eq!(
+            entry.source,
+            Some(SecretSource::env("GITHUB_TOKEN")),
+            "read from the host variable at boot"
+        );
+        assert_eq!(
+            entry.allowed_hosts,
+            vec![
+                HostPattern::Exact("api.github.com".into()),
+                HostPattern::Exact("uploads.github.com".into())
+            ]
+        );
+        assert!(entry.require_tls_identity);
+    }
+
+    #[test]
+    fn a_secret_for_the_host_alias_alone_goes_over_plain_http_and_never_beside_other_hosts() {
+        let network = guest_network(&spec(&[HOST_ALIAS], &[HOST_ALIAS])).unwrap();
+        let entries = &network.secrets.secrets;
+        assert_eq!(entries.len(), 1);
         assert_eq!(
             entries[0].allowed_hosts,
-            vec![HostPattern::Exact("api.github.com".into())]
-        );
-        assert!(entries[0].require_tls_identity);
-        assert_eq!(
-            entries[1].allowed_hosts,
             vec![HostPattern::Exact(HOST_ALIAS.into())]
         );
-        assert!(!entries[1].require_tls_identity);
-        assert_eq!(rules(&network.policy).len(), 10);
+        assert!(!entries[0].require_tls_identity);
+        let mixed = spec(
+            &["api.github.com", HOST_ALIAS],
+            &["api.github.com", HOST_ALIAS],
+        );
+        let refused = guest_network(&mixed).unwrap_err().to_string();
+        assert!(
+            refused.contains("give host.microsandbox.internal a secret of its own"),
+            "{refused}"
+        );
     }
 
     #[test]

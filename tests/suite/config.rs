@@ -103,6 +103,32 @@ fn a_secret_for_a_host_the_guest_cannot_reach_is_refused() {
 }
 
 #[test]
+fn a_secret_for_the_host_alias_and_another_host_is_refused_with_a_second_secret_suggested() {
+    let found = problems_with(
+        "sandbox.lua",
+        "sandbox {\n  allow = { \"api.github.com\", \"host.microsandbox.internal\" },\n  secrets = { { env = \"T\", source = env \"T\", hosts = { \"api.github.com\", \"host.microsandbox.internal\" } } },\n}\n",
+    );
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(
+        found[0].starts_with(
+            "sandbox.lua:1: secrets[1].hosts: host.microsandbox.internal cannot share a secret with other hosts"
+        ),
+        "{found:#?}"
+    );
+    assert!(
+        found[0].contains(
+            "fix: declare a second secret, with its own env, for host.microsandbox.internal alone"
+        ),
+        "{found:#?}"
+    );
+    let alone = problems_with(
+        "sandbox.lua",
+        "sandbox {\n  allow = { \"api.github.com\", \"host.microsandbox.internal\" },\n  secrets = {\n    { env = \"T\", source = env \"T\", hosts = { \"api.github.com\" } },\n    { env = \"L\", source = env \"T\", hosts = { \"host.microsandbox.internal\" } },\n  },\n}\n",
+    );
+    assert!(alone.is_empty(), "{alone:#?}");
+}
+
+#[test]
 fn a_secret_for_a_wildcard_host_is_refused() {
     let found = problems_with(
         "sandbox.lua",

@@ -1,5 +1,5 @@
 use super::{Declaration, single, table_argument};
-use crate::name::{EnvName, HostName};
+use crate::name::{EnvName, HOST_ALIAS, HostName};
 use crate::problem::Problem;
 use crate::secret::EnvRef;
 use crate::tree::{Checker, Fields, Node, Path, Value};
@@ -284,6 +284,18 @@ fn secrets(
                     }
                     exact
                 });
+                if list.len() > 1 && list.iter().any(|host| host.as_str() == HOST_ALIAS) {
+                    checker.report_fix(
+                        node.pos,
+                        &path.key("hosts"),
+                        format!(
+                            "{HOST_ALIAS} cannot share a secret with other hosts: microsandbox keeps one rule per secret, TLS-checked or not, so the other hosts would lose it"
+                        ),
+                        format!(
+                            "declare a second secret, with its own env, for {HOST_ALIAS} alone"
+                        ),
+                    );
+                }
                 if list.is_empty() {
                     checker.report_fix(
                         node.pos,
