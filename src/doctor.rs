@@ -333,7 +333,9 @@ fn tempfile_probe(dir: &Path) -> std::io::Result<()> {
 /// `perch:default` is built: the cache records a build whose root filesystem exists.
 pub fn image(cache: &Path) -> Check {
     match crate::image::resolve_default_image(cache) {
-        Ok(ImageRef::Local { reference, rootfs }) => check(
+        Ok(ImageRef::Local {
+            reference, rootfs, ..
+        }) => check(
             "image",
             true,
             format!(

@@ -392,14 +392,27 @@ pub fn record(cache: &Path, prepared: &Prepared) -> Result<ImageRef, ImageError>
     Ok(ImageRef::Local {
         reference: DEFAULT_REFERENCE.to_owned(),
         rootfs: prepared.dir.rootfs(),
+        layer: built_layer(&prepared.dir).unwrap_or_default(),
     })
+}
+
+/// The digest of the layer the build in `dir` packed, from its `recipe.json`.
+fn built_layer(dir: &ImageDir) -> Option<String> {
+    let recipe = read_json(&dir.recipe())?;
+    recipe["archive"]["layer"]["digest"]
+        .as_str()
+        .filter(|digest| digest.starts_with("sha256:"))
+        .map(str::to_owned)
 }
 
 /// `perch image load`: loads the build `images/default.json` records into this user's
 /// microsandbox home. Writes nothing into the cache, which may be root's.
 pub async fn load_recorded(cache: &Path) -> Result<ImageRef, ImageError> {
     let image = resolve_default_image(cache)?;
-    if let ImageRef::Local { reference, rootfs } = &image {
+    if let ImageRef::Local {
+        reference, rootfs, ..
+    } = &image
+    {
         crate::sandbox::microvm::load_image(&rootfs.with_file_name("image.tar"), reference).await?;
     }
     Ok(image)
@@ -435,18 +448,29 @@ pub fn resolve_default_image(cache: &Path) -> Result<ImageRef, SandboxError> {
             path.display()
         )));
     };
-    let rootfs = ImageDir::new(cache, key).rootfs();
+    let dir = ImageDir::new(cache, key);
+    let rootfs = dir.rootfs();
     if !rootfs.is_dir() {
         return Err(not_built(format!(
             "the image {DEFAULT_REFERENCE} is not built: {} is missing",
             rootfs.display()
         )));
     }
+    let Some(layer) = built_layer(&dir) else {
+        return Err(not_built(format!(
+            "the image {DEFAULT_REFERENCE} is not built: {} names no packed layer",
+            dir.recipe().display()
+        )));
+    };
     let reference = record["reference"]
         .as_str()
         .unwrap_or(DEFAULT_REFERENCE)
         .to_owned();
-    Ok(ImageRef::Local { reference, rootfs })
+    Ok(ImageRef::Local {
+        reference,
+        rootfs,
+        layer,
+    })
 }
 
 /// The digests of a packed archive's blobs.

@@ -727,6 +727,7 @@ mod tests {
             image: ImageRef::Local {
                 reference: "perch:default".into(),
                 rootfs: "/nonexistent".into(),
+                layer: "sha256:0".into(),
             },
             cpus: 1,
             memory: 512,

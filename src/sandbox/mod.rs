@@ -86,9 +86,14 @@ pub struct Spec {
 /// The image a machine boots from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ImageRef {
-    /// perch's own image, built by `perch image build`: the name it was loaded under, and the
-    /// root filesystem tree it was packed from.
-    Local { reference: String, rootfs: PathBuf },
+    /// perch's own image, built by `perch image build`: the name it was loaded under, the root
+    /// filesystem tree it was packed from, and the digest of the layer that boots (its identity
+    /// in the machine's fingerprint, so a rebuild recreates the machine).
+    Local {
+        reference: String,
+        rootfs: PathBuf,
+        layer: String,
+    },
     /// An OCI reference microsandbox pulls from a registry.
     Registry(String),
 }

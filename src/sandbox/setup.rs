@@ -69,7 +69,9 @@ pub fn machine_for(
         ImageRef::Registry(policy.image.clone())
     };
     let image_identity = match &image {
-        ImageRef::Local { reference, rootfs } => format!("{reference}@{}", rootfs.display()),
+        ImageRef::Local {
+            reference, layer, ..
+        } => format!("{reference}@{layer}"),
         ImageRef::Registry(reference) => reference.clone(),
     };
     let mut secrets = Vec::new();

@@ -175,6 +175,11 @@ fn the_image_check_reads_the_cache_record() {
             .key();
     std::fs::create_dir_all(places.cache.join(format!("images/{key}/rootfs"))).unwrap();
     std::fs::write(
+        places.cache.join(format!("images/{key}/recipe.json")),
+        r#"{"archive":{"layer":{"digest":"sha256:1111","size":1}}}"#,
+    )
+    .unwrap();
+    std::fs::write(
         places.cache.join("images/default.json"),
         format!(r#"{{"reference":"perch:default","key":"{key}"}}"#),
     )

@@ -320,15 +320,39 @@ fn the_default_image_resolves_only_when_built() {
     let error = image::resolve_default_image(cache).unwrap_err();
     assert!(error.to_string().contains("is missing"), "{error}");
 
-    let rootfs = ImageDir::new(cache, &key).rootfs();
+    let built = ImageDir::new(cache, &key);
+    let rootfs = built.rootfs();
     std::fs::create_dir_all(&rootfs).unwrap();
+    let error = image::resolve_default_image(cache).unwrap_err();
+    assert!(
+        error.to_string().contains("names no packed layer"),
+        "{error}"
+    );
+
+    let layer = |digest: &str| {
+        std::fs::write(
+            built.recipe(),
+            format!(r#"{{"archive":{{"layer":{{"digest":"{digest}","size":1}}}}}}"#),
+        )
+        .unwrap();
+    };
+    layer("sha256:1111");
     assert_eq!(
         image::resolve_default_image(cache).unwrap(),
         ImageRef::Local {
             reference: "perch:default".into(),
-            rootfs
+            rootfs,
+            layer: "sha256:1111".into(),
         }
     );
+    // A rebuild packs another layer under the same recipe key and rootfs path: the image's
+    // identity, and so the machine's fingerprint, changes with it.
+    layer("sha256:2222");
+    let ImageRef::Local { layer: rebuilt, .. } = image::resolve_default_image(cache).unwrap()
+    else {
+        panic!("a local image");
+    };
+    assert_eq!(rebuilt, "sha256:2222");
 
     std::fs::write(image::default_record(cache), r#"{"key":"../../etc"}"#).unwrap();
     assert!(image::resolve_default_image(cache).is_err());
