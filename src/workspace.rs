@@ -69,6 +69,18 @@ pub fn read_workspace_file(
     workspace: &Path,
     relative: &Path,
 ) -> Result<Option<WorkspaceText>, Problem> {
+    match open_parent(workspace, relative)? {
+        Some((dir, name)) => dir.read_file(name),
+        None => Ok(None),
+    }
+}
+
+/// The directory holding `relative` under `workspace`, held open, and the file's name in it;
+/// `Ok(None)` when that directory does not exist.
+fn open_parent<'a>(
+    workspace: &Path,
+    relative: &'a Path,
+) -> Result<Option<(WorkspaceDir, &'a OsStr)>, Problem> {
     let (Some(parent), Some(name)) = (relative.parent(), relative.file_name()) else {
         return Err(problem(
             relative,
@@ -77,7 +89,7 @@ pub fn read_workspace_file(
         ));
     };
     match WorkspaceDir::open(workspace, parent) {
-        Ok(Some(dir)) => dir.read_file(name),
+        Ok(Some(dir)) => Ok(Some((dir, name))),
         Ok(None) => Ok(None),
         Err(found) => Err(Problem {
             message: format!("is under {}, which {}", found.file, found.message),
@@ -280,21 +292,9 @@ pub fn read_workspace_text(
     relative: &Path,
     limit: u64,
 ) -> Result<Option<String>, Problem> {
-    let (Some(parent), Some(name)) = (relative.parent(), relative.file_name()) else {
-        return Err(problem(
-            relative,
-            "is not a plain path inside the workspace",
-            "name the file by a relative path without `..`",
-        ));
-    };
-    match WorkspaceDir::open(workspace, parent) {
-        Ok(Some(dir)) => dir.read_whole_file(name, limit),
-        Ok(None) => Ok(None),
-        Err(found) => Err(Problem {
-            message: format!("is under {}, which {}", found.file, found.message),
-            file: label(relative),
-            ..found
-        }),
+    match open_parent(workspace, relative)? {
+        Some((dir, name)) => dir.read_whole_file(name, limit),
+        None => Ok(None),
     }
 }
 
