@@ -1,0 +1,25 @@
+//! `msb`, stood in for: the microsandbox 0.7.11 runtime's process boundary (argv, inherited
+//! descriptors, the catalog, the agent and control sockets) with commands run in Linux
+//! namespaces instead of a microVM. A test fixture only; never installed.
+
+/// The version stamp the crate reads from the runtime's ELF (`.msbver`) to choose the launch
+/// contract; it must equal the crate's own version.
+#[allow(unsafe_code)]
+#[unsafe(link_section = ".msbver")]
+#[used]
+static MSB_VERSION_STAMP: [u8; 6] = *b"0.7.11";
+
+fn main() -> std::process::ExitCode {
+    use std::io::Write;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("--version") => {
+            let _ = writeln!(std::io::stdout(), "msb 0.7.11");
+            std::process::ExitCode::SUCCESS
+        }
+        _ => {
+            let _ = writeln!(std::io::stderr(), "msb stand-in: unsupported arguments {args:?}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
