@@ -28,7 +28,10 @@ use perch_core::admission::{Admission, Arrived, admit};
 use perch_core::alert::AlertKind;
 use perch_core::chat::{BotTurns, ChatCommand};
 use perch_core::config::BusyPolicy;
-use perch_core::delivery::{Unreceipted, lane_for, split_message};
+use perch_core::delivery::{
+    AttemptFailure, Attempts, NotSentBecause, Retry, Unreceipted, after_failure, lane_for,
+    split_message,
+};
 use perch_core::heartbeat::{SlotOutcome, Target, Verdict as HeartbeatVerdict};
 use perch_core::log::Outcome;
 use perch_core::name::LaneName;
@@ -1706,70 +1709,62 @@ impl Service {
             };
             &noted
         };
-        let window = channel.connector.limits().resend_window;
-        let mut attempts = 0;
-        let mut rate_limited = Duration::ZERO;
+        let resends = channel.connector.limits().resend_window.is_some();
+        let mut attempts = Attempts::default();
         let mut refused = None;
         let record = loop {
-            attempts += 1;
-            match channel.connector.post(delivery, &uploads).await {
+            let error = match channel.connector.post(delivery, &uploads).await {
                 Ok(receipt) => {
                     crate::failpoint::hit("after:delivery_sent");
                     break OutboxRecord::Receipt { intent, receipt };
                 }
-                // A 429 means the message was not posted: wait as told, however often, up to a
-                // bound; it never makes a delivery's fate unknown.
-                Err(DeliveryError::RateLimited { retry_after }) => {
-                    rate_limited += retry_after;
-                    if rate_limited > MAX_RATE_LIMITED {
-                        break OutboxRecord::Dropped {
-                            intent,
-                            reason: format!(
-                                "not sent: the platform kept asking to wait for over {} s",
-                                MAX_RATE_LIMITED.as_secs()
-                            ),
-                        };
+                Err(error) => error,
+            };
+            let (message, failure) = match &error {
+                DeliveryError::RateLimited { retry_after } => (
+                    String::new(),
+                    AttemptFailure::RateLimited {
+                        retry_after: *retry_after,
+                    },
+                ),
+                DeliveryError::Rejected { message } => (message.clone(), AttemptFailure::Rejected),
+                DeliveryError::Failed { message } => (message.clone(), AttemptFailure::Failed),
+                DeliveryError::NotSent { message } => (message.clone(), AttemptFailure::NotSent),
+            };
+            let retry;
+            (attempts, retry) = after_failure(attempts, failure, resends);
+            match retry {
+                Retry::After(wait) => {
+                    match failure {
+                        AttemptFailure::NotSent => tracing::warn!(
+                            channel = %channel.loaded.config.name,
+                            delivery = %delivery.id,
+                            "delivery {} did not reach the platform ({message}); trying again in {} s",
+                            delivery.id,
+                            wait.as_secs()
+                        ),
+                        AttemptFailure::Failed => tracing::warn!(
+                            channel = %channel.loaded.config.name,
+                            delivery = %delivery.id,
+                            "delivery {} failed ({message}); resending with the same id",
+                            delivery.id
+                        ),
+                        AttemptFailure::RateLimited { .. } | AttemptFailure::Rejected => {}
                     }
-                    tokio::time::sleep(retry_after).await;
+                    if !wait.is_zero() {
+                        tokio::time::sleep(wait).await;
+                    }
                 }
-                Err(DeliveryError::Rejected { message }) => {
-                    if !uploads.is_empty() {
+                Retry::NotSent(because) => {
+                    if because == NotSentBecause::Rejected && !uploads.is_empty() {
                         refused = Some(message.clone());
                     }
                     break OutboxRecord::Dropped {
                         intent,
-                        reason: message,
+                        reason: because.reason(&message),
                     };
                 }
-                Err(DeliveryError::NotSent { message }) if attempts < NOT_SENT_ATTEMPTS => {
-                    let wait = Duration::from_secs(1 << (attempts - 1).min(6))
-                        .min(Duration::from_secs(60));
-                    tracing::warn!(
-                        channel = %channel.loaded.config.name,
-                        delivery = %delivery.id,
-                        "delivery {} did not reach the platform ({message}); trying again in {} s",
-                        delivery.id,
-                        wait.as_secs()
-                    );
-                    tokio::time::sleep(wait).await;
-                }
-                Err(DeliveryError::NotSent { message }) => {
-                    break OutboxRecord::Dropped {
-                        intent,
-                        reason: format!(
-                            "never reached the platform in {attempts} attempts: {message}"
-                        ),
-                    };
-                }
-                Err(DeliveryError::Failed { message }) if window.is_some() && attempts < 3 => {
-                    tracing::warn!(
-                        channel = %channel.loaded.config.name,
-                        delivery = %delivery.id,
-                        "delivery {} failed ({message}); resending with the same id",
-                        delivery.id
-                    );
-                }
-                Err(error) => {
+                Retry::Unknown => {
                     self.alert(
                         AlertKind::DeliveryUnknown,
                         format!(
@@ -1992,14 +1987,6 @@ impl Service {
         }))
     }
 }
-
-/// The longest a delivery waits out a platform's rate limits, in total, before it is given up
-/// as not sent.
-const MAX_RATE_LIMITED: Duration = Duration::from_secs(600);
-
-/// Attempts at a delivery that never reached its platform (1 s, doubling to a minute, between
-/// them: about four minutes) before it is given up as not sent.
-const NOT_SENT_ATTEMPTS: u32 = 10;
 
 /// The longest readiness waits for the channels' first connection attempts.
 const FIRST_CONNECTION: Duration = Duration::from_secs(30);

@@ -1,6 +1,6 @@
 //! Pure decisions for chat delivery: delivery ids, splitting a reply to a platform's limit,
-//! what to do with a delivery that has no receipt after a restart, and which lane a
-//! conversation belongs to.
+//! whether a failed attempt is tried again, what to do with a delivery that has no receipt after
+//! a restart, and which lane a conversation belongs to.
 
 use crate::Timestamp;
 use crate::name::LaneName;
@@ -49,6 +49,120 @@ pub fn unreceipted(
         Some(window) if age <= window => Unreceipted::Resend,
         _ => Unreceipted::Unknown,
     }
+}
+
+/// The longest a delivery waits out a platform's rate limits, in total, before it is given up
+/// as not sent.
+pub const MAX_RATE_LIMITED: Duration = Duration::from_secs(600);
+
+/// Attempts at a delivery that never reached its platform (1 s, doubling to a minute, between
+/// them: about four minutes) before it is given up as not sent.
+pub const NOT_SENT_ATTEMPTS: u32 = 10;
+
+/// Attempts at a delivery whose request failed with an unknown fate, on a platform that drops a
+/// resend with the same id, before its fate is given up as unknown.
+pub const RESEND_ATTEMPTS: u32 = 3;
+
+/// How one attempt at a delivery failed, as far as trying again goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptFailure {
+    /// The platform asked to wait this long; the message was not posted.
+    RateLimited { retry_after: Duration },
+    /// The platform refused this message for good.
+    Rejected,
+    /// The request failed; whether the message was posted is unknown.
+    Failed,
+    /// The request never reached the platform; the message was certainly not posted.
+    NotSent,
+}
+
+/// What a delivery went through so far: the attempts made and the rate-limit waits taken.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Attempts {
+    /// Attempts made, the one that just failed included.
+    pub made: u32,
+    /// The platform's rate-limit waits already waited out, in total.
+    pub rate_limited: Duration,
+}
+
+/// What to do after a failed attempt at a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// Send again, with the same id, after waiting this long (zero: at once).
+    After(Duration),
+    /// Give up: the message was certainly not posted (recorded as `dropped`).
+    NotSent(NotSentBecause),
+    /// Give up: whether the message was posted is unknown (recorded as `unknown`, reported, and
+    /// never resent, so nothing is posted twice).
+    Unknown,
+}
+
+/// Why a delivery was given up as not sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotSentBecause {
+    /// The platform kept asking to wait for longer than [`MAX_RATE_LIMITED`] in total.
+    RateLimitedTooLong,
+    /// The platform refused the message for good.
+    Rejected,
+    /// It never reached the platform in this many attempts.
+    NeverReached { attempts: u32 },
+}
+
+impl NotSentBecause {
+    /// The reason recorded with the dropped delivery; `message` is the platform's or the
+    /// connection's last error.
+    pub fn reason(&self, message: &str) -> String {
+        match self {
+            NotSentBecause::RateLimitedTooLong => format!(
+                "not sent: the platform kept asking to wait for over {} s",
+                MAX_RATE_LIMITED.as_secs()
+            ),
+            NotSentBecause::Rejected => message.to_owned(),
+            NotSentBecause::NeverReached { attempts } => {
+                format!("never reached the platform in {attempts} attempts: {message}")
+            }
+        }
+    }
+}
+
+/// Decides what follows a failed attempt. `before` is the history before it (so `before.made` is
+/// the number of earlier attempts); `resends` says whether the platform drops a resend with the
+/// same id inside its deduplication window. Returns the history including this attempt beside
+/// the decision.
+///
+/// A rate limit means the message was not posted: it is waited out however often, up to
+/// [`MAX_RATE_LIMITED`] in total, and never makes a delivery's fate unknown. A request that never
+/// reached the platform is tried [`NOT_SENT_ATTEMPTS`] times, 1 s doubling to a minute apart. A
+/// failed request is resent at once with the same id only where the platform deduplicates, up to
+/// [`RESEND_ATTEMPTS`] in all; otherwise its fate is unknown.
+pub fn after_failure(
+    before: Attempts,
+    failure: AttemptFailure,
+    resends: bool,
+) -> (Attempts, Retry) {
+    let made = before.made.saturating_add(1);
+    let mut now = Attempts {
+        made,
+        rate_limited: before.rate_limited,
+    };
+    let retry = match failure {
+        AttemptFailure::RateLimited { retry_after } => {
+            now.rate_limited = before.rate_limited.saturating_add(retry_after);
+            if now.rate_limited > MAX_RATE_LIMITED {
+                Retry::NotSent(NotSentBecause::RateLimitedTooLong)
+            } else {
+                Retry::After(retry_after)
+            }
+        }
+        AttemptFailure::Rejected => Retry::NotSent(NotSentBecause::Rejected),
+        AttemptFailure::NotSent if made < NOT_SENT_ATTEMPTS => {
+            Retry::After(Duration::from_secs(1 << (made - 1).min(6)).min(Duration::from_secs(60)))
+        }
+        AttemptFailure::NotSent => Retry::NotSent(NotSentBecause::NeverReached { attempts: made }),
+        AttemptFailure::Failed if resends && made < RESEND_ATTEMPTS => Retry::After(Duration::ZERO),
+        AttemptFailure::Failed => Retry::Unknown,
+    };
+    (now, retry)
 }
 
 /// Splits `text` into pieces of at most `max_chars` characters, preferring paragraph breaks,
@@ -218,6 +332,121 @@ mod tests {
         assert_eq!(
             unreceipted(at, later(4000), window, ttl),
             Unreceipted::Expired
+        );
+    }
+
+    /// Runs a sequence of failures through [`after_failure`], returning every decision.
+    fn decisions(failures: &[AttemptFailure], resends: bool) -> Vec<Retry> {
+        let mut attempts = Attempts::default();
+        failures
+            .iter()
+            .map(|failure| {
+                let (next, retry) = after_failure(attempts, *failure, resends);
+                attempts = next;
+                retry
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_retry_policy_by_failure_and_history() {
+        use AttemptFailure::*;
+        let secs = Duration::from_secs;
+        let limited = |s| RateLimited {
+            retry_after: secs(s),
+        };
+        let table: Vec<(&str, Vec<AttemptFailure>, bool, Vec<Retry>)> = vec![
+            (
+                "a rate limit is waited out as told",
+                vec![limited(30)],
+                false,
+                vec![Retry::After(secs(30))],
+            ),
+            (
+                "rate limits add up to the bound and no further",
+                vec![limited(300), limited(300), limited(1)],
+                true,
+                vec![
+                    Retry::After(secs(300)),
+                    Retry::After(secs(300)),
+                    Retry::NotSent(NotSentBecause::RateLimitedTooLong),
+                ],
+            ),
+            (
+                "one wait longer than the bound gives up at once",
+                vec![limited(601)],
+                false,
+                vec![Retry::NotSent(NotSentBecause::RateLimitedTooLong)],
+            ),
+            (
+                "a refusal is final",
+                vec![Rejected],
+                true,
+                vec![Retry::NotSent(NotSentBecause::Rejected)],
+            ),
+            (
+                "a failure without deduplication is unknown at once",
+                vec![Failed],
+                false,
+                vec![Retry::Unknown],
+            ),
+            (
+                "a failure with deduplication is resent at once, three attempts in all",
+                vec![Failed, Failed, Failed],
+                true,
+                vec![
+                    Retry::After(Duration::ZERO),
+                    Retry::After(Duration::ZERO),
+                    Retry::Unknown,
+                ],
+            ),
+            (
+                "rate limits count as attempts for a later failure",
+                vec![limited(1), limited(1), Failed],
+                true,
+                vec![Retry::After(secs(1)), Retry::After(secs(1)), Retry::Unknown],
+            ),
+        ];
+        for (what, failures, resends, expected) in table {
+            assert_eq!(decisions(&failures, resends), expected, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_delivery_that_never_reaches_its_platform_backs_off_then_is_not_sent() {
+        let decided = decisions(
+            &[AttemptFailure::NotSent; NOT_SENT_ATTEMPTS as usize],
+            false,
+        );
+        let waits: Vec<u64> = decided
+            .iter()
+            .filter_map(|retry| match retry {
+                Retry::After(wait) => Some(wait.as_secs()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(
+            decided.last(),
+            Some(&Retry::NotSent(NotSentBecause::NeverReached {
+                attempts: NOT_SENT_ATTEMPTS
+            }))
+        );
+    }
+
+    #[test]
+    fn not_sent_reasons_name_the_cause() {
+        assert_eq!(
+            NotSentBecause::RateLimitedTooLong.reason("429"),
+            "not sent: the platform kept asking to wait for over 600 s"
+        );
+        assert_eq!(
+            NotSentBecause::Rejected.reason("chat not found"),
+            "chat not found"
+        );
+        assert_eq!(
+            NotSentBecause::NeverReached { attempts: 10 }.reason("connection refused"),
+            "never reached the platform in 10 attempts: connection refused"
         );
     }
 
