@@ -14,9 +14,9 @@ use crate::sandbox::{Command, End, Machine};
 use crate::workspace::{FileStamp, read_workspace_text, workspace_file_stamp};
 use perch_core::Timestamp;
 use perch_core::heartbeat::{
-    Finished, HeartbeatEnv, HeartbeatFile, HeartbeatTask, LedgerRecord, LedgerState, Plan,
-    SlotOutcome, TargetSpec, Verdict, correction, judge, next_slot, parse_heartbeat_file, plan,
-    reduce,
+    Finished, HeartbeatEnv, HeartbeatFile, HeartbeatTask, LedgerRecord, LedgerState, ModelFailure,
+    Plan, SlotOutcome, TargetSpec, Verdict, correction, judge, next_slot, parse_heartbeat_file,
+    plan, reduce, stops_task,
 };
 use perch_core::log::Outcome;
 use perch_core::name::TaskName;
@@ -1049,9 +1049,19 @@ fn describe_for_model(outcome: &SlotOutcome) -> String {
 /// The verdict of a turn, judged, with one corrective retry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Judged {
-    Valid { verdict: Verdict, reply: String },
-    Invalid { reason: String, reply: String },
-    Failed { reason: String },
+    Valid {
+        verdict: Verdict,
+        reply: String,
+    },
+    Invalid {
+        reason: String,
+        reply: String,
+    },
+    /// The run failed; `model_failure` is the kind of the model's error when one failed it.
+    Failed {
+        reason: String,
+        model_failure: Option<ModelFailure>,
+    },
 }
 
 /// Sends the job's prompt to `lane` and judges the final reply; an invalid one gets one
@@ -1070,6 +1080,7 @@ pub async fn judged_turn(lane: &Lane, job: &Job) -> Judged {
             Err(error) => {
                 return Judged::Failed {
                     reason: error.to_string(),
+                    model_failure: None,
                 };
             }
         };
@@ -1078,10 +1089,14 @@ pub async fn judged_turn(lane: &Lane, job: &Job) -> Judged {
             Outcome::Cancelled => {
                 return Judged::Failed {
                     reason: "the run was cancelled".into(),
+                    model_failure: None,
                 };
             }
             Outcome::Failed { reason } | Outcome::Interrupted { reason } => {
-                return Judged::Failed { reason };
+                return Judged::Failed {
+                    reason,
+                    model_failure: finished.model_failure,
+                };
             }
         }
         match judge(&finished.text) {
@@ -1135,8 +1150,11 @@ pub async fn take_turn(lane: &Lane, machine: &Machine, job: &Job) -> Turned {
         }
     }
     match judged_turn(lane, job).await {
-        Judged::Failed { reason } => {
-            let stop = stops_task(&reason).then(|| reason.clone());
+        Judged::Failed {
+            reason,
+            model_failure,
+        } => {
+            let stop = stops_task(model_failure).then(|| reason.clone());
             ended(SlotOutcome::Failed { reason }, String::new(), stop)
         }
         Judged::Invalid { reason, reply } => ended(SlotOutcome::Invalid { reason }, reply, None),
@@ -1194,21 +1212,6 @@ pub async fn run_check(machine: &Machine, check: &str) -> Result<Option<String>,
         )),
         end => Err(format!("the check ended: {end:?}")),
     }
-}
-
-/// Whether a failure will not go away by retrying: the provider refused the key or the account
-/// has no quota left.
-pub fn stops_task(reason: &str) -> bool {
-    let lower = reason.to_ascii_lowercase();
-    [
-        "rejected (401)",
-        "rejected (402)",
-        "rejected (403)",
-        "quota",
-        "billing",
-    ]
-    .iter()
-    .any(|needle| lower.contains(needle))
 }
 
 /// The data entry a run's outcome leaves in the task's lane.

@@ -13,6 +13,7 @@ use crate::model::{Model, StreamEvent};
 use crate::tools::Toolbox;
 use perch_core::config::Thinking;
 use perch_core::conversation::unanswered_calls;
+use perch_core::heartbeat::ModelFailure;
 use perch_core::id::EntryId;
 use perch_core::id::OperationId;
 use perch_core::log::{Entry, EntryBody, Line, Message, Outcome, Part, Role};
@@ -140,6 +141,9 @@ pub struct Finished {
     pub outcome: Outcome,
     /// The last assistant text of the run (the summary, for a compaction).
     pub text: String,
+    /// The kind of the model's error, when one failed the run. Not in the session log, which
+    /// keeps the reason's text; callers decide from this, never from the text.
+    pub model_failure: Option<ModelFailure>,
 }
 
 /// Whether a steering message reached an active run.

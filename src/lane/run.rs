@@ -15,6 +15,7 @@ use super::{Events, Finished, Input, LaneError, LaneEvent, Shared};
 use crate::failpoint;
 use crate::model::{ModelError, ModelErrorKind, ModelReply, ModelRequest, StreamEvent};
 use perch_core::conversation::{self, estimate_tokens, summary_entry, text_of, tool_calls};
+use perch_core::heartbeat::ModelFailure;
 use perch_core::id::{EntryId, OperationId};
 use perch_core::log::{Entry, EntryBody, Intent, Line, Message, Outcome, Part, Record, Role};
 use perch_core::name::ToolName;
@@ -39,6 +40,23 @@ pub(super) struct Runner<'s> {
 struct TurnsEnd {
     outcome: Outcome,
     text: String,
+    model_failure: Option<ModelFailure>,
+}
+
+/// How a request to the model ended its run instead of replying: the outcome, and the kind of
+/// the model's error when one failed it.
+struct Unanswered {
+    outcome: Outcome,
+    model_failure: Option<ModelFailure>,
+}
+
+impl Unanswered {
+    fn with(outcome: Outcome) -> Unanswered {
+        Unanswered {
+            outcome,
+            model_failure: None,
+        }
+    }
 }
 
 impl Runner<'_> {
@@ -75,6 +93,7 @@ impl Runner<'_> {
             op,
             outcome: end.outcome,
             text: end.text,
+            model_failure: end.model_failure,
         })
     }
 
@@ -100,6 +119,7 @@ impl Runner<'_> {
             tools: Vec::new(),
             thinking: self.shared.setup.thinking,
         };
+        let mut model_failure = None;
         let (outcome, text) = match self.ask(op, &request, &mut 0, events).await? {
             Ok(reply) => {
                 let summary = text_of(&message(Role::Assistant, reply.parts));
@@ -108,13 +128,21 @@ impl Runner<'_> {
                 self.append_entry(entry).await?;
                 (Outcome::Completed, summary)
             }
-            Err(outcome) => (outcome, String::new()),
+            Err(unanswered) => {
+                model_failure = unanswered.model_failure;
+                (unanswered.outcome, String::new())
+            }
         };
         self.finish(op, outcome.clone()).await?;
         if outcome == Outcome::Completed {
             self.shared.log.roll().await?;
         }
-        Ok(Finished { op, outcome, text })
+        Ok(Finished {
+            op,
+            outcome,
+            text,
+            model_failure,
+        })
     }
 
     fn needs_compaction(&self, next: &str) -> bool {
@@ -151,10 +179,11 @@ impl Runner<'_> {
             };
             let reply = match self.ask(op, &request, &mut attempt, events).await? {
                 Ok(reply) => reply,
-                Err(outcome) => {
+                Err(unanswered) => {
                     return Ok(TurnsEnd {
-                        outcome,
+                        outcome: unanswered.outcome,
                         text: String::new(),
+                        model_failure: unanswered.model_failure,
                     });
                 }
             };
@@ -167,6 +196,7 @@ impl Runner<'_> {
                 return Ok(TurnsEnd {
                     outcome: Outcome::Completed,
                     text,
+                    model_failure: None,
                 });
             }
             let mut skipping: Option<String> = None;
@@ -197,6 +227,7 @@ impl Runner<'_> {
                 return Ok(TurnsEnd {
                     outcome: Outcome::Cancelled,
                     text,
+                    model_failure: None,
                 });
             }
             if over_limit {
@@ -208,6 +239,7 @@ impl Runner<'_> {
                         ),
                     },
                     text,
+                    model_failure: None,
                 });
             }
             for steering in self.shared.take_steering() {
@@ -278,17 +310,17 @@ impl Runner<'_> {
         request: &ModelRequest,
         attempt: &mut u32,
         events: &Events,
-    ) -> Result<Result<ModelReply, Outcome>, LaneError> {
+    ) -> Result<Result<ModelReply, Unanswered>, LaneError> {
         let limits = self.shared.setup.limits;
         let mut tries = 0;
         loop {
             if self.cancel.is_cancelled() {
-                return Ok(Err(Outcome::Cancelled));
+                return Ok(Err(Unanswered::with(Outcome::Cancelled)));
             }
             if let Some(spend) = &self.shared.setup.spend
                 && let Err(reason) = spend.guard.check(spend.kind).await
             {
-                return Ok(Err(Outcome::Failed { reason }));
+                return Ok(Err(Unanswered::with(Outcome::Failed { reason })));
             }
             tries += 1;
             *attempt += 1;
@@ -319,7 +351,7 @@ impl Runner<'_> {
                 Err(error) => error,
             };
             if error.kind == ModelErrorKind::Cancelled {
-                return Ok(Err(Outcome::Cancelled));
+                return Ok(Err(Unanswered::with(Outcome::Cancelled)));
             }
             let wait = match error.kind.retry() {
                 Some(wait) if tries < limits.attempts => {
@@ -331,7 +363,10 @@ impl Runner<'_> {
                     } else {
                         error.to_string()
                     };
-                    return Ok(Err(Outcome::Failed { reason }));
+                    return Ok(Err(Unanswered {
+                        outcome: Outcome::Failed { reason },
+                        model_failure: Some(error.kind.failure()),
+                    }));
                 }
             };
             emit(
@@ -344,7 +379,7 @@ impl Runner<'_> {
             );
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
-                () = self.cancel.cancelled() => return Ok(Err(Outcome::Cancelled)),
+                () = self.cancel.cancelled() => return Ok(Err(Unanswered::with(Outcome::Cancelled))),
             }
         }
     }

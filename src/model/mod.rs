@@ -13,6 +13,7 @@ mod test_support;
 pub use client::{check_provider, connect, endpoint_for, endpoint_for_model};
 
 use perch_core::config::{Api, ModelSpec, Provider, Thinking};
+use perch_core::heartbeat::ModelFailure;
 use perch_core::log::Message;
 use perch_core::secret::Secret;
 use std::fmt;
@@ -156,6 +157,21 @@ pub enum ModelErrorKind {
 }
 
 impl ModelErrorKind {
+    /// What kind of failure this is for a run it ends, as the pure decisions take it.
+    pub fn failure(&self) -> ModelFailure {
+        match self {
+            ModelErrorKind::Rejected { status, .. } => {
+                perch_core::heartbeat::stop::refusal(*status)
+            }
+            ModelErrorKind::RateLimited { .. }
+            | ModelErrorKind::Server { .. }
+            | ModelErrorKind::Disconnected { .. }
+            | ModelErrorKind::Timeout
+            | ModelErrorKind::Cancelled => ModelFailure::Transient,
+            ModelErrorKind::Garbage { .. } => ModelFailure::Unusable,
+        }
+    }
+
     /// Whether trying again may help, and how long to wait first if the server said so.
     pub fn retry(&self) -> Option<Option<Duration>> {
         match self {

@@ -1,13 +1,14 @@
 //! Heartbeats: tasks in `workspace/HEARTBEAT.yml` that wake the agent on a schedule.
 //!
 //! [`file`] checks the file into [`HeartbeatTask`]s, [`schedule`] computes their slots,
-//! [`verdict`] judges the model's reply to a heartbeat, and [`ledger`] folds the slot ledger
-//! (`.perch/heartbeats.jsonl`) into per-task state and plans what to do next. All of it takes the
-//! time as an argument.
+//! [`verdict`] judges the model's reply to a heartbeat, [`stop`] decides which failures stop a
+//! task, and [`ledger`] folds the slot ledger (`.perch/heartbeats.jsonl`) into per-task state
+//! and plans what to do next. All of it takes the time as an argument.
 
 pub mod file;
 pub mod ledger;
 pub mod schedule;
+pub mod stop;
 pub mod verdict;
 
 pub use file::{
@@ -22,6 +23,7 @@ pub use schedule::{
     ActiveHours, MAX_INTERVAL, MIN_INTERVAL, SLOT_LIMIT, Schedule, format_duration,
     in_active_hours, next_slot, parse_every, slots_between,
 };
+pub use stop::{ModelFailure, stops_task};
 pub use verdict::{InvalidVerdict, VERDICT_RULE, Verdict, correction, judge};
 
 use crate::name::{LaneName, TaskName};
