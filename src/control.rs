@@ -1,10 +1,12 @@
 //! How commands reach a running `perch run`: `.perch/control.sock`, a Unix socket with mode 0600
-//! (never a network listener). One JSON request per connection, one JSON answer. When no runner
-//! holds the directory, the commands act on `.perch/` directly, under the directory's lock.
+//! (never a network listener). One JSON request per connection, one JSON answer, in the types of
+//! `perch_core::control`. When no runner holds the directory, the commands act on `.perch/`
+//! directly, under the directory's lock.
 
 use crate::agent::AgentDir;
+use perch_core::control::read_reply;
 use perch_core::pairing::Pairing;
-use serde::{Deserialize, Serialize};
+use serde::de::DeserializeOwned;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -13,16 +15,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 
-/// A request to the running service.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "command", rename_all = "kebab-case")]
-pub enum ControlRequest {
-    PairApprove { code: String },
-    Status,
-    HeartbeatRun { task: String, dry_run: bool },
-    HeartbeatResume { task: String },
-    HeartbeatList,
-}
+pub use perch_core::control::ControlRequest;
 
 pub fn socket_path(dir: &AgentDir) -> PathBuf {
     dir.state_dir().join("control.sock")
@@ -53,6 +46,11 @@ pub fn write_pairing(path: &Path, pairing: &Pairing) -> Result<(), String> {
     written
         .and_then(|()| std::fs::rename(&temporary, path))
         .map_err(|error| format!("{}: {error}", path.display()))
+}
+
+/// The refusal of a code no pending pairing has.
+pub fn no_pending_pairing(code: &str) -> String {
+    format!("no pending pairing has the code {code} (codes expire after an hour)")
 }
 
 /// Listens on `path` (replacing a stale socket file), mode 0600.
@@ -136,7 +134,7 @@ where
     .await
     .map_err(|_| "no request within the timeout".to_owned())?
     .map_err(|error| error.to_string())?;
-    let request = serde_json::from_str(&line).map_err(|error| format!("a bad request: {error}"));
+    let request = ControlRequest::read(&line);
     let mut answer = handle(request).await.to_string();
     answer.push('\n');
     writer
@@ -145,13 +143,14 @@ where
         .map_err(|error| error.to_string())
 }
 
-/// Sends `request` to the service running in `dir`; `None` when none is listening, an error
-/// when it does not answer within `timeout`.
-pub async fn ask_within(
+/// Sends `request` to the service running in `dir` and reads its reply as a `T`; `None` when
+/// none is listening, an error when it does not answer within `timeout`, refuses, or answers
+/// something else.
+pub async fn ask_within<T: DeserializeOwned>(
     dir: &AgentDir,
     request: &ControlRequest,
     timeout: Duration,
-) -> Option<Result<serde_json::Value, String>> {
+) -> Option<Result<T, String>> {
     match tokio::time::timeout(timeout, ask(dir, request)).await {
         Ok(answer) => answer,
         Err(_) => Some(Err(format!(
@@ -161,19 +160,20 @@ pub async fn ask_within(
     }
 }
 
-/// Sends `request` to the service running in `dir`; `None` when none is listening.
-pub async fn ask(
+/// Sends `request` to the service running in `dir` and reads its reply as a `T`; `None` when
+/// none is listening, an error when it refuses or answers something else.
+pub async fn ask<T: DeserializeOwned>(
     dir: &AgentDir,
     request: &ControlRequest,
-) -> Option<Result<serde_json::Value, String>> {
+) -> Option<Result<T, String>> {
     let stream = UnixStream::connect(socket_path(dir)).await.ok()?;
     Some(exchange(stream, request).await)
 }
 
-async fn exchange(
+async fn exchange<T: DeserializeOwned>(
     stream: UnixStream,
     request: &ControlRequest,
-) -> Result<serde_json::Value, String> {
+) -> Result<T, String> {
     let (reader, mut writer) = stream.into_split();
     let mut text = serde_json::to_string(request).map_err(|error| error.to_string())?;
     text.push('\n');
@@ -186,5 +186,5 @@ async fn exchange(
         .read_line(&mut line)
         .await
         .map_err(|error| error.to_string())?;
-    serde_json::from_str(&line).map_err(|error| format!("the service answered nonsense: {error}"))
+    read_reply(&line)?
 }

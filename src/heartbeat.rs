@@ -13,6 +13,7 @@ use crate::log::{Clock, Journal, JournalEntry, JournalWriter, Journaled, LogErro
 use crate::sandbox::{Command, End, Machine};
 use crate::workspace::{FileStamp, read_workspace_text, workspace_file_stamp};
 use perch_core::Timestamp;
+use perch_core::control::{HeartbeatList, LastRun, RunEnd, TaskRow};
 use perch_core::heartbeat::{
     Finished, HeartbeatEnv, HeartbeatFile, HeartbeatTask, LedgerRecord, LedgerState, ModelFailure,
     Plan, SlotOutcome, TargetSpec, Verdict, correction, judge, next_slot, parse_heartbeat_file,
@@ -309,7 +310,7 @@ enum Request {
         reply: oneshot::Sender<Result<(), String>>,
     },
     List {
-        reply: oneshot::Sender<serde_json::Value>,
+        reply: oneshot::Sender<HeartbeatList>,
     },
 }
 
@@ -343,7 +344,7 @@ impl Heartbeats {
 
     /// Every task with its next firing, last outcome and state, and the reload error if the
     /// file's last edit did not check.
-    pub async fn list(&self) -> Result<serde_json::Value, String> {
+    pub async fn list(&self) -> Result<HeartbeatList, String> {
         let (reply, answer) = oneshot::channel();
         self.send(Request::List { reply })?;
         answer.await.map_err(|_| stopped())
@@ -828,11 +829,11 @@ impl Scheduler {
         }
     }
 
-    fn list(&self) -> serde_json::Value {
+    fn list(&self) -> HeartbeatList {
         let now = self.setup.clock.now();
         let state = self.state();
         let tasks = self.tasks();
-        list_json(
+        listing(
             &tasks,
             &state,
             &self.first_seen,
@@ -944,15 +945,15 @@ fn superseded(records: &[(u64, LedgerRecord)]) -> Vec<u64> {
         .collect()
 }
 
-/// The JSON of `perch heartbeat list`.
-pub fn list_json(
+/// The tasks as `perch heartbeat list` shows them.
+pub fn listing(
     tasks: &[HeartbeatTask],
     state: &LedgerState,
     first_seen: &HashMap<TaskName, Timestamp>,
     now: Timestamp,
     reload_error: Option<&str>,
-) -> serde_json::Value {
-    let rows: Vec<serde_json::Value> = tasks
+) -> HeartbeatList {
+    let rows = tasks
         .iter()
         .map(|task| {
             let task_state = state.task(&task.name);
@@ -967,25 +968,25 @@ pub fn list_json(
                 Plan::Exhausted => ("never fires again".to_owned(), None),
             };
             let last = task_state.and_then(|state| state.last_outcome.as_ref());
-            serde_json::json!({
-                "name": task.name.to_string(),
-                "schedule": schedule_text(task),
-                "status": status,
-                "next": next.map(|at| at.to_rfc3339()),
-                "last": last.map(|finished| serde_json::json!({
-                    "slot": finished.slot.to_rfc3339(),
-                    "at": finished.at.to_rfc3339(),
-                    "manual": finished.manual,
-                    "outcome": describe(&finished.outcome),
-                })),
-                "delivery": task.delivery.as_ref().map(ToString::to_string),
-            })
+            TaskRow {
+                name: task.name.to_string(),
+                schedule: schedule_text(task),
+                status,
+                next: next.map(|at| at.to_rfc3339()),
+                last: last.map(|finished| LastRun {
+                    slot: finished.slot.to_rfc3339(),
+                    at: finished.at.to_rfc3339(),
+                    manual: finished.manual,
+                    outcome: describe(&finished.outcome),
+                }),
+                delivery: task.delivery.as_ref().map(ToString::to_string),
+            }
         })
         .collect();
-    serde_json::json!({
-        "tasks": rows,
-        "reload_error": reload_error,
-    })
+    HeartbeatList {
+        tasks: rows,
+        reload_error: reload_error.map(str::to_owned),
+    }
 }
 
 fn schedule_text(task: &HeartbeatTask) -> String {
@@ -1184,14 +1185,14 @@ pub fn dry_outcome(job: &Job, verdict: Verdict) -> SlotOutcome {
 }
 
 /// A run's end as `perch heartbeat run` prints it.
-pub fn end_json(end: &JobEnd) -> serde_json::Value {
-    serde_json::json!({
-        "outcome": describe(&end.outcome),
-        "valid": !matches!(end.outcome, SlotOutcome::Invalid { .. }),
-        "detail": serde_json::to_value(&end.outcome).unwrap_or(serde_json::Value::Null),
-        "reply": end.reply,
-        "stopped": end.stop,
-    })
+pub fn run_end(end: &JobEnd) -> RunEnd {
+    RunEnd {
+        outcome: describe(&end.outcome),
+        valid: !matches!(end.outcome, SlotOutcome::Invalid { .. }),
+        detail: end.outcome.clone(),
+        reply: end.reply.clone(),
+        stopped: end.stop.clone(),
+    }
 }
 
 /// Runs a task's check in the machine: `Ok(None)` when it passed (exit 0), `Ok(Some(why))` when

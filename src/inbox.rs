@@ -147,7 +147,7 @@ impl Inbox {
         all.sort_by_key(|item| item.seq);
         let mut journaled: BTreeMap<u64, (String, InboundEvent)> = BTreeMap::new();
         for item in &all {
-            match decode(item) {
+            match InboxRecord::read(item) {
                 Ok(InboxRecord::Event { channel, event }) => {
                     note_event(&mut backlog, &channel, &event);
                     seen.insert(dedup_key(&channel, &event));
@@ -180,7 +180,7 @@ impl Inbox {
         let mut verdicts: Vec<(u64, u64, Verdict)> = Vec::new();
         let mut marks: Vec<(u64, u64, String)> = Vec::new();
         for item in &contents.pending {
-            match decode(item) {
+            match InboxRecord::read(item) {
                 Ok(InboxRecord::Event { channel, event }) => {
                     events.insert(item.seq, (channel, event));
                 }
@@ -315,8 +315,11 @@ fn dedup_key(channel: &str, event: &InboundEvent) -> String {
     format!("{channel}\u{0}{}", event.platform_id)
 }
 
-fn decode(item: &JournalItem) -> Result<InboxRecord, serde_json::Error> {
-    serde_json::from_value(item.body.clone())
+impl InboxRecord {
+    /// Reads the record a journal item holds: the one reader of the inbox's lines.
+    pub fn read(item: &JournalItem) -> Result<InboxRecord, serde_json::Error> {
+        InboxRecord::deserialize(&item.body)
+    }
 }
 
 fn note_event(backlog: &mut Backlog, channel: &str, event: &InboundEvent) {
@@ -334,4 +337,65 @@ fn encode(record: &InboxRecord) -> serde_json::Value {
     serde_json::to_value(record).unwrap_or_else(
         |error| serde_json::json!({ "type": "unencodable", "reason": error.to_string() }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::Sender;
+    use chrono::TimeZone;
+
+    fn item(body: &str) -> JournalItem {
+        JournalItem {
+            seq: 1,
+            at: chrono::Utc.with_ymd_and_hms(2026, 12, 2, 6, 0, 0).unwrap(),
+            body: serde_json::from_str(body).unwrap(),
+        }
+    }
+
+    #[test]
+    fn an_event_record_golden() {
+        let record = InboxRecord::Event {
+            channel: "tg".into(),
+            event: InboundEvent {
+                platform_id: "42:17".into(),
+                cursor: Some("1001".into()),
+                room: "42".into(),
+                thread: None,
+                sender: Sender {
+                    id: "42".into(),
+                    name: "Ada".into(),
+                    is_bot: false,
+                },
+                direct: true,
+                addressed: true,
+                text: "hello".into(),
+                sent_at: chrono::Utc
+                    .with_ymd_and_hms(2026, 12, 2, 5, 59, 58)
+                    .unwrap(),
+                attachments: Vec::new(),
+            },
+        };
+        let line = concat!(
+            r#"{"type":"event","channel":"tg","event":{"platform_id":"42:17","cursor":"1001","#,
+            r#""room":"42","thread":null,"sender":{"id":"42","name":"Ada","is_bot":false},"#,
+            r#""direct":true,"addressed":true,"text":"hello","sent_at":"2026-12-02T05:59:58Z"}}"#
+        );
+        assert_eq!(serde_json::to_string(&record).unwrap(), line);
+        assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
+    }
+
+    #[test]
+    fn a_verdict_record_golden() {
+        let record = InboxRecord::Verdict {
+            event: 3,
+            verdict: Verdict::Item {
+                lane: "tg-42".into(),
+                text: "hello".into(),
+            },
+        };
+        let line = r#"{"type":"verdict","event":3,"verdict":{"verdict":"item","lane":"tg-42","text":"hello"}}"#;
+        assert_eq!(serde_json::to_string(&record).unwrap(), line);
+        assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
+    }
 }

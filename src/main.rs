@@ -5,18 +5,24 @@ use clap::{Parser, Subcommand};
 use perch::agent::{self, AgentDir, InitStatus};
 use perch::control::{self, ControlRequest};
 use perch::heartbeat;
+use perch::inbox::InboxRecord;
 use perch::lane::{Lane, RunLimits};
 use perch::log::system_clock;
 use perch::logging::LogFormat;
 use perch::model;
 use perch::model::ToolSpec;
 use perch::notify::Notifier;
+use perch::outbox::OutboxRecord;
 use perch::runtime::Runtime;
 use perch::sandbox::{self, End, Machine, MachineSetup};
 use perch::service::ServiceSetup;
 use perch::tools::Toolbox;
 use perch::{doctor, image, info};
 use perch_core::config::{ChannelKind, Platform};
+use perch_core::control::{
+    Approved, HeartbeatList, HeartbeatListed, HeartbeatRan, Heartbeats, LastEvent, LiveStatus,
+    PendingPairing, Resumed, RunEnd, StatusReport, UnknownDelivery,
+};
 use perch_core::image::Flavour;
 use perch_core::log::Outcome;
 use perch_core::name::{ChannelName, LaneName};
@@ -883,7 +889,7 @@ fn pair_approve(dir: PathBuf, code: &str) -> Result<ExitCode, String> {
     let request = ControlRequest::PairApprove {
         code: code.to_owned(),
     };
-    let answer = match runtime()?.block_on(control::ask(&agent_dir, &request)) {
+    let approved: Approved = match runtime()?.block_on(control::ask(&agent_dir, &request)) {
         Some(answer) => answer?,
         None => {
             let _lock = perch::agent::OwnerLock::acquire(&agent_dir).map_err(|error| {
@@ -894,42 +900,31 @@ fn pair_approve(dir: PathBuf, code: &str) -> Result<ExitCode, String> {
             match pairing.approve(code, chrono::Utc::now()) {
                 Approval::Approved(approved) => {
                     control::write_pairing(&path, &pairing)?;
-                    serde_json::json!({ "ok": true, "channel": approved.channel, "sender": approved.sender, "name": approved.name })
+                    approved
                 }
-                Approval::Unknown => {
-                    serde_json::json!({ "ok": false, "error": format!("no pending pairing has the code {code} (codes expire after an hour)") })
-                }
+                Approval::Unknown => return Err(control::no_pending_pairing(code)),
             }
         }
     };
-    if answer["ok"] == true {
-        emit(&format!(
-            "approved {} ({}) on channel {}\n",
-            shown(answer["name"].as_str().unwrap_or_default()),
-            shown(answer["sender"].as_str().unwrap_or_default()),
-            shown(answer["channel"].as_str().unwrap_or_default())
-        ))?;
-        Ok(ExitCode::SUCCESS)
-    } else {
-        Err(answer["error"]
-            .as_str()
-            .unwrap_or("the approval failed")
-            .to_owned())
-    }
+    emit(&format!(
+        "approved {} ({}) on channel {}\n",
+        shown(&approved.name),
+        shown(&approved.sender),
+        shown(&approved.channel)
+    ))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The heartbeat tasks as the running service sees them, or, when none runs, as the file and
 /// the ledger say.
-fn heartbeat_listing(agent_dir: &AgentDir) -> Result<serde_json::Value, String> {
-    let live = runtime()?.block_on(control::ask_within(
+fn heartbeat_listing(agent_dir: &AgentDir) -> Result<HeartbeatList, String> {
+    let live = runtime()?.block_on(control::ask_within::<HeartbeatListed>(
         agent_dir,
         &ControlRequest::HeartbeatList,
         STATUS_TIMEOUT,
     ));
-    if let Some(Ok(answer)) = live
-        && answer["ok"] == true
-    {
-        return Ok(answer["list"].clone());
+    if let Some(Ok(answer)) = live {
+        return Ok(answer.list);
     }
     let loaded = agent::load(agent_dir).map_err(|problems| {
         format!(
@@ -944,7 +939,7 @@ fn heartbeat_listing(agent_dir: &AgentDir) -> Result<serde_json::Value, String> 
     };
     let state = heartbeat::peek_ledger(agent_dir)?;
     let now = chrono::Utc::now();
-    Ok(heartbeat::list_json(
+    Ok(heartbeat::listing(
         &tasks,
         &state,
         &heartbeat::first_seen_now(&tasks, now),
@@ -957,36 +952,29 @@ fn heartbeat_list(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
     let agent_dir = AgentDir::open(&dir).map_err(|error| error.to_string())?;
     let list = heartbeat_listing(&agent_dir)?;
     if json {
-        emit(&format!("{list:#}\n"))?;
+        emit(&format!("{}\n", printed(&list)?))?;
         return Ok(ExitCode::SUCCESS);
     }
     let mut text = String::new();
-    let tasks = list["tasks"].as_array().cloned().unwrap_or_default();
-    if tasks.is_empty() {
+    if list.tasks.is_empty() {
         text.push_str("no heartbeat tasks\n");
     }
-    for task in &tasks {
+    for task in &list.tasks {
         text.push_str(&format!(
             "{}  {}  {}{}\n",
-            task["name"].as_str().unwrap_or_default(),
-            task["schedule"].as_str().unwrap_or_default(),
-            task["status"].as_str().unwrap_or_default(),
-            task["next"]
-                .as_str()
+            task.name,
+            task.schedule,
+            task.status,
+            task.next
+                .as_deref()
                 .map(|next| format!(", next {next}"))
                 .unwrap_or_default(),
         ));
-        if let Some(last) = task["last"].as_object() {
-            text.push_str(&format!(
-                "    last: {} ({})\n",
-                last.get("outcome")
-                    .and_then(|v| v.as_str())
-                    .unwrap_or_default(),
-                last.get("at").and_then(|v| v.as_str()).unwrap_or_default(),
-            ));
+        if let Some(last) = &task.last {
+            text.push_str(&format!("    last: {} ({})\n", last.outcome, last.at));
         }
     }
-    if let Some(error) = list["reload_error"].as_str() {
+    if let Some(error) = &list.reload_error {
         text.push_str(&format!(
             "the last edit of workspace/HEARTBEAT.yml does not check; the last good schedule keeps running:\n{error}\n"
         ));
@@ -1001,32 +989,19 @@ fn heartbeat_run(dir: PathBuf, name: &str, dry_run: bool, json: bool) -> Result<
         task: name.to_owned(),
         dry_run,
     };
-    let end = match runtime()?.block_on(control::ask(&agent_dir, &request)) {
-        Some(answer) => {
-            let answer = answer?;
-            if answer["ok"] != true {
-                return Err(answer["error"]
-                    .as_str()
-                    .unwrap_or("the run failed")
-                    .to_owned());
-            }
-            answer["end"].clone()
-        }
+    let end = match runtime()?.block_on(control::ask::<HeartbeatRan>(&agent_dir, &request)) {
+        Some(answer) => answer?.end,
         None => heartbeat_run_here(&dir, name, dry_run)?,
     };
     if json {
-        emit(&format!("{end:#}\n"))?;
+        emit(&format!("{}\n", printed(&end)?))?;
     } else {
-        let judgement = if end["valid"] == true {
+        let judgement = if end.valid {
             "valid verdict"
         } else {
             "invalid verdict"
         };
-        emit(&format!(
-            "{}\n{judgement}: {}\n",
-            end["reply"].as_str().unwrap_or_default(),
-            end["outcome"].as_str().unwrap_or_default()
-        ))?;
+        emit(&format!("{}\n{judgement}: {}\n", end.reply, end.outcome))?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -1034,7 +1009,7 @@ fn heartbeat_run(dir: PathBuf, name: &str, dry_run: bool, json: bool) -> Result<
 /// A heartbeat run with no service running: this process takes the directory, connects the
 /// channels (to deliver, never to receive), runs the task once through the same scheduler and
 /// outbox `perch run` uses, and stops. No scheduled slot fires meanwhile.
-fn heartbeat_run_here(dir: &Path, name: &str, dry_run: bool) -> Result<serde_json::Value, String> {
+fn heartbeat_run_here(dir: &Path, name: &str, dry_run: bool) -> Result<RunEnd, String> {
     let agent = match load_agent(dir)? {
         Ok(agent) => agent,
         Err(_) => return Err("the agent's files do not check: run `perch info`".into()),
@@ -1070,7 +1045,7 @@ fn heartbeat_run_here(dir: &Path, name: &str, dry_run: bool) -> Result<serde_jso
         let end = ended
             .await
             .map_err(|_| "the heartbeat run ended without a result".to_owned())??;
-        Ok(heartbeat::end_json(&end))
+        Ok(heartbeat::run_end(&end))
     })
 }
 
@@ -1079,15 +1054,9 @@ fn heartbeat_resume(dir: PathBuf, name: &str) -> Result<ExitCode, String> {
     let request = ControlRequest::HeartbeatResume {
         task: name.to_owned(),
     };
-    match runtime()?.block_on(control::ask(&agent_dir, &request)) {
+    match runtime()?.block_on(control::ask::<Resumed>(&agent_dir, &request)) {
         Some(answer) => {
-            let answer = answer?;
-            if answer["ok"] != true {
-                return Err(answer["error"]
-                    .as_str()
-                    .unwrap_or("the resume failed")
-                    .to_owned());
-            }
+            answer?;
         }
         None => {
             let _lock =
@@ -1105,7 +1074,7 @@ const STATUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
     let agent_dir = AgentDir::open(&dir).map_err(|error| error.to_string())?;
-    let live = runtime()?.block_on(control::ask_within(
+    let live = runtime()?.block_on(control::ask_within::<LiveStatus>(
         &agent_dir,
         &ControlRequest::Status,
         STATUS_TIMEOUT,
@@ -1115,15 +1084,19 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
         perch::log::peek_journal(&state.join("inbox")).map_err(|error| error.to_string())?;
     let outbox =
         perch::log::peek_journal(&state.join("outbox")).map_err(|error| error.to_string())?;
-    let unknown: Vec<serde_json::Value> = outbox
+    let unknown: Vec<UnknownDelivery> = outbox
         .consumed
         .iter()
         .chain(&outbox.pending)
-        .filter(|item| item.body["type"] == "unknown")
-        .map(|item| item.body.clone())
+        .filter_map(|item| match OutboxRecord::read(item) {
+            Ok(OutboxRecord::Unknown { intent, reason }) => {
+                Some(UnknownDelivery::Unknown { intent, reason })
+            }
+            _ => None,
+        })
         .collect();
     let pairing = control::read_pairing(&control::pairing_path(&agent_dir))?;
-    let mut undecryptable = serde_json::Map::new();
+    let mut undecryptable = std::collections::BTreeMap::new();
     let channels: Vec<String> = match agent::load(&agent_dir) {
         Ok(loaded) => loaded
             .channels
@@ -1134,7 +1107,7 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
                     let report = perch::channel::matrix::read_undecryptable(
                         &perch::channel::matrix::store_dir(&state, &name),
                     );
-                    undecryptable.insert(name, serde_json::json!(report.events.len()));
+                    undecryptable.insert(name, report.events.len());
                 }
                 format!(
                     "{} ({})",
@@ -1148,231 +1121,242 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
             problems.len()
         )],
     };
-    let live_channels = match &live {
-        Some(Ok(answer)) => answer["channels"].clone(),
-        _ => serde_json::Value::Null,
-    };
-    let live_field = |name: &str| match &live {
-        Some(Ok(answer)) => Some(answer[name].clone()),
-        _ => None,
-    };
-    let mut last_events = serde_json::Map::new();
+    let mut last_events = std::collections::BTreeMap::new();
     for item in inbox.consumed.iter().chain(&inbox.pending) {
-        if item.body["type"] == "event"
-            && let Some(channel) = item.body["channel"].as_str()
-        {
+        if let Ok(InboxRecord::Event { channel, event }) = InboxRecord::read(item) {
             last_events.insert(
-                channel.to_owned(),
-                serde_json::json!({
-                    "at": item.at.to_rfc3339(),
-                    "platform_id": item.body["event"]["platform_id"],
-                }),
+                channel,
+                LastEvent {
+                    at: item.at.to_rfc3339(),
+                    platform_id: Some(event.platform_id),
+                },
             );
         }
     }
-    let report = serde_json::json!({
-        "running": matches!(live, Some(Ok(_))),
-        "live_error": match &live {
-            Some(Err(error)) => serde_json::json!(error),
-            _ => serde_json::Value::Null,
+    let (live, live_error) = match live {
+        Some(Ok(live)) => (Some(live), None),
+        Some(Err(error)) => (None, Some(error)),
+        None => (None, None),
+    };
+    let report = StatusReport {
+        running: live.is_some(),
+        live_error,
+        channels,
+        channel_health: live.as_ref().map(|live| live.channels.clone()),
+        undecryptable,
+        inbox_pending: inbox.pending.len(),
+        inbox_unreadable: inbox.unreadable.iter().map(ToString::to_string).collect(),
+        outbox_unreadable: outbox.unreadable.iter().map(ToString::to_string).collect(),
+        outbox_pending: outbox.pending.len(),
+        deliveries_unknown: unknown,
+        pairings_pending: pairing
+            .pending
+            .iter()
+            .map(|pending| PendingPairing {
+                channel: pending.channel.clone(),
+                sender: pending.sender.clone(),
+                name: pending.name.clone(),
+                expires: pending.expires,
+            })
+            .collect(),
+        approved_senders: pairing.approved.len(),
+        heartbeats: match heartbeat_listing(&agent_dir) {
+            Ok(list) => Heartbeats::Listed(list),
+            Err(error) => Heartbeats::Unlisted { error },
         },
-        "channels": channels,
-        "channel_health": live_channels,
-        "undecryptable": undecryptable,
-        "inbox_pending": inbox.pending.len(),
-        "inbox_unreadable": inbox.unreadable.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        "outbox_unreadable": outbox.unreadable.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        "outbox_pending": outbox.pending.len(),
-        "deliveries_unknown": unknown,
-        "pairings_pending": pairing.pending.iter().map(|pending| serde_json::json!({"channel": pending.channel, "sender": pending.sender, "name": pending.name, "expires": pending.expires})).collect::<Vec<_>>(),
-        "approved_senders": pairing.approved.len(),
-        "heartbeats": heartbeat_listing(&agent_dir).unwrap_or_else(|error| serde_json::json!({ "error": error })),
-        "inbox_oldest_waiting": inbox.pending.iter().map(|item| item.at).min().map(|at| at.to_rfc3339()),
-        "last_events": last_events,
-        "lanes_with_open_operations": perch::starts::open_operations(&agent_dir.sessions_dir()),
-        "vm": live_field("vm").unwrap_or_else(|| serde_json::json!("stopped (no perch run holds it)")),
-        "channels_paused": live_field("channels_paused").unwrap_or(serde_json::Value::Null),
-        "restart_needed": live_field("restart_needed").unwrap_or_else(|| serde_json::json!([])),
-        "last_start": perch::starts::read_last_start(&agent_dir),
-        "spend_today": perch::spend::peek_today(&agent_dir, chrono::Utc::now())
+        inbox_oldest_waiting: inbox
+            .pending
+            .iter()
+            .map(|item| item.at)
+            .min()
+            .map(|at| at.to_rfc3339()),
+        last_events,
+        lanes_with_open_operations: perch::starts::open_operations(&agent_dir.sessions_dir()),
+        vm: live.as_ref().map_or_else(
+            || "stopped (no perch run holds it)".to_owned(),
+            |live| live.vm.clone(),
+        ),
+        channels_paused: live.as_ref().and_then(|live| live.channels_paused.clone()),
+        restart_needed: live
+            .as_ref()
+            .map(|live| live.restart_needed.clone())
+            .unwrap_or_default(),
+        last_start: perch::starts::read_last_start(&agent_dir),
+        spend_today: perch::spend::peek_today(&agent_dir, chrono::Utc::now())
             .unwrap_or_else(|error| serde_json::json!({ "error": error })),
-    });
+    };
     if json {
-        emit(&format!(
-            "{}\n",
-            serde_json::to_string_pretty(&report).map_err(|error| error.to_string())?
-        ))?;
+        emit(&format!("{}\n", printed(&report)?))?;
     } else {
-        let mut out = String::new();
-        out.push_str(&format!(
-            "running            {}\n",
-            match (&live, report["running"] == true) {
-                (_, true) => "yes".to_owned(),
-                (Some(Err(error)), false) => {
-                    format!("unknown: {error}; the rest is read from .perch/")
-                }
-                _ => "no".to_owned(),
-            }
-        ));
-        out.push_str(&format!(
-            "channels           {}\n",
-            if channels.is_empty() {
-                "(none)".to_owned()
-            } else {
-                channels.join(", ")
-            }
-        ));
-        if let Some(live) = report["channel_health"].as_array() {
-            for channel in live {
-                out.push_str(&format!(
-                    "  {:<16} {}{}\n",
-                    channel["name"].as_str().unwrap_or_default(),
-                    channel["connection"].as_str().unwrap_or_default(),
-                    if channel["healthy"] == true {
-                        String::new()
-                    } else {
-                        format!(
-                            "; UNHEALTHY: {}",
-                            shown(channel["last_hook_error"].as_str().unwrap_or("stopped"))
-                        )
-                    }
-                ));
-            }
-        }
-        for (channel, count) in report["undecryptable"].as_object().into_iter().flatten() {
-            out.push_str(&format!(
-                "undecryptable      {count} event(s) in Matrix channel {channel}\n"
-            ));
-        }
-        out.push_str(&format!(
-            "inbox pending      {}{}{}\n",
-            if inbox.unreadable.is_empty() {
-                ""
-            } else {
-                "at least "
-            },
-            inbox.pending.len(),
-            report["inbox_oldest_waiting"]
-                .as_str()
-                .map(|at| format!(" (oldest since {at})"))
-                .unwrap_or_default()
-        ));
-        for (journal, unreadable) in [("inbox", &inbox.unreadable), ("outbox", &outbox.unreadable)]
-        {
-            for line in unreadable {
-                out.push_str(&format!(
-                    "{:<19}{}; `perch run` does not open the {journal} until it is repaired\n",
-                    format!("{journal} corrupt"),
-                    shown(&line.to_string())
-                ));
-            }
-        }
-        for (channel, event) in report["last_events"].as_object().into_iter().flatten() {
-            out.push_str(&format!(
-                "last event         {channel}: {}\n",
-                event["at"].as_str().unwrap_or_default()
-            ));
-        }
-        for (lane, open) in report["lanes_with_open_operations"]
-            .as_object()
-            .into_iter()
-            .flatten()
-        {
-            out.push_str(&format!("open operations    {lane}: {open}\n"));
-        }
-        out.push_str(&format!(
-            "vm                 {}\n",
-            report["vm"].as_str().unwrap_or_default()
-        ));
-        if let Some(reason) = report["channels_paused"].as_str() {
-            out.push_str(&format!("channels paused    {reason}\n"));
-        }
-        if let Some(files) = report["restart_needed"].as_array()
-            && !files.is_empty()
-        {
-            let files: Vec<&str> = files.iter().filter_map(|file| file.as_str()).collect();
-            out.push_str(&format!(
-                "restart needed     {} changed since perch run started\n",
-                files.join(", ")
-            ));
-        }
-        if let Some(last) = report["last_start"].as_object() {
-            out.push_str(&format!(
-                "last start         {}: {} lane(s) recovered, outbox {}, inbox {}\n",
-                last.get("started")
-                    .and_then(|v| v.as_str())
-                    .unwrap_or_default(),
-                last.get("lanes_recovered")
-                    .and_then(|v| v.as_object())
-                    .map_or(0, serde_json::Map::len),
-                last.get("outbox").cloned().unwrap_or_default(),
-                last.get("inbox").cloned().unwrap_or_default(),
-            ));
-        }
-        let spend = &report["spend_today"];
-        if let Some(tokens) = spend["tokens"].as_u64() {
-            out.push_str(&format!(
-                "spend today        {tokens} tokens, cost {} (UTC day {}){}\n",
-                spend["cost"].as_str().unwrap_or_default(),
-                spend["day"].as_str().unwrap_or_default(),
-                match spend["told"].as_str() {
-                    Some("all") => "; a cap was reached today",
-                    Some("heartbeats") => "; 80% of a cap was reached today",
-                    _ => "",
-                }
-            ));
-        }
-        out.push_str(&format!(
-            "outbox pending     {}{}\n",
-            if outbox.unreadable.is_empty() {
-                ""
-            } else {
-                "at least "
-            },
-            outbox.pending.len()
-        ));
-        out.push_str(&format!("unknown deliveries {}\n", unknown.len()));
-        for delivery in &unknown {
-            out.push_str(&format!(
-                "  {}\n",
-                delivery["reason"].as_str().unwrap_or_default()
-            ));
-        }
-        out.push_str(&format!("pairings pending   {}\n", pairing.pending.len()));
-        let mut pending: Vec<_> = pairing.pending.iter().collect();
-        pending.sort_by_key(|pending| pending.expires);
-        for pending in pending {
-            out.push_str(&format!(
-                "  {} ({}) on {}, until {}\n",
-                shown(&pending.name),
-                shown(&pending.sender),
-                shown(&pending.channel),
-                pending.expires.to_rfc3339()
-            ));
-        }
-        for task in report["heartbeats"]["tasks"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            out.push_str(&format!(
-                "heartbeat          {}: {}{}{}\n",
-                task["name"].as_str().unwrap_or_default(),
-                task["status"].as_str().unwrap_or_default(),
-                task["next"]
-                    .as_str()
-                    .map(|next| format!(", next {next}"))
-                    .unwrap_or_default(),
-                task["last"]["outcome"]
-                    .as_str()
-                    .map(|last| format!(", last {last}"))
-                    .unwrap_or_default(),
-            ));
-        }
-        if let Some(error) = report["heartbeats"]["reload_error"].as_str() {
-            out.push_str(&format!("heartbeat file     does not check: {error}\n"));
-        }
-        emit(&out)?;
+        emit(&status_text(
+            &report,
+            &pairing,
+            !inbox.unreadable.is_empty(),
+            !outbox.unreadable.is_empty(),
+        ))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `perch status` as text.
+fn status_text(
+    report: &StatusReport,
+    pairing: &perch_core::pairing::Pairing,
+    inbox_unreadable: bool,
+    outbox_unreadable: bool,
+) -> String {
+    let at_least = |unreadable: bool| if unreadable { "at least " } else { "" };
+    let mut out = String::new();
+    out.push_str(&format!(
+        "running            {}\n",
+        match (&report.live_error, report.running) {
+            (_, true) => "yes".to_owned(),
+            (Some(error), false) => format!("unknown: {error}; the rest is read from .perch/"),
+            (None, false) => "no".to_owned(),
+        }
+    ));
+    out.push_str(&format!(
+        "channels           {}\n",
+        if report.channels.is_empty() {
+            "(none)".to_owned()
+        } else {
+            report.channels.join(", ")
+        }
+    ));
+    for channel in report.channel_health.iter().flatten() {
+        out.push_str(&format!(
+            "  {:<16} {}{}\n",
+            channel.name,
+            channel.connection,
+            if channel.healthy {
+                String::new()
+            } else {
+                format!(
+                    "; UNHEALTHY: {}",
+                    shown(channel.last_hook_error.as_deref().unwrap_or("stopped"))
+                )
+            }
+        ));
+    }
+    for (channel, count) in &report.undecryptable {
+        out.push_str(&format!(
+            "undecryptable      {count} event(s) in Matrix channel {channel}\n"
+        ));
+    }
+    out.push_str(&format!(
+        "inbox pending      {}{}{}\n",
+        at_least(inbox_unreadable),
+        report.inbox_pending,
+        report
+            .inbox_oldest_waiting
+            .as_deref()
+            .map(|at| format!(" (oldest since {at})"))
+            .unwrap_or_default()
+    ));
+    for (journal, unreadable) in [
+        ("inbox", &report.inbox_unreadable),
+        ("outbox", &report.outbox_unreadable),
+    ] {
+        for line in unreadable {
+            out.push_str(&format!(
+                "{:<19}{}; `perch run` does not open the {journal} until it is repaired\n",
+                format!("{journal} corrupt"),
+                shown(line)
+            ));
+        }
+    }
+    for (channel, event) in &report.last_events {
+        out.push_str(&format!("last event         {channel}: {}\n", event.at));
+    }
+    for (lane, open) in &report.lanes_with_open_operations {
+        out.push_str(&format!("open operations    {lane}: {open}\n"));
+    }
+    out.push_str(&format!("vm                 {}\n", report.vm));
+    if let Some(reason) = &report.channels_paused {
+        out.push_str(&format!("channels paused    {reason}\n"));
+    }
+    if !report.restart_needed.is_empty() {
+        out.push_str(&format!(
+            "restart needed     {} changed since perch run started\n",
+            report.restart_needed.join(", ")
+        ));
+    }
+    if let Some(last) = report.last_start.as_ref().and_then(|last| last.as_object()) {
+        out.push_str(&format!(
+            "last start         {}: {} lane(s) recovered, outbox {}, inbox {}\n",
+            last.get("started")
+                .and_then(|v| v.as_str())
+                .unwrap_or_default(),
+            last.get("lanes_recovered")
+                .and_then(|v| v.as_object())
+                .map_or(0, serde_json::Map::len),
+            last.get("outbox").cloned().unwrap_or_default(),
+            last.get("inbox").cloned().unwrap_or_default(),
+        ));
+    }
+    let spend = &report.spend_today;
+    if let Some(tokens) = spend["tokens"].as_u64() {
+        out.push_str(&format!(
+            "spend today        {tokens} tokens, cost {} (UTC day {}){}\n",
+            spend["cost"].as_str().unwrap_or_default(),
+            spend["day"].as_str().unwrap_or_default(),
+            match spend["told"].as_str() {
+                Some("all") => "; a cap was reached today",
+                Some("heartbeats") => "; 80% of a cap was reached today",
+                _ => "",
+            }
+        ));
+    }
+    out.push_str(&format!(
+        "outbox pending     {}{}\n",
+        at_least(outbox_unreadable),
+        report.outbox_pending
+    ));
+    out.push_str(&format!(
+        "unknown deliveries {}\n",
+        report.deliveries_unknown.len()
+    ));
+    for delivery in &report.deliveries_unknown {
+        out.push_str(&format!("  {}\n", delivery.reason()));
+    }
+    out.push_str(&format!("pairings pending   {}\n", pairing.pending.len()));
+    let mut pending: Vec<_> = pairing.pending.iter().collect();
+    pending.sort_by_key(|pending| pending.expires);
+    for pending in pending {
+        out.push_str(&format!(
+            "  {} ({}) on {}, until {}\n",
+            shown(&pending.name),
+            shown(&pending.sender),
+            shown(&pending.channel),
+            pending.expires.to_rfc3339()
+        ));
+    }
+    if let Heartbeats::Listed(list) = &report.heartbeats {
+        for task in &list.tasks {
+            out.push_str(&format!(
+                "heartbeat          {}: {}{}{}\n",
+                task.name,
+                task.status,
+                task.next
+                    .as_deref()
+                    .map(|next| format!(", next {next}"))
+                    .unwrap_or_default(),
+                task.last
+                    .as_ref()
+                    .map(|last| format!(", last {}", last.outcome))
+                    .unwrap_or_default(),
+            ));
+        }
+        if let Some(error) = &list.reload_error {
+            out.push_str(&format!("heartbeat file     does not check: {error}\n"));
+        }
+    }
+    out
+}
+
+/// `value` as perch prints JSON: pretty, keys sorted.
+fn printed<T: serde::Serialize>(value: &T) -> Result<String, String> {
+    serde_json::to_value(value)
+        .and_then(|tree| serde_json::to_string_pretty(&tree))
+        .map_err(|error| error.to_string())
 }

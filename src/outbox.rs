@@ -70,7 +70,7 @@ impl Outbox {
         let mut backlog = OutboxBacklog::default();
         let all: Vec<&JournalItem> = contents.consumed.iter().chain(&contents.pending).collect();
         for item in &all {
-            match decode(item) {
+            match OutboxRecord::read(item).ok() {
                 Some(OutboxRecord::Intent { channel, delivery }) => {
                     if let Some(to) = &delivery.reply_to {
                         backlog.replied_to.insert((channel.clone(), to.clone()));
@@ -156,6 +156,73 @@ impl Outbox {
     }
 }
 
-fn decode(item: &JournalItem) -> Option<OutboxRecord> {
-    serde_json::from_value(item.body.clone()).ok()
+impl OutboxRecord {
+    /// Reads the record a journal item holds: the one reader of the outbox's lines.
+    pub fn read(item: &JournalItem) -> Result<OutboxRecord, serde_json::Error> {
+        OutboxRecord::deserialize(&item.body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn item(body: &str) -> JournalItem {
+        JournalItem {
+            seq: 1,
+            at: chrono::Utc.with_ymd_and_hms(2026, 12, 2, 6, 0, 0).unwrap(),
+            body: serde_json::from_str(body).unwrap(),
+        }
+    }
+
+    #[test]
+    fn outbox_records_golden() {
+        let table = [
+            (
+                OutboxRecord::Intent {
+                    channel: "tg".into(),
+                    delivery: Delivery {
+                        id: "d0123456789abcdef01234567".into(),
+                        room: "42".into(),
+                        thread: None,
+                        reply_to: Some("42:17".into()),
+                        text: "hi".into(),
+                        attachments: Vec::new(),
+                    },
+                },
+                concat!(
+                    r#"{"type":"intent","channel":"tg","delivery":{"id":"d0123456789abcdef01234567","#,
+                    r#""room":"42","thread":null,"reply_to":"42:17","text":"hi"}}"#
+                ),
+            ),
+            (
+                OutboxRecord::Receipt {
+                    intent: 1,
+                    receipt: Receipt {
+                        platform_id: "42:18".into(),
+                    },
+                },
+                r#"{"type":"receipt","intent":1,"receipt":{"platform_id":"42:18"}}"#,
+            ),
+            (
+                OutboxRecord::Unknown {
+                    intent: 1,
+                    reason: "failed: timeout".into(),
+                },
+                r#"{"type":"unknown","intent":1,"reason":"failed: timeout"}"#,
+            ),
+            (
+                OutboxRecord::Dropped {
+                    intent: 1,
+                    reason: "chat not found".into(),
+                },
+                r#"{"type":"dropped","intent":1,"reason":"chat not found"}"#,
+            ),
+        ];
+        for (record, line) in table {
+            assert_eq!(serde_json::to_string(&record).unwrap(), line);
+            assert_eq!(OutboxRecord::read(&item(line)).unwrap(), record);
+        }
+    }
 }

@@ -28,6 +28,9 @@ use perch_core::admission::{Admission, Arrived, admit};
 use perch_core::alert::AlertKind;
 use perch_core::chat::{BotTurns, ChatCommand};
 use perch_core::config::BusyPolicy;
+use perch_core::control::{
+    ChannelHealth, HeartbeatListed, HeartbeatRan, LiveStatus, Resumed, encode_reply,
+};
 use perch_core::delivery::{
     AttemptFailure, Attempts, NotSentBecause, Retry, Unreceipted, after_failure, lane_for,
     split_message,
@@ -166,7 +169,7 @@ impl Channel {
         }
     }
 
-    fn status(&self) -> serde_json::Value {
+    fn status(&self) -> ChannelHealth {
         let health = self
             .health
             .lock()
@@ -175,17 +178,17 @@ impl Channel {
         let hook_calls_running = self
             .hook_calls_running
             .load(std::sync::atomic::Ordering::SeqCst);
-        serde_json::json!({
-            "name": self.loaded.config.name.to_string(),
-            "kind": self.loaded.config.kind().as_str(),
-            "connection": health.connection,
-            "healthy": health.hook_failures < UNHEALTHY_AFTER
+        ChannelHealth {
+            name: self.loaded.config.name.to_string(),
+            kind: self.loaded.config.kind().as_str().to_owned(),
+            healthy: health.hook_failures < UNHEALTHY_AFTER
                 && hook_calls_running < crate::channel::hooks::MAX_ABANDONED
                 && !health.connection.starts_with("stopped"),
-            "hook_calls_running": hook_calls_running,
-            "hook_failures_in_a_row": health.hook_failures,
-            "last_hook_error": health.last_hook_error,
-        })
+            connection: health.connection,
+            hook_calls_running,
+            hook_failures_in_a_row: health.hook_failures,
+            last_hook_error: health.last_hook_error,
+        }
     }
 }
 
@@ -939,86 +942,85 @@ impl Service {
 
     /// Answers a request that came in on the control socket.
     async fn control(&self, request: Result<ControlRequest, String>) -> serde_json::Value {
+        const NOT_YET: &str = "heartbeats are not running yet";
+        let request = match request {
+            Ok(request) => request,
+            Err(error) => return encode_reply::<Resumed>(&Err(error)),
+        };
         match request {
-            Err(error) => serde_json::json!({ "ok": false, "error": error }),
-            Ok(ControlRequest::PairApprove { code }) => {
+            ControlRequest::PairApprove { code } => {
                 let mut pairing = self.pairing.lock().await;
-                match pairing.approve(&code, self.clock.now()) {
+                let reply = match pairing.approve(&code, self.clock.now()) {
                     Approval::Approved(approved) => {
-                        match control::write_pairing(&self.pairing_path, &pairing) {
-                            Ok(()) => serde_json::json!({
-                                "ok": true,
-                                "channel": approved.channel,
-                                "sender": approved.sender,
-                                "name": approved.name,
-                            }),
-                            Err(error) => serde_json::json!({ "ok": false, "error": error }),
-                        }
+                        control::write_pairing(&self.pairing_path, &pairing).map(|()| approved)
                     }
-                    Approval::Unknown => serde_json::json!({
-                        "ok": false,
-                        "error": format!("no pending pairing has the code {code} (codes expire after an hour)"),
-                    }),
-                }
-            }
-            Ok(ControlRequest::HeartbeatRun { task, dry_run }) => match self.heartbeats.get() {
-                None => {
-                    serde_json::json!({ "ok": false, "error": "heartbeats are not running yet" })
-                }
-                Some(heartbeats) => match heartbeats.run_now(&task, dry_run).await {
-                    Ok(end) => serde_json::json!({ "ok": true, "end": heartbeat::end_json(&end) }),
-                    Err(error) => serde_json::json!({ "ok": false, "error": error }),
-                },
-            },
-            Ok(ControlRequest::HeartbeatResume { task }) => match self.heartbeats.get() {
-                None => {
-                    serde_json::json!({ "ok": false, "error": "heartbeats are not running yet" })
-                }
-                Some(heartbeats) => match heartbeats.resume(&task).await {
-                    Ok(()) => serde_json::json!({ "ok": true }),
-                    Err(error) => serde_json::json!({ "ok": false, "error": error }),
-                },
-            },
-            Ok(ControlRequest::HeartbeatList) => match self.heartbeats.get() {
-                None => {
-                    serde_json::json!({ "ok": false, "error": "heartbeats are not running yet" })
-                }
-                Some(heartbeats) => match heartbeats.list().await {
-                    Ok(list) => serde_json::json!({ "ok": true, "list": list }),
-                    Err(error) => serde_json::json!({ "ok": false, "error": error }),
-                },
-            },
-            Ok(ControlRequest::Status) => {
-                let channels: Vec<serde_json::Value> = self
-                    .channels
-                    .values()
-                    .map(|channel| channel.status())
-                    .collect();
-                let vm = match self.runtime.machine().state().await {
-                    Ok((crate::sandbox::State::Running { commands }, last)) => {
-                        format!("running ({commands} command(s) now; last boot: {last:?})")
-                    }
-                    Ok((crate::sandbox::State::Stopped, last)) => {
-                        format!("stopped (boots on the next command; last boot: {last:?})")
-                    }
-                    Err(error) => format!("unknown: {error}"),
+                    Approval::Unknown => Err(control::no_pending_pairing(&code)),
                 };
-                serde_json::json!({
-                    "ok": true,
-                    "running": true,
-                    "channels": channels,
-                    "inbox_pending": self.inbox.depth().await,
-                    "outbox_pending": self.outbox.depth().await,
-                    "pairings_pending": self.pairing.lock().await.pending.len(),
-                    "vm": vm,
-                    "channels_paused": self.breaker.as_ref().map(|tripped| tripped.reason.clone()),
-                    "restart_needed": self
-                        .restart_needed
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .clone(),
-                })
+                encode_reply(&reply)
             }
+            ControlRequest::HeartbeatRun { task, dry_run } => {
+                let reply = match self.heartbeats.get() {
+                    None => Err(NOT_YET.to_owned()),
+                    Some(heartbeats) => {
+                        heartbeats
+                            .run_now(&task, dry_run)
+                            .await
+                            .map(|end| HeartbeatRan {
+                                end: heartbeat::run_end(&end),
+                            })
+                    }
+                };
+                encode_reply(&reply)
+            }
+            ControlRequest::HeartbeatResume { task } => {
+                let reply = match self.heartbeats.get() {
+                    None => Err(NOT_YET.to_owned()),
+                    Some(heartbeats) => heartbeats.resume(&task).await.map(|()| Resumed {}),
+                };
+                encode_reply(&reply)
+            }
+            ControlRequest::HeartbeatList => {
+                let reply = match self.heartbeats.get() {
+                    None => Err(NOT_YET.to_owned()),
+                    Some(heartbeats) => {
+                        heartbeats.list().await.map(|list| HeartbeatListed { list })
+                    }
+                };
+                encode_reply(&reply)
+            }
+            ControlRequest::Status => encode_reply(&Ok(self.live_status().await)),
+        }
+    }
+
+    /// What `perch status` learns from the running service.
+    async fn live_status(&self) -> LiveStatus {
+        let channels = self
+            .channels
+            .values()
+            .map(|channel| channel.status())
+            .collect();
+        let vm = match self.runtime.machine().state().await {
+            Ok((crate::sandbox::State::Running { commands }, last)) => {
+                format!("running ({commands} command(s) now; last boot: {last:?})")
+            }
+            Ok((crate::sandbox::State::Stopped, last)) => {
+                format!("stopped (boots on the next command; last boot: {last:?})")
+            }
+            Err(error) => format!("unknown: {error}"),
+        };
+        LiveStatus {
+            running: true,
+            channels,
+            inbox_pending: self.inbox.depth().await,
+            outbox_pending: self.outbox.depth().await,
+            pairings_pending: self.pairing.lock().await.pending.len(),
+            vm,
+            channels_paused: self.breaker.as_ref().map(|tripped| tripped.reason.clone()),
+            restart_needed: self
+                .restart_needed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone(),
         }
     }
 

@@ -11,6 +11,7 @@ pub mod attachment;
 pub mod builtin;
 pub mod chat;
 pub mod config;
+pub mod control;
 pub mod conversation;
 pub mod delivery;
 pub mod edit;

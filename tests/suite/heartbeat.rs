@@ -255,7 +255,7 @@ async fn a_restart_mid_slot_does_not_repeat_it_and_downtime_coalesces_into_one_r
         }],
         "the 12:00 to 16:00 slots fold into one run; the interrupted 11:00 one is not repeated"
     );
-    let list = heartbeats.list().await.unwrap();
+    let list = serde_json::to_value(heartbeats.list().await.unwrap()).unwrap();
     assert_eq!(list["tasks"][0]["last"]["outcome"], "silent");
     assert_eq!(list["tasks"][0]["next"], "2026-03-01T17:00:00+00:00");
     pass(&heartbeats, Duration::from_secs(3600)).await;
@@ -299,7 +299,7 @@ async fn an_invalid_edit_keeps_the_last_good_schedule_and_a_valid_one_takes_over
         "tasks:\n  - name: hourly\n    prompt: Look around.\n    cron: \"0 25 * * *\"\n",
     );
     pass(&heartbeats, Duration::from_secs(120)).await;
-    let list = heartbeats.list().await.unwrap();
+    let list = serde_json::to_value(heartbeats.list().await.unwrap()).unwrap();
     let error = list["reload_error"].as_str().unwrap();
     assert!(
         error.contains("workspace/HEARTBEAT.yml:4"),
@@ -318,7 +318,7 @@ async fn an_invalid_edit_keeps_the_last_good_schedule_and_a_valid_one_takes_over
         "tasks:\n  - name: hourly\n    prompt: Look around.\n    every: 20m\n",
     );
     pass(&heartbeats, Duration::from_secs(3600)).await;
-    let list = heartbeats.list().await.unwrap();
+    let list = serde_json::to_value(heartbeats.list().await.unwrap()).unwrap();
     assert!(list["reload_error"].is_null());
     assert_eq!(
         recorder.slots("hourly"),
