@@ -25,15 +25,3 @@ pub use schedule::{
 };
 pub use stop::{ModelFailure, stops_task};
 pub use verdict::{InvalidVerdict, VERDICT_RULE, Verdict, correction, judge};
-
-use crate::name::{LaneName, TaskName};
-
-/// The lane a task's runs use unless it names another: `heartbeat-<name>`.
-pub fn own_lane(task: &TaskName) -> LaneName {
-    task.own_lane()
-}
-
-/// The lane of a task's dry runs: `heartbeat-<name>-dry-run`.
-pub fn dry_run_lane(task: &TaskName) -> LaneName {
-    task.dry_run_lane()
-}

@@ -108,10 +108,6 @@ impl LaneState {
         self.entries.get(&id).map(|located| located.line)
     }
 
-    pub fn entry_count(&self) -> usize {
-        self.entries.len()
-    }
-
     /// The results an operation declared and never wrote, in declaration order.
     pub fn missing_results<'s>(
         &'s self,
