@@ -10,6 +10,7 @@ pub mod alert;
 pub mod attachment;
 pub mod builtin;
 pub mod chat;
+pub mod clock;
 pub mod config;
 pub mod control;
 pub mod conversation;

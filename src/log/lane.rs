@@ -4,7 +4,6 @@
 use super::error::LogError;
 use super::file::{Appender, create_with_first_line, lock_exclusive};
 use super::segment::{Chain, Segment, index_path, segment_numbers, segment_path};
-use perch_core::Timestamp;
 use perch_core::id::{EntryId, OperationId, SessionId};
 use perch_core::log::{
     Commit, Entry, FORMAT_VERSION, Header, INDEX_HEADER_LEN, IndexHeader, Line, PendingTool,
@@ -14,28 +13,11 @@ use perch_core::name::LaneName;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::Path;
-use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
-/// Where the time written into records comes from; tests pass a fixed or stepping clock.
-#[derive(Clone)]
-pub struct Clock(Arc<dyn Fn() -> Timestamp + Send + Sync>);
-
-impl Clock {
-    pub fn new(now: impl Fn() -> Timestamp + Send + Sync + 'static) -> Clock {
-        Clock(Arc::new(now))
-    }
-
-    pub fn now(&self) -> Timestamp {
-        (self.0)()
-    }
-}
-
-impl std::fmt::Debug for Clock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Clock")
-    }
-}
+/// Where the time written into records comes from (defined in the core, which never reads the
+/// clock itself).
+pub use perch_core::clock::Clock;
 
 /// The wall clock.
 pub fn system_clock() -> Clock {
