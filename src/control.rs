@@ -35,17 +35,9 @@ pub fn read_pairing(path: &Path) -> Result<Pairing, String> {
     }
 }
 
-/// Writes the pairing state atomically (temporary file, fsync, rename).
+/// Writes the pairing state, durably: an approval or an offer is reported only after it.
 pub fn write_pairing(path: &Path, pairing: &Pairing) -> Result<(), String> {
-    let text = serde_json::to_string_pretty(pairing).map_err(|error| error.to_string())?;
-    let temporary = path.with_extension("json.tmp");
-    let written = std::fs::File::create(&temporary).and_then(|mut file| {
-        io::Write::write_all(&mut file, text.as_bytes())?;
-        file.sync_all()
-    });
-    written
-        .and_then(|()| std::fs::rename(&temporary, path))
-        .map_err(|error| format!("{}: {error}", path.display()))
+    crate::atomic_file::write_json(path, pairing)
 }
 
 /// The refusal of a code no pending pairing has.

@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod alert;
+pub mod atomic_file;
 pub mod attachments;
 pub mod builtin;
 pub mod channel;

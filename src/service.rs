@@ -2152,9 +2152,5 @@ fn write_generations(
     path: &std::path::Path,
     generations: &BTreeMap<String, u32>,
 ) -> Result<(), String> {
-    let text = serde_json::to_string_pretty(generations).map_err(|error| error.to_string())?;
-    let temporary = path.with_extension("json.tmp");
-    std::fs::write(&temporary, text)
-        .and_then(|()| std::fs::rename(&temporary, path))
-        .map_err(|error| format!("{}: {error}", path.display()))
+    crate::atomic_file::write_json(path, generations)
 }

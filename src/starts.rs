@@ -38,13 +38,9 @@ pub fn write_starts(path: &Path, starts: &[Start]) -> Result<(), String> {
     )
 }
 
-/// Writes `value` to `path` through a temporary file and a rename, so a reader never sees half.
+/// Writes `value` to `path` whole and durably ([`crate::atomic_file`]).
 pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), String> {
-    let text = serde_json::to_string_pretty(value).map_err(|error| error.to_string())?;
-    let temporary = path.with_extension("json.tmp");
-    std::fs::write(&temporary, text)
-        .and_then(|()| std::fs::rename(&temporary, path))
-        .map_err(|error| format!("{}: {error}", path.display()))
+    crate::atomic_file::write_json(path, value)
 }
 
 /// What `perch status` shows of the last start, when there is one.

@@ -18,7 +18,7 @@ use perch_core::tree::FunctionId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs::{self, File};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -415,18 +415,12 @@ fn read_store(path: &Path) -> Result<HookStore, String> {
     HookStore::new(entries).map_err(|error| format!("{shown}: {error}"))
 }
 
-/// Writes the store under a temporary name, fsyncs it and renames it into place, so the file
-/// is always either the old store or the new one.
+/// Writes the store whole and durably ([`crate::atomic_file`]), so the file is always either
+/// the old store or the new one.
 fn write_store(path: &Path, store: &HookStore) -> io::Result<()> {
-    let parent = path.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(parent)?;
-    let temporary = path.with_extension("json.tmp");
+    fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
     let text = serde_json::to_vec(store.entries()).map_err(io::Error::other)?;
-    let mut file = File::create(&temporary)?;
-    file.write_all(&text)?;
-    file.sync_all()?;
-    fs::rename(&temporary, path)?;
-    File::open(parent)?.sync_all()
+    crate::atomic_file::replace(path, &text, None)
 }
 
 #[cfg(test)]

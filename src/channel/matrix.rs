@@ -93,8 +93,7 @@ use perch_core::secret::Secret;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -1775,19 +1774,7 @@ fn prepare_store(dir: &Path) -> Result<Option<MatrixSession>, String> {
 fn write_private(path: &Path, value: &impl Serialize) -> Result<(), String> {
     let failed = |error: &dyn fmt::Display| format!("cannot write {}: {error}", path.display());
     let bytes = serde_json::to_vec_pretty(value).map_err(|error| failed(&error))?;
-    let temporary = path.with_extension("tmp");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&temporary)
-        .map_err(|error| failed(&error))?;
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))
-        .map_err(|error| failed(&error))?;
-    file.write_all(&bytes).map_err(|error| failed(&error))?;
-    file.sync_all().map_err(|error| failed(&error))?;
-    std::fs::rename(&temporary, path).map_err(|error| failed(&error))
+    crate::atomic_file::replace(path, &bytes, Some(0o600)).map_err(|error| failed(&error))
 }
 
 /// Makes every file in the store directory private to the owner (matrix-sdk creates its
