@@ -18,17 +18,15 @@
 mod support;
 
 #[allow(
-    dead_code,
     clippy::unwrap_used,
-    reason = "the suite's fakes, shared with the tests, of which this uses a part"
+    reason = "the suite's fakes, shared with the tests, unwrap as tests do"
 )]
 #[path = "../suite/fake_model.rs"]
 mod fake_model;
 
 #[allow(
-    dead_code,
     clippy::unwrap_used,
-    reason = "the suite's fakes, shared with the tests, of which this uses a part"
+    reason = "the suite's fakes, shared with the tests, unwrap as tests do"
 )]
 #[path = "../suite/fake_telegram.rs"]
 mod fake_telegram;
@@ -69,7 +67,11 @@ pub async fn conversations(smoke: bool) {
 }
 
 fn measure(smoke: bool) {
-    let checkpoints: &[usize] = if smoke { &[10, 300] } else { &[10, 1_000, 10_000] };
+    let checkpoints: &[usize] = if smoke {
+        &[10, 300]
+    } else {
+        &[10, 1_000, 10_000]
+    };
     let idle_wait = Duration::from_secs(if smoke { 5 } else { 30 });
     let total = checkpoints.last().copied().unwrap_or_default();
     let model = FakeModel::start(Api::OpenAiCompletions);
@@ -139,10 +141,7 @@ fn measure(smoke: bool) {
         }
         if checkpoints.contains(&driver.pushed) {
             let figures = Figures::of(perch.pid());
-            println!(
-                "scale, {} conversations answered: {figures}",
-                driver.pushed
-            );
+            println!("scale, {} conversations answered: {figures}", driver.pushed);
             if driver.pushed == checkpoints[0] {
                 at_ten = Some(figures);
             }
@@ -468,11 +467,7 @@ fn open_files_limit(pid: u32) -> String {
                 .find(|line| line.starts_with("Max open files"))
                 .and_then(|line| {
                     let words: Vec<&str> = line.split_whitespace().collect();
-                    Some(format!(
-                        "{} soft, {} hard",
-                        words.get(3)?,
-                        words.get(4)?
-                    ))
+                    Some(format!("{} soft, {} hard", words.get(3)?, words.get(4)?))
                 })
         })
         .unwrap_or_else(|| "unknown".into())
