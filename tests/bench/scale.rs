@@ -55,6 +55,9 @@ const TIMED: usize = 100;
 const BURST: usize = 100;
 /// How long one conversation may take to be answered before the run stops there.
 const ANSWER_DEADLINE: Duration = Duration::from_secs(20);
+/// Overrides how many conversations the run goes to (300 under `--smoke`, else 10,000), as in
+/// `PERCH_BENCH_CONVERSATIONS=1000 cargo bench ...`; the figures are still read at 10 and 1,000.
+const CONVERSATIONS_VAR: &str = "PERCH_BENCH_CONVERSATIONS";
 /// The first Telegram user id; conversation `i` is user `FIRST_USER + i` in a private chat.
 const FIRST_USER: i64 = 5_000_000;
 
@@ -67,13 +70,17 @@ pub async fn conversations(smoke: bool) {
 }
 
 fn measure(smoke: bool) {
-    let checkpoints: &[usize] = if smoke {
-        &[10, 300]
-    } else {
-        &[10, 1_000, 10_000]
-    };
+    let total = std::env::var(CONVERSATIONS_VAR)
+        .ok()
+        .and_then(|value| value.parse::<usize>().ok())
+        .filter(|&total| total > 10)
+        .unwrap_or(if smoke { 300 } else { 10_000 });
+    let checkpoints: Vec<usize> = [10, 1_000]
+        .into_iter()
+        .filter(|&checkpoint| checkpoint < total)
+        .chain([total])
+        .collect();
     let idle_wait = Duration::from_secs(if smoke { 5 } else { 30 });
-    let total = checkpoints.last().copied().unwrap_or_default();
     let model = FakeModel::start(Api::OpenAiCompletions);
     let telegram = FakeTelegram::start();
     let dir = support::new_agent();
@@ -133,22 +140,22 @@ fn measure(smoke: bool) {
             driver.burst(&mut perch, until - done)
         };
         if let Err(why) = answered {
-            println!(
-                "scale: stopped after {} conversation(s) answered: {why}",
-                telegram.sent_count()
-            );
+            let answered = telegram.sent_count();
+            let figures = Figures::of(perch.pid());
+            println!("scale: stopped after {answered} conversation(s) answered: {why}; {figures}");
+            at_end = Some((answered, figures));
             break;
         }
         if checkpoints.contains(&driver.pushed) {
             let figures = Figures::of(perch.pid());
             println!("scale, {} conversations answered: {figures}", driver.pushed);
-            if driver.pushed == checkpoints[0] {
+            if driver.pushed == 10 {
                 at_ten = Some(figures);
             }
             at_end = Some((driver.pushed, figures));
         }
     }
-    let reached = driver.pushed;
+    let reached = at_end.map_or(driver.pushed, |(answered, _)| answered);
     let idle = at_ten.map(|baseline| {
         let started = Instant::now();
         let settled = loop {
@@ -205,8 +212,13 @@ fn measure(smoke: bool) {
     println!(
         "scale, allocated bytes: not measured (no allocator statistics in perch yet); target <= 2 KiB per idle conversation"
     );
+    let limit = open_files_limit(perch.pid());
+    println!(
+        "scale, answered: {reached} of {total} conversations (open files limit {limit}); target all, also under `ulimit -Hn 1024`: {}",
+        verdict(reached == total)
+    );
     match (median(&mut first_times), median(&mut last_times)) {
-        (Some(first), Some(last)) => {
+        (Some(first), Some(last)) if reached == total => {
             let ratio = last.as_secs_f64() / first.as_secs_f64().max(f64::EPSILON);
             println!(
                 "scale, time to answer: median {first:.1?} over conversations 1-{}, {last:.1?} over the last {} (to {reached}), {ratio:.2}x; target <= {LATENCY_RATIO_TARGET}x: {}",
@@ -215,9 +227,11 @@ fn measure(smoke: bool) {
                 verdict(ratio <= LATENCY_RATIO_TARGET)
             );
         }
-        _ => println!(
-            "scale, time to answer: not measured (the run stopped before the last {TIMED} conversations)"
+        (Some(first), _) => println!(
+            "scale, time to answer: median {first:.1?} over conversations 1-{}; the last {TIMED} not measured (the run stopped at {reached}); target last <= {LATENCY_RATIO_TARGET}x first: not measured",
+            first_times.len()
         ),
+        _ => println!("scale, time to answer: not measured (the run stopped early)"),
     }
     let lanes = lanes_on_disk(dir.path());
     let stopping = Instant::now();
