@@ -7,6 +7,7 @@ mod inbox;
 mod lane;
 mod log;
 mod sandbox;
+mod scale;
 
 fn main() {
     let smoke = std::env::args().any(|arg| arg == "--smoke");
@@ -30,4 +31,5 @@ fn main() {
     runtime.block_on(sandbox::warm_exec(smoke));
     runtime.block_on(sandbox::flood_output(smoke));
     runtime.block_on(lane::host_overhead(smoke));
+    runtime.block_on(scale::conversations(smoke));
 }

@@ -541,6 +541,11 @@ impl FakeTelegram {
         self.shared.state.lock().unwrap().sent.clone()
     }
 
+    /// How many messages the bot sent: `sent().len()` without copying them, for polling.
+    pub fn sent_count(&self) -> usize {
+        self.shared.state.lock().unwrap().sent.len()
+    }
+
     /// `sendChatAction` calls: `(chat id, action, thread)`.
     pub fn chat_actions(&self) -> Vec<(i64, String, Option<i64>)> {
         self.shared.state.lock().unwrap().actions.clone()
