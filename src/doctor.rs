@@ -864,7 +864,8 @@ fn describe_model_error(kind: &ModelErrorKind) -> String {
     match kind {
         ModelErrorKind::RateLimited { .. } => "rate limited (429)".to_owned(),
         ModelErrorKind::Server { status, message }
-        | ModelErrorKind::Rejected { status, message } => {
+        | ModelErrorKind::Rejected { status, message }
+        | ModelErrorKind::OutOfCredit { status, message } => {
             format!("{status}: {message}")
         }
         ModelErrorKind::Disconnected { detail } | ModelErrorKind::Garbage { detail } => {

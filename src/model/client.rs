@@ -175,6 +175,10 @@ impl HttpModel {
                 status,
                 message: scrub(message),
             },
+            ModelErrorKind::OutOfCredit { status, message } => ModelErrorKind::OutOfCredit {
+                status,
+                message: scrub(message),
+            },
             ModelErrorKind::Disconnected { detail } => ModelErrorKind::Disconnected {
                 detail: scrub(detail),
             },

@@ -276,9 +276,16 @@ pub(crate) fn stream_error(code: &str, message: &str) -> ModelErrorKind {
         | "invalid_api_key"
         | "request_too_large" => rejected(400),
         "authentication_error" => rejected(401),
-        "permission_error" | "billing_error" => rejected(403),
+        "permission_error" => rejected(403),
         "not_found_error" | "model_not_found" => rejected(404),
-        "insufficient_quota" => rejected(429),
+        "billing_error" => ModelErrorKind::OutOfCredit {
+            status: 402,
+            message,
+        },
+        "insufficient_quota" => ModelErrorKind::OutOfCredit {
+            status: 429,
+            message,
+        },
         _ => ModelErrorKind::Server {
             status: 500,
             message,
@@ -412,7 +419,11 @@ mod tests {
         );
         assert!(matches!(
             stream_error("insufficient_quota", "quota"),
-            ModelErrorKind::Rejected { status: 429, .. }
+            ModelErrorKind::OutOfCredit { status: 429, .. }
+        ));
+        assert!(matches!(
+            stream_error("billing_error", "pay up"),
+            ModelErrorKind::OutOfCredit { status: 402, .. }
         ));
         assert!(matches!(
             stream_error("server_error", "oops"),

@@ -268,8 +268,9 @@ pub(crate) fn status_error(
         secret,
     );
     match status {
-        429 if code.as_deref() == Some("insufficient_quota") => {
-            ModelErrorKind::Rejected { status, message }
+        402 => ModelErrorKind::OutOfCredit { status, message },
+        400..=499 if out_of_credit(code.as_deref(), &message) => {
+            ModelErrorKind::OutOfCredit { status, message }
         }
         429 => ModelErrorKind::RateLimited { retry_after },
         408 => ModelErrorKind::Timeout,
@@ -279,6 +280,16 @@ pub(crate) fn status_error(
             detail: format!("unexpected HTTP status {status}: {message}"),
         },
     }
+}
+
+/// Whether a provider's refusal says the account has no quota or credit left. OpenAI says so
+/// with a code; Anthropic only in words, with a 400 `invalid_request_error` ("Your credit
+/// balance is too low to access the Anthropic API"), so its words are read here, once.
+fn out_of_credit(code: Option<&str>, message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    matches!(code, Some("insufficient_quota" | "billing_error"))
+        || message.contains("credit balance")
+        || message.contains("billing")
 }
 
 /// The human part of an API's error body (`{"error": {"message": ...}}` for OpenAI's APIs,
@@ -407,9 +418,24 @@ mod tests {
         let quota = r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
         assert_eq!(
             status_error(429, None, quota, None),
-            ModelErrorKind::Rejected {
+            ModelErrorKind::OutOfCredit {
                 status: 429,
                 message: "You exceeded your current quota (insufficient_quota)".into()
+            }
+        );
+        let credit = r#"{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API."}}"#;
+        assert_eq!(
+            status_error(400, None, credit, None),
+            ModelErrorKind::OutOfCredit {
+                status: 400,
+                message: "Your credit balance is too low to access the Anthropic API. (invalid_request_error)".into()
+            }
+        );
+        assert_eq!(
+            status_error(402, None, "", None),
+            ModelErrorKind::OutOfCredit {
+                status: 402,
+                message: "HTTP 402".into()
             }
         );
         let anthropic = r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"},"request_id":"req_1"}"#;
@@ -434,6 +460,30 @@ mod tests {
                 message: "HTTP 404".into()
             }
         );
+    }
+
+    #[test]
+    fn a_spent_account_stops_heartbeats_and_other_refusals_do_not() {
+        use perch_core::heartbeat::ModelFailure;
+        let anthropic_credit = r#"{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API."}}"#;
+        let unknown_model =
+            r#"{"type":"error","error":{"type":"not_found_error","message":"model: claude-nope"}}"#;
+        let table = [
+            (400, anthropic_credit, ModelFailure::QuotaExhausted),
+            (402, "", ModelFailure::QuotaExhausted),
+            (401, "", ModelFailure::AuthRejected),
+            (403, "", ModelFailure::AuthRejected),
+            (404, unknown_model, ModelFailure::RequestRejected),
+            (400, "", ModelFailure::RequestRejected),
+            (529, "", ModelFailure::Transient),
+        ];
+        for (status, body, failure) in table {
+            assert_eq!(
+                status_error(status, None, body, None).failure(),
+                failure,
+                "HTTP {status} {body}"
+            );
+        }
     }
 
     #[test]

@@ -149,6 +149,10 @@ pub enum ModelErrorKind {
     Timeout,
     /// 4xx other than 429: the request itself is wrong (bad key, unknown model, too long).
     Rejected { status: u16, message: String },
+    /// The account has no quota or credit left, as the provider said it (HTTP 402, OpenAI's
+    /// `insufficient_quota`, Anthropic's 400 saying the credit balance is too low): decided once,
+    /// where the response is read.
+    OutOfCredit { status: u16, message: String },
     /// The response is not what the API promises (unparseable JSON, events out of order, tool
     /// call arguments that are not JSON).
     Garbage { detail: String },
@@ -163,6 +167,7 @@ impl ModelErrorKind {
             ModelErrorKind::Rejected { status, .. } => {
                 perch_core::heartbeat::stop::refusal(*status)
             }
+            ModelErrorKind::OutOfCredit { .. } => ModelFailure::QuotaExhausted,
             ModelErrorKind::RateLimited { .. }
             | ModelErrorKind::Server { .. }
             | ModelErrorKind::Disconnected { .. }
@@ -180,6 +185,7 @@ impl ModelErrorKind {
             | ModelErrorKind::Disconnected { .. }
             | ModelErrorKind::Timeout => Some(None),
             ModelErrorKind::Rejected { .. }
+            | ModelErrorKind::OutOfCredit { .. }
             | ModelErrorKind::Garbage { .. }
             | ModelErrorKind::Cancelled => None,
         }
@@ -203,6 +209,9 @@ impl fmt::Display for ModelError {
             ModelErrorKind::Timeout => write!(f, "no complete reply before the request timeout"),
             ModelErrorKind::Rejected { status, message } => {
                 write!(f, "request rejected ({status}): {message}")
+            }
+            ModelErrorKind::OutOfCredit { status, message } => {
+                write!(f, "out of quota or credit ({status}): {message}")
             }
             ModelErrorKind::Garbage { detail } => write!(f, "unusable response: {detail}"),
             ModelErrorKind::Cancelled => write!(f, "cancelled"),

@@ -382,7 +382,7 @@ mod tests {
             "code": "insufficient_quota", "message": "You exceeded your current quota", "param": null}});
         let result = feed(&mut ResponsesDecoder::default(), &[error.to_string()]);
         assert!(
-            matches!(result, Err(ModelErrorKind::Rejected { status: 429, .. })),
+            matches!(result, Err(ModelErrorKind::OutOfCredit { status: 429, .. })),
             "{result:?}"
         );
 
