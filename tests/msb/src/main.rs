@@ -2,6 +2,14 @@
 //! descriptors, the catalog, the agent and control sockets) with commands run in Linux
 //! namespaces instead of a microVM. A test fixture only; never installed.
 
+// Wired into `msb machine` by the launch code (h1); until then only tests reach them.
+#[allow(dead_code)]
+mod control;
+#[allow(dead_code)]
+mod guest;
+#[allow(dead_code)]
+mod relay;
+
 /// The version stamp the crate reads from the runtime's ELF (`.msbver`) to choose the launch
 /// contract; it must equal the crate's own version.
 #[allow(unsafe_code)]
@@ -18,7 +26,10 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         _ => {
-            let _ = writeln!(std::io::stderr(), "msb stand-in: unsupported arguments {args:?}");
+            let _ = writeln!(
+                std::io::stderr(),
+                "msb stand-in: unsupported arguments {args:?}"
+            );
             std::process::ExitCode::from(2)
         }
     }
