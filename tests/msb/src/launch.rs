@@ -363,7 +363,7 @@ async fn run(args: MachineArgs, config: LaunchConfig, inherited_fds: Vec<i32>) -
     let execs = relay::Execs::default();
     let relay_config = relay::RelayConfig {
         exec_limits: config.bootstrap.exec_limits.clone().unwrap_or_default(),
-        control_endpoint: microsandbox_runtime::ipc::control_socket_path_for(&config.agent_sock),
+        control_endpoint: relay::control_socket_path(&config.agent_sock),
     };
     tokio::spawn(relay::serve(
         agent_listener,
