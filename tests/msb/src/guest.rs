@@ -581,8 +581,7 @@ impl Guest {
         // its mounts (and the upper disk's loop device) are released before the catalog says
         // Stopped and the next start mounts the same disk.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        let init = PathBuf::from(format!("/proc/{}", self.init));
-        while init.exists() && tokio::time::Instant::now() < deadline {
+        while is_alive(self.init) && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         if let Some(upper) = &self.upper {
@@ -657,6 +656,18 @@ fn loop_backs(disk: &Path) -> bool {
         std::fs::read_to_string(device.path().join("loop/backing_file"))
             .is_ok_and(|backing| Path::new(backing.trim()) == disk)
     })
+}
+
+/// Whether `pid` is a live process: a zombie (the orphaned init waiting for the host's init to
+/// reap it) has already released its namespaces.
+fn is_alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    !matches!(state, None | Some('Z' | 'X'))
 }
 
 /// The first child of `pid` (the holder's pid 1 is unshare's only child).
@@ -776,9 +787,9 @@ mod tests {
         )
         .await;
         assert_eq!(links.split_whitespace().collect::<Vec<_>>(), ["lo"]);
-        let init = PathBuf::from(format!("/proc/{}", guest.init));
+        let init = guest.init;
         guest.stop().await;
-        assert!(!init.exists(), "the guest's init is gone after stop");
+        assert!(!is_alive(init), "the guest's init is gone after stop");
         let _ = std::fs::remove_dir_all(&scratch);
     }
 

@@ -386,6 +386,7 @@ async fn run(args: MachineArgs, config: LaunchConfig, inherited_fds: Vec<i32>) -
     .await;
     log(&format!("stopping: {ending:?}"));
     guest.stop().await;
+    log("guest stopped");
     if let Err(error) = microsandbox_runtime::ipc::remove_socket_pair(&config.agent_sock) {
         log(&format!("cannot remove the sockets: {error}"));
     }
