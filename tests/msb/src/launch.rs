@@ -286,7 +286,7 @@ fn boot_failed(
 enum Ending {
     /// `core.shutdown` from the host.
     ShutdownRequested,
-    /// SIGTERM or SIGINT.
+    /// SIGTERM or SIGUSR1.
     Signal,
     /// The creator died (parent-watch EOF).
     ParentExit,
@@ -421,9 +421,13 @@ fn bind_sockets(
     Ok((agent_listener, control_listener))
 }
 
-/// Waits for the first reason to end. A shutdown request or SIGTERM is ignored while the test
-/// knob `ignore_marker` (`<home>/standin/ignore-shutdown/<name>`) exists, so tests can exercise
-/// the crate's kill fallback; parent exit, SIGINT and SIGKILL still end the runtime.
+/// Waits for the first reason to end: `core.shutdown`, SIGTERM or SIGUSR1 (the real VMM's
+/// graceful-exit signals, `msb_krun_vmm` `exit_signal.rs`), parent exit, or the guest ending.
+/// SIGINT does not end it: the real VMM forwards it to the guest console when stdin is not a
+/// terminal, so a terminal's Ctrl-C, which reaches msb in its creator's process group, leaves
+/// the sandbox to its creator. A shutdown request, SIGTERM or SIGUSR1 is ignored while the
+/// test knob `ignore_marker` (`<home>/standin/ignore-shutdown/<name>`) exists, so tests can
+/// exercise the crate's kill fallback; parent exit and SIGKILL still end the runtime.
 async fn wait_for_ending(
     guest: &Guest,
     parent_watch_fd: Option<i32>,
@@ -433,6 +437,7 @@ async fn wait_for_ending(
     use tokio::signal::unix::{SignalKind, signal};
     let mut parent_gone = watch_parent(parent_watch_fd);
     let mut terminate = signal(SignalKind::terminate()).ok();
+    let mut user_exit = signal(SignalKind::user_defined1()).ok();
     let mut interrupt = signal(SignalKind::interrupt()).ok();
     let mut guest_check = tokio::time::interval(Duration::from_millis(250));
     let ignoring = |what: &str| {
@@ -457,7 +462,12 @@ async fn wait_for_ending(
                     return Ending::Signal;
                 }
             }
-            Some(()) = next_signal(&mut interrupt) => return Ending::Signal,
+            Some(()) = next_signal(&mut user_exit) => {
+                if !ignoring("SIGUSR1") {
+                    return Ending::Signal;
+                }
+            }
+            Some(()) = next_signal(&mut interrupt) => log("SIGINT ignored (the guest console's)"),
             Ok(()) = &mut parent_gone => return Ending::ParentExit,
             _ = guest_check.tick() => {
                 if guest.has_ended() {
