@@ -362,7 +362,7 @@ async fn run(args: MachineArgs, config: LaunchConfig, inherited_fds: Vec<i32>) -
     let (shutdown_sender, shutdown_requests) = tokio::sync::mpsc::channel(4);
     let execs = relay::Execs::default();
     let relay_config = relay::RelayConfig {
-        exec_limits: config.bootstrap.exec_limits.clone().unwrap_or_default(),
+        exec_limits: config.bootstrap.exec_limits.unwrap_or_default(),
         control_endpoint: relay::control_socket_path(&config.agent_sock),
     };
     tokio::spawn(relay::serve(
