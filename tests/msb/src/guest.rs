@@ -714,15 +714,17 @@ mod tests {
             "RW 8 FLAT \"/cache/fsmeta/m.erofs\" 0\nRW 8 FLAT \"/cache/layers/l.erofs\" 0\n",
         )
         .expect("descriptor");
-        let mut config = LaunchConfig::default();
-        config.runtime_dir = dir.path().join("runtime");
+        let mut config = LaunchConfig {
+            runtime_dir: dir.path().join("runtime"),
+            mounts: vec![
+                "ws_tag:/srv/agent/workspace:quota=10240".into(),
+                "ref_tag:/srv/ref:ro".into(),
+            ],
+            ..Default::default()
+        };
         config.rootfs.disk = Some(vmdk);
         config.rootfs.disk_format = Some("vmdk".into());
         config.rootfs.upper = Some(dir.path().join("upper.ext4"));
-        config.mounts = vec![
-            "ws_tag:/srv/agent/workspace:quota=10240".into(),
-            "ref_tag:/srv/ref:ro".into(),
-        ];
         config.bootstrap.dir_mounts = vec![
             BootstrapDirMount {
                 tag: "ws_tag".into(),
@@ -882,7 +884,10 @@ mod tests {
         .await;
         assert_eq!(links.split_whitespace().collect::<Vec<_>>(), ["lo"]);
         assert_eq!(output_as(&guest, Some("nobody"), "id -u").await, "65534");
-        assert_eq!(output_as(&guest, Some("1234:5678"), "id -u; id -g").await, "1234\n5678");
+        assert_eq!(
+            output_as(&guest, Some("1234:5678"), "id -u; id -g").await,
+            "1234\n5678"
+        );
         let init = guest.init;
         guest.stop().await;
         assert!(!is_alive(init), "the guest's init is gone after stop");
