@@ -9,6 +9,11 @@
 //! run row, then the guest; a failure after the startup line is written to
 //! `log_dir/boot-error.json` and ends the process with 1, which is what the crate reads when the
 //! process dies before its relay answers.
+//!
+//! Two test knobs live under `<home>/standin/` (`<home>` = two levels above `db_path`), each a
+//! file named after the sandbox: `fail-boot/<name>` fails the boot after the run row (a
+//! `boot-error.json` the crate turns into perch's error), and `ignore-shutdown/<name>` makes
+//! graceful stops go unanswered (see [`wait_for_ending`]).
 
 use crate::catalog::{Catalog, TerminationReason};
 use crate::guest::{AssembleError, Guest, GuestPlan};
@@ -334,6 +339,21 @@ async fn run(args: MachineArgs, config: LaunchConfig, inherited_fds: Vec<i32>) -
         Ok(catalog) => catalog,
         Err(error) => return boot_failed(&config.log_dir, BootErrorStage::Other, &error, None),
     };
+    let fail_marker = home_of(&config.db_path)
+        .join("standin/fail-boot")
+        .join(&args.name);
+    if fail_marker.exists() {
+        let _ = catalog.mark_failed().await;
+        return boot_failed(
+            &config.log_dir,
+            BootErrorStage::Other,
+            &format!(
+                "the stand-in runtime was asked to fail this boot ({} exists)",
+                fail_marker.display()
+            ),
+            None,
+        );
+    }
     let guest = match assemble(&config, &inherited_fds).await {
         Ok(guest) => Arc::new(guest),
         Err(error) => {
