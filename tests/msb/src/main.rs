@@ -18,7 +18,10 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         _ => {
-            let _ = writeln!(std::io::stderr(), "msb stand-in: unsupported arguments {args:?}");
+            let _ = writeln!(
+                std::io::stderr(),
+                "msb stand-in: unsupported arguments {args:?}"
+            );
             std::process::ExitCode::from(2)
         }
     }
