@@ -9,6 +9,12 @@
 #[used]
 static MSB_VERSION_STAMP: [u8; 6] = *b"0.7.11";
 
+mod catalog;
+mod control;
+mod guest;
+mod launch;
+mod relay;
+
 fn main() -> std::process::ExitCode {
     use std::io::Write;
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -17,6 +23,17 @@ fn main() -> std::process::ExitCode {
             let _ = writeln!(std::io::stdout(), "msb 0.7.11");
             std::process::ExitCode::SUCCESS
         }
+        Some("__launch-protocol") => match serde_json::to_string(&launch::capabilities()) {
+            Ok(json) => {
+                let _ = writeln!(std::io::stdout(), "{json}");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(error) => {
+                let _ = writeln!(std::io::stderr(), "msb: {error}");
+                std::process::ExitCode::FAILURE
+            }
+        },
+        Some("machine") => launch::machine(&args),
         _ => {
             let _ = writeln!(
                 std::io::stderr(),
