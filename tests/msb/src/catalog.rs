@@ -54,6 +54,26 @@ impl Catalog {
         })
     }
 
+    /// Marks the run `Terminated` with `InternalError` after a failed boot, leaving the sandbox
+    /// row to the crate, as the real runtime's `mark_run_failed` does.
+    pub async fn mark_failed(&self) -> Result<(), String> {
+        run::Entity::update_many()
+            .col_expr(run::Column::Status, Expr::value(run::RunStatus::Terminated))
+            .col_expr(
+                run::Column::TerminationReason,
+                Expr::value(TerminationReason::InternalError),
+            )
+            .col_expr(
+                run::Column::TerminatedAt,
+                Expr::value(chrono::Utc::now().naive_utc()),
+            )
+            .filter(run::Column::Id.eq(self.run_id))
+            .exec(&self.db)
+            .await
+            .map(drop)
+            .map_err(|error| format!("mark run failed: {error}"))
+    }
+
     /// Marks the run `Terminated` with `reason` and `exit_code`, then the sandbox `Stopped` with
     /// its runtime-only columns cleared. Call with the runtime's sockets already removed and the
     /// lifecycle lock still held: the crate reads the lock's release as "these rows are final".

@@ -697,6 +697,90 @@ mod tests {
     }
 
     #[test]
+    fn the_plan_follows_the_launch_config() {
+        use microsandbox_protocol::bootstrap::{
+            BootstrapDirMount, BootstrapEnvVar, BootstrapMountFlags, BootstrapTmpfsMount,
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let vmdk = dir.path().join("image.vmdk");
+        std::fs::write(
+            &vmdk,
+            "RW 8 FLAT \"/cache/fsmeta/m.erofs\" 0\nRW 8 FLAT \"/cache/layers/l.erofs\" 0\n",
+        )
+        .expect("descriptor");
+        let mut config = LaunchConfig::default();
+        config.runtime_dir = dir.path().join("runtime");
+        config.rootfs.disk = Some(vmdk);
+        config.rootfs.disk_format = Some("vmdk".into());
+        config.rootfs.upper = Some(dir.path().join("upper.ext4"));
+        config.mounts = vec![
+            "ws_tag:/srv/agent/workspace:quota=10240".into(),
+            "ref_tag:/srv/ref:ro".into(),
+        ];
+        config.bootstrap.dir_mounts = vec![
+            BootstrapDirMount {
+                tag: "ws_tag".into(),
+                guest_path: "/workspace".into(),
+                flags: BootstrapMountFlags::default(),
+            },
+            BootstrapDirMount {
+                tag: "ref_tag".into(),
+                guest_path: "/ref".into(),
+                flags: BootstrapMountFlags::default(),
+            },
+        ];
+        config.bootstrap.tmpfs_mounts = vec![BootstrapTmpfsMount {
+            path: "/scratch".into(),
+            size_mib: Some(16),
+            mode: None,
+            flags: BootstrapMountFlags::default(),
+        }];
+        config.bootstrap.hostname = Some("agent-host".into());
+        config.bootstrap.default_env = vec![BootstrapEnvVar {
+            key: "LANG".into(),
+            value: "C.UTF-8".into(),
+        }];
+        let plan = GuestPlan::from_launch(&config).expect("a plan");
+        assert_eq!(
+            plan,
+            GuestPlan {
+                lower: Lower::Erofs {
+                    primary: "/cache/fsmeta/m.erofs".into(),
+                    devices: vec!["/cache/layers/l.erofs".into()],
+                },
+                upper: Some(dir.path().join("upper.ext4")),
+                mounts: vec![
+                    GuestMount::Bind {
+                        host: "/srv/agent/workspace".into(),
+                        guest: "/workspace".into(),
+                        readonly: false,
+                    },
+                    GuestMount::Bind {
+                        host: "/srv/ref".into(),
+                        guest: "/ref".into(),
+                        readonly: true,
+                    },
+                    GuestMount::Tmpfs {
+                        guest: "/scratch".into(),
+                        size_mib: Some(16),
+                    },
+                ],
+                hostname: "agent-host".into(),
+                baseline_env: vec![("LANG".into(), "C.UTF-8".into())],
+                stage: dir.path().join("runtime/standin"),
+            }
+        );
+
+        config.mounts.push("stray:/srv/stray".into());
+        let stray = GuestPlan::from_launch(&config).expect_err("an unknown tag");
+        assert!(stray.message.contains("stray"), "{}", stray.message);
+        config.mounts.pop();
+        config.rootfs.disk_format = Some("qcow2".into());
+        let qcow = GuestPlan::from_launch(&config).expect_err("a qcow2 root");
+        assert!(qcow.message.contains("qcow2"), "{}", qcow.message);
+    }
+
+    #[test]
     fn a_mount_spec_splits_into_tag_host_and_options() {
         assert_eq!(
             parse_mount_spec("workspace:/srv/a:b:quota=1024"),

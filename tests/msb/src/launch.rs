@@ -337,7 +337,7 @@ async fn run(args: MachineArgs, config: LaunchConfig, inherited_fds: Vec<i32>) -
     let guest = match assemble(&config, &inherited_fds).await {
         Ok(guest) => Arc::new(guest),
         Err(error) => {
-            let _ = catalog.finish(TerminationReason::InternalError, 1).await;
+            let _ = catalog.mark_failed().await;
             return boot_failed(
                 &config.log_dir,
                 BootErrorStage::Mount,
@@ -350,7 +350,7 @@ async fn run(args: MachineArgs, config: LaunchConfig, inherited_fds: Vec<i32>) -
         Ok(listeners) => listeners,
         Err(error) => {
             guest.stop().await;
-            let _ = catalog.finish(TerminationReason::InternalError, 1).await;
+            let _ = catalog.mark_failed().await;
             return boot_failed(
                 &config.log_dir,
                 BootErrorStage::Other,
@@ -362,7 +362,7 @@ async fn run(args: MachineArgs, config: LaunchConfig, inherited_fds: Vec<i32>) -
     let (shutdown_sender, shutdown_requests) = tokio::sync::mpsc::channel(4);
     let execs = relay::Execs::default();
     let relay_config = relay::RelayConfig {
-        exec_limits: config.bootstrap.exec_limits.clone().unwrap_or_default(),
+        exec_limits: config.bootstrap.exec_limits.unwrap_or_default(),
         control_endpoint: relay::control_socket_path(&config.agent_sock),
     };
     tokio::spawn(relay::serve(
