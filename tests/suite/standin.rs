@@ -38,6 +38,7 @@ const CHILD_MARKER: &str = "PERCH_STANDIN_CHILD_MARKER";
 
 /// A machine setup on the stand-in runtime, or `None` after printing why this host cannot run
 /// it (a panic instead under `CI=true`). The home is prepared once per test run.
+#[allow(clippy::print_stdout)] // The skip reason, printed like a test's own output.
 pub(super) async fn standin_setup() -> Option<MachineSetup> {
     let preparation = if std::env::var_os(CHILD_AGENT).is_some() {
         Preparation::Attach
