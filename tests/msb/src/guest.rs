@@ -237,6 +237,12 @@ impl GuestPlan {
             ));
         }
         let bootstrap = &config.bootstrap;
+        if !config.file_mounts.is_empty() || !config.disks.is_empty() {
+            return Err(AssembleError::new(
+                "mount volumes: the stand-in supports directory and tmpfs mounts only, not \
+                 single-file mounts or disk volumes",
+            ));
+        }
         let mut mounts = Vec::new();
         for spec in &config.mounts {
             let (tag, host, options) = parse_mount_spec(spec);
@@ -809,13 +815,17 @@ mod tests {
     }
 
     async fn output_of(guest: &Guest, script: &str) -> String {
+        output_as(guest, None, script).await
+    }
+
+    async fn output_as(guest: &Guest, user: Option<&str>, script: &str) -> String {
         let child = guest
             .spawn(&GuestCommand {
                 program: "/bin/sh".into(),
                 args: vec!["-c".into(), script.into()],
                 env: vec![("PATH".into(), HOST_TOOL_PATH.into())],
                 cwd: Some("/workspace".into()),
-                user: None,
+                user: user.map(String::from),
             })
             .expect("spawns");
         let output = child.wait_with_output().await.expect("waits");
@@ -871,6 +881,8 @@ mod tests {
         )
         .await;
         assert_eq!(links.split_whitespace().collect::<Vec<_>>(), ["lo"]);
+        assert_eq!(output_as(&guest, Some("nobody"), "id -u").await, "65534");
+        assert_eq!(output_as(&guest, Some("1234:5678"), "id -u; id -g").await, "1234\n5678");
         let init = guest.init;
         guest.stop().await;
         assert!(!is_alive(init), "the guest's init is gone after stop");

@@ -473,3 +473,20 @@ async fn many_connections_each_get_their_own_id_range() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_background_process_holding_stdout_does_not_keep_the_exec_open() {
+    let runtime = Runtime::start(ExecLimits::default()).await;
+    let client = runtime.client().await;
+    let exec = request("sh", &["-c", "sleep 5 & echo started"]);
+    let (id, mut frames) = client
+        .stream(MessageType::ExecRequest, &exec)
+        .await
+        .unwrap();
+    close_stdin(&client, id).await;
+    let transcript = collect(&client, id, &mut frames).await;
+    assert_eq!(
+        (transcript.stdout.as_slice(), transcript.exit),
+        (&b"started\n"[..], Some(0))
+    );
+}
