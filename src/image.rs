@@ -14,6 +14,7 @@
 //! `<key>` is the recipe's fingerprint ([`Recipe::key`]), so a build for the same recipe reuses
 //! what is there, and a different suite, architecture or package set gets its own directory.
 
+use crate::doctor::Places;
 use crate::sandbox::{ImageRef, SandboxError};
 use perch_core::image::{
     Blob, DEFAULT_REFERENCE, Flavour, OCI_LAYOUT, OciImage, Recipe, SourcesFormat, debian_mirror,
@@ -368,11 +369,17 @@ fn refuse_as_root(path: &Path) -> Result<(), ImageError> {
     }
 }
 
-/// Loads a prepared build into microsandbox as `perch:default` and records it in
-/// `images/default.json`, so [`resolve_default_image`] finds it.
-pub async fn install(cache: &Path, prepared: &Prepared) -> Result<ImageRef, ImageError> {
-    crate::sandbox::microvm::load_image(&prepared.dir.archive(), DEFAULT_REFERENCE).await?;
-    record(cache, prepared)
+/// Loads a prepared build into the microsandbox home `places.msb_home` as `perch:default` and
+/// records it in `images/default.json` under `places.cache`, so [`resolve_default_image`]
+/// finds it.
+pub async fn install(places: &Places, prepared: &Prepared) -> Result<ImageRef, ImageError> {
+    crate::sandbox::microvm::load_image(
+        &places.msb_home,
+        &prepared.dir.archive(),
+        DEFAULT_REFERENCE,
+    )
+    .await?;
+    record(&places.cache, prepared)
 }
 
 /// Records a prepared build in `images/default.json` without loading it (root does not write
@@ -405,15 +412,21 @@ fn built_layer(dir: &ImageDir) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// `perch image load`: loads the build `images/default.json` records into this user's
-/// microsandbox home. Writes nothing into the cache, which may be root's.
-pub async fn load_recorded(cache: &Path) -> Result<ImageRef, ImageError> {
-    let image = resolve_default_image(cache)?;
+/// `perch image load`: loads the build `images/default.json` (under `places.cache`) records
+/// into the microsandbox home `places.msb_home`. Writes nothing into the cache, which may be
+/// root's.
+pub async fn load_recorded(places: &Places) -> Result<ImageRef, ImageError> {
+    let image = resolve_default_image(&places.cache)?;
     if let ImageRef::Local {
         reference, rootfs, ..
     } = &image
     {
-        crate::sandbox::microvm::load_image(&rootfs.with_file_name("image.tar"), reference).await?;
+        crate::sandbox::microvm::load_image(
+            &places.msb_home,
+            &rootfs.with_file_name("image.tar"),
+            reference,
+        )
+        .await?;
     }
     Ok(image)
 }

@@ -497,7 +497,7 @@ fn build_image(options: image::BuildOptions) -> Result<ExitCode, String> {
     }
     let loading = std::time::Instant::now();
     let image = runtime()?
-        .block_on(image::install(&cache, &prepared))
+        .block_on(image::install(&places, &prepared))
         .map_err(|error| error.to_string())?;
     progress(&format!(
         "loaded in {:.1} s; {} is ready (recorded in {})",
@@ -518,7 +518,7 @@ fn load_image() -> Result<ExitCode, String> {
         ));
     }
     let image = runtime()?
-        .block_on(image::load_recorded(&places.cache))
+        .block_on(image::load_recorded(&places))
         .map_err(|error| error.to_string())?;
     emit(&format!(
         "image: {} is loaded into {}\n",

@@ -7,6 +7,11 @@
 //! built by `network_policy`; secrets reach it only as placeholders, which microsandbox's
 //! network boundary swaps for the real value on the way to the secret's hosts.
 //!
+//! Every microsandbox call runs against the microsandbox home the machine was set up with
+//! ([`crate::doctor::Places::msb_home`]), never the one the process environment would pick:
+//! that home's catalog, images, sandboxes and runtime (`<home>/bin/msb`, unless `$MSB_PATH`
+//! names another, which the crate honours). Each machine has its own [`LocalBackend`] for that home.
+//!
 //! The machine is attached to this process: microsandbox stops it when perch exits, keeping its
 //! disk. [`Boot::Resume`] restarts the stored machine from microsandbox's persisted
 //! configuration, so cpus, memory and the allowlist are those it was created with; anything
@@ -19,6 +24,7 @@ use super::{
     Boot, BoxFuture, Captured, Command, End, GUEST_WORKSPACE, ImageRef, Output, Sandbox,
     SandboxError, Spec, StreamCap, Up,
 };
+use microsandbox::backend::{Backend as Runtime, LocalBackend, with_backend};
 use microsandbox::protocol::exec::{ExecFailed, ExecFailureKind};
 use microsandbox::sandbox::{
     NetworkConfig, NetworkPolicy, PullPolicy, SandboxBuilder, SandboxStatus, SecretBuilder,
@@ -28,7 +34,9 @@ use microsandbox::{ExecEvent, ExecHandle, Image, MicrosandboxError};
 use perch_core::name::{EnvName, HostName};
 use perch_core::output::HeadTail;
 use std::fmt;
-use std::path::Path;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
@@ -46,16 +54,55 @@ const KILL_GRACE: Duration = Duration::from_secs(5);
 /// A microsandbox microVM behind the [`Sandbox`] contract.
 pub struct Microvm {
     spec: Spec,
+    runtime: Arc<dyn Runtime>,
     machine: Mutex<Option<microsandbox::Sandbox>>,
 }
 
+/// A microsandbox backend for the home `home`. Its settings come from `$MSB_CONFIG_PATH` when
+/// set, otherwise from `<home>/config.json` (microsandbox's own default for its default home);
+/// a missing file means the defaults. Its catalog opens on first use, on the async runtime of
+/// that use: so each machine has its own, rather than one shared across runtimes.
+fn runtime_for(home: &Path) -> Result<Arc<dyn Runtime>, SandboxError> {
+    let config = std::env::var_os("MSB_CONFIG_PATH")
+        .filter(|path| !path.is_empty())
+        .map_or_else(|| home.join("config.json"), PathBuf::from);
+    let backend = LocalBackend::builder()
+        .home(home)
+        .config_path(config)
+        .build_lazy()
+        .map_err(|error| SandboxError::Failed {
+            action: "configure",
+            reason: format!(
+                "the microsandbox home {} is not usable: {error}",
+                home.display()
+            ),
+        })?;
+    Ok(Arc::new(backend))
+}
+
+/// Runs `call` with the backend for `home` as microsandbox's default, for the call and every
+/// task it spawns.
+async fn with_home<T>(
+    home: &Path,
+    call: impl Future<Output = Result<T, SandboxError>>,
+) -> Result<T, SandboxError> {
+    with_backend(runtime_for(home)?, call).await
+}
+
 impl Microvm {
-    /// Nothing boots until [`Sandbox::up`].
-    pub fn new(spec: Spec) -> Microvm {
-        Microvm {
+    /// The machine for `spec` in the microsandbox home `home`. Nothing boots until
+    /// [`Sandbox::up`].
+    pub fn new(spec: Spec, home: &Path) -> Result<Microvm, SandboxError> {
+        Ok(Microvm {
             spec,
+            runtime: runtime_for(home)?,
             machine: Mutex::new(None),
-        }
+        })
+    }
+
+    /// Runs `call` with this machine's microsandbox home as the crate's default backend.
+    async fn in_home<T>(&self, call: impl Future<Output = T>) -> T {
+        with_backend(self.runtime.clone(), call).await
     }
 
     async fn boot(&self, boot: Boot) -> Result<Up, SandboxError> {
@@ -294,7 +341,7 @@ impl fmt::Debug for Microvm {
 
 impl Sandbox for Microvm {
     fn up(&self, boot: Boot) -> BoxFuture<'_, Result<Up, SandboxError>> {
-        Box::pin(self.boot(boot))
+        Box::pin(self.in_home(self.boot(boot)))
     }
 
     fn run(
@@ -302,45 +349,51 @@ impl Sandbox for Microvm {
         command: Command,
         cancel: CancellationToken,
     ) -> BoxFuture<'_, Result<Output, SandboxError>> {
-        Box::pin(self.execute(command, cancel))
+        Box::pin(self.in_home(self.execute(command, cancel)))
     }
 
     fn stop(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
-        Box::pin(self.halt_held())
+        Box::pin(self.in_home(self.halt_held()))
     }
 }
 
-/// Loads a `docker save` tarball or an OCI image-layout archive into microsandbox's image cache
-/// under `reference`, for [`ImageRef::Local`].
-pub async fn load_image(archive: &Path, reference: &str) -> Result<(), SandboxError> {
+/// Loads a `docker save` tarball or an OCI image-layout archive into the image cache of the
+/// microsandbox home `home` under `reference`, for [`ImageRef::Local`].
+pub async fn load_image(home: &Path, archive: &Path, reference: &str) -> Result<(), SandboxError> {
     let failed = |reason: String| SandboxError::Failed {
         action: "load the image for",
         reason,
     };
-    let loaded = Image::load(archive, vec![reference.to_owned()])
-        .await
-        .map_err(|error| failed(format!("{}: {error}", archive.display())))?;
-    if loaded.iter().any(|image| image.reference() == reference) {
-        Ok(())
-    } else {
-        Err(failed(format!(
-            "{} loaded, but not under the name {reference}",
-            archive.display()
-        )))
-    }
+    with_home(home, async {
+        let loaded = Image::load(archive, vec![reference.to_owned()])
+            .await
+            .map_err(|error| failed(format!("{}: {error}", archive.display())))?;
+        if loaded.iter().any(|image| image.reference() == reference) {
+            Ok(())
+        } else {
+            Err(failed(format!(
+                "{} loaded, but not under the name {reference}",
+                archive.display()
+            )))
+        }
+    })
+    .await
 }
 
-/// Whether microsandbox's image database lists `reference` (one database read; the cached
-/// layer files themselves are not checked).
-pub async fn image_loaded(reference: &str) -> Result<bool, SandboxError> {
-    match Image::get(reference).await {
-        Ok(_) => Ok(true),
-        Err(MicrosandboxError::ImageNotFound(_)) => Ok(false),
-        Err(error) => Err(SandboxError::Failed {
-            action: "check the image of",
-            reason: error.to_string(),
-        }),
-    }
+/// Whether the image database of the microsandbox home `home` lists `reference` (one database
+/// read; the cached layer files themselves are not checked).
+pub async fn image_loaded(home: &Path, reference: &str) -> Result<bool, SandboxError> {
+    with_home(home, async {
+        match Image::get(reference).await {
+            Ok(_) => Ok(true),
+            Err(MicrosandboxError::ImageNotFound(_)) => Ok(false),
+            Err(error) => Err(SandboxError::Failed {
+                action: "check the image of",
+                reason: error.to_string(),
+            }),
+        }
+    })
+    .await
 }
 
 /// The placeholder microsandbox chooses when none is given: `$MSB_<ENV>`. perch always passes
@@ -819,7 +872,8 @@ mod tests {
     fn secret_values_never_show() {
         let spec = spec(&["api.github.com"], &["api.github.com"]);
         let network = guest_network(&spec).unwrap();
-        let microvm = Microvm::new(spec);
+        let home = tempfile::tempdir().unwrap();
+        let microvm = Microvm::new(spec, home.path()).unwrap();
         let shown = format!("{microvm:?} {network:?}");
         assert!(!shown.contains(VALUE), "{shown}");
         let error = SandboxError::Failed {

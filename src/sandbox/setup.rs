@@ -38,6 +38,8 @@ impl Backend {
 #[derive(Debug, Clone)]
 pub struct MachineSetup {
     pub backend: Backend,
+    /// The checks before a microVM boots, and the microsandbox home it boots from
+    /// ([`Places::msb_home`]): its catalog, images and runtime.
     pub places: Places,
     pub idle: Duration,
 }
@@ -111,7 +113,7 @@ pub fn machine_for(
         state: state.clone(),
     };
     let sandbox: Arc<dyn Sandbox> = match setup.backend {
-        Backend::Microvm => Arc::new(Microvm::new(spec)),
+        Backend::Microvm => Arc::new(Microvm::new(spec, &setup.places.msb_home)?),
         #[cfg(feature = "sandbox-double")]
         Backend::NamespaceDouble => Arc::new(super::double::NamespaceDouble::new(spec)),
     };

@@ -8,6 +8,9 @@ mod lane;
 mod log;
 mod sandbox;
 mod scale;
+#[path = "../suite/standin_home.rs"]
+#[allow(dead_code)] // The suite uses all of it; the benchmarks only prepare a fresh home.
+mod standin_home;
 
 fn main() {
     let smoke = std::env::args().any(|arg| arg == "--smoke");

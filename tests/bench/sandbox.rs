@@ -1,5 +1,7 @@
-//! The sandbox: warm exec latency (one machine, already up, running `true` over and over), and
-//! perch's peak memory while a guest command floods its output.
+//! The sandbox: warm exec latency (one machine, already up, running `true` over and over) on
+//! the namespace double, through perch's real microVM adapter over the stand-in runtime
+//! (tests/msb), and in a real microVM; and perch's peak memory while a guest command floods its
+//! output.
 
 use perch::agent::{self, AgentDir};
 use perch::doctor::{self, Places};
@@ -17,15 +19,31 @@ pub async fn warm_exec(smoke: bool) {
     measure(
         "namespace double",
         Backend::NamespaceDouble,
+        Places::from_environment(),
         runs,
         Some(DOUBLE_P50_TARGET),
     )
     .await;
     #[cfg(not(feature = "sandbox-double"))]
     println!("warm exec, namespace double: skipped: built without the sandbox-double feature");
+    // The adapter, the crate and the agent protocol over a socket, with no VM: perch's own
+    // share of a microVM exec.
+    match crate::standin_home::prepare(crate::standin_home::Preparation::Fresh).await {
+        Ok(places) => {
+            measure(
+                "real adapter over the stand-in runtime",
+                Backend::Microvm,
+                places,
+                runs,
+                None,
+            )
+            .await;
+        }
+        Err(reason) => println!("warm exec, stand-in runtime: skipped: {reason}"),
+    }
     let places = Places::from_environment();
     match doctor::require(&places) {
-        Ok(()) => measure("microVM", Backend::Microvm, runs, None).await,
+        Ok(()) => measure("microVM", Backend::Microvm, places, runs, None).await,
         Err(reason) => {
             let first_line = reason.to_string();
             let first_line = first_line.lines().next().unwrap_or_default().to_owned();
@@ -34,13 +52,19 @@ pub async fn warm_exec(smoke: bool) {
     }
 }
 
-async fn measure(label: &str, backend: Backend, runs: usize, target: Option<Duration>) {
+async fn measure(
+    label: &str,
+    backend: Backend,
+    places: Places,
+    runs: usize,
+    target: Option<Duration>,
+) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     agent::init(dir.path()).expect("perch init");
     let loaded = agent::load(&AgentDir::open(dir.path()).expect("an agent")).expect("it loads");
     let setup = MachineSetup {
         backend,
-        places: Places::from_environment(),
+        places,
         idle: Duration::from_secs(600),
     };
     let machine = sandbox::machine_for(&loaded, &setup, |_| None).expect("a machine");

@@ -25,6 +25,8 @@ mod prompt;
 mod sandbox;
 mod service;
 mod spend;
+mod standin;
+mod standin_home;
 mod support;
 mod synapse;
 mod telegram;

@@ -1,5 +1,6 @@
-//! The sandbox contract, as one journey run against each backend: the namespace double on
-//! every CI run, the microVM where hardware KVM exists (`--include-ignored`, which `.ci/test`
+//! The sandbox contract, as one journey taken three ways: through the namespace double and
+//! through perch's real microVM adapter over the stand-in runtime (`suite::standin`) on every CI
+//! run, and in a real microVM where hardware KVM exists (`--include-ignored`, which `.ci/test`
 //! adds when `perch doctor` passes).
 
 use super::support::{new_agent, write};
@@ -13,7 +14,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-const SECRET_VALUE: &str = "sk-journey-4c1d2e9f-never-in-the-guest";
+/// The journey's secret value; `.ci/test` exports it as `JOURNEY_SOURCE`, where microsandbox
+/// reads it at boot.
+pub(super) const SECRET_VALUE: &str = "sk-journey-4c1d2e9f-never-in-the-guest";
 const IDLE: Duration = Duration::from_millis(400);
 
 fn setup(backend: Backend) -> MachineSetup {
@@ -39,11 +42,11 @@ fn sandbox_lua(allow: &[&str]) -> String {
     )
 }
 
-fn load(dir: &Path) -> LoadedAgent {
+pub(super) fn load(dir: &Path) -> LoadedAgent {
     agent::load(&AgentDir::open(dir).unwrap()).unwrap_or_else(|problems| panic!("{problems}"))
 }
 
-fn lookup(name: &str) -> Option<String> {
+pub(super) fn lookup(name: &str) -> Option<String> {
     (name == "JOURNEY_SOURCE").then(|| SECRET_VALUE.to_owned())
 }
 
@@ -54,7 +57,7 @@ async fn run(machine: &Machine, line: &str) -> sandbox::Output {
         .unwrap()
 }
 
-fn text(stream: &sandbox::Captured) -> String {
+pub(super) fn text(stream: &sandbox::Captured) -> String {
     stream.marked_text("stream")
 }
 
@@ -86,7 +89,22 @@ async fn guest_connects(machine: &Machine, host: &str, port: u16) -> bool {
     output.end == End::Exited(0) && text(&output.stdout).contains("connected")
 }
 
-async fn journey(backend: Backend) {
+/// Which way the journey goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    /// The namespace double.
+    Double,
+    /// The real adapter and crate over the stand-in runtime.
+    Standin,
+    /// The real adapter and crate in a real microVM.
+    Microvm,
+}
+
+async fn journey(way: Way, setup: MachineSetup) {
+    let setup = MachineSetup {
+        idle: IDLE,
+        ..setup
+    };
     let agent_dir = new_agent();
     let root = agent_dir.path();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -99,7 +117,7 @@ async fn journey(backend: Backend) {
     );
     write(root, "workspace/note.txt", "written on the host\n");
     let agent = load(root);
-    let machine = sandbox::machine_for(&agent, &setup(backend), lookup).unwrap();
+    let machine = sandbox::machine_for(&agent, &setup, lookup).unwrap();
     assert_eq!(
         machine.state().await.unwrap().0,
         State::Stopped,
@@ -192,23 +210,20 @@ async fn journey(backend: Backend) {
         "a host process is visible"
     );
 
-    // Egress: host.microsandbox.internal is listed. The microVM lets it through; the double has
-    // no egress at all (stricter, never wider). The host's loopback and another private
-    // address stay out of reach either way.
+    // Egress: host.microsandbox.internal is listed. The microVM lets it through; the double and
+    // the stand-in have no egress at all (stricter, never wider). The host's loopback and
+    // another private address stay out of reach either way.
     let reached = guest_connects(&machine, "host.microsandbox.internal", port).await;
     assert_eq!(
         reached,
-        backend == Backend::Microvm,
+        way == Way::Microvm,
         "listed host reachable only in the VM"
     );
     assert!(!guest_connects(&machine, "127.0.0.1", port).await);
     assert!(!guest_connects(&machine, "10.0.2.2", port).await);
     assert!(!guest_connects(&machine, "169.254.169.254", 80).await);
-    if backend != Backend::Microvm {
-        assert!(
-            listener.accept().is_err(),
-            "the double let a connection out"
-        );
+    if way != Way::Microvm {
+        assert!(listener.accept().is_err(), "{way:?} let a connection out");
     }
 
     // Cancel kills the command (exit 130) and leaves the machine usable.
@@ -272,7 +287,7 @@ async fn journey(backend: Backend) {
     drop(machine);
 
     // Same fingerprint: reused. Changed allowlist: recreated, old disk gone.
-    let machine = machine_when_free(&agent, backend).await;
+    let machine = machine_when_free(&agent, &setup).await;
     assert_eq!(
         text(&run(&machine, "cat /root/disk-marker").await.stdout),
         "kept\n"
@@ -286,7 +301,7 @@ async fn journey(backend: Backend) {
         &sandbox_lua(&["host.microsandbox.internal", "example.org"]),
     );
     let agent = load(root);
-    let machine = machine_when_free(&agent, backend).await;
+    let machine = machine_when_free(&agent, &setup).await;
     let output = run(&machine, "cat /root/disk-marker 2>/dev/null || echo gone").await;
     assert_eq!(text(&output.stdout), "gone\n");
     assert_eq!(machine.state().await.unwrap().1, LastBoot::Created);
@@ -294,10 +309,10 @@ async fn journey(backend: Backend) {
 }
 
 /// The previous handle's task releases the lock as it ends; wait for that, with a deadline.
-async fn machine_when_free(agent: &LoadedAgent, backend: Backend) -> Machine {
+async fn machine_when_free(agent: &LoadedAgent, setup: &MachineSetup) -> Machine {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        match sandbox::machine_for(agent, &setup(backend), lookup) {
+        match sandbox::machine_for(agent, setup, lookup) {
             Ok(machine) => return machine,
             Err(SandboxError::Held { .. }) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -309,7 +324,15 @@ async fn machine_when_free(agent: &LoadedAgent, backend: Backend) -> Machine {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn journey_in_the_namespace_double() {
-    journey(Backend::NamespaceDouble).await;
+    journey(Way::Double, setup(Backend::NamespaceDouble)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn journey_through_the_standin() {
+    let Some(setup) = super::standin::standin_setup().await else {
+        return;
+    };
+    journey(Way::Standin, setup).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -320,7 +343,7 @@ async fn journey_in_the_microvm() {
         Ok(SECRET_VALUE),
         "microsandbox reads the secret from the environment at boot: run this through .ci/test"
     );
-    journey(Backend::Microvm).await;
+    journey(Way::Microvm, setup(Backend::Microvm)).await;
 }
 
 /// Processes on this host whose command line mentions `needle`.
@@ -410,7 +433,7 @@ async fn a_machine_gone_behind_a_matching_fingerprint_is_bootstrapped_again() {
     // there, the machine's disk is not.
     assert!(state_dir.join("fingerprint.json").exists());
     std::fs::remove_dir_all(state_dir.join("disk")).unwrap();
-    let machine = machine_when_free(&agent, Backend::NamespaceDouble).await;
+    let machine = machine_when_free(&agent, &double()).await;
     let again = machine
         .run(
             Command::shell("cat /root/bootstrapped"),
