@@ -125,7 +125,7 @@ fn missing_prerequisite() -> Result<PathBuf, String> {
         .ok_or_else(|| format!("{} has no target directory", exe.display()))?;
     if !standin.is_file() {
         return Err(format!(
-            "the stand-in runtime {} is not built: cargo build -p perch-msb-standin",
+            "the stand-in runtime {} is not built: cargo test --workspace builds it (or cargo build -p perch-msb-standin)",
             standin.display()
         ));
     }
