@@ -17,7 +17,7 @@ use perch::doctor::Places;
 use perch::sandbox::microvm::Microvm;
 use perch::sandbox::{
     self, Backend, Boot, Command, DEFAULT_IDLE, End, LastBoot, Machine, MachineSetup, Sandbox,
-    SandboxError, Spec,
+    SandboxError, Spec, State,
 };
 use perch_core::config::Api;
 use serde_json::Value;
@@ -710,6 +710,37 @@ async fn a_boot_failure_is_a_readable_error() {
         message.contains("upper.ext4") && message.contains("bad superblock magic"),
         "{message}"
     );
+    machine.stop().await.unwrap();
+}
+
+/// A boot the runtime itself fails (its `boot-error.json`, after the startup line, as the real
+/// runtime reports a guest that cannot start): perch's error carries the runtime's words, nothing
+/// is left running, and the next boot, once the cause is gone, works.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_boot_the_runtime_fails_is_reported_in_its_words_and_the_next_boot_works() {
+    let Some(setup) = standin_setup().await else {
+        return;
+    };
+    let agent_dir = new_agent();
+    let agent = load(agent_dir.path());
+    let name = name_of(&agent);
+    let knob = setup.places.msb_home.join("standin/fail-boot").join(&name);
+    std::fs::create_dir_all(knob.parent().unwrap()).unwrap();
+    std::fs::write(&knob, "").unwrap();
+    let machine = sandbox::machine_for(&agent, &setup, lookup).unwrap();
+    let error = machine
+        .run(Command::shell("echo never"), CancellationToken::new())
+        .await
+        .unwrap_err();
+    let message = error.to_string();
+    assert!(message.starts_with("cannot boot the sandbox"), "{message}");
+    assert!(
+        message.contains("the stand-in runtime was asked to fail this boot"),
+        "the runtime's boot-error.json reaches perch: {message}"
+    );
+    assert_eq!(machine.state().await.unwrap().0, State::Stopped);
+    std::fs::remove_file(&knob).unwrap();
+    assert_eq!(text(&run(&machine, "echo booted").await.stdout), "booted\n");
     machine.stop().await.unwrap();
 }
 
