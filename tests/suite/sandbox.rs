@@ -42,6 +42,25 @@ fn sandbox_lua(allow: &[&str]) -> String {
     )
 }
 
+/// A token cancelled as soon as `marker` exists (a command has started), or after 20 s, and the
+/// task that watches for it.
+pub(super) fn cancel_once_exists(
+    marker: std::path::PathBuf,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let cancel = CancellationToken::new();
+    let watcher = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !marker.exists() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            cancel.cancel();
+        })
+    };
+    (cancel, watcher)
+}
+
 pub(super) fn load(dir: &Path) -> LoadedAgent {
     agent::load(&AgentDir::open(dir).unwrap()).unwrap_or_else(|problems| panic!("{problems}"))
 }
@@ -227,19 +246,7 @@ async fn journey(way: Way, setup: MachineSetup) {
     }
 
     // Cancel kills the command (exit 130) and leaves the machine usable.
-    let cancel = CancellationToken::new();
-    let started = root.join("workspace/started");
-    let canceller = {
-        let cancel = cancel.clone();
-        let started = started.clone();
-        tokio::spawn(async move {
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while !started.exists() && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            cancel.cancel();
-        })
-    };
+    let (cancel, canceller) = cancel_once_exists(root.join("workspace/started"));
     let output = machine
         .run(
             Command::shell("touch started; sleep 300; echo not cancelled"),

@@ -9,7 +9,7 @@
 
 use super::fake_model::{FakeModel, Reply, Script};
 use super::fake_telegram::{Chat, FakeTelegram, TOKEN, User};
-use super::sandbox::{SECRET_VALUE, load, lookup, text};
+use super::sandbox::{SECRET_VALUE, cancel_once_exists, load, lookup, text};
 use super::standin_home::{Preparation, prepare};
 use super::support::{new_agent, write};
 use perch::agent::LoadedAgent;
@@ -444,18 +444,7 @@ async fn cancel_and_timeout_kill_the_command_and_leave_the_machine_usable() {
     let root = agent_dir.path();
     let agent = load(root);
     let machine = sandbox::machine_for(&agent, &setup, lookup).unwrap();
-    let cancel = CancellationToken::new();
-    let started = root.join("workspace/started");
-    let canceller = {
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while !started.exists() && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            cancel.cancel();
-        })
-    };
+    let (cancel, canceller) = cancel_once_exists(root.join("workspace/started"));
     let output = machine
         .run(
             Command::shell("touch started; sleep 301.5 & sleep 302.5; echo not cancelled"),
