@@ -477,7 +477,15 @@ pub async fn run(
                 let _ = notifier.notify(&format!("WATCHDOG=1\n{}", service.status_line().await));
             }
             arrival = incoming.recv(), if receiving => match arrival {
-                Some((channel, arrival)) => service.arrive(&channel, arrival).await?,
+                Some((channel, arrival)) => {
+                    if let Err(error) = service.arrive(&channel, arrival).await {
+                        tracing::error!(channel = %channel, "an arrival on {channel} failed: {error}");
+                        service.alert(
+                            AlertKind::Intake,
+                            format!("a message on channel {channel} could not be taken in: {error}"),
+                        );
+                    }
+                }
                 None => receiving = false,
             },
         }
@@ -775,12 +783,25 @@ impl Service {
                 Verdict::Context
             }
             (Admission::Stale, _) => Verdict::Stale,
-            (Admission::Pair, _) => {
-                self.offer_pairing(&connected, &event).await?;
-                Verdict::Refused {
+            (Admission::Pair, _) => match self.offer_pairing(&connected, &event).await {
+                Ok(()) => Verdict::Refused {
                     reason: "unknown sender in a direct message; pairing offered".into(),
+                },
+                Err(error) => {
+                    self.alert(
+                        AlertKind::Intake,
+                        format!(
+                            "a pairing code for {} on channel {channel} could not be recorded, so none was offered: {error}",
+                            terminal::shown(&event.sender.id)
+                        ),
+                    );
+                    Verdict::Refused {
+                        reason: format!(
+                            "unknown sender in a direct message; pairing could not be offered: {error}"
+                        ),
+                    }
                 }
-            }
+            },
             (Admission::Refused { reason }, _) => Verdict::Refused { reason },
         };
         self.bot_turns.lock().await.note(
@@ -892,6 +913,7 @@ impl Service {
         let code = pairing_code(random_bytes());
         let issued = {
             let mut pairing = self.pairing.lock().await;
+            let before = pairing.clone();
             let issued = pairing.issue(
                 &channel.loaded.config.name.to_string(),
                 &event.sender.id,
@@ -899,8 +921,12 @@ impl Service {
                 code,
                 self.clock.now(),
             );
-            if matches!(issued, Issued::New(_) | Issued::Busy { .. }) {
-                control::write_pairing(&self.pairing_path, &pairing)?;
+            if matches!(issued, Issued::New(_) | Issued::Busy { .. })
+                && let Err(error) = control::write_pairing(&self.pairing_path, &pairing)
+            {
+                // A code that is not on disk could never be approved: offer none.
+                *pairing = before;
+                return Err(error);
             }
             issued
         };

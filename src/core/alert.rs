@@ -27,6 +27,9 @@ pub enum AlertKind {
     CrashLoop,
     /// Every pairing slot of a channel is taken: later senders are told pairing is busy.
     PairingFull,
+    /// An arriving message could not be journaled or decided (a state file could not be
+    /// written); perch went on with the next one.
+    Intake,
 }
 
 impl AlertKind {
@@ -39,6 +42,7 @@ impl AlertKind {
             AlertKind::Spend => "spend",
             AlertKind::CrashLoop => "crash loop",
             AlertKind::PairingFull => "pairing",
+            AlertKind::Intake => "intake",
         }
     }
 }

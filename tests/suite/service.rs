@@ -313,6 +313,57 @@ fn an_unknown_sender_is_paired_by_the_owner_then_answered() {
     assert_eq!(status["approved_senders"], 1);
 }
 
+/// A pairing code that cannot be recorded is never offered (it could never be approved), the
+/// event is refused with the reason, and the service goes on: the next sender is answered and,
+/// once the file can be written again, the same sender gets a code.
+#[test]
+fn a_pairing_write_that_fails_refuses_that_event_and_the_service_goes_on() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = agent_with_channel(
+        &model,
+        &format!(
+            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {:?},\n  allow = {{ users = {{ \"8\" }} }} }}\n",
+            telegram.api_url()
+        ),
+    );
+    let child = start(dir.path(), None);
+    wait_until("perch listening", || {
+        dir.path().join(".perch/control.sock").exists()
+    });
+    // A directory where the file must go: replacing it fails.
+    let pairing = dir.path().join(".perch/pairing.json");
+    let _ = std::fs::remove_file(&pairing);
+    std::fs::create_dir(&pairing).unwrap();
+    let bob = User::human(7, "Bob");
+    telegram.push_message(&Chat::private(&bob), &bob, "hello?");
+    let alice = User::human(8, "Alice");
+    model.push(Script::text("hi Alice"));
+    telegram.push_message(&Chat::private(&alice), &alice, "are you there?");
+    wait_until("Alice's answer", || {
+        telegram.sent().iter().any(|sent| sent.shown == "hi Alice")
+    });
+    assert_eq!(
+        telegram.sent().len(),
+        1,
+        "no code was offered to Bob: {:?}",
+        telegram.sent()
+    );
+    std::fs::remove_dir(&pairing).unwrap();
+    telegram.push_message(&Chat::private(&bob), &bob, "hello again?");
+    wait_until("Bob's pairing code", || {
+        telegram
+            .sent()
+            .iter()
+            .any(|sent| sent.text.contains("perch pair approve"))
+    });
+    let stderr = stop(child);
+    assert!(
+        stderr.contains("could not be recorded, so none was offered"),
+        "the owner is told (here: the log, as there is no owner): {stderr}"
+    );
+}
+
 #[test]
 fn groups_bots_and_chat_commands() {
     let model = FakeModel::start(Api::OpenAiCompletions);
