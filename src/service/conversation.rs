@@ -1,0 +1,378 @@
+//! Conversations: one task per conversation with items waiting, its lane, the channel's busy
+//! policy, and the runs that answer.
+
+use super::{Channel, DRAIN_MARGIN, Service};
+use crate::channel::InboundEvent;
+use crate::inbox::PendingItem;
+use crate::lane::{Input, Lane, Steered};
+use perch_core::config::BusyPolicy;
+use perch_core::log::Outcome;
+use perch_core::name::LaneName;
+use perch_core::prompt::Origin;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+impl Service {
+    /// The open lane `name`, opened (and recovered) first if it is not open yet, on `model` or
+    /// the agent's. Conversations and heartbeats share lanes through here, so a lane is never
+    /// opened twice.
+    pub(super) async fn lane(
+        &self,
+        name: &LaneName,
+        origin: Origin,
+        model: Option<&perch_core::name::ModelRef>,
+    ) -> Result<Lane, String> {
+        let mut lanes = self.lanes.lock().await;
+        if let Some(lane) = lanes.get(name) {
+            return Ok(lane.clone());
+        }
+        let lane = match model {
+            None => {
+                self.runtime
+                    .open_lane(name, origin, self.limits)
+                    .await
+                    .map_err(|error| error.to_string())?
+                    .0
+            }
+            Some(model) => {
+                self.runtime
+                    .open_lane_with_model(name, origin, self.limits, model)
+                    .await?
+                    .0
+            }
+        };
+        lanes.insert(name.clone(), lane.clone());
+        Ok(lane)
+    }
+
+    /// Hands an item to its conversation, starting the conversation's task if needed.
+    pub(super) async fn dispatch(self: &Arc<Self>, mut item: PendingItem) -> Result<(), String> {
+        let lane = LaneName::try_from(item.lane.as_str())?;
+        let mut conversations = self.conversations.lock().await;
+        if let Some(queue) = conversations.get(&lane) {
+            match queue.send(item) {
+                Ok(()) => return Ok(()),
+                Err(returned) => item = returned.0,
+            }
+        }
+        let channel = item.channel.clone();
+        let (queue, items) = mpsc::unbounded_channel();
+        let _ = queue.send(item);
+        conversations.insert(lane.clone(), queue);
+        drop(conversations);
+        let service = Arc::clone(self);
+        let (lane_name, channel_name) = (lane.to_string(), channel.clone());
+        self.tasks.spawn(async move {
+            if let Err(error) = service.converse(lane, channel, items).await {
+                tracing::error!(channel = %channel_name, lane = %lane_name, "{error}");
+            }
+        });
+        Ok(())
+    }
+
+    /// One conversation: its lane, its queue, and the channel's busy policy.
+    async fn converse(
+        self: Arc<Self>,
+        name: LaneName,
+        channel: String,
+        mut items: mpsc::UnboundedReceiver<PendingItem>,
+    ) -> Result<(), String> {
+        let connected = self
+            .channels
+            .get(&channel)
+            .cloned()
+            .ok_or_else(|| format!("no channel {channel}"))?;
+        let origin = Origin {
+            channel: channel.clone(),
+            room: None,
+            sender: None,
+        };
+        let lane = self.lane(&name, origin, None).await?;
+        let config = connected.loaded.config.clone();
+        let shutdown = self.shutdown.clone();
+        let mut queue: VecDeque<PendingItem> = VecDeque::new();
+        let mut active: Option<tokio::task::JoinHandle<()>> = None;
+        loop {
+            if active
+                .as_ref()
+                .is_some_and(tokio::task::JoinHandle::is_finished)
+            {
+                active = None;
+            }
+            if active.is_none() && !queue.is_empty() && !shutdown.is_cancelled() {
+                let batch: Vec<PendingItem> = match config.busy {
+                    BusyPolicy::Collect { .. } => queue.drain(..).collect(),
+                    _ => queue.pop_front().into_iter().collect(),
+                };
+                let service = Arc::clone(&self);
+                let lane = lane.clone();
+                let connected = Arc::clone(&connected);
+                let (lane_name, channel_name) = (name.to_string(), channel.clone());
+                active = Some(self.tasks.spawn(async move {
+                    if let Err(error) = service.answer(&lane, &connected, batch).await {
+                        tracing::error!(channel = %channel_name, lane = %lane_name, "{error}");
+                    }
+                }));
+            }
+            let woken = {
+                let finished = async {
+                    match active.as_mut() {
+                        Some(run) => {
+                            let _ = run.await;
+                        }
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = shutdown.cancelled() => Woken::Shutdown,
+                    () = finished => Woken::Finished,
+                    item = items.recv() => Woken::Item(item.map(Box::new)),
+                }
+            };
+            let item = match woken {
+                Woken::Shutdown => {
+                    if let Some(run) = active.take() {
+                        self.drain_run(&lane, run).await;
+                    }
+                    let _ = lane.close().await;
+                    return Ok(());
+                }
+                Woken::Finished => {
+                    active = None;
+                    continue;
+                }
+                Woken::Item(None) => return Ok(()),
+                Woken::Item(Some(item)) => *item,
+            };
+            if let Some(window) = collect_window(config.busy) {
+                // Messages arriving within the window join the same turn.
+                queue.push_back(item);
+                tokio::time::sleep(window).await;
+                while let Ok(more) = items.try_recv() {
+                    queue.push_back(more);
+                }
+                continue;
+            }
+            let busy = active.is_some();
+            let limit = usize::try_from(config.queue_limit).unwrap_or(usize::MAX);
+            match (busy, config.busy) {
+                (true, BusyPolicy::Steer) => {
+                    let text = self.item_text(&connected, &item).await;
+                    if matches!(lane.steer(text).await, Ok(Steered::Delivered)) {
+                        self.inbox
+                            .consume(vec![item.event_seq, item.verdict_seq])
+                            .await
+                            .map_err(|error| error.to_string())?;
+                    } else {
+                        queue.push_back(item);
+                    }
+                }
+                (true, BusyPolicy::Interrupt) => {
+                    let _ = lane.abort();
+                    queue.push_back(item);
+                }
+                _ if queue.len() >= limit => self.overflow(&connected, item).await?,
+                _ => queue.push_back(item),
+            }
+        }
+    }
+
+    /// At shutdown: lets the active run finish, and deliver its reply, within the drain; then
+    /// aborts it, so that its operation is closed as cancelled.
+    async fn drain_run(&self, lane: &Lane, mut run: tokio::task::JoinHandle<()>) {
+        if tokio::time::timeout(self.drain, &mut run).await.is_ok() {
+            return;
+        }
+        tracing::warn!("a run did not finish within the drain; aborting it");
+        let _ = lane.abort();
+        if tokio::time::timeout(DRAIN_MARGIN, &mut run).await.is_err() {
+            run.abort();
+        }
+    }
+
+    /// Runs the lane on `items` (one, or several collected) and delivers the reply.
+    async fn answer(
+        &self,
+        lane: &Lane,
+        channel: &Channel,
+        items: Vec<PendingItem>,
+    ) -> Result<(), String> {
+        let Some(last) = items.last().cloned() else {
+            return Ok(());
+        };
+        let typing = self.keep_typing(channel, &last.event);
+        let mut texts = Vec::with_capacity(items.len());
+        for item in &items {
+            texts.push(self.item_text(channel, item).await);
+        }
+        let text = texts.join("\n\n");
+        let consumes = items.iter().map(PendingItem::consumes_id).collect();
+        let finished = lane
+            .send(
+                Input {
+                    text,
+                    consumes,
+                    fresh: false,
+                },
+                None,
+            )
+            .await
+            .map_err(|error| error.to_string());
+        typing.cancel();
+        let finished = finished?;
+        if let Outcome::Failed { reason } | Outcome::Interrupted { reason } = &finished.outcome {
+            tracing::warn!(
+                channel = %last.channel,
+                lane = %last.lane,
+                messages = items.len(),
+                outcome = outcome_name(&finished.outcome),
+                "lane {}: run {}: {reason}",
+                last.lane,
+                outcome_name(&finished.outcome)
+            );
+        }
+        self.deliver_outcome(channel, &last.event, &finished.outcome, &finished.text)
+            .await?;
+        let seqs = items
+            .iter()
+            .flat_map(|item| [item.event_seq, item.verdict_seq])
+            .collect();
+        self.inbox
+            .consume(seqs)
+            .await
+            .map_err(|error| error.to_string())
+    }
+
+    /// Answers `to` with how its run ended: the reply (and its files) when it completed, a short
+    /// apology when it failed or was interrupted (the reason is logged, never posted), nothing
+    /// when cancelled.
+    pub(super) async fn deliver_outcome(
+        &self,
+        channel: &Channel,
+        to: &InboundEvent,
+        outcome: &Outcome,
+        text: &str,
+    ) -> Result<(), String> {
+        let (reply, files) = match outcome {
+            Outcome::Completed => {
+                crate::attachments::reply_files(&self.runtime.agent().dir.workspace(), text)
+            }
+            Outcome::Cancelled => (String::new(), Vec::new()),
+            // The reason can quote the provider (organisation and project ids, e-mail
+            // addresses): it stays in the log and the lane.
+            Outcome::Failed { reason } if reason.starts_with(SPEND_CAP_REASON) => (
+                format!("Sorry, I could not finish that: {reason}"),
+                Vec::new(),
+            ),
+            Outcome::Failed { .. } => (FAILED_REPLY.to_owned(), Vec::new()),
+            Outcome::Interrupted { .. } => (INTERRUPTED_REPLY.to_owned(), Vec::new()),
+        };
+        if reply.trim().is_empty() && files.is_empty() {
+            return Ok(());
+        }
+        crate::failpoint::hit("before:delivery_intent");
+        self.post_files(
+            channel,
+            &to.room,
+            to.thread.as_deref(),
+            Some(&to.platform_id),
+            reply,
+            files,
+        )
+        .await
+        .map(drop)
+    }
+
+    /// The item's text as the agent reads it: with a line per attachment, each fetched and saved
+    /// under `workspace/inbox/` first (or said not to be there, and why).
+    async fn item_text(&self, channel: &Channel, item: &PendingItem) -> String {
+        if item.event.attachments.is_empty() {
+            return item.text.clone();
+        }
+        let workspace = self.runtime.agent().dir.workspace();
+        let received = crate::attachments::receive(
+            channel.connector.as_ref(),
+            &workspace,
+            &item.channel,
+            &item.event,
+        )
+        .await;
+        for unsaved in &received.unsaved {
+            tracing::warn!(
+                channel = %item.channel,
+                lane = %item.lane,
+                "channel {}: an attachment of {} was not saved: {unsaved}",
+                item.channel,
+                item.event.platform_id
+            );
+        }
+        perch_core::attachment::with_lines(&item.text, &received.lines)
+    }
+
+    fn keep_typing(&self, channel: &Channel, event: &InboundEvent) -> CancellationToken {
+        let stop = CancellationToken::new();
+        let connector = Arc::clone(&channel.connector);
+        let room = event.room.clone();
+        let thread = event.thread.clone();
+        let stopped = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                connector.typing(&room, thread.as_deref()).await;
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(4)) => {}
+                    () = stopped.cancelled() => return,
+                }
+            }
+        });
+        stop
+    }
+
+    async fn overflow(&self, channel: &Channel, item: PendingItem) -> Result<(), String> {
+        let text = "I am still working on earlier messages in this conversation and cannot queue \
+                    more right now. Please send this again in a moment.";
+        self.reply(channel, item.event.clone(), text.to_owned())
+            .await?;
+        self.inbox
+            .consume(vec![item.event_seq, item.verdict_seq])
+            .await
+            .map_err(|error| error.to_string())
+    }
+}
+
+/// A run's outcome in one word, for log lines.
+fn outcome_name(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Completed => "completed",
+        Outcome::Cancelled => "cancelled",
+        Outcome::Failed { .. } => "failed",
+        Outcome::Interrupted { .. } => "interrupted",
+    }
+}
+
+/// What a chat is told when a run failed; the reason goes to the log and the lane only.
+const FAILED_REPLY: &str = "Sorry, I could not finish that: something went wrong on my side. My \
+                            owner can find the details in perch's log.";
+
+/// How the spend guard's own refusal starts: perch's words, which the chat is told.
+const SPEND_CAP_REASON: &str = "the daily spend cap";
+
+/// What a chat is told when a run was interrupted (perch stopped or crashed during it).
+const INTERRUPTED_REPLY: &str = "Sorry, I could not finish that: I was interrupted. Please ask \
+                                 again.";
+
+/// What woke a conversation's task.
+enum Woken {
+    Shutdown,
+    Finished,
+    Item(Option<Box<PendingItem>>),
+}
+
+fn collect_window(busy: BusyPolicy) -> Option<Duration> {
+    match busy {
+        BusyPolicy::Collect { window } => Some(window),
+        _ => None,
+    }
+}

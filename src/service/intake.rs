@@ -1,0 +1,384 @@
+//! Intake: an arrival journaled and acknowledged, admitted, handed to the channel's hook, and
+//! decided; chat commands and pairing offers are answered here.
+
+use super::{Channel, Service};
+use crate::channel::hooks::HookVerdict;
+use crate::channel::{Arrival, InboundEvent};
+use crate::control;
+use crate::inbox::{PendingItem, Recorded, Verdict};
+use perch_core::admission::{Admission, Arrived, admit};
+use perch_core::alert::AlertKind;
+use perch_core::chat::ChatCommand;
+use perch_core::delivery::lane_for;
+use perch_core::name::LaneName;
+use perch_core::pairing::{Issued, pairing_code};
+use perch_core::terminal;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+impl Service {
+    /// Journals the event, acknowledges it, and decides what it is.
+    pub(super) async fn arrive(
+        self: &Arc<Self>,
+        channel: &str,
+        arrival: Arrival,
+    ) -> Result<(), String> {
+        let Arrival { event, journaled } = arrival;
+        let recorded = self
+            .inbox
+            .record_event(channel, &event)
+            .await
+            .map_err(|error| error.to_string())?;
+        crate::failpoint::hit("after:inbox_journaled");
+        let _ = journaled.send(());
+        if let Recorded::New { seq } = recorded {
+            self.metrics.event_in(channel);
+            self.decide(seq, channel, event).await?;
+        }
+        Ok(())
+    }
+
+    pub(super) async fn decide(
+        self: &Arc<Self>,
+        seq: u64,
+        channel: &str,
+        event: InboundEvent,
+    ) -> Result<(), String> {
+        let Some(connected) = self.channels.get(channel).cloned() else {
+            return self
+                .settle(
+                    seq,
+                    Verdict::Refused {
+                        reason: format!("no channel {channel}"),
+                    },
+                )
+                .await;
+        };
+        let config = &connected.loaded.config;
+        let arrived = Arrived {
+            sender: &event.sender.id,
+            sender_is_bot: event.sender.is_bot,
+            direct: event.direct,
+            addressed: event.addressed,
+            room: &event.room,
+            sent_at: event.sent_at,
+        };
+        let bot_turns = self.bot_turns.lock().await.in_room(channel, &event.room);
+        let admission = {
+            let pairing = self.pairing.lock().await;
+            admit(
+                config,
+                &arrived,
+                self.clock.now(),
+                |sender| pairing.is_approved(channel, sender),
+                bot_turns,
+            )
+        };
+        let mut deciding = None;
+        let command = perch_core::chat::command_for_me(&event.text, event.addressed);
+        let verdict = match (admission, command) {
+            (Admission::Answer, Some(command)) => {
+                self.command(&connected, &event, command).await?;
+                Verdict::Command {
+                    command: command.as_str().to_owned(),
+                }
+            }
+            (Admission::Answer, None) => {
+                let message = crate::channel::hooks::message_input(config, &event);
+                if config.on_message.is_some() {
+                    let mark = self
+                        .inbox
+                        .record_deciding(seq, &connected.loaded.file)
+                        .await
+                        .map_err(|error| error.to_string())?;
+                    deciding = Some(mark);
+                    crate::failpoint::hit("during:on_message");
+                }
+                let verdict = connected.hooks.lock().await.run_on_message(&message).await;
+                match &verdict {
+                    HookVerdict::Error(error) => {
+                        tracing::warn!(channel, "channel {channel}: on_message failed: {error}");
+                        connected.hook_result(Some(error));
+                    }
+                    HookVerdict::Item(_) | HookVerdict::Drop => connected.hook_result(None),
+                }
+                match verdict {
+                    HookVerdict::Item(item) => {
+                        let lane = match item.lane {
+                            Some(lane) => Some(lane),
+                            None => self.conversation_lane(channel, &event).await,
+                        };
+                        match lane {
+                            Some(lane) => Verdict::Item {
+                                lane: lane.to_string(),
+                                text: item.text,
+                            },
+                            None => Verdict::Error {
+                                reason: "no lane name could be made for this conversation".into(),
+                            },
+                        }
+                    }
+                    HookVerdict::Drop => Verdict::Dropped,
+                    HookVerdict::Error(reason) => Verdict::Error { reason },
+                }
+            }
+            (Admission::Context, _) => {
+                let mut context = self.context.lock().await;
+                let room = context
+                    .entry((channel.to_owned(), event.room.clone()))
+                    .or_default();
+                room.push_back(context_line(&event));
+                while room.len() > CONTEXT_MESSAGES {
+                    room.pop_front();
+                }
+                Verdict::Context
+            }
+            (Admission::Stale, _) => Verdict::Stale,
+            (Admission::Pair, _) => match self.offer_pairing(&connected, &event).await {
+                Ok(()) => Verdict::Refused {
+                    reason: "unknown sender in a direct message; pairing offered".into(),
+                },
+                Err(error) => {
+                    self.alert(
+                        AlertKind::Intake,
+                        format!(
+                            "a pairing code for {} on channel {channel} could not be recorded, so none was offered: {error}",
+                            terminal::shown(&event.sender.id)
+                        ),
+                    );
+                    Verdict::Refused {
+                        reason: format!(
+                            "unknown sender in a direct message; pairing could not be offered: {error}"
+                        ),
+                    }
+                }
+            },
+            (Admission::Refused { reason }, _) => Verdict::Refused { reason },
+        };
+        self.bot_turns.lock().await.note(
+            channel,
+            &event.room,
+            event.sender.is_bot,
+            crate::inbox::admitted(&verdict),
+        );
+        let Verdict::Item { lane, text } = verdict.clone() else {
+            self.settle(seq, verdict).await?;
+            return self.consume_marks(deciding).await;
+        };
+        let earlier = self
+            .context
+            .lock()
+            .await
+            .remove(&(channel.to_owned(), event.room.clone()));
+        let text = match earlier {
+            Some(earlier) if !earlier.is_empty() => format!(
+                "[Earlier in this room, not addressed to you]\n{}\n\n{text}",
+                Vec::from(earlier).join("\n")
+            ),
+            _ => text,
+        };
+        let verdict_seq = self
+            .inbox
+            .record_verdict(seq, verdict)
+            .await
+            .map_err(|error| error.to_string())?;
+        self.consume_marks(deciding).await?;
+        self.dispatch(PendingItem {
+            event_seq: seq,
+            verdict_seq,
+            channel: channel.to_owned(),
+            event,
+            lane,
+            text,
+        })
+        .await
+    }
+
+    /// The lane of the conversation `event` belongs to, in its current generation (`/new`
+    /// starts the next one).
+    async fn conversation_lane(&self, channel: &str, event: &InboundEvent) -> Option<LaneName> {
+        let base = lane_for(channel, &event.room, event.thread.as_deref())?;
+        let generation = self
+            .generations
+            .lock()
+            .await
+            .get(base.as_str())
+            .copied()
+            .unwrap_or(0);
+        if generation == 0 {
+            return Some(base);
+        }
+        let prefix: String = base.as_str().chars().take(56).collect();
+        LaneName::try_from(format!("{prefix}-n{generation}").as_str()).ok()
+    }
+
+    /// `/stop` aborts this conversation's run, `/new` starts a fresh conversation, `/status` says
+    /// how perch is doing.
+    async fn command(
+        &self,
+        channel: &Channel,
+        event: &InboundEvent,
+        command: ChatCommand,
+    ) -> Result<(), String> {
+        let name = channel.loaded.config.name.to_string();
+        let reply = match command {
+            ChatCommand::Stop => {
+                let lane = self.conversation_lane(&name, event).await;
+                let stopped = match lane {
+                    Some(lane) => self
+                        .lanes
+                        .lock()
+                        .await
+                        .get(&lane)
+                        .is_some_and(|lane| lane.abort().is_ok()),
+                    None => false,
+                };
+                if stopped {
+                    "Stopped."
+                } else {
+                    "Nothing is running here."
+                }
+                .to_owned()
+            }
+            ChatCommand::New => {
+                let Some(base) = lane_for(&name, &event.room, event.thread.as_deref()) else {
+                    return Ok(());
+                };
+                let mut generations = self.generations.lock().await;
+                *generations.entry(base.to_string()).or_insert(0) += 1;
+                write_generations(&self.generations_path, &generations)?;
+                "Starting a new conversation: I will not see the earlier messages here.".to_owned()
+            }
+            ChatCommand::Status => format!(
+                "perch is running: {} channel(s), {} inbox item(s) waiting, {} deliveries waiting.",
+                self.channels.len(),
+                self.inbox.depth().await,
+                self.outbox.depth().await
+            ),
+        };
+        self.reply(channel, event.clone(), reply).await
+    }
+
+    /// Gives an unknown sender a code to pass to the owner (once while it is pending).
+    async fn offer_pairing(&self, channel: &Channel, event: &InboundEvent) -> Result<(), String> {
+        let code = pairing_code(random_bytes());
+        let issued = {
+            let mut pairing = self.pairing.lock().await;
+            let before = pairing.clone();
+            let issued = pairing.issue(
+                &channel.loaded.config.name.to_string(),
+                &event.sender.id,
+                &event.sender.name,
+                code,
+                self.clock.now(),
+            );
+            if matches!(issued, Issued::New(_) | Issued::Busy { .. })
+                && let Err(error) = control::write_pairing(&self.pairing_path, &pairing)
+            {
+                // A code that is not on disk could never be approved: offer none.
+                *pairing = before;
+                return Err(error);
+            }
+            issued
+        };
+        let text = match issued {
+            Issued::New(code) => format!(
+                "I do not know you yet. If you should be able to talk to me, ask my owner to run \
+                 `perch pair approve {code}` within the hour."
+            ),
+            Issued::Busy { oldest } => {
+                let channel_name = channel.loaded.config.name.to_string();
+                let holder = terminal::shown(&oldest.name);
+                tracing::warn!(
+                    channel = %channel_name,
+                    "channel {channel_name}: every pairing code is taken; {} ({}) was told \
+                     pairing is busy",
+                    terminal::shown(&event.sender.name),
+                    terminal::shown(&event.sender.id)
+                );
+                self.alert(
+                    AlertKind::PairingFull,
+                    format!(
+                        "every pairing code of channel {channel_name} is taken, so new senders \
+                         are told pairing is busy. The oldest is held by {holder} ({}) until {}; \
+                         `perch status` lists them all.",
+                        terminal::shown(&oldest.sender),
+                        oldest.expires.to_rfc3339()
+                    ),
+                );
+                format!(
+                    "I do not know you yet, and pairing is busy right now: too many people are \
+                     waiting for my owner. Please write again after {} UTC.",
+                    oldest.expires.format("%H:%M")
+                )
+            }
+            Issued::Pending | Issued::BusyTold => return Ok(()),
+        };
+        self.reply(channel, event.clone(), text).await
+    }
+
+    /// Journals a verdict that needs no run, and consumes the event with it.
+    pub(super) async fn settle(&self, seq: u64, verdict: Verdict) -> Result<(), String> {
+        let verdict_seq = self
+            .inbox
+            .record_verdict(seq, verdict)
+            .await
+            .map_err(|error| error.to_string())?;
+        self.inbox
+            .consume(vec![seq, verdict_seq])
+            .await
+            .map_err(|error| error.to_string())
+    }
+
+    /// Consumes deciding marks once their event's verdict is journaled.
+    pub(super) async fn consume_marks(
+        &self,
+        marks: impl IntoIterator<Item = u64>,
+    ) -> Result<(), String> {
+        let marks: Vec<u64> = marks.into_iter().collect();
+        if marks.is_empty() {
+            return Ok(());
+        }
+        self.inbox
+            .consume(marks)
+            .await
+            .map_err(|error| error.to_string())
+    }
+}
+
+/// Group messages kept per room as context.
+pub(super) const CONTEXT_MESSAGES: usize = 5;
+
+/// How a group message that did not address the agent is offered as context: its sender and
+/// text, and the names of its files, which are not saved.
+pub(super) fn context_line(event: &InboundEvent) -> String {
+    let mut line = format!("{}: {}", event.sender.name, event.text);
+    if !event.attachments.is_empty() {
+        let names = perch_core::attachment::saved_names(&event.attachments).join(", ");
+        line.push_str(&format!(" [files, not saved: {names}]"));
+    }
+    line
+}
+
+fn random_bytes() -> [u8; 6] {
+    let random = uuid::Uuid::new_v4();
+    let bytes = random.as_bytes();
+    [bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5]]
+}
+
+pub(super) fn read_generations(path: &std::path::Path) -> Result<BTreeMap<String, u32>, String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            serde_json::from_str(&text).map_err(|error| format!("{}: {error}", path.display()))
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+        Err(error) => Err(format!("{}: {error}", path.display())),
+    }
+}
+
+fn write_generations(
+    path: &std::path::Path,
+    generations: &BTreeMap<String, u32>,
+) -> Result<(), String> {
+    crate::atomic_file::write_json(path, generations)
+}

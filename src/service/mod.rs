@@ -1,0 +1,427 @@
+//! `perch run`: the agent as a service. It holds the directory's lock, recovers the inbox,
+//! outbox and lanes, connects every channel, and answers until it is told to stop.
+//!
+//! One inbound event goes: connector → inbox journal (fsynced) → acknowledged to the platform →
+//! admission (age, bots, who may talk, addressing) → the channel's `on_message` hook → the
+//! verdict, journaled under the event → the conversation's queue → its files saved under
+//! `workspace/inbox/` → a lane run naming the event → the reply, its `attach:` lines checked,
+//! through `format`, split to the platform's limit (the files on the last piece) → the outbox
+//! (intent fsynced) → the platform → the receipt → the inbox item consumed.
+
+mod channel;
+mod conversation;
+mod delivery;
+mod heartbeats;
+mod intake;
+mod receive;
+mod recovery;
+mod status;
+
+use channel::{Channel, Health};
+use intake::{CONTEXT_MESSAGES, context_line, read_generations};
+use receive::{ReceiveFrom, receive_forever};
+
+use crate::agent::{LoadedAgent, LoadedChannel};
+use crate::alert::Alerts;
+use crate::channel::hooks::ChannelHooks;
+use crate::channel::{Arrival, Connector};
+use crate::control;
+use crate::heartbeat::{Heartbeats, JobEnd};
+use crate::inbox::{Inbox, PendingItem};
+use crate::lane::{Lane, RunLimits};
+use crate::log::{Clock, LogError};
+use crate::metrics::Metrics;
+use crate::model::Model;
+use crate::notify::{Notifier, status_line};
+use crate::outbox::Outbox;
+use crate::runtime::Runtime;
+use crate::sandbox::MachineSetup;
+use crate::starts;
+use perch_core::alert::AlertKind;
+use perch_core::chat::BotTurns;
+use perch_core::name::LaneName;
+use perch_core::pairing::Pairing;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Mutex, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Makes the connector of one channel (the real platform, or a test's).
+pub type ConnectorFactory =
+    Arc<dyn Fn(&LoadedChannel) -> Result<Arc<dyn Connector>, String> + Send + Sync>;
+
+/// Everything `perch run` needs besides the agent.
+pub struct ServiceSetup {
+    pub machine: MachineSetup,
+    pub model: Arc<dyn Model>,
+    pub connectors: ConnectorFactory,
+    pub clock: Clock,
+    pub limits: RunLimits,
+    /// The first wait before reconnecting a dropped channel; it doubles up to a minute.
+    pub reconnect: Duration,
+    /// How often `HEARTBEAT.yml` is looked at for changes.
+    pub heartbeat_reload: Duration,
+    /// Tells systemd when the service is ready, alive and stopping.
+    pub notifier: Notifier,
+    /// How long a run in progress at shutdown may go on before it is aborted.
+    pub drain: Duration,
+    /// What the service counts (events, deliveries, runs, tool calls, tokens, heartbeats).
+    pub metrics: Arc<Metrics>,
+    /// Where `GET /metrics` is answered, when `--metrics` asked for it.
+    pub metrics_listener: Option<tokio::net::TcpListener>,
+    /// Set to serve one `perch heartbeat run` and stop, with no service running: channels are
+    /// connected for delivery but not received from, and no scheduled slot fires.
+    pub once: Option<HeartbeatOnce>,
+}
+
+/// One heartbeat run asked for on the command line, and where its end goes.
+#[derive(Debug)]
+pub struct HeartbeatOnce {
+    pub task: String,
+    pub dry_run: bool,
+    pub end: tokio::sync::oneshot::Sender<Result<JobEnd, String>>,
+}
+
+/// How long past the drain the service waits for aborted runs to be recorded.
+pub(super) const DRAIN_MARGIN: Duration = Duration::from_secs(5);
+
+impl std::fmt::Debug for ServiceSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceSetup").finish_non_exhaustive()
+    }
+}
+
+/// Shared by every task of the service.
+struct Service {
+    runtime: Runtime,
+    inbox: Inbox,
+    outbox: Outbox,
+    channels: HashMap<String, Arc<Channel>>,
+    conversations: Mutex<HashMap<LaneName, mpsc::UnboundedSender<PendingItem>>>,
+    limits: RunLimits,
+    clock: Clock,
+    shutdown: CancellationToken,
+    pairing: Mutex<Pairing>,
+    pairing_path: std::path::PathBuf,
+    /// The open lanes, for `/stop`.
+    lanes: Mutex<HashMap<LaneName, Lane>>,
+    /// How many times `/new` was used per conversation, and where that is kept.
+    generations: Mutex<BTreeMap<String, u32>>,
+    generations_path: std::path::PathBuf,
+    /// The last group messages per (channel, room) that did not address the agent, offered to
+    /// the model with the next message that does.
+    context: Mutex<HashMap<(String, String), VecDeque<String>>>,
+    /// Bot messages answered per (channel, room) since the last human one, for the loop guard;
+    /// rebuilt from the inbox at start.
+    bot_turns: Mutex<BotTurns>,
+    /// The heartbeat scheduler, once started.
+    heartbeats: std::sync::OnceLock<Heartbeats>,
+    /// Set when this start keeps its channels paused (the crash-loop breaker).
+    breaker: Option<perch_core::starts::Tripped>,
+    /// The files loaded at start that changed since: a restart applies them.
+    restart_needed: std::sync::Mutex<Vec<String>>,
+    /// Every conversation's task and run, waited for at shutdown.
+    tasks: TaskTracker,
+    drain: Duration,
+    metrics: Arc<Metrics>,
+    /// Owner alerts: posted to `owner` in agent.lua, rate-limited, or only logged without one.
+    alerts: Alerts,
+}
+
+/// Runs the service until `shutdown` fires.
+pub async fn run(
+    agent: LoadedAgent,
+    mut setup: ServiceSetup,
+    shutdown: CancellationToken,
+) -> Result<(), String> {
+    let once = setup.once.take();
+    let state = agent.dir.state_dir();
+    let channels_loaded = agent.channels.clone();
+    let dir = agent.dir.clone();
+    let config_at_start = starts::config_digests(&dir);
+    let runtime = Runtime::start(
+        agent,
+        &setup.machine,
+        Arc::clone(&setup.model),
+        setup.clock.clone(),
+        |name| std::env::var(name).ok(),
+    )?
+    .with_metrics(Arc::clone(&setup.metrics));
+    let (alerts, raised) = Alerts::new();
+    runtime.spend().set_alerts(alerts.clone());
+    let clock = setup.clock.clone();
+    let inbox_dir = state.join("inbox");
+    let outbox_dir = state.join("outbox");
+    let opened_clock = clock.clone();
+    let ((inbox, backlog), (outbox, unsettled)) = tokio::task::spawn_blocking(move || {
+        Ok::<_, LogError>((
+            Inbox::open(&inbox_dir, opened_clock.clone())?,
+            Outbox::open(&outbox_dir, opened_clock)?,
+        ))
+    })
+    .await
+    .map_err(|error| error.to_string())?
+    .map_err(|error| error.to_string())?;
+    let mut channels = HashMap::new();
+    for loaded in channels_loaded {
+        let connector = (setup.connectors)(&loaded)?;
+        let hooks = ChannelHooks::open(&dir, &loaded)?;
+        let hook_calls_running = hooks.running_calls();
+        channels.insert(
+            loaded.config.name.to_string(),
+            Arc::new(Channel {
+                loaded,
+                connector,
+                hooks: Mutex::new(hooks),
+                hook_calls_running,
+                health: std::sync::Mutex::new(Health::default()),
+                alerts: alerts.clone(),
+            }),
+        );
+    }
+    let pairing_path = control::pairing_path(&dir);
+    let pairing = control::read_pairing(&pairing_path)?;
+    let control_listener = control::listen(&control::socket_path(&dir))?;
+    let generations_path = state.join("conversations.json");
+    let generations = read_generations(&generations_path)?;
+    let started_at = clock.now();
+    let earlier_starts = starts::read_starts(&starts::starts_path(&dir))?;
+    let breaker = perch_core::starts::breaker(&earlier_starts, started_at);
+    starts::write_starts(
+        &starts::starts_path(&dir),
+        &perch_core::starts::record_start(&earlier_starts, started_at),
+    )?;
+    let mut context: HashMap<(String, String), VecDeque<String>> = HashMap::new();
+    for (channel, event) in &backlog.context {
+        let room = context
+            .entry((channel.clone(), event.room.clone()))
+            .or_default();
+        room.push_back(context_line(event));
+        while room.len() > CONTEXT_MESSAGES {
+            room.pop_front();
+        }
+    }
+    let service = Arc::new(Service {
+        lanes: Mutex::new(HashMap::new()),
+        context: Mutex::new(context),
+        bot_turns: Mutex::new(backlog.bot_turns.clone()),
+        generations: Mutex::new(generations),
+        generations_path,
+        pairing: Mutex::new(pairing),
+        pairing_path,
+        runtime,
+        inbox,
+        outbox,
+        channels,
+        conversations: Mutex::new(HashMap::new()),
+        limits: setup.limits,
+        clock,
+        shutdown: shutdown.clone(),
+        heartbeats: std::sync::OnceLock::new(),
+        tasks: TaskTracker::new(),
+        drain: setup.drain,
+        metrics: Arc::clone(&setup.metrics),
+        breaker: breaker.clone(),
+        restart_needed: std::sync::Mutex::new(Vec::new()),
+        alerts,
+    });
+    service.start_alerts(raised);
+    {
+        let service = Arc::clone(&service);
+        let shutdown = shutdown.clone();
+        tokio::spawn(control::serve(control_listener, shutdown, move |request| {
+            let service = Arc::clone(&service);
+            async move { service.control(request).await }
+        }));
+    }
+    if let Some(listener) = setup.metrics_listener {
+        let service = Arc::clone(&service);
+        tokio::spawn(crate::metrics::serve(
+            listener,
+            shutdown.clone(),
+            move || {
+                let service = Arc::clone(&service);
+                async move { service.metrics_text().await }
+            },
+        ));
+    }
+    let lanes = service.recover_lanes().await?;
+    let outbox_recovered = service.settle_outbox(unsettled.unsettled).await?;
+    let inbox_recovered = service
+        .resume_inbox(backlog.clone(), &unsettled.replied_to)
+        .await?;
+    service.start_heartbeats(setup.heartbeat_reload, setup.once.is_none())?;
+    starts::write_json(
+        &starts::last_start_path(&dir),
+        &serde_json::json!({
+            "started": started_at.to_rfc3339(),
+            "lanes_recovered": lanes,
+            "outbox": outbox_recovered,
+            "inbox": inbox_recovered,
+            "channels_paused": breaker.as_ref().map(|tripped| tripped.reason.clone()),
+        }),
+    )?;
+    if let Some(tripped) = &breaker {
+        tracing_note(&format!("channels paused: {}", tripped.reason));
+        service.alert(
+            AlertKind::CrashLoop,
+            format!(
+                "channels are paused until {}: {}",
+                tripped.until.to_rfc3339(),
+                tripped.reason
+            ),
+        );
+    }
+    tokio::spawn(Arc::clone(&service).watch_config(config_at_start));
+    let (arrivals, mut incoming) = mpsc::channel::<(String, Arrival)>(256);
+    let mut first_attempts = Vec::new();
+    for (name, channel) in &service.channels {
+        if once.is_some() {
+            channel.set_connection("not receiving: this process serves one heartbeat run".into());
+            continue;
+        }
+        let resume = backlog.cursors.get(name).cloned();
+        let since: Vec<(String, String)> = backlog
+            .last_seen
+            .get(name)
+            .map(|rooms| {
+                rooms
+                    .iter()
+                    .map(|(room, id)| (room.clone(), id.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let (over, first_attempt) = tokio::sync::oneshot::channel();
+        if breaker.is_none() {
+            first_attempts.push(first_attempt);
+        }
+        let receiving = receive_forever(
+            name.clone(),
+            Arc::clone(channel),
+            ReceiveFrom {
+                cursor: resume,
+                since,
+            },
+            arrivals.clone(),
+            setup.reconnect,
+            Some(over),
+            shutdown.clone(),
+        );
+        match &breaker {
+            None => {
+                tokio::spawn(receiving);
+            }
+            Some(tripped) => {
+                channel.set_connection(format!("paused until {}", tripped.until.to_rfc3339()));
+                let wait = (tripped.until - service.clock.now())
+                    .to_std()
+                    .unwrap_or_default();
+                let shutdown = shutdown.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = shutdown.cancelled() => {}
+                        () = tokio::time::sleep(wait) => receiving.await,
+                    }
+                });
+            }
+        }
+    }
+    drop(arrivals);
+    if let Some(once) = once {
+        let heartbeats = service.heartbeats.get().cloned();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let end = match heartbeats {
+                Some(heartbeats) => heartbeats.run_now(&once.task, once.dry_run).await,
+                None => Err("the heartbeat scheduler did not start".into()),
+            };
+            let _ = once.end.send(end);
+            stop.cancel();
+        });
+    }
+    let notifier = &setup.notifier;
+    // Ready once every channel's first connection attempt is over, connected or failed (so one
+    // wrong token cannot hold it back), and at the latest after FIRST_CONNECTION.
+    let first_connections = tokio::time::timeout(FIRST_CONNECTION, async move {
+        for attempt in first_attempts {
+            let _ = attempt.await;
+        }
+    });
+    tokio::pin!(first_connections);
+    let mut ready = false;
+    let mut watchdog = notifier.watchdog().map(|interval| {
+        let mut ticks = tokio::time::interval(interval / 2);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks
+    });
+    let mut receiving = true;
+    loop {
+        let tick = async {
+            match watchdog.as_mut() {
+                Some(ticks) => {
+                    ticks.tick().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            _ = &mut first_connections, if !ready => {
+                ready = true;
+                if let Err(error) = notifier.notify(&format!("READY=1\n{}", service.status_line().await)) {
+                    tracing::warn!("systemd was not told that perch is ready: {error}");
+                }
+            }
+            () = tick, if ready => {
+                let _ = notifier.notify(&format!("WATCHDOG=1\n{}", service.status_line().await));
+            }
+            arrival = incoming.recv(), if receiving => match arrival {
+                Some((channel, arrival)) => {
+                    if let Err(error) = service.arrive(&channel, arrival).await {
+                        tracing::error!(channel = %channel, "an arrival on {channel} failed: {error}");
+                        service.alert(
+                            AlertKind::Intake,
+                            format!("a message on channel {channel} could not be taken in: {error}"),
+                        );
+                    }
+                }
+                None => receiving = false,
+            },
+        }
+    }
+    let _ = notifier.notify(&format!(
+        "STOPPING=1\n{}",
+        status_line("stopping: finishing the runs in progress")
+    ));
+    service.tasks.close();
+    if tokio::time::timeout(service.drain + DRAIN_MARGIN, service.tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "some conversations did not stop in time; their lanes are recovered at the next start"
+        );
+    }
+    service
+        .runtime
+        .machine()
+        .stop()
+        .await
+        .map_err(|error| error.to_string())?;
+    let starts_now = starts::read_starts(&starts::starts_path(&dir))?;
+    starts::write_starts(
+        &starts::starts_path(&dir),
+        &perch_core::starts::record_stop(&starts_now, started_at, service.clock.now()),
+    )?;
+    Ok(())
+}
+
+/// A status line with no fields of its own.
+pub(super) fn tracing_note(line: &str) {
+    tracing::info!("{line}");
+}
+
+/// The longest readiness waits for the channels' first connection attempts.
+const FIRST_CONNECTION: Duration = Duration::from_secs(30);

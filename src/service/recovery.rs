@@ -1,0 +1,187 @@
+//! Restart recovery: lanes a crash left with an operation open, and the inbox items still waiting.
+
+use super::{Service, tracing_note};
+use crate::inbox::{Backlog, Verdict, consumes_id};
+use crate::starts;
+use perch_core::log::Outcome;
+use perch_core::name::LaneName;
+use perch_core::prompt::Origin;
+use std::sync::Arc;
+
+impl Service {
+    /// Opens every lane a crash left with an operation open, so recovery closes it now rather
+    /// than at the lane's next message; returns what recovery did, per lane.
+    pub(super) async fn recover_lanes(&self) -> Result<serde_json::Value, String> {
+        let sessions = self.runtime.agent().dir.sessions_dir();
+        let mut recovered = serde_json::Map::new();
+        for (lane, _) in starts::open_operations(&sessions) {
+            let Ok(name) = LaneName::try_from(lane.as_str()) else {
+                continue;
+            };
+            let origin = Origin {
+                channel: "recovery".into(),
+                room: None,
+                sender: None,
+            };
+            let (opened, report) = self
+                .runtime
+                .open_lane(&name, origin, self.limits)
+                .await
+                .map_err(|error| format!("lane {lane}: {error}"))?;
+            opened.close().await.map_err(|error| error.to_string())?;
+            tracing_note(&format!(
+                "recovered lane {lane}: {} operation(s) closed, {} tool(s) run again, {} marked interrupted",
+                report.operations_closed, report.tools_rerun, report.tools_interrupted
+            ));
+            recovered.insert(
+                lane,
+                serde_json::json!({
+                    "operations_closed": report.operations_closed,
+                    "tools_rerun": report.tools_rerun,
+                    "tools_interrupted": report.tools_interrupted,
+                }),
+            );
+        }
+        Ok(serde_json::Value::Object(recovered))
+    }
+
+    /// After a restart: an item whose run was already recorded (an `operation_started` names it)
+    /// is not run again. If no reply to it was recorded, it gets the one its run left in the lane
+    /// (lane recovery has closed the run by now): the reply of a completed run, or a short note
+    /// that the run was interrupted. Then it is consumed. The other items are queued again, in
+    /// order; events without a verdict are decided again.
+    pub(super) async fn resume_inbox(
+        self: &Arc<Self>,
+        backlog: Backlog,
+        replied_to: &std::collections::HashSet<(String, String)>,
+    ) -> Result<serde_json::Value, String> {
+        let sessions = self.runtime.agent().dir.sessions_dir();
+        let (mut answered, mut queued, undecided) = (0, 0, backlog.undecided.len());
+        let mut replied_after_restart = 0;
+        for item in backlog.pending {
+            let taken = taken_run(&sessions, &item.lane, &consumes_id(item.event_seq));
+            if let Some(run) = taken {
+                answered += 1;
+                let replied =
+                    replied_to.contains(&(item.channel.clone(), item.event.platform_id.clone()));
+                if !replied && let Some(channel) = self.channels.get(&item.channel) {
+                    replied_after_restart += 1;
+                    self.deliver_outcome(channel, &item.event, &run.outcome, &run.text)
+                        .await?;
+                }
+                self.inbox
+                    .consume(vec![item.event_seq, item.verdict_seq])
+                    .await
+                    .map_err(|error| error.to_string())?;
+            } else {
+                queued += 1;
+                self.dispatch(item).await?;
+            }
+        }
+        self.consume_marks(backlog.settled_marks).await?;
+        let rejected = backlog.interrupted.len();
+        for interrupted in backlog.interrupted {
+            let reason = format!(
+                "perch stopped while the on_message hook of {} was deciding this message (a \
+                 crash, a kill or a hang in the hook); it is not handed to the hook again",
+                interrupted.hook
+            );
+            tracing::warn!(
+                channel = %interrupted.channel,
+                "channel {}: event {} rejected: {reason}",
+                interrupted.channel,
+                interrupted.event_seq
+            );
+            if let Some(channel) = self.channels.get(&interrupted.channel) {
+                channel.hook_result(Some(&reason));
+            }
+            self.settle(interrupted.event_seq, Verdict::Error { reason })
+                .await?;
+            self.consume_marks([interrupted.mark_seq]).await?;
+        }
+        for (seq, channel, event) in backlog.undecided {
+            self.decide(seq, &channel, event).await?;
+        }
+        Ok(serde_json::json!({
+            "already_answered": answered,
+            "replied_after_restart": replied_after_restart,
+            "queued_again": queued,
+            "decided_again": undecided,
+            "rejected_as_interrupted": rejected,
+        }))
+    }
+}
+
+/// How the run that took an inbox item ended, as its lane recorded it.
+struct TakenRun {
+    outcome: Outcome,
+    /// The run's last assistant text.
+    text: String,
+}
+
+/// The run in `lane` whose `operation_started` consumes `consumes`, if there is one. A run
+/// without its end (recovery has not closed it) counts as interrupted.
+fn taken_run(sessions: &std::path::Path, lane: &str, consumes: &str) -> Option<TakenRun> {
+    let mut segments: Vec<std::path::PathBuf> = std::fs::read_dir(sessions.join(lane))
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "jsonl"))
+        .collect();
+    segments.sort();
+    let mut op: Option<String> = None;
+    let mut text = String::new();
+    for segment in segments {
+        let Ok(contents) = std::fs::read_to_string(&segment) else {
+            continue;
+        };
+        for line in contents.lines() {
+            let Ok(value) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            let what = if value["kind"] == "entry" {
+                value["body"]["type"].as_str()
+            } else {
+                value["type"].as_str()
+            };
+            match (&op, what) {
+                (None, Some("operation_started"))
+                    if value["consumes"]
+                        .as_array()
+                        .is_some_and(|ids| ids.iter().any(|id| id == consumes)) =>
+                {
+                    op = value["op"].as_str().map(str::to_owned);
+                }
+                (Some(_), Some("message")) if value["body"]["role"] == "assistant" => {
+                    let said: String = value["body"]["parts"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter(|part| part["type"] == "text")
+                        .filter_map(|part| part["text"].as_str())
+                        .collect();
+                    if !said.is_empty() {
+                        text = said;
+                    }
+                }
+                (Some(started), Some("operation_finished"))
+                    if value["op"].as_str() == Some(started.as_str()) =>
+                {
+                    let outcome = serde_json::from_value(value["outcome"].clone()).unwrap_or(
+                        Outcome::Interrupted {
+                            reason: "its end could not be read".into(),
+                        },
+                    );
+                    return Some(TakenRun { outcome, text });
+                }
+                _ => {}
+            }
+        }
+    }
+    op.map(|_| TakenRun {
+        outcome: Outcome::Interrupted {
+            reason: "perch stopped during the run".into(),
+        },
+        text,
+    })
+}
