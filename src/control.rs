@@ -9,21 +9,13 @@ use perch_core::pairing::Pairing;
 use serde::de::DeserializeOwned;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 
 pub use perch_core::control::ControlRequest;
-
-pub fn socket_path(dir: &AgentDir) -> PathBuf {
-    dir.state_dir().join("control.sock")
-}
-
-pub fn pairing_path(dir: &AgentDir) -> PathBuf {
-    dir.state_dir().join("pairing.json")
-}
 
 /// The pairing state as `.perch/pairing.json` holds it (empty if there is none).
 pub fn read_pairing(path: &Path) -> Result<Pairing, String> {
@@ -158,7 +150,7 @@ pub async fn ask<T: DeserializeOwned>(
     dir: &AgentDir,
     request: &ControlRequest,
 ) -> Option<Result<T, String>> {
-    let stream = UnixStream::connect(socket_path(dir)).await.ok()?;
+    let stream = UnixStream::connect(dir.control_socket()).await.ok()?;
     Some(exchange(stream, request).await)
 }
 

@@ -118,7 +118,7 @@ pub fn run(places: &Places, dir: Option<&Path>) -> Vec<Check> {
         agent.as_ref().map(AgentDir::state_dir).as_deref(),
     ));
     if let Some(agent) = &agent {
-        checks.extend(secrets(agent.root(), places.env_file.as_deref()));
+        checks.extend(secrets(agent, places.env_file.as_deref()));
     }
     checks
 }
@@ -517,8 +517,8 @@ struct Exposed {
 /// `.perch/control.sock` (0600), and the agent's environment file (0600): `env_file`, or the
 /// service's `/etc/perch/<name>.env` when it exists. Anything open to its group or to others is
 /// a warning with the `chmod` that closes it.
-pub fn secrets(root: &Path, env_file: Option<&Path>) -> Vec<Check> {
-    let state = root.join(".perch");
+pub fn secrets(agent: &AgentDir, env_file: Option<&Path>) -> Vec<Check> {
+    let state = agent.state_dir();
     let mut exposed = Vec::new();
     let mut checked = Vec::new();
     let mut notes = Vec::new();
@@ -538,7 +538,7 @@ pub fn secrets(root: &Path, env_file: Option<&Path>) -> Vec<Check> {
     {
         look(&state, &meta, "the agent's state");
         checked.push(".perch/".to_owned());
-        let matrix = state.join("matrix");
+        let matrix = agent.matrix_stores_dir();
         let mut entries = 0;
         walk(&matrix, &mut |path, meta| {
             if meta.is_dir() || meta.is_file() {
@@ -549,7 +549,7 @@ pub fn secrets(root: &Path, env_file: Option<&Path>) -> Vec<Check> {
         if entries > 0 {
             checked.push(format!("{entries} entries in .perch/matrix/"));
         }
-        let socket = state.join("control.sock");
+        let socket = agent.control_socket();
         if let Ok(meta) = std::fs::symlink_metadata(&socket)
             && meta.file_type().is_socket()
         {
@@ -557,7 +557,10 @@ pub fn secrets(root: &Path, env_file: Option<&Path>) -> Vec<Check> {
             checked.push(".perch/control.sock".to_owned());
         }
     }
-    let env = env_file.map_or_else(|| service_env_file(root), |path| Some(path.to_owned()));
+    let env = env_file.map_or_else(
+        || service_env_file(agent.root()),
+        |path| Some(path.to_owned()),
+    );
     if let Some(env) = env {
         match std::fs::metadata(&env) {
             Ok(meta) => {
@@ -691,7 +694,7 @@ pub async fn online(
                 "homeserver",
                 format!(
                     "stop perch and remove {} to log in again as a new device",
-                    channel::matrix::store_dir(&agent.state_dir(), config.name.as_str()).display()
+                    agent.matrix_store_dir(config.name.as_str()).display()
                 ),
             ),
             _ => (
@@ -707,7 +710,7 @@ pub async fn online(
             ),
             failed: format!("check the {place} in {}", channel.file),
         };
-        match channel::connect(channel, &agent.state_dir(), &lookup) {
+        match channel::connect(channel, &agent, &lookup) {
             Ok(connector) => pending.push(tokio::spawn(async move {
                 channel_check(label, fixes, timeout, connector.check()).await
             })),

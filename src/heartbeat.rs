@@ -47,11 +47,6 @@ const LEDGER_RETAIN: Duration = Duration::from_secs(7 * 24 * 3600);
 
 const LEDGER_SEGMENT_BYTES: u64 = 1 << 20;
 
-/// The ledger's directory under `.perch/`.
-pub fn ledger_dir(dir: &AgentDir) -> PathBuf {
-    dir.state_dir().join("heartbeats")
-}
-
 /// The heartbeat file's name in the workspace.
 const FILE_NAME: &str = "HEARTBEAT.yml";
 
@@ -161,7 +156,7 @@ fn look(workspace: &Path, env: &HeartbeatEnv, seen: Option<&str>) -> Reloaded {
 /// The ledger's records still in force, oldest first, read without taking the ledger (for
 /// `perch heartbeat list` and `perch status`).
 pub fn peek_ledger(dir: &AgentDir) -> Result<LedgerState, String> {
-    let contents = peek_journal(&ledger_dir(dir)).map_err(|error| error.to_string())?;
+    let contents = peek_journal(&dir.heartbeat_ledger_dir()).map_err(|error| error.to_string())?;
     Ok(reduce(contents.pending.iter().filter_map(|item| {
         serde_json::from_value(item.body.clone()).ok()
     })))
@@ -181,7 +176,7 @@ impl Ledger {
         dir: &AgentDir,
         clock: Clock,
     ) -> Result<(Ledger, Vec<(u64, LedgerRecord)>), LogError> {
-        let path = ledger_dir(dir);
+        let path = dir.heartbeat_ledger_dir();
         let (journal, contents) =
             Journal::open_retaining(&path, LEDGER_SEGMENT_BYTES, LEDGER_RETAIN, clock)?;
         let records = contents

@@ -814,9 +814,9 @@ fn serve(
             machine: MachineSetup::from_environment(),
             model: model::connect(endpoint),
             connectors: {
-                let state_dir = agent.dir.state_dir();
+                let agent_dir = agent.dir.clone();
                 std::sync::Arc::new(move |channel: &perch::agent::LoadedChannel| {
-                    perch::channel::connect(channel, &state_dir, |name| std::env::var(name).ok())
+                    perch::channel::connect(channel, &agent_dir, |name| std::env::var(name).ok())
                 })
             },
             clock: system_clock(),
@@ -895,7 +895,7 @@ fn pair_approve(dir: PathBuf, code: &str) -> Result<ExitCode, String> {
             let _lock = perch::agent::OwnerLock::acquire(&agent_dir).map_err(|error| {
                 format!("{error}; its control socket does not answer, so the code cannot be approved now")
             })?;
-            let path = control::pairing_path(&agent_dir);
+            let path = agent_dir.pairing_file();
             let mut pairing = control::read_pairing(&path)?;
             match pairing.approve(code, chrono::Utc::now()) {
                 Approval::Approved(approved) => {
@@ -1022,9 +1022,9 @@ fn heartbeat_run_here(dir: &Path, name: &str, dry_run: bool) -> Result<RunEnd, S
             machine: MachineSetup::from_environment(),
             model: model::connect(endpoint),
             connectors: {
-                let state_dir = agent.dir.state_dir();
+                let agent_dir = agent.dir.clone();
                 std::sync::Arc::new(move |channel: &perch::agent::LoadedChannel| {
-                    perch::channel::connect(channel, &state_dir, |name| std::env::var(name).ok())
+                    perch::channel::connect(channel, &agent_dir, |name| std::env::var(name).ok())
                 })
             },
             clock: system_clock(),
@@ -1079,11 +1079,10 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
         &ControlRequest::Status,
         STATUS_TIMEOUT,
     ));
-    let state = agent_dir.state_dir();
     let inbox =
-        perch::log::peek_journal(&state.join("inbox")).map_err(|error| error.to_string())?;
+        perch::log::peek_journal(&agent_dir.inbox_dir()).map_err(|error| error.to_string())?;
     let outbox =
-        perch::log::peek_journal(&state.join("outbox")).map_err(|error| error.to_string())?;
+        perch::log::peek_journal(&agent_dir.outbox_dir()).map_err(|error| error.to_string())?;
     let unknown: Vec<UnknownDelivery> = outbox
         .consumed
         .iter()
@@ -1095,7 +1094,7 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
             _ => None,
         })
         .collect();
-    let pairing = control::read_pairing(&control::pairing_path(&agent_dir))?;
+    let pairing = control::read_pairing(&agent_dir.pairing_file())?;
     let mut undecryptable = std::collections::BTreeMap::new();
     let channels: Vec<String> = match agent::load(&agent_dir) {
         Ok(loaded) => loaded
@@ -1105,7 +1104,7 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
                 if channel.config.kind() == perch_core::config::ChannelKind::Matrix {
                     let name = channel.config.name.to_string();
                     let report = perch::channel::matrix::read_undecryptable(
-                        &perch::channel::matrix::store_dir(&state, &name),
+                        &agent_dir.matrix_store_dir(&name),
                     );
                     undecryptable.insert(name, report.events.len());
                 }

@@ -11,20 +11,14 @@ use perch_core::spend::{
     Level, Money, Price, RunKind, SpendDay, SpendPolicy, SpendRecord, TokenUsage,
 };
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
 const SEGMENT_BYTES: u64 = 1 << 20;
 
-/// The usage journal's directory under `.perch/`.
-pub fn spend_dir(dir: &AgentDir) -> PathBuf {
-    dir.state_dir().join("spend")
-}
-
 /// The day's spend as `perch status` shows it, read without taking the journal: tokens, cost
 /// (in `models.yml`'s currency) and the level the owner was told about, if any.
 pub fn peek_today(dir: &AgentDir, now: perch_core::Timestamp) -> Result<serde_json::Value, String> {
-    let contents = crate::log::peek_journal(&spend_dir(dir)).map_err(|error| error.to_string())?;
+    let contents = crate::log::peek_journal(&dir.spend_dir()).map_err(|error| error.to_string())?;
     let records = contents.pending.into_iter().filter_map(|item| {
         serde_json::from_value::<SpendRecord>(item.body)
             .ok()
@@ -59,7 +53,7 @@ impl SpendGuard {
     /// Opens the usage journal and folds the day's totals; records of earlier days no longer
     /// count and are consumed. Blocking.
     pub fn open(dir: &AgentDir, policy: SpendPolicy, clock: Clock) -> Result<SpendGuard, LogError> {
-        let path = spend_dir(dir);
+        let path = dir.spend_dir();
         let (mut journal, items) = Journal::open(&path, SEGMENT_BYTES, clock.clone())?;
         let mut unreadable = Vec::new();
         let records: Vec<(u64, SpendRecord)> = items

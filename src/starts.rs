@@ -8,14 +8,6 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub fn starts_path(dir: &AgentDir) -> PathBuf {
-    dir.state_dir().join("starts.json")
-}
-
-pub fn last_start_path(dir: &AgentDir) -> PathBuf {
-    dir.state_dir().join("last-start.json")
-}
-
 /// The record of recent starts; none when there is no file yet.
 pub fn read_starts(path: &Path) -> Result<Vec<Start>, String> {
     match std::fs::read_to_string(path) {
@@ -45,7 +37,7 @@ pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), String> 
 
 /// What `perch status` shows of the last start, when there is one.
 pub fn read_last_start(dir: &AgentDir) -> Option<serde_json::Value> {
-    let text = std::fs::read_to_string(last_start_path(dir)).ok()?;
+    let text = std::fs::read_to_string(dir.last_start_file()).ok()?;
     serde_json::from_str(&text).ok()
 }
 

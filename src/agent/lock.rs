@@ -46,21 +46,26 @@ impl OwnerLock {
     /// Takes `.perch/lock`, creating `.perch/` (mode 0700) if needed. Fails at once if another
     /// process or task holds it.
     pub fn acquire(agent: &AgentDir) -> Result<OwnerLock, LockError> {
-        OwnerLock::acquire_file(&agent.state_dir(), "lock")
+        OwnerLock::acquire_path(agent.owner_lock_file())
     }
 
     /// Takes the lock file `name` in `dir`, creating `dir` (mode 0700) if needed.
     pub fn acquire_file(dir: &Path, name: &str) -> Result<OwnerLock, LockError> {
-        let path = dir.join(name);
+        OwnerLock::acquire_path(dir.join(name))
+    }
+
+    fn acquire_path(path: PathBuf) -> Result<OwnerLock, LockError> {
         let io_error = |source| LockError::Io {
             path: path.clone(),
             source,
         };
-        DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(io_error)?;
+        if let Some(dir) = path.parent() {
+            DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(io_error)?;
+        }
         let mut file = OpenOptions::new()
             .create(true)
             .truncate(false)

@@ -63,21 +63,135 @@ impl AgentDir {
         }
     }
 
+    /// The directory itself, as the guard canonicalized it.
     pub fn root(&self) -> &Path {
         &self.root
     }
 
-    /// `.perch/`: the only place perch keeps durable state.
+    /// `workspace/`: the agent's files, mounted into its sandbox.
+    pub fn workspace(&self) -> PathBuf {
+        self.root.join("workspace")
+    }
+
+    /// `.perch/`: the only place perch keeps durable state. Every path below it is spelled out
+    /// here, once, so that a change of the on-disk layout is deliberate.
     pub fn state_dir(&self) -> PathBuf {
         self.root.join(".perch")
     }
 
-    /// `.perch/sessions/`: one directory per lane.
+    /// `.perch/lock`: the owner lock, held by the one process that acts for the agent.
+    pub fn owner_lock_file(&self) -> PathBuf {
+        self.state_dir().join("lock")
+    }
+
+    /// `.perch/sessions/`: one directory per lane (its segments and index).
     pub fn sessions_dir(&self) -> PathBuf {
         self.state_dir().join("sessions")
     }
 
-    pub fn workspace(&self) -> PathBuf {
-        self.root.join("workspace")
+    /// `.perch/inbox/`: the journal of arrivals, each kept until its lane has taken it.
+    pub fn inbox_dir(&self) -> PathBuf {
+        self.state_dir().join("inbox")
+    }
+
+    /// `.perch/outbox/`: the journal of deliveries, each kept until it is sent or given up.
+    pub fn outbox_dir(&self) -> PathBuf {
+        self.state_dir().join("outbox")
+    }
+
+    /// `.perch/conversations.json`: the generation of each conversation (bumped by `/new`).
+    pub fn conversations_file(&self) -> PathBuf {
+        self.state_dir().join("conversations.json")
+    }
+
+    /// `.perch/pairing.json`: pending pairing codes and the people they approved.
+    pub fn pairing_file(&self) -> PathBuf {
+        self.state_dir().join("pairing.json")
+    }
+
+    /// `.perch/control.sock`: the running service's control socket (mode 0600).
+    pub fn control_socket(&self) -> PathBuf {
+        self.state_dir().join("control.sock")
+    }
+
+    /// `.perch/starts.json`: the recent starts, for the crash-loop breaker.
+    pub fn starts_file(&self) -> PathBuf {
+        self.state_dir().join("starts.json")
+    }
+
+    /// `.perch/last-start.json`: what the last start recovered, for `perch status`.
+    pub fn last_start_file(&self) -> PathBuf {
+        self.state_dir().join("last-start.json")
+    }
+
+    /// `.perch/spend/`: the journal of model usage, for the daily spend guard.
+    pub fn spend_dir(&self) -> PathBuf {
+        self.state_dir().join("spend")
+    }
+
+    /// `.perch/heartbeats/`: the heartbeat slot ledger.
+    pub fn heartbeat_ledger_dir(&self) -> PathBuf {
+        self.state_dir().join("heartbeats")
+    }
+
+    /// `.perch/sandbox/`: the machine's lock, fingerprint and (for the double) its disk.
+    pub fn sandbox_state_dir(&self) -> PathBuf {
+        self.state_dir().join("sandbox")
+    }
+
+    /// `.perch/channels/<name>/store.json`: the store channel `name`'s hooks share.
+    pub fn channel_store_file(&self, name: &str) -> PathBuf {
+        self.state_dir()
+            .join("channels")
+            .join(name)
+            .join("store.json")
+    }
+
+    /// `.perch/matrix/`: the Matrix channels' stores, one directory per channel.
+    pub fn matrix_stores_dir(&self) -> PathBuf {
+        self.state_dir().join("matrix")
+    }
+
+    /// `.perch/matrix/<name>/`: the Matrix channel `name`'s session, keys and stores (secret).
+    pub fn matrix_store_dir(&self, name: &str) -> PathBuf {
+        self.matrix_stores_dir().join(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AgentDir;
+    use std::path::PathBuf;
+
+    #[test]
+    fn the_state_layout_is_spelled_out_here() {
+        let dir = AgentDir {
+            root: PathBuf::from("/agents/ops"),
+        };
+        let layout = [
+            (dir.workspace(), "workspace"),
+            (dir.state_dir(), ".perch"),
+            (dir.owner_lock_file(), ".perch/lock"),
+            (dir.sessions_dir(), ".perch/sessions"),
+            (dir.inbox_dir(), ".perch/inbox"),
+            (dir.outbox_dir(), ".perch/outbox"),
+            (dir.conversations_file(), ".perch/conversations.json"),
+            (dir.pairing_file(), ".perch/pairing.json"),
+            (dir.control_socket(), ".perch/control.sock"),
+            (dir.starts_file(), ".perch/starts.json"),
+            (dir.last_start_file(), ".perch/last-start.json"),
+            (dir.spend_dir(), ".perch/spend"),
+            (dir.heartbeat_ledger_dir(), ".perch/heartbeats"),
+            (dir.sandbox_state_dir(), ".perch/sandbox"),
+            (
+                dir.channel_store_file("tg"),
+                ".perch/channels/tg/store.json",
+            ),
+            (dir.matrix_stores_dir(), ".perch/matrix"),
+            (dir.matrix_store_dir("mx"), ".perch/matrix/mx"),
+        ];
+        for (path, relative) in layout {
+            assert_eq!(path, dir.root().join(relative));
+        }
     }
 }

@@ -13,7 +13,7 @@ use super::InboundEvent;
 use crate::agent::{AgentDir, LoadedChannel};
 use crate::lua::HookStore;
 use perch_core::config::ChannelConfig;
-use perch_core::name::{ChannelName, LaneName};
+use perch_core::name::LaneName;
 use perch_core::tree::FunctionId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -109,18 +109,10 @@ pub fn cut_for_hook(text: &mut String) {
     text.push_str(CUT_MARKER);
 }
 
-/// Where the store of channel `name` is kept.
-pub fn store_path(dir: &AgentDir, name: &ChannelName) -> PathBuf {
-    dir.state_dir()
-        .join("channels")
-        .join(name.as_str())
-        .join("store.json")
-}
-
 impl ChannelHooks {
     /// The hooks of `channel`, with its store as `.perch/` last kept it (empty if it never was).
     pub fn open(dir: &AgentDir, channel: &LoadedChannel) -> Result<ChannelHooks, String> {
-        let store_path = store_path(dir, &channel.config.name);
+        let store_path = dir.channel_store_file(channel.config.name.as_str());
         let store = read_store(&store_path)?;
         Ok(ChannelHooks {
             channel: channel.clone(),

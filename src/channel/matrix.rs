@@ -189,12 +189,6 @@ pub fn read_undecryptable(store_dir: &Path) -> UndecryptableReport {
         .unwrap_or_default()
 }
 
-/// The store directory of the Matrix channel `channel` of an agent whose state directory
-/// (`.perch/`) is `state_dir`.
-pub fn store_dir(state_dir: &Path, channel: &str) -> PathBuf {
-    state_dir.join("matrix").join(channel)
-}
-
 /// A connection to one Matrix account.
 pub struct MatrixConnector {
     homeserver: String,
@@ -246,7 +240,7 @@ impl Shared {
 impl MatrixConnector {
     /// A connector for `user` (such as `@perch:example.org`) on `homeserver` (such as
     /// `https://matrix.example.org`), keeping its session and stores in `store_dir`
-    /// (`.perch/matrix/<channel>`, see [`store_dir`]). It joins rooms only when invited by one of
+    /// (`.perch/matrix/<channel>`, see [`AgentDir::matrix_store_dir`](crate::agent::AgentDir::matrix_store_dir)). It joins rooms only when invited by one of
     /// `allowed_inviters` (Matrix user ids). Nothing is sent until the first call.
     pub fn new(
         homeserver: &str,

@@ -310,10 +310,11 @@ pub trait Connector: Send + Sync + fmt::Debug {
 }
 
 /// The connector for a channel file, with its credentials read from the host environment.
-/// `state_dir` is the agent's `.perch/`, where a Matrix channel keeps its session and stores.
+/// A Matrix channel keeps its session and stores in the agent's
+/// [`matrix_store_dir`](crate::agent::AgentDir::matrix_store_dir).
 pub fn connect(
     channel: &crate::agent::LoadedChannel,
-    state_dir: &std::path::Path,
+    agent: &crate::agent::AgentDir,
     lookup: impl Fn(&str) -> Option<String>,
 ) -> Result<std::sync::Arc<dyn Connector>, String> {
     use perch_core::config::Platform;
@@ -346,7 +347,7 @@ pub fn connect(
                 user,
                 password,
                 store_passphrase,
-                matrix::store_dir(state_dir, config.name.as_str()),
+                agent.matrix_store_dir(config.name.as_str()),
                 config.allow.users.clone(),
             )
             .map_err(|error| format!("{}: {error}", channel.file))?;

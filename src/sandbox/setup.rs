@@ -96,7 +96,7 @@ pub fn machine_for(
             hosts: grant.hosts.clone(),
         });
     }
-    let state = agent.dir.state_dir().join("sandbox");
+    let state = agent.dir.sandbox_state_dir();
     let spec = Spec {
         name: machine_name(agent.dir.root()),
         image,

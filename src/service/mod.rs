@@ -137,7 +137,6 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), String> {
     let once = setup.once.take();
-    let state = agent.dir.state_dir();
     let channels_loaded = agent.channels.clone();
     let dir = agent.dir.clone();
     let config_at_start = starts::config_digests(&dir);
@@ -152,8 +151,8 @@ pub async fn run(
     let (alerts, raised) = Alerts::new();
     runtime.spend().set_alerts(alerts.clone());
     let clock = setup.clock.clone();
-    let inbox_dir = state.join("inbox");
-    let outbox_dir = state.join("outbox");
+    let inbox_dir = dir.inbox_dir();
+    let outbox_dir = dir.outbox_dir();
     let opened_clock = clock.clone();
     let ((inbox, backlog), (outbox, unsettled)) = tokio::task::spawn_blocking(move || {
         Ok::<_, LogError>((
@@ -181,16 +180,16 @@ pub async fn run(
             }),
         );
     }
-    let pairing_path = control::pairing_path(&dir);
+    let pairing_path = dir.pairing_file();
     let pairing = control::read_pairing(&pairing_path)?;
-    let control_listener = control::listen(&control::socket_path(&dir))?;
-    let generations_path = state.join("conversations.json");
+    let control_listener = control::listen(&dir.control_socket())?;
+    let generations_path = dir.conversations_file();
     let generations = read_generations(&generations_path)?;
     let started_at = clock.now();
-    let earlier_starts = starts::read_starts(&starts::starts_path(&dir))?;
+    let earlier_starts = starts::read_starts(&dir.starts_file())?;
     let breaker = perch_core::starts::breaker(&earlier_starts, started_at);
     starts::write_starts(
-        &starts::starts_path(&dir),
+        &dir.starts_file(),
         &perch_core::starts::record_start(&earlier_starts, started_at),
     )?;
     let mut context: HashMap<(String, String), VecDeque<String>> = HashMap::new();
@@ -254,7 +253,7 @@ pub async fn run(
         .await?;
     service.start_heartbeats(setup.heartbeat_reload, setup.once.is_none())?;
     starts::write_json(
-        &starts::last_start_path(&dir),
+        &dir.last_start_file(),
         &serde_json::json!({
             "started": started_at.to_rfc3339(),
             "lanes_recovered": lanes,
@@ -410,9 +409,9 @@ pub async fn run(
         .stop()
         .await
         .map_err(|error| error.to_string())?;
-    let starts_now = starts::read_starts(&starts::starts_path(&dir))?;
+    let starts_now = starts::read_starts(&dir.starts_file())?;
     starts::write_starts(
-        &starts::starts_path(&dir),
+        &dir.starts_file(),
         &perch_core::starts::record_stop(&starts_now, started_at, service.clock.now()),
     )?;
     Ok(())

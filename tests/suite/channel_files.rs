@@ -3,7 +3,7 @@
 
 use super::support::{new_agent, perch, stderr, stdout, write};
 use perch::agent::{self, AgentDir, LoadedAgent, LoadedChannel};
-use perch::channel::hooks::{ChannelHooks, HookItem, HookVerdict, message_input, store_path};
+use perch::channel::hooks::{ChannelHooks, HookItem, HookVerdict, message_input};
 use perch::channel::{InboundEvent, Sender};
 use perch_core::name::LaneName;
 use serde_json::json;
@@ -332,7 +332,7 @@ async fn the_store_persists_across_a_reload() {
     on_message(&mut first, channel, "one").await;
     on_message(&mut first, channel, "two").await;
     on_message(&mut first, channel, "forget").await;
-    let path = store_path(&agent.dir, &channel.config.name);
+    let path = agent.dir.channel_store_file(channel.config.name.as_str());
     assert_eq!(path, dir.path().join(".perch/channels/ops/store.json"));
     let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     assert_eq!(saved, json!({ "seen": 3 }));
@@ -364,7 +364,12 @@ async fn without_hooks_the_item_is_the_text() {
     assert_eq!(input["sender"]["name"], json!("Ann"));
     assert_eq!(hooks.run_on_message(&input).await, item("as is", None));
     assert_eq!(hooks.run_format("reply").await, Ok("reply".to_owned()));
-    assert!(!store_path(&agent.dir, &channel.config.name).exists());
+    assert!(
+        !agent
+            .dir
+            .channel_store_file(channel.config.name.as_str())
+            .exists()
+    );
 }
 
 #[test]

@@ -5,6 +5,7 @@ use super::fake_discord::{self, FakeDiscord};
 use super::fake_model::FakeModel;
 use super::fake_telegram::{self, FakeTelegram};
 use super::support::{new_agent, perch, stderr, stdout, write};
+use perch::agent::AgentDir;
 use perch::doctor::{self, Places, Status};
 use perch::sandbox::SandboxError;
 use perch_core::config::Api;
@@ -627,7 +628,7 @@ fn secrets_open_to_others_are_warned_with_the_chmod_that_closes_them() {
     chmod(&store.join("session.json"), 0o600);
     chmod(&state.join("control.sock"), 0o600);
     chmod(&env_file, 0o600);
-    let checks = doctor::secrets(&root, Some(&env_file));
+    let checks = doctor::secrets(&AgentDir::open(&root).unwrap(), Some(&env_file));
     assert_eq!(checks.len(), 1, "{checks:?}");
     assert_eq!(checks[0].status, Status::Ok, "{}", checks[0]);
     assert!(
@@ -645,11 +646,11 @@ fn secrets_open_to_others_are_warned_with_the_chmod_that_closes_them() {
 fn a_missing_env_file_named_by_perch_env_file_is_a_warning() {
     let agent = new_agent();
     let missing = agent.path().join("nowhere.env");
-    let checks = doctor::secrets(agent.path(), Some(&missing));
+    let checks = doctor::secrets(&AgentDir::open(agent.path()).unwrap(), Some(&missing));
     assert_eq!(checks.len(), 1, "{checks:?}");
     assert_eq!(checks[0].status, Status::Warn, "{}", checks[0]);
     assert!(checks[0].detail.contains("PERCH_ENV_FILE"), "{}", checks[0]);
-    let checks = doctor::secrets(agent.path(), None);
+    let checks = doctor::secrets(&AgentDir::open(agent.path()).unwrap(), None);
     assert_eq!(checks[0].status, Status::Ok, "{}", checks[0]);
     assert!(
         checks[0].detail.contains("nothing to check"),

@@ -271,7 +271,7 @@ async fn a_restart_mid_slot_does_not_repeat_it_and_downtime_coalesces_into_one_r
         .task(&perch_core::name::TaskName::try_from("hourly").unwrap())
         .unwrap();
     assert!(task.open.is_empty(), "no run is left open: {task:?}");
-    let ledger = std::fs::read_dir(heartbeat::ledger_dir(&dir))
+    let ledger = std::fs::read_dir(dir.heartbeat_ledger_dir())
         .unwrap()
         .filter_map(Result::ok)
         .map(|entry| std::fs::read_to_string(entry.path()).unwrap_or_default())
@@ -360,7 +360,7 @@ async fn a_manual_run_consumes_no_slot_and_a_dry_run_leaves_no_record() {
     );
     shutdown.cancel();
     drop(heartbeats);
-    let ledger: String = std::fs::read_dir(heartbeat::ledger_dir(&dir))
+    let ledger: String = std::fs::read_dir(dir.heartbeat_ledger_dir())
         .unwrap()
         .filter_map(Result::ok)
         .map(|entry| std::fs::read_to_string(entry.path()).unwrap_or_default())

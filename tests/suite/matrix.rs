@@ -121,7 +121,7 @@ async fn logs_in_once_and_restores_the_session_on_every_start() {
     let synapse = Synapse::from_env();
     let bot = synapse.register("bot").await;
     let state = tempfile::tempdir().unwrap();
-    let store = perch::channel::matrix::store_dir(state.path(), "mx");
+    let store = state.path().join("matrix").join("mx");
 
     let first = connector(&bot, &store, &[]);
     let device = first.device_id().await.unwrap();
