@@ -270,14 +270,6 @@ pub trait Connector: Send + Sync + fmt::Debug {
         files: &'a [Upload],
     ) -> BoxFuture<'a, Result<Receipt, DeliveryError>>;
 
-    /// Posts one message without files.
-    fn deliver<'a>(
-        &'a self,
-        delivery: &'a Delivery,
-    ) -> BoxFuture<'a, Result<Receipt, DeliveryError>> {
-        self.post(delivery, &[])
-    }
-
     /// Downloads `attachment` of `event`, refusing with [`FetchError::TooLarge`] as soon as it
     /// is known to be over `limit` bytes.
     fn fetch<'a>(

@@ -2,6 +2,7 @@
 //! checked on the wire.
 
 use super::fake_discord::{Author, BOT_ID, Failure, FakeDiscord, FakeFile, Route, TOKEN};
+use super::support::PostText;
 use futures_util::{SinkExt, StreamExt};
 use perch::channel::discord::{DiscordConnector, FALLBACK_RETRY_AFTER, RESEND_WINDOW};
 use perch::channel::{

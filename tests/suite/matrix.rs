@@ -4,7 +4,7 @@
 //! and `perch run` end to end.
 
 use super::fake_model::{FakeModel, Script};
-use super::support::{new_agent, write};
+use super::support::{PostText, new_agent, write};
 use super::synapse::{Account, Synapse};
 use matrix_sdk::config::SyncSettings;
 use matrix_sdk::deserialized_responses::TimelineEventKind;

@@ -1,3 +1,4 @@
+use perch::channel::{BoxFuture, Connector, Delivery, DeliveryError, Receipt};
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -192,5 +193,23 @@ pub fn parse_multipart(content_type: &str, body: &[u8]) -> Option<Vec<FormPart>>
             body: part[head_end + 4..].to_vec(),
         });
         at = next;
+    }
+}
+
+/// What the connector tests post most: one message without files.
+pub trait PostText {
+    /// [`Connector::post`] with no files.
+    fn deliver<'a>(
+        &'a self,
+        delivery: &'a Delivery,
+    ) -> BoxFuture<'a, Result<Receipt, DeliveryError>>;
+}
+
+impl<C: Connector + ?Sized> PostText for C {
+    fn deliver<'a>(
+        &'a self,
+        delivery: &'a Delivery,
+    ) -> BoxFuture<'a, Result<Receipt, DeliveryError>> {
+        self.post(delivery, &[])
     }
 }

@@ -5,6 +5,7 @@ use super::fake_telegram::{
     BOT_ID, CONFLICT, Chat, Failure, FakeTelegram, Incoming, MAX_TEXT, Media, TOKEN, User,
     parse_markdown_v2,
 };
+use super::support::PostText;
 use perch::channel::telegram::TelegramConnector;
 use perch::channel::{
     Arrival, Attachment, Connector, ConnectorError, Delivery, DeliveryError, FetchError,
