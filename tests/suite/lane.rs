@@ -433,6 +433,7 @@ fn perch_chat_talks_through_the_lane_and_remembers() {
 /// A process killed at each step of the sequence leaves a lane that the next start recovers:
 /// valid, complete, every call answered, nothing run twice.
 #[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 fn a_crash_at_every_step_is_recovered_on_the_next_start() {
     for point in [
         "after:operation_started",

@@ -1033,6 +1033,7 @@ fn last_user_text(request: &Value) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 async fn a_crash_between_journal_and_sync_on_matrix_loses_and_doubles_nothing() {
     let synapse = Synapse::from_env();
     let alice = synapse.register("alice").await;
@@ -1285,6 +1286,7 @@ async fn one_perch_run_answers_on_telegram_discord_and_matrix_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 async fn a_crash_after_a_matrix_send_resends_with_the_same_transaction_and_posts_once() {
     let synapse = Synapse::from_env();
     let alice = synapse.register("alice").await;

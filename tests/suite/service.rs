@@ -158,6 +158,7 @@ fn crash_on_one_message(reply: Option<&str>, text: &str, failpoint: &str) -> Cra
 }
 
 #[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 fn a_crash_between_journal_and_acknowledgement_loses_and_doubles_nothing() {
     let Crashed {
         model,
@@ -175,6 +176,7 @@ fn a_crash_between_journal_and_acknowledgement_loses_and_doubles_nothing() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 fn a_crash_after_the_delivery_intent_is_reported_not_resent_on_telegram() {
     let Crashed {
         model,
@@ -563,6 +565,7 @@ fn a_discord_message_is_answered_in_its_channel_as_a_reply_without_pings() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 fn a_crash_after_posting_on_discord_resends_with_the_same_nonce_and_posts_once() {
     use super::fake_discord::{Author, BOT_ID, FakeDiscord, TOKEN as DISCORD_TOKEN};
     let model = FakeModel::start(Api::OpenAiCompletions);
@@ -1089,6 +1092,7 @@ fn three_crashes_in_a_row_start_the_fourth_with_channels_paused() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 fn status_shows_what_a_crash_left_and_what_the_next_start_recovered() {
     // The fakes stay up (unused by name) for the restart.
     let Crashed {
@@ -1397,6 +1401,7 @@ fn metrics_on_an_address_other_than_loopback_are_warned_about() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 fn a_reply_lost_between_the_run_and_the_outbox_is_delivered_after_a_restart() {
     let Crashed {
         model,
@@ -1426,6 +1431,7 @@ fn a_reply_lost_between_the_run_and_the_outbox_is_delivered_after_a_restart() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 fn a_run_interrupted_by_a_crash_is_answered_with_a_note_not_repeated() {
     let Crashed {
         model,

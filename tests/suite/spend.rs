@@ -174,6 +174,7 @@ fn the_daily_cap_refuses_runs_without_asking_the_model_tells_the_owner_once_and_
 }
 
 #[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 fn a_delivery_of_unknown_fate_is_reported_in_the_owner_room() {
     let model = FakeModel::start(Api::OpenAiCompletions);
     let telegram = FakeTelegram::start();

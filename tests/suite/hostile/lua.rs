@@ -130,6 +130,7 @@ fn escapes_in_on_message_fail_that_message_within_the_budget_and_others_are_answ
 }
 
 #[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 fn a_hook_past_its_deadline_is_abandoned_then_the_channel_refuses_and_sigterm_still_stops_perch() {
     let model = FakeModel::start(Api::OpenAiCompletions);
     let telegram = FakeTelegram::start();
@@ -170,6 +171,7 @@ fn a_hook_past_its_deadline_is_abandoned_then_the_channel_refuses_and_sigterm_st
 }
 
 #[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 fn a_message_whose_hook_crashed_perch_is_rejected_at_restart_not_decided_again() {
     let model = FakeModel::start(Api::OpenAiCompletions);
     let telegram = FakeTelegram::start();
