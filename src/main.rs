@@ -16,7 +16,7 @@ use perch::outbox::OutboxRecord;
 use perch::runtime::Runtime;
 use perch::sandbox::{self, End, Machine, MachineSetup};
 use perch::service::ServiceSetup;
-use perch::tools::Toolbox;
+use perch::toolbox::Toolbox;
 use perch::{doctor, image, info};
 use perch_core::config::{ChannelKind, Platform};
 use perch_core::control::{

@@ -10,8 +10,6 @@ use perch_core::config::ToolDecl;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-pub use crate::toolbox::{ToolOutcome, Toolbox};
-
 /// Runs the tool `name` with `arguments` (a JSON object). The error is text for the model and
 /// the operator: which tool, which file and line, what went wrong.
 pub async fn run_tool(

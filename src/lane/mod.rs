@@ -10,7 +10,7 @@ mod run;
 
 use crate::log::{Clock, LaneLog, LogError, RecoveryReport, ToolRerun, recover};
 use crate::model::{Model, StreamEvent};
-use crate::tools::Toolbox;
+use crate::toolbox::Toolbox;
 use perch_core::config::Thinking;
 use perch_core::conversation::unanswered_calls;
 use perch_core::heartbeat::ModelFailure;
