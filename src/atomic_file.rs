@@ -7,6 +7,10 @@
 //! durability, because most of these writes come before an acknowledgement (an approval
 //! reported, a `/new` confirmed, a pairing offered) and none is frequent enough for an fsync to
 //! matter.
+//!
+//! [`replace`] assumes one writer at a time (the owner lock sees to that under `.perch/`).
+//! [`replace_shared`] is for a file several processes may replace at once (the image cache's
+//! records): each writes a temporary of its own, created afresh, so the last rename wins whole.
 
 use serde::Serialize;
 use std::fs::{self, File, OpenOptions};
@@ -32,6 +36,36 @@ pub fn replace(path: &Path, bytes: &[u8], mode: Option<u32>) -> io::Result<()> {
     file.sync_all()?;
     drop(file);
     fs::rename(&temporary, path)?;
+    sync_parent(path)
+}
+
+/// Replaces `path` with `bytes` durably when other processes may be replacing it too: the
+/// temporary is `<name>.<pid>.tmp`, created new (so never through a link or over a file another
+/// writer holds; a leftover of this pid is removed first) and removed again if the write fails.
+pub fn replace_shared(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let temporary = sibling(path, &format!(".{}.tmp", std::process::id()));
+    match fs::remove_file(&temporary) {
+        Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
+        _ => {}
+    }
+    let written = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temporary)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        drop(file);
+        fs::rename(&temporary, path)
+    })();
+    if let Err(error) = written {
+        let _ = fs::remove_file(&temporary);
+        return Err(error);
+    }
+    sync_parent(path)
+}
+
+fn sync_parent(path: &Path) -> io::Result<()> {
     let parent = match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
@@ -48,8 +82,12 @@ pub fn write_json(path: &Path, value: &impl Serialize) -> Result<(), String> {
 
 /// `<path>.tmp`: beside the file, so the rename never crosses a file system.
 fn temporary_path(path: &Path) -> PathBuf {
+    sibling(path, ".tmp")
+}
+
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_owned();
-    name.push(".tmp");
+    name.push(suffix);
     path.with_file_name(name)
 }
 
@@ -71,6 +109,26 @@ mod tests {
         replace(&path, b"{}", Some(0o600)).unwrap();
         let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_shared_replace_never_writes_through_a_planted_link_and_leaves_no_temporary() {
+        let dir = std::env::temp_dir().join(format!("perch-atomic-shared-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("default.json");
+        let victim = dir.join("victim");
+        fs::write(&victim, b"untouched").unwrap();
+        let temporary = dir.join(format!("default.json.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &temporary).unwrap();
+
+        replace_shared(&path, b"{\"a\": 1}\n").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"{\"a\": 1}\n");
+        assert_eq!(fs::read(&victim).unwrap(), b"untouched");
+        assert!(fs::symlink_metadata(&temporary).is_err());
+
+        let missing = dir.join("no-such-dir").join("default.json");
+        assert!(replace_shared(&missing, b"{}").is_err());
         fs::remove_dir_all(&dir).unwrap();
     }
 }

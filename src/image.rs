@@ -926,29 +926,16 @@ fn read_json(path: &Path) -> Option<serde_json::Value> {
     serde_json::from_str(&fs::read_to_string(path).ok()?).ok()
 }
 
-/// Writes `value` to a temporary sibling, syncs it and renames it over `path`.
+/// Writes `value` as pretty JSON over `path` durably; other builds may write it at the same time
+/// (see [`atomic_file::replace_shared`](crate::atomic_file::replace_shared)).
 fn write_json_atomic(path: &Path, value: &serde_json::Value) -> Result<(), ImageError> {
-    let temporary = sibling(path, &format!(".{}.tmp", std::process::id()));
-    let result = (|| -> io::Result<()> {
+    let written = (|| -> io::Result<()> {
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent)?;
         }
-        match fs::remove_file(&temporary) {
-            Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
-            _ => {}
-        }
-        let mut file = create_new(&temporary)?;
-        file.write_all(serde_json::to_string_pretty(value)?.as_bytes())?;
-        file.write_all(b"\n")?;
-        file.sync_all()?;
-        fs::rename(&temporary, path)?;
-        if let Some(parent) = path.parent() {
-            File::open(parent)?.sync_all()?;
-        }
-        Ok(())
+        let mut text = serde_json::to_vec_pretty(value)?;
+        text.push(b'\n');
+        crate::atomic_file::replace_shared(path, &text)
     })();
-    result.map_err(|error| {
-        let _ = fs::remove_file(&temporary);
-        ImageError::io("write", path, &error)
-    })
+    written.map_err(|error| ImageError::io("write", path, &error))
 }
