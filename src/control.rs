@@ -27,6 +27,11 @@ pub fn read_pairing(path: &Path) -> Result<Pairing, String> {
     }
 }
 
+/// What `perch status` says to do about a pairing file it cannot read.
+pub const PAIRING_UNREADABLE_FIX: &str = "make it readable by this user and valid JSON again, \
+     or move it aside (that forgets the pending codes and the approved senders, who pair again); \
+     `perch run` does not start until then";
+
 /// Writes the pairing state, durably: an approval or an offer is reported only after it.
 pub fn write_pairing(path: &Path, pairing: &Pairing) -> Result<(), String> {
     crate::atomic_file::write_json(path, pairing)

@@ -1094,7 +1094,10 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
             _ => None,
         })
         .collect();
-    let pairing = control::read_pairing(&agent_dir.pairing_file())?;
+    let (pairing, pairing_error) = match control::read_pairing(&agent_dir.pairing_file()) {
+        Ok(pairing) => (pairing, None),
+        Err(error) => (perch_core::pairing::Pairing::default(), Some(error)),
+    };
     let mut undecryptable = std::collections::BTreeMap::new();
     let channels: Vec<String> = match agent::load(&agent_dir) {
         Ok(loaded) => loaded
@@ -1159,6 +1162,9 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
             })
             .collect(),
         approved_senders: pairing.approved.len(),
+        pairing_unreadable: pairing_error
+            .as_ref()
+            .map(|error| format!("cannot read {error}; {}", control::PAIRING_UNREADABLE_FIX)),
         heartbeats: match heartbeat_listing(&agent_dir) {
             Ok(list) => Heartbeats::Listed(list),
             Err(error) => Heartbeats::Unlisted { error },
@@ -1189,7 +1195,7 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
     } else {
         emit(&status_text(
             &report,
-            &pairing,
+            (&pairing, pairing_error.as_deref()),
             !inbox.unreadable.is_empty(),
             !outbox.unreadable.is_empty(),
         ))?;
@@ -1200,7 +1206,7 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
 /// `perch status` as text.
 fn status_text(
     report: &StatusReport,
-    pairing: &perch_core::pairing::Pairing,
+    (pairing, pairing_error): (&perch_core::pairing::Pairing, Option<&str>),
     inbox_unreadable: bool,
     outbox_unreadable: bool,
 ) -> String {
@@ -1318,7 +1324,14 @@ fn status_text(
     for delivery in &report.deliveries_unknown {
         out.push_str(&format!("  {}\n", delivery.reason()));
     }
-    out.push_str(&format!("pairings pending   {}\n", pairing.pending.len()));
+    match pairing_error {
+        Some(error) => out.push_str(&format!(
+            "pairings pending   unknown: cannot read {}\n  fix: {}\n",
+            shown(error),
+            control::PAIRING_UNREADABLE_FIX
+        )),
+        None => out.push_str(&format!("pairings pending   {}\n", pairing.pending.len())),
+    }
     let mut pending: Vec<_> = pairing.pending.iter().collect();
     pending.sort_by_key(|pending| pending.expires);
     for pending in pending {

@@ -184,6 +184,10 @@ pub struct StatusReport {
     pub deliveries_unknown: Vec<UnknownDelivery>,
     pub pairings_pending: Vec<PendingPairing>,
     pub approved_senders: usize,
+    /// Why `.perch/pairing.json` could not be read, and the fix; the two fields above are
+    /// then empty, not known to be.
+    #[serde(default)]
+    pub pairing_unreadable: Option<String>,
     pub heartbeats: Heartbeats,
     pub inbox_oldest_waiting: Option<String>,
     /// The newest event per channel.
@@ -417,6 +421,7 @@ mod tests {
                 expires,
             }],
             approved_senders: 1,
+            pairing_unreadable: None,
             heartbeats: Heartbeats::Listed(HeartbeatList {
                 tasks: vec![TaskRow {
                     name: "digest".into(),
@@ -504,6 +509,7 @@ mod tests {
   "live_error": null,
   "outbox_pending": 0,
   "outbox_unreadable": [],
+  "pairing_unreadable": null,
   "pairings_pending": [
     {
       "channel": "tg",

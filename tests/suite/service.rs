@@ -1032,6 +1032,70 @@ pub(super) fn status_json(dir: &Path) -> serde_json::Value {
     serde_json::from_slice(&output.stdout).unwrap()
 }
 
+#[test]
+fn status_with_an_unreadable_pairing_file_names_it_and_the_fix_and_shows_the_rest() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let path = dir.path().to_str().unwrap();
+    let pairing = dir.path().join(".perch/pairing.json");
+    std::fs::create_dir_all(dir.path().join(".perch")).unwrap();
+
+    for unreadable in ["garbage", "directory"] {
+        if unreadable == "garbage" {
+            std::fs::write(&pairing, "{\"pending\": [oops").unwrap();
+        } else {
+            std::fs::remove_file(&pairing).unwrap();
+            std::fs::create_dir(&pairing).unwrap();
+        }
+        let report = status_json(dir.path());
+        let problem = report["pairing_unreadable"].as_str().unwrap();
+        assert!(
+            problem.contains(&pairing.display().to_string()) && problem.contains("move it aside"),
+            "{unreadable}: {problem}"
+        );
+        assert_eq!(report["pairings_pending"], serde_json::json!([]));
+        assert_eq!(report["channels"], serde_json::json!(["tg (telegram)"]));
+        assert_eq!(report["inbox_pending"], 0);
+
+        let output = perch_cli(&["status", path]);
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{unreadable}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let lines: Vec<&str> = text.lines().collect();
+        let at = lines
+            .iter()
+            .position(|line| line.starts_with("pairings pending"))
+            .unwrap_or_else(|| panic!("{unreadable}: no pairing line in:\n{text}"));
+        assert!(
+            lines[at].contains("unknown: cannot read") && lines[at].contains(".perch/pairing.json"),
+            "{unreadable}: {text}"
+        );
+        assert!(
+            lines[at + 1].starts_with("  fix: ")
+                && lines[at + 1].contains("move it aside")
+                && lines[at + 1].ends_with("`perch run` does not start until then"),
+            "{unreadable}: {text}"
+        );
+        for rest in [
+            "running            no",
+            "channels           tg (telegram)",
+            "inbox pending",
+            "vm ",
+            "outbox pending",
+        ] {
+            assert!(text.contains(rest), "{unreadable}: no {rest:?} in:\n{text}");
+        }
+    }
+
+    std::fs::remove_dir(&pairing).unwrap();
+    let report = status_json(dir.path());
+    assert_eq!(report["pairing_unreadable"], serde_json::Value::Null);
+}
+
 fn kill(child: Child) {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
