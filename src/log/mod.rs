@@ -18,6 +18,7 @@ mod journal_writer;
 mod lane;
 mod pool;
 mod recover;
+mod scan;
 mod segment;
 
 pub use error::LogError;
@@ -29,4 +30,5 @@ pub use lane::{
 };
 pub use pool::{THREADS as WRITER_THREADS, hosted_lanes};
 pub use recover::{RecoveryReport, ToolRerun, recover};
+pub use scan::{TakenRun, open_operations, taken_run};
 pub use segment::LaneReader;
