@@ -102,45 +102,8 @@ pub fn changed_files(
 }
 
 /// The operations each lane has started and not finished, per its newest segment: after a crash,
-/// the lanes recovery must close; while perch runs, the runs in progress.
+/// the lanes recovery must close; while perch runs, the runs in progress. Read through each
+/// lane's index ([`crate::log::open_operations`]).
 pub fn open_operations(sessions: &Path) -> BTreeMap<String, usize> {
-    let mut open = BTreeMap::new();
-    let Ok(lanes) = std::fs::read_dir(sessions) else {
-        return open;
-    };
-    for lane in lanes.filter_map(Result::ok) {
-        let newest = std::fs::read_dir(lane.path()).ok().and_then(|files| {
-            files
-                .filter_map(Result::ok)
-                .map(|entry| entry.path())
-                .filter(|path| path.extension().is_some_and(|ext| ext == "jsonl"))
-                .max()
-        });
-        let Some(text) = newest.and_then(|path| std::fs::read_to_string(path).ok()) else {
-            continue;
-        };
-        let mut started = std::collections::BTreeSet::new();
-        for line in text.lines() {
-            let Ok(value) = serde_json::from_str::<serde_json::Value>(line) else {
-                continue;
-            };
-            let op = value["op"].as_str().unwrap_or_default().to_owned();
-            match value["type"].as_str() {
-                Some("operation_started") => {
-                    started.insert(op);
-                }
-                Some("operation_finished") => {
-                    started.remove(&op);
-                }
-                _ => {}
-            }
-        }
-        if !started.is_empty() {
-            open.insert(
-                lane.file_name().to_string_lossy().into_owned(),
-                started.len(),
-            );
-        }
-    }
-    open
+    crate::log::open_operations(sessions)
 }

@@ -151,10 +151,6 @@ impl Appender {
         self.len
     }
 
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Cuts the file back to `len` and makes that durable.
     pub(crate) fn truncate(&mut self, len: u64) -> Result<(), LogError> {
         self.file
@@ -168,20 +164,39 @@ impl Appender {
     }
 
     pub(crate) fn append(&mut self, bytes: &[u8], sync: bool) -> Result<(), LogError> {
-        if let Err(source) = self.file.write_all(bytes) {
-            let _ = self.file.set_len(self.len);
-            return Err(LogError::Io {
-                path: self.path.clone(),
-                action: "append to",
-                source,
-            });
-        }
-        self.len += bytes.len() as u64;
-        if sync {
-            self.file
-                .sync_data()
-                .map_err(LogError::io(&self.path, "fsync"))?;
-        }
-        Ok(())
+        append_to(&self.file, &self.path, &mut self.len, bytes, sync)
     }
+}
+
+/// Appends `bytes` to `file` (opened for appending, `len` bytes long), fsyncing if `sync`. A
+/// write that fails is cut back off, so the file never keeps half a batch.
+pub(crate) fn append_to(
+    mut file: &File,
+    path: &Path,
+    len: &mut u64,
+    bytes: &[u8],
+    sync: bool,
+) -> Result<(), LogError> {
+    if let Err(source) = file.write_all(bytes) {
+        let _ = file.set_len(*len);
+        return Err(LogError::Io {
+            path: path.to_owned(),
+            action: "append to",
+            source,
+        });
+    }
+    *len += bytes.len() as u64;
+    if sync {
+        file.sync_data().map_err(LogError::io(path, "fsync"))?;
+    }
+    Ok(())
+}
+
+/// Opens `path` for reading and appending: one descriptor for both.
+pub(crate) fn open_read_append(path: &Path) -> Result<File, LogError> {
+    OpenOptions::new()
+        .read(true)
+        .append(true)
+        .open(path)
+        .map_err(LogError::io(path, "open for appending"))
 }

@@ -1,9 +1,11 @@
-//! The writer of one lane: a thread that owns the newest segment, its index and the lane's
-//! lock, and a cloneable handle that talks to it.
+//! The writer of one lane, which owns the newest segment, its index and the lane's lock, and a
+//! cloneable handle that talks to it. Writers run on the pool's threads ([`super::pool`]), never
+//! on a thread of their own.
 
 use super::error::LogError;
-use super::file::{Appender, create_with_first_line, lock_exclusive};
-use super::segment::{Chain, Segment, index_path, segment_numbers, segment_path};
+use super::file::{Appender, append_to, create_with_first_line, lock_exclusive};
+use super::pool::{self, Hosted};
+use super::segment::{Access, Chain, Segment, index_path, segment_numbers, segment_path};
 use perch_core::id::{EntryId, OperationId, SessionId};
 use perch_core::log::{
     Commit, Entry, FORMAT_VERSION, Header, INDEX_HEADER_LEN, IndexHeader, Line, PendingTool,
@@ -12,8 +14,9 @@ use perch_core::log::{
 use perch_core::name::LaneName;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::path::Path;
-use tokio::sync::{mpsc, oneshot};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::sync::oneshot;
 
 /// Where the time written into records comes from (defined in the core, which never reads the
 /// clock itself).
@@ -24,14 +27,13 @@ pub fn system_clock() -> Clock {
     Clock::new(chrono::Utc::now)
 }
 
-/// How many appends one write (and at most one fsync) may carry.
-const MAX_BATCH: usize = 1024;
-
-/// A handle to one lane's writer. Clones talk to the same writer.
+/// A handle to one lane's writer. Clones talk to the same writer; when the last one is dropped
+/// (or [`LaneLog::close`] is called) the writer leaves the pool, releasing the lane's lock and
+/// files.
 #[derive(Debug, Clone)]
 pub struct LaneLog {
     lane: LaneName,
-    commands: mpsc::Sender<Command>,
+    hosted: Arc<Hosted>,
 }
 
 /// What opening a lane found and did.
@@ -90,7 +92,8 @@ pub struct OpenSummary {
 
 type Reply<T> = oneshot::Sender<Result<T, LogError>>;
 
-enum Command {
+/// A request to a lane's writer.
+pub(super) enum Command {
     Append {
         encoded: Encoded,
         reply: Reply<Appended>,
@@ -117,7 +120,7 @@ enum Command {
 }
 
 /// A line serialized by the caller, so producers share the encoding work.
-struct Encoded {
+pub(super) struct Encoded {
     bytes: Vec<u8>,
     summary: Summary,
     commit: Commit,
@@ -136,7 +139,7 @@ impl Encoded {
     }
 }
 
-fn stopped() -> LogError {
+pub(super) fn stopped() -> LogError {
     LogError::WriterStopped {
         reason: "it has shut down".into(),
     }
@@ -144,7 +147,7 @@ fn stopped() -> LogError {
 
 impl LaneLog {
     /// Opens (or creates) the lane under `sessions`, taking its lock, cutting off a torn tail
-    /// and bringing its index up to date, then starts its writer thread. Blocking: call it
+    /// and bringing its index up to date, then hands its writer to the pool. Blocking: call it
     /// from a blocking context.
     pub fn open(
         sessions: &Path,
@@ -171,13 +174,11 @@ impl LaneLog {
                 1
             }
         };
-        let loaded = Segment::load(&dir, number)?;
+        let loaded = Segment::load(&dir, number, Access::ReadAppend)?;
         let segment = loaded.segment;
-        let good_end = loaded.torn.map_or_else(|| segment.end(), |(end, _)| end);
-        let mut log = Appender::open(&segment.path, good_end)?;
         let repaired = match loaded.torn {
             Some((offset, truncated_bytes)) => {
-                log.truncate(offset)?;
+                truncate(&segment, offset)?;
                 Some(TailRepair {
                     offset,
                     truncated_bytes,
@@ -187,8 +188,8 @@ impl LaneLog {
         };
         let index = write_index(&dir, &segment, loaded.index_rows_kept, &loaded.index)?;
         let mut writer = Writer {
+            log_len: segment.end(),
             chain: Chain::new(dir, lane.clone(), segment),
-            log,
             index: Some(index),
             _lock: lock,
             clock,
@@ -216,15 +217,11 @@ impl LaneLog {
             repaired,
             index: loaded.index,
         };
-        let (commands, receiver) = mpsc::channel(MAX_BATCH);
-        std::thread::Builder::new()
-            .name(format!("perch-log-{lane}"))
-            .spawn(move || writer.run(receiver))
-            .map_err(LogError::io(sessions, "start the writer thread for"))?;
+        let hosted = pool::host(writer)?;
         Ok((
             LaneLog {
                 lane: lane.clone(),
-                commands,
+                hosted: Arc::new(hosted),
             },
             report,
         ))
@@ -266,7 +263,8 @@ impl LaneLog {
         self.ask(|reply| Command::Roll { reply }).await?
     }
 
-    /// Writes everything queued before this call, stops the writer and releases the lane.
+    /// Writes everything queued before this call, takes the writer out of the pool and releases
+    /// the lane.
     pub async fn close(self) -> Result<(), LogError> {
         self.ask(|reply| Command::Close { reply }).await
     }
@@ -276,10 +274,7 @@ impl LaneLog {
         command: impl FnOnce(oneshot::Sender<T>) -> Command,
     ) -> Result<T, LogError> {
         let (reply, answer) = oneshot::channel();
-        self.commands
-            .send(command(reply))
-            .await
-            .map_err(|_| stopped())?;
+        self.hosted.send(command(reply))?;
         answer.await.map_err(|_| stopped())
     }
 }
@@ -289,13 +284,42 @@ fn create_segment(dir: &Path, header: &Header) -> Result<(), LogError> {
     create_with_first_line(&segment_path(dir, header.segment), &encoded.bytes)
 }
 
-/// Brings the index file in line with the segment's rows and opens it for appending.
+/// Cuts the newest segment back to `len` (a torn tail) and makes that durable.
+fn truncate(segment: &Segment, len: u64) -> Result<(), LogError> {
+    let Some(file) = segment.file() else {
+        return Err(LogError::WriterStopped {
+            reason: "the newest segment is not open".into(),
+        });
+    };
+    file.set_len(len)
+        .and_then(|()| file.sync_all())
+        .map_err(LogError::io(&segment.path, "truncate"))
+}
+
+/// The index file of the newest segment. It is opened only while rows are appended, so an open
+/// lane holds no descriptor for it.
+#[derive(Debug)]
+struct IndexFile {
+    path: PathBuf,
+    len: u64,
+}
+
+impl IndexFile {
+    fn append(&mut self, rows: &[u8]) -> Result<(), LogError> {
+        let mut appender = Appender::open(&self.path, self.len)?;
+        appender.append(rows, false)?;
+        self.len = appender.len();
+        Ok(())
+    }
+}
+
+/// Brings the index file in line with the segment's rows.
 fn write_index(
     dir: &Path,
     segment: &Segment,
     kept: usize,
     status: &IndexStatus,
-) -> Result<Appender, LogError> {
+) -> Result<IndexFile, LogError> {
     let path = index_path(dir, segment.number);
     let header = IndexHeader {
         session: segment.header.session,
@@ -317,21 +341,30 @@ fn write_index(
         file.write_all(&bytes)
             .map_err(LogError::io(&temporary, "write"))?;
         fs::rename(&temporary, &path).map_err(LogError::io(&path, "rename into place"))?;
-    } else {
-        let file = OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .map_err(LogError::io(&path, "open"))?;
-        file.set_len((INDEX_HEADER_LEN + kept * Row::SIZE) as u64)
-            .map_err(LogError::io(&path, "truncate"))?;
-        let mut appender = Appender::open(&path, (INDEX_HEADER_LEN + kept * Row::SIZE) as u64)?;
-        for row in &segment.rows[kept..] {
-            bytes.extend_from_slice(&row.encode());
-        }
-        appender.append(&bytes, false)?;
-        return Ok(appender);
+        return Ok(IndexFile {
+            path,
+            len: bytes.len() as u64,
+        });
     }
-    Appender::open(&path, bytes.len() as u64)
+    let kept_len = (INDEX_HEADER_LEN + kept * Row::SIZE) as u64;
+    let file = OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .map_err(LogError::io(&path, "open"))?;
+    file.set_len(kept_len)
+        .map_err(LogError::io(&path, "truncate"))?;
+    drop(file);
+    let mut index = IndexFile {
+        path,
+        len: kept_len,
+    };
+    for row in &segment.rows[kept..] {
+        bytes.extend_from_slice(&row.encode());
+    }
+    if !bytes.is_empty() {
+        index.append(&bytes)?;
+    }
+    Ok(index)
 }
 
 #[derive(Default)]
@@ -342,10 +375,14 @@ struct Staged {
     replies: Vec<(Reply<Appended>, u64)>,
 }
 
-struct Writer {
+/// One lane's writer: everything it owns lives here, and it lives in the pool's map while the
+/// lane is open. Its descriptors: the lane's lock and the newest segment (read and appended
+/// through one); the index is opened per batch.
+pub(super) struct Writer {
     chain: Chain,
-    log: Appender,
-    index: Option<Appender>,
+    /// The newest segment's length as written.
+    log_len: u64,
+    index: Option<IndexFile>,
     _lock: File,
     clock: Clock,
     broken: Option<String>,
@@ -353,37 +390,18 @@ struct Writer {
 }
 
 impl Writer {
-    fn run(mut self, mut commands: mpsc::Receiver<Command>) {
-        let mut batch = Vec::with_capacity(MAX_BATCH);
-        while let Some(first) = commands.blocking_recv() {
-            batch.push(first);
-            while batch.len() < MAX_BATCH {
-                match commands.try_recv() {
-                    Ok(command) => batch.push(command),
-                    Err(_) => break,
-                }
-            }
-            for command in batch.drain(..) {
-                match command {
-                    Command::Append { encoded, reply } => self.stage(encoded, reply),
-                    Command::Close { reply } => {
-                        self.commit_staged();
-                        drop(self);
-                        let _ = reply.send(());
-                        return;
-                    }
-                    other => {
-                        self.commit_staged();
-                        self.answer(other);
-                    }
-                }
-            }
-            self.commit_staged();
-        }
+    /// The lane's directory.
+    pub(super) fn dir(&self) -> &Path {
+        &self.chain.dir
+    }
+
+    /// Whether appends are staged and not yet written.
+    pub(super) fn has_staged(&self) -> bool {
+        !self.staged.replies.is_empty()
     }
 
     /// Checks one line against the lane's invariants and queues it for the next write.
-    fn stage(&mut self, encoded: Encoded, reply: Reply<Appended>) {
+    pub(super) fn stage(&mut self, encoded: Encoded, reply: Reply<Appended>) {
         if let Some(reason) = &self.broken {
             let _ = reply.send(Err(LogError::WriterStopped {
                 reason: reason.clone(),
@@ -394,7 +412,7 @@ impl Writer {
             let _ = reply.send(Err(violation));
             return;
         }
-        let offset = self.log.len() + self.staged.bytes.len() as u64;
+        let offset = self.log_len + self.staged.bytes.len() as u64;
         let row = Row::new(offset, &encoded.bytes, encoded.summary);
         let line = self.chain.current.state.lines();
         self.chain.current.push(row);
@@ -422,7 +440,7 @@ impl Writer {
 
     /// Writes every staged line in one write, fsyncs once if any of them needs it, then
     /// answers their callers.
-    fn commit_staged(&mut self) {
+    pub(super) fn commit_staged(&mut self) {
         if self.staged.replies.is_empty() {
             return;
         }
@@ -432,12 +450,25 @@ impl Writer {
         } else {
             Commit::Flush
         };
-        match self.log.append(&staged.bytes, staged.sync) {
+        let current = &self.chain.current;
+        let written = match current.file() {
+            Some(file) => append_to(
+                file,
+                &current.path,
+                &mut self.log_len,
+                &staged.bytes,
+                staged.sync,
+            ),
+            None => Err(LogError::WriterStopped {
+                reason: "the newest segment is not open".into(),
+            }),
+        };
+        match written {
             Ok(()) => {
                 if let Some(index) = &mut self.index
-                    && index.append(&staged.rows, false).is_err()
+                    && index.append(&staged.rows).is_err()
                 {
-                    let _ = fs::remove_file(index.path());
+                    let _ = fs::remove_file(&index.path);
                     self.index = None;
                 }
                 for (reply, line) in staged.replies {
@@ -456,7 +487,8 @@ impl Writer {
         }
     }
 
-    fn answer(&mut self, command: Command) {
+    /// Answers a request other than an append or a close (the pool handles those).
+    pub(super) fn answer(&mut self, command: Command) {
         match command {
             Command::Snapshot { reply } => {
                 let _ = reply.send(self.chain.snapshot());
@@ -507,9 +539,9 @@ impl Writer {
             }),
         };
         create_segment(&self.chain.dir, &header)?;
-        let loaded = Segment::load(&self.chain.dir, number)?;
+        let loaded = Segment::load(&self.chain.dir, number, Access::ReadAppend)?;
         let index = write_index(&self.chain.dir, &loaded.segment, 0, &loaded.index)?;
-        self.log = Appender::open(&loaded.segment.path, loaded.segment.end())?;
+        self.log_len = loaded.segment.end();
         self.index = Some(index);
         self.chain.advance(loaded.segment);
         Ok(number)

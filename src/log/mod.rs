@@ -1,10 +1,11 @@
 //! The session log on disk.
 //!
 //! A lane lives in `.perch/sessions/<lane>/` as a chain of segment files (`000001.jsonl`, …),
-//! each with a sidecar index (`000001.idx`) of fixed-size rows. One writer thread per lane owns
-//! the newest segment and its index; every other party sends it messages. Appends are written
-//! and flushed before they return, and fsynced (one fsync shared by every append waiting at the
-//! time) when the line itself says it precedes an irreversible effect.
+//! each with a sidecar index (`000001.idx`) of fixed-size rows. One writer per lane owns the
+//! newest segment and its index; every other party sends it messages. The writers run on a pool
+//! of a fixed number of threads ([`pool`]), not a thread per lane. Appends are written and
+//! flushed before they return, and fsynced (one fsync shared by every append of the lane waiting
+//! at the time) when the line itself says it precedes an irreversible effect.
 //!
 //! Opening reads the index and parses only the lines the index does not cover, so reopening a
 //! long lane costs little more than reading its index. The log is the truth: an index that does
@@ -15,7 +16,9 @@ mod file;
 mod journal;
 mod journal_writer;
 mod lane;
+mod pool;
 mod recover;
+mod scan;
 mod segment;
 
 pub use error::LogError;
@@ -25,5 +28,7 @@ pub use lane::{
     Appended, Clock, IndexStatus, LaneLog, LaneSnapshot, OpenReport, OpenSummary, TailRepair,
     system_clock,
 };
+pub use pool::{THREADS as WRITER_THREADS, hosted_lanes};
 pub use recover::{RecoveryReport, ToolRerun, recover};
+pub use scan::{TakenRun, open_operations, taken_run};
 pub use segment::LaneReader;

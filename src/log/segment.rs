@@ -2,7 +2,7 @@
 //! that makes up one lane.
 
 use super::error::LogError;
-use super::file::{read_at, scan_lines};
+use super::file::{open_read_append, read_at, scan_lines};
 use super::lane::{IndexStatus, LaneSnapshot, OpenSummary};
 use perch_core::id::EntryId;
 use perch_core::log::{
@@ -45,12 +45,21 @@ pub(crate) fn segment_numbers(dir: &Path) -> Result<Vec<u32>, LogError> {
     Ok(numbers)
 }
 
+/// How a segment file is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    Read,
+    /// Read and append through one descriptor (the lane writer's newest segment).
+    ReadAppend,
+}
+
 /// One segment file, its rows and the state they fold to.
 #[derive(Debug)]
 pub(crate) struct Segment {
     pub path: PathBuf,
     pub number: u32,
-    file: File,
+    /// Held open while the segment is the newest; an older one is opened when read.
+    file: Option<File>,
     pub header: Header,
     pub rows: Vec<Row>,
     pub state: LaneState,
@@ -68,9 +77,12 @@ pub(crate) struct Loaded {
 }
 
 impl Segment {
-    pub(crate) fn load(dir: &Path, number: u32) -> Result<Loaded, LogError> {
+    pub(crate) fn load(dir: &Path, number: u32, access: Access) -> Result<Loaded, LogError> {
         let path = segment_path(dir, number);
-        let file = File::open(&path).map_err(LogError::io(&path, "open"))?;
+        let file = match access {
+            Access::Read => File::open(&path).map_err(LogError::io(&path, "open"))?,
+            Access::ReadAppend => open_read_append(&path)?,
+        };
         let len = file
             .metadata()
             .map_err(LogError::io(&path, "inspect"))?
@@ -102,7 +114,7 @@ impl Segment {
         let segment = Segment {
             path,
             number,
-            file,
+            file: Some(file),
             header,
             rows,
             state,
@@ -115,8 +127,44 @@ impl Segment {
         })
     }
 
+    /// The open file, when the segment holds one.
+    pub(crate) fn file(&self) -> Option<&File> {
+        self.file.as_ref()
+    }
+
+    /// Closes the file; later reads open it again.
+    pub(crate) fn release_file(&mut self) {
+        self.file = None;
+    }
+
     /// Reads line `index` (0-based), checking it against its row.
     pub(crate) fn read(&self, index: u64) -> Result<Line, LogError> {
+        match &self.file {
+            Some(file) => self.read_in(file, index),
+            None => {
+                let file = File::open(&self.path).map_err(LogError::io(&self.path, "open"))?;
+                self.read_in(&file, index)
+            }
+        }
+    }
+
+    /// Reads `lines` (0-based), each checked against its row, opening the file at most once.
+    pub(crate) fn read_lines(&self, lines: &[u64]) -> Result<Vec<Line>, LogError> {
+        let opened;
+        let file = match &self.file {
+            Some(file) => file,
+            None => {
+                opened = File::open(&self.path).map_err(LogError::io(&self.path, "open"))?;
+                &opened
+            }
+        };
+        lines
+            .iter()
+            .map(|&index| self.read_in(file, index))
+            .collect()
+    }
+
+    fn read_in(&self, file: &File, index: u64) -> Result<Line, LogError> {
         let corrupt = |reason: String| LogError::Corrupt {
             path: self.path.clone(),
             line: index + 1,
@@ -126,7 +174,7 @@ impl Segment {
             .ok()
             .and_then(|i| self.rows.get(i))
             .ok_or_else(|| corrupt("no such line".into()))?;
-        let bytes = read_at(&self.file, &self.path, row.offset, row.len)?;
+        let bytes = read_at(file, &self.path, row.offset, row.len)?;
         if crc32fast::hash(&bytes) != row.crc {
             return Err(corrupt(
                 "its bytes changed after it was written (checksum mismatch)".into(),
@@ -156,12 +204,17 @@ fn read_header(file: &File, path: &Path, len: u64) -> Result<Header, LogError> {
         line: 1,
         reason: reason.to_owned(),
     };
-    let probe = u32::try_from(len.min(1 << 20)).unwrap_or(1 << 20);
-    let bytes = read_at(file, path, 0, probe)?;
-    let end = bytes
-        .iter()
-        .position(|&b| b == b'\n')
-        .ok_or_else(|| corrupt("no complete header line"))?;
+    let mut bytes = Vec::new();
+    let mut end = None;
+    for probe in [4u32 << 10, 1 << 20] {
+        let probe = u32::try_from(len.min(u64::from(probe))).unwrap_or(probe);
+        bytes = read_at(file, path, 0, probe)?;
+        end = bytes.iter().position(|&b| b == b'\n');
+        if end.is_some() || u64::from(probe) == len {
+            break;
+        }
+    }
+    let end = end.ok_or_else(|| corrupt("no complete header line"))?;
     match parse_line(&bytes[..=end]).map_err(|reason| corrupt(&reason))? {
         Line::Header(header) if header.version != FORMAT_VERSION => {
             Err(LogError::UnsupportedVersion {
@@ -258,14 +311,16 @@ impl Chain {
 
     /// Replaces the newest segment after a roll; the old one joins the older ones.
     pub(crate) fn advance(&mut self, next: Segment) {
-        let previous = std::mem::replace(&mut self.current, next);
+        let mut previous = std::mem::replace(&mut self.current, next);
+        previous.release_file();
         self.older.insert(previous.number, previous);
     }
 
     fn older(&mut self, number: u32) -> Result<&Segment, LogError> {
         if !self.older.contains_key(&number) {
-            let loaded = Segment::load(&self.dir, number)?;
-            self.older.insert(number, loaded.segment);
+            let mut segment = Segment::load(&self.dir, number, Access::Read)?.segment;
+            segment.release_file();
+            self.older.insert(number, segment);
         }
         Ok(&self.older[&number])
     }
@@ -307,8 +362,8 @@ impl Chain {
             };
             let (lines, continues) = segment.state.branch(id);
             let mut entries = Vec::with_capacity(lines.len());
-            for line in lines {
-                match segment.read(line)? {
+            for (line, read) in lines.iter().zip(segment.read_lines(&lines)?) {
+                match read {
                     Line::Entry(entry) => entries.push(entry),
                     _ => {
                         return Err(LogError::Corrupt {
@@ -406,7 +461,7 @@ impl LaneReader {
                 source: std::io::Error::new(ErrorKind::NotFound, "no segment files"),
             });
         };
-        let loaded = Segment::load(&dir, newest)?;
+        let loaded = Segment::load(&dir, newest, Access::Read)?;
         Ok(LaneReader {
             chain: Chain::new(dir, lane.clone(), loaded.segment),
             torn: loaded.torn.map(|(_, bytes)| bytes),

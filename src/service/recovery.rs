@@ -2,8 +2,8 @@
 
 use super::{Service, tracing_note};
 use crate::inbox::{Backlog, Verdict, consumes_id};
+use crate::log::taken_run;
 use crate::starts;
-use perch_core::log::Outcome;
 use perch_core::name::LaneName;
 use perch_core::prompt::Origin;
 use std::sync::Arc;
@@ -110,78 +110,4 @@ impl Service {
             "rejected_as_interrupted": rejected,
         }))
     }
-}
-
-/// How the run that took an inbox item ended, as its lane recorded it.
-struct TakenRun {
-    outcome: Outcome,
-    /// The run's last assistant text.
-    text: String,
-}
-
-/// The run in `lane` whose `operation_started` consumes `consumes`, if there is one. A run
-/// without its end (recovery has not closed it) counts as interrupted.
-fn taken_run(sessions: &std::path::Path, lane: &str, consumes: &str) -> Option<TakenRun> {
-    let mut segments: Vec<std::path::PathBuf> = std::fs::read_dir(sessions.join(lane))
-        .ok()?
-        .filter_map(Result::ok)
-        .map(|entry| entry.path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "jsonl"))
-        .collect();
-    segments.sort();
-    let mut op: Option<String> = None;
-    let mut text = String::new();
-    for segment in segments {
-        let Ok(contents) = std::fs::read_to_string(&segment) else {
-            continue;
-        };
-        for line in contents.lines() {
-            let Ok(value) = serde_json::from_str::<serde_json::Value>(line) else {
-                continue;
-            };
-            let what = if value["kind"] == "entry" {
-                value["body"]["type"].as_str()
-            } else {
-                value["type"].as_str()
-            };
-            match (&op, what) {
-                (None, Some("operation_started"))
-                    if value["consumes"]
-                        .as_array()
-                        .is_some_and(|ids| ids.iter().any(|id| id == consumes)) =>
-                {
-                    op = value["op"].as_str().map(str::to_owned);
-                }
-                (Some(_), Some("message")) if value["body"]["role"] == "assistant" => {
-                    let said: String = value["body"]["parts"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter(|part| part["type"] == "text")
-                        .filter_map(|part| part["text"].as_str())
-                        .collect();
-                    if !said.is_empty() {
-                        text = said;
-                    }
-                }
-                (Some(started), Some("operation_finished"))
-                    if value["op"].as_str() == Some(started.as_str()) =>
-                {
-                    let outcome = serde_json::from_value(value["outcome"].clone()).unwrap_or(
-                        Outcome::Interrupted {
-                            reason: "its end could not be read".into(),
-                        },
-                    );
-                    return Some(TakenRun { outcome, text });
-                }
-                _ => {}
-            }
-        }
-    }
-    op.map(|_| TakenRun {
-        outcome: Outcome::Interrupted {
-            reason: "perch stopped during the run".into(),
-        },
-        text,
-    })
 }
