@@ -197,7 +197,7 @@ impl Service {
     async fn answer(
         &self,
         lane: &Lane,
-        channel: &Channel,
+        channel: &Arc<Channel>,
         items: Vec<PendingItem>,
     ) -> Result<(), String> {
         let Some(last) = items.last().cloned() else {
@@ -248,10 +248,11 @@ impl Service {
 
     /// Answers `to` with how its run ended: the reply (and its files) when it completed, a short
     /// apology when it failed or was interrupted (the reason is logged, never posted), nothing
-    /// when cancelled.
+    /// when cancelled. Returns once the reply is recorded in the outbox and handed to its
+    /// room's worker, not when it is sent.
     pub(super) async fn deliver_outcome(
         &self,
-        channel: &Channel,
+        channel: &Arc<Channel>,
         to: &InboundEvent,
         outcome: &Outcome,
         text: &str,
@@ -330,11 +331,12 @@ impl Service {
         stop
     }
 
-    async fn overflow(&self, channel: &Channel, item: PendingItem) -> Result<(), String> {
+    /// Tells the sender the conversation's queue is full, and consumes the item once that
+    /// notice is recorded in the outbox.
+    async fn overflow(&self, channel: &Arc<Channel>, item: PendingItem) -> Result<(), String> {
         let text = "I am still working on earlier messages in this conversation and cannot queue \
                     more right now. Please send this again in a moment.";
-        self.reply(channel, item.event.clone(), text.to_owned())
-            .await?;
+        self.reply(channel, &item.event, text.to_owned()).await?;
         self.inbox
             .consume(vec![item.event_seq, item.verdict_seq])
             .await

@@ -1,24 +1,37 @@
-//! Delivery: a reply formatted, split, recorded in the outbox, sent with its files, and settled;
+//! Delivery: a reply formatted, split and recorded in the outbox (every intent fsynced) by its
+//! caller, then handed to its room's worker, which sends it with its files and settles it;
 //! after a restart, the deliveries a crash left unsettled.
+//!
+//! Every (channel, room) has one FIFO and, while it holds anything, one worker task: one room's
+//! rate limit never holds up another room, and within a room the pieces of a reply and the
+//! replies go out in the order their intents were recorded. The worker only carries out
+//! [`after_failure`], the retry policy.
 
 use super::{Channel, Service};
+use crate::alert::Alerts;
 use crate::channel::{Delivery, DeliveryError, InboundEvent, OutboundFile};
-use crate::metrics::DeliveryOutcome;
+use crate::metrics::{DeliveryOutcome, Metrics};
 use crate::outbox::{Outbox, OutboxRecord, Unsettled};
 use perch_core::alert::AlertKind;
 use perch_core::delivery::{
     AttemptFailure, Attempts, NotSentBecause, Retry, Unreceipted, after_failure, split_message,
 };
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, PoisonError};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 impl Service {
-    /// Formats, splits and delivers a reply through the outbox.
+    /// Formats, splits and records a reply to `to` in the outbox, and hands it to its room's
+    /// worker; returns once every intent is fsynced.
     pub(super) async fn reply(
         &self,
-        channel: &Channel,
-        to: InboundEvent,
+        channel: &Arc<Channel>,
+        to: &InboundEvent,
         text: String,
-    ) -> Result<(), String> {
+    ) -> Result<Posted, String> {
         self.post(
             channel,
             &to.room,
@@ -27,34 +40,33 @@ impl Service {
             text,
         )
         .await
-        .map(drop)
     }
 
-    /// Formats, splits and delivers `text` to `room` through the outbox, the first piece as a
-    /// reply to `reply_to`; returns the deliveries' ids.
+    /// Formats, splits and records `text` to `room` in the outbox, the first piece as a reply
+    /// to `reply_to`, and hands it to the room's worker; returns once every intent is fsynced.
     pub(super) async fn post(
         &self,
-        channel: &Channel,
+        channel: &Arc<Channel>,
         room: &str,
         thread: Option<&str>,
         reply_to: Option<&str>,
         text: String,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Posted, String> {
         self.post_files(channel, room, thread, reply_to, text, Vec::new())
             .await
     }
 
     /// [`Service::post`] with workspace files, attached to the last piece. If the platform
-    /// refuses that piece with its files, it is sent again without them, saying so.
+    /// refuses that piece with its files, the worker sends it again without them, saying so.
     pub(super) async fn post_files(
         &self,
-        channel: &Channel,
+        channel: &Arc<Channel>,
         room: &str,
         thread: Option<&str>,
         reply_to: Option<&str>,
         text: String,
         files: Vec<OutboundFile>,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Posted, String> {
         let formatted = {
             let mut hooks = channel.hooks.lock().await;
             hooks.run_format(&text).await
@@ -66,180 +78,33 @@ impl Service {
             );
             text
         });
-        let limits = channel.connector.limits();
-        let mut pieces = split_message(&formatted, limits.max_chars);
+        let mut pieces = split_message(&formatted, channel.connector.limits().max_chars);
         if pieces.is_empty() && !files.is_empty() {
             pieces.push(String::new());
         }
         let last = pieces.len().saturating_sub(1);
         let mut files = Some(files);
-        let mut ids = Vec::new();
-        let mut queue: VecDeque<(Option<String>, String, Vec<OutboundFile>)> = pieces
+        let deliveries = pieces
             .into_iter()
             .enumerate()
-            .map(|(index, piece)| {
-                let reply_to = reply_to.filter(|_| index == 0).map(str::to_owned);
-                let attached = if index == last {
-                    files.take().unwrap_or_default()
-                } else {
-                    Vec::new()
-                };
-                (reply_to, piece, attached)
-            })
-            .collect();
-        while let Some((reply_to, text, attachments)) = queue.pop_front() {
-            let delivery = Delivery {
+            .map(|(index, piece)| Delivery {
                 id: Outbox::new_id(),
                 room: room.to_owned(),
                 thread: thread.map(str::to_owned),
-                reply_to,
-                text,
-                attachments,
-            };
-            ids.push(delivery.id.clone());
-            let intent = self
-                .outbox
-                .intend(&channel.loaded.config.name.to_string(), &delivery)
-                .await
-                .map_err(|error| error.to_string())?;
-            crate::failpoint::hit("after:delivery_intent");
-            if let Some(reason) = self.send(channel, intent, &delivery).await? {
-                let paths: Vec<&str> = delivery
-                    .attachments
-                    .iter()
-                    .map(|file| file.path.as_str())
-                    .collect();
-                let note = perch_core::attachment::could_not_attach(
-                    &paths.join(", "),
-                    &perch_core::attachment::FileRefusal::Failed(format!(
-                        "the platform refused it: {reason}"
-                    )),
-                );
-                let text = crate::attachments::with_notes(&delivery.text, &[note]);
-                for (index, piece) in split_message(&text, limits.max_chars)
-                    .into_iter()
-                    .enumerate()
-                {
-                    let reply_to = delivery.reply_to.clone().filter(|_| index == 0);
-                    queue.push_back((reply_to, piece, Vec::new()));
-                }
-            }
-        }
-        Ok(ids)
+                reply_to: reply_to.filter(|_| index == 0).map(str::to_owned),
+                text: piece,
+                attachments: if index == last {
+                    files.take().unwrap_or_default()
+                } else {
+                    Vec::new()
+                },
+            })
+            .collect();
+        self.deliveries.hand(channel, deliveries).await
     }
 
-    /// Sends one recorded delivery, with the workspace files it attaches, and settles it. Returns
-    /// the platform's reason when it refused a delivery that carried files.
-    pub(super) async fn send(
-        &self,
-        channel: &Channel,
-        intent: u64,
-        delivery: &Delivery,
-    ) -> Result<Option<String>, String> {
-        let (uploads, notes) = if delivery.attachments.is_empty() {
-            (Vec::new(), Vec::new())
-        } else {
-            crate::attachments::uploads(
-                &self.runtime.agent().dir.workspace(),
-                &delivery.attachments,
-            )
-            .await
-        };
-        let noted;
-        let delivery = if notes.is_empty() {
-            delivery
-        } else {
-            noted = Delivery {
-                text: crate::attachments::with_notes(&delivery.text, &notes),
-                ..delivery.clone()
-            };
-            &noted
-        };
-        let resends = channel.connector.limits().resend_window.is_some();
-        let mut attempts = Attempts::default();
-        let mut refused = None;
-        let record = loop {
-            let error = match channel.connector.post(delivery, &uploads).await {
-                Ok(receipt) => {
-                    crate::failpoint::hit("after:delivery_sent");
-                    break OutboxRecord::Receipt { intent, receipt };
-                }
-                Err(error) => error,
-            };
-            let (message, failure) = match &error {
-                DeliveryError::RateLimited { retry_after } => (
-                    String::new(),
-                    AttemptFailure::RateLimited {
-                        retry_after: *retry_after,
-                    },
-                ),
-                DeliveryError::Rejected { message } => (message.clone(), AttemptFailure::Rejected),
-                DeliveryError::Failed { message } => (message.clone(), AttemptFailure::Failed),
-                DeliveryError::NotSent { message } => (message.clone(), AttemptFailure::NotSent),
-            };
-            let retry;
-            (attempts, retry) = after_failure(attempts, failure, resends);
-            match retry {
-                Retry::After(wait) => {
-                    match failure {
-                        AttemptFailure::NotSent => tracing::warn!(
-                            channel = %channel.loaded.config.name,
-                            delivery = %delivery.id,
-                            "delivery {} did not reach the platform ({message}); trying again in {} s",
-                            delivery.id,
-                            wait.as_secs()
-                        ),
-                        AttemptFailure::Failed => tracing::warn!(
-                            channel = %channel.loaded.config.name,
-                            delivery = %delivery.id,
-                            "delivery {} failed ({message}); resending with the same id",
-                            delivery.id
-                        ),
-                        AttemptFailure::RateLimited { .. } | AttemptFailure::Rejected => {}
-                    }
-                    if !wait.is_zero() {
-                        tokio::time::sleep(wait).await;
-                    }
-                }
-                Retry::NotSent(because) => {
-                    if because == NotSentBecause::Rejected && !uploads.is_empty() {
-                        refused = Some(message.clone());
-                    }
-                    break OutboxRecord::Dropped {
-                        intent,
-                        reason: because.reason(&message),
-                    };
-                }
-                Retry::Unknown => {
-                    self.alert(
-                        AlertKind::DeliveryUnknown,
-                        format!(
-                            "delivery {} to {} room {} has an unknown fate: {error}. It may or \
-                             may not have been posted, and is not sent again; `perch status` \
-                             lists it.",
-                            delivery.id, channel.loaded.config.name, delivery.room
-                        ),
-                    );
-                    break OutboxRecord::Unknown {
-                        intent,
-                        reason: error.to_string(),
-                    };
-                }
-            }
-        };
-        let outcome = delivery_outcome(&record);
-        self.outbox
-            .settle(intent, record)
-            .await
-            .map_err(|error| error.to_string())?;
-        if let Some(outcome) = outcome {
-            self.metrics
-                .delivered(&channel.loaded.config.name.to_string(), outcome);
-        }
-        Ok(refused)
-    }
-
-    /// After a restart: resend inside the platform's window, report unknowns, drop the old.
+    /// After a restart: resend inside the platform's window (through the rooms' workers, so
+    /// startup does not wait for them), report unknowns, drop the old.
     pub(super) async fn settle_outbox(
         &self,
         unsettled: Vec<Unsettled>,
@@ -253,7 +118,8 @@ impl Service {
             match self.outbox.decide(&delivery, window) {
                 Unreceipted::Resend => {
                     resent += 1;
-                    self.send(channel, delivery.seq, &delivery.delivery).await?;
+                    self.deliveries
+                        .queue(channel, vec![(delivery.seq, delivery.delivery)], None);
                 }
                 Unreceipted::Unknown => {
                     unknown += 1;
@@ -308,6 +174,420 @@ impl Service {
     }
 }
 
+/// A reply recorded in the outbox and handed to its room's worker.
+#[derive(Debug)]
+pub(super) struct Posted {
+    /// The deliveries' ids, one per piece.
+    pub(super) ids: Vec<String>,
+    settled: oneshot::Receiver<Result<(), String>>,
+}
+
+impl Posted {
+    /// Waits until every piece is settled (posted, dropped or of unknown fate, as the outbox
+    /// records it); returns the deliveries' ids. An error when an outbox write failed, or when
+    /// perch stopped before the pieces were sent (they are settled at the next start).
+    pub(super) async fn settled(self) -> Result<Vec<String>, String> {
+        match self.settled.await {
+            Ok(Ok(())) => Ok(self.ids),
+            Ok(Err(error)) => Err(error),
+            Err(_) => {
+                Err("perch stopped before this delivery was sent; the next start settles it".into())
+            }
+        }
+    }
+}
+
+/// The key of one room's queue: the channel's name and the room.
+type RoomKey = (String, String);
+
+/// One delivery recorded in the outbox: its intent's sequence number and the delivery.
+type Recorded = (u64, Delivery);
+
+/// A reply waiting in its room's queue.
+struct Handed {
+    channel: Arc<Channel>,
+    pieces: Vec<Recorded>,
+    /// Told once every piece is settled; `None` for a resend after a restart.
+    settled: Option<oneshot::Sender<Result<(), String>>>,
+}
+
+/// The delivery workers: one FIFO per (channel, room), and a task per room that has anything
+/// queued. Clones share them.
+#[derive(Clone)]
+pub(super) struct Deliveries {
+    shared: Arc<Workers>,
+}
+
+/// What every room's worker shares.
+struct Workers {
+    /// The rooms with a worker, and what waits for each.
+    rooms: RoomQueues<Handed>,
+    /// Held from a reply's first intent until it is queued, so that replies queue in the order
+    /// their intents were recorded. A tokio lock: it is held across the intents' fsyncs.
+    recording: tokio::sync::Mutex<()>,
+    outbox: Outbox,
+    metrics: Arc<Metrics>,
+    alerts: Alerts,
+    /// Where the files a delivery attaches are read from.
+    workspace: PathBuf,
+    /// Cuts a retry's wait short: the delivery is left unsettled for the next start.
+    shutdown: CancellationToken,
+    /// The service's tasks, which shutdown waits for: the workers are among them.
+    tasks: TaskTracker,
+}
+
+/// Why a worker stopped delivering a reply before every piece was settled.
+enum Unfinished {
+    /// An outbox write failed.
+    Write(String),
+    /// perch is stopping, and a retry would have had to wait.
+    Stopping,
+}
+
+impl Deliveries {
+    /// Workers that record in `outbox`, count in `metrics`, alert through `alerts`, read
+    /// attachments under `workspace`, and run as `tasks` until `shutdown`.
+    pub(super) fn new(
+        outbox: Outbox,
+        metrics: Arc<Metrics>,
+        alerts: Alerts,
+        workspace: PathBuf,
+        shutdown: CancellationToken,
+        tasks: TaskTracker,
+    ) -> Deliveries {
+        Deliveries {
+            shared: Arc::new(Workers {
+                rooms: RoomQueues::default(),
+                recording: tokio::sync::Mutex::new(()),
+                outbox,
+                metrics,
+                alerts,
+                workspace,
+                shutdown,
+                tasks,
+            }),
+        }
+    }
+
+    /// Records every delivery's intent (fsynced, in order) and queues them, as one reply, to
+    /// their room's worker. When an intent cannot be recorded, the pieces recorded before it
+    /// are still queued (so none is left unsent), and the error is returned.
+    async fn hand(
+        &self,
+        channel: &Arc<Channel>,
+        deliveries: Vec<Delivery>,
+    ) -> Result<Posted, String> {
+        let (told, settled) = oneshot::channel();
+        let ids = deliveries
+            .iter()
+            .map(|delivery| delivery.id.clone())
+            .collect();
+        if deliveries.is_empty() {
+            let _ = told.send(Ok(()));
+            return Ok(Posted { ids, settled });
+        }
+        let name = channel.loaded.config.name.to_string();
+        let recording = self.shared.recording.lock().await;
+        let mut pieces = Vec::with_capacity(deliveries.len());
+        let mut failed = None;
+        for delivery in deliveries {
+            match self.shared.outbox.intend(&name, &delivery).await {
+                Ok(intent) => pieces.push((intent, delivery)),
+                Err(error) => {
+                    failed = Some(error.to_string());
+                    break;
+                }
+            }
+            crate::failpoint::hit("after:delivery_intent");
+        }
+        if !pieces.is_empty() {
+            self.queue(channel, pieces, Some(told));
+        }
+        drop(recording);
+        match failed {
+            Some(error) => Err(error),
+            None => Ok(Posted { ids, settled }),
+        }
+    }
+
+    /// Queues recorded deliveries, as one reply, to their room's worker, starting the worker if
+    /// the room has none.
+    fn queue(
+        &self,
+        channel: &Arc<Channel>,
+        pieces: Vec<Recorded>,
+        settled: Option<oneshot::Sender<Result<(), String>>>,
+    ) {
+        let Some(room) = pieces.first().map(|(_, delivery)| delivery.room.clone()) else {
+            return;
+        };
+        let key = (channel.loaded.config.name.to_string(), room);
+        let handed = Handed {
+            channel: Arc::clone(channel),
+            pieces,
+            settled,
+        };
+        if self.shared.rooms.push(&key, handed) {
+            let workers = Arc::clone(&self.shared);
+            self.shared.tasks.spawn(workers.work(key));
+        }
+    }
+}
+
+impl Workers {
+    /// One room's worker: delivers what its queue holds, in order, and ends (its entry removed)
+    /// when the queue is empty.
+    async fn work(self: Arc<Self>, key: RoomKey) {
+        loop {
+            let Some(next) = self.rooms.next(&key) else {
+                return;
+            };
+            let Handed {
+                channel,
+                pieces,
+                settled,
+            } = next;
+            let result = match self.deliver(&channel, pieces).await {
+                Ok(()) => Ok(()),
+                Err(Unfinished::Write(error)) => {
+                    tracing::error!(
+                        channel = %key.0,
+                        "a delivery to {} room {} could not be recorded: {error}",
+                        key.0,
+                        key.1
+                    );
+                    Err(error)
+                }
+                Err(Unfinished::Stopping) => {
+                    // What is left in this room stays unsettled in the outbox, in order, for the
+                    // next start; the callers waiting on it are told so when it is dropped.
+                    drop(self.rooms.abandon(&key));
+                    return;
+                }
+            };
+            if let Some(settled) = settled {
+                let _ = settled.send(result);
+            }
+        }
+    }
+
+    /// Sends one reply's pieces in order and settles each. A piece the platform refused with
+    /// its files goes again without them, saying so, before anything else in the room.
+    async fn deliver(&self, channel: &Channel, pieces: Vec<Recorded>) -> Result<(), Unfinished> {
+        let name = channel.loaded.config.name.to_string();
+        let mut queue = VecDeque::from(pieces);
+        while let Some((intent, delivery)) = queue.pop_front() {
+            let Some(reason) = self.send(channel, intent, &delivery).await? else {
+                continue;
+            };
+            let paths: Vec<&str> = delivery
+                .attachments
+                .iter()
+                .map(|file| file.path.as_str())
+                .collect();
+            let note = perch_core::attachment::could_not_attach(
+                &paths.join(", "),
+                &perch_core::attachment::FileRefusal::Failed(format!(
+                    "the platform refused it: {reason}"
+                )),
+            );
+            let text = crate::attachments::with_notes(&delivery.text, &[note]);
+            let pieces = split_message(&text, channel.connector.limits().max_chars);
+            for (index, piece) in pieces.into_iter().enumerate() {
+                let again = Delivery {
+                    id: Outbox::new_id(),
+                    room: delivery.room.clone(),
+                    thread: delivery.thread.clone(),
+                    reply_to: delivery.reply_to.clone().filter(|_| index == 0),
+                    text: piece,
+                    attachments: Vec::new(),
+                };
+                let intent = self
+                    .outbox
+                    .intend(&name, &again)
+                    .await
+                    .map_err(|error| Unfinished::Write(error.to_string()))?;
+                queue.push_back((intent, again));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends one recorded delivery, with the workspace files it attaches, and settles it. Returns
+    /// the platform's reason when it refused a delivery that carried files.
+    async fn send(
+        &self,
+        channel: &Channel,
+        intent: u64,
+        delivery: &Delivery,
+    ) -> Result<Option<String>, Unfinished> {
+        let (uploads, notes) = if delivery.attachments.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            crate::attachments::uploads(&self.workspace, &delivery.attachments).await
+        };
+        let noted;
+        let delivery = if notes.is_empty() {
+            delivery
+        } else {
+            noted = Delivery {
+                text: crate::attachments::with_notes(&delivery.text, &notes),
+                ..delivery.clone()
+            };
+            &noted
+        };
+        let resends = channel.connector.limits().resend_window.is_some();
+        let mut attempts = Attempts::default();
+        let mut refused = None;
+        let record = loop {
+            let error = match channel.connector.post(delivery, &uploads).await {
+                Ok(receipt) => {
+                    crate::failpoint::hit("after:delivery_sent");
+                    break OutboxRecord::Receipt { intent, receipt };
+                }
+                Err(error) => error,
+            };
+            let (message, failure) = match &error {
+                DeliveryError::RateLimited { retry_after } => (
+                    String::new(),
+                    AttemptFailure::RateLimited {
+                        retry_after: *retry_after,
+                    },
+                ),
+                DeliveryError::Rejected { message } => (message.clone(), AttemptFailure::Rejected),
+                DeliveryError::Failed { message } => (message.clone(), AttemptFailure::Failed),
+                DeliveryError::NotSent { message } => (message.clone(), AttemptFailure::NotSent),
+            };
+            let retry;
+            (attempts, retry) = after_failure(attempts, failure, resends);
+            match retry {
+                Retry::After(wait) => {
+                    match failure {
+                        AttemptFailure::NotSent => tracing::warn!(
+                            channel = %channel.loaded.config.name,
+                            delivery = %delivery.id,
+                            "delivery {} did not reach the platform ({message}); trying again in {} s",
+                            delivery.id,
+                            wait.as_secs()
+                        ),
+                        AttemptFailure::Failed => tracing::warn!(
+                            channel = %channel.loaded.config.name,
+                            delivery = %delivery.id,
+                            "delivery {} failed ({message}); resending with the same id",
+                            delivery.id
+                        ),
+                        AttemptFailure::RateLimited { .. } | AttemptFailure::Rejected => {}
+                    }
+                    if !wait.is_zero() {
+                        tokio::select! {
+                            () = self.shutdown.cancelled() => return Err(Unfinished::Stopping),
+                            () = tokio::time::sleep(wait) => {}
+                        }
+                    }
+                }
+                Retry::NotSent(because) => {
+                    if because == NotSentBecause::Rejected && !uploads.is_empty() {
+                        refused = Some(message.clone());
+                    }
+                    break OutboxRecord::Dropped {
+                        intent,
+                        reason: because.reason(&message),
+                    };
+                }
+                Retry::Unknown => {
+                    self.alerts.alert(
+                        AlertKind::DeliveryUnknown,
+                        format!(
+                            "delivery {} to {} room {} has an unknown fate: {error}. It may or \
+                             may not have been posted, and is not sent again; `perch status` \
+                             lists it.",
+                            delivery.id, channel.loaded.config.name, delivery.room
+                        ),
+                    );
+                    break OutboxRecord::Unknown {
+                        intent,
+                        reason: error.to_string(),
+                    };
+                }
+            }
+        };
+        let outcome = delivery_outcome(&record);
+        self.outbox
+            .settle(intent, record)
+            .await
+            .map_err(|error| Unfinished::Write(error.to_string()))?;
+        if let Some(outcome) = outcome {
+            self.metrics
+                .delivered(&channel.loaded.config.name.to_string(), outcome);
+        }
+        Ok(refused)
+    }
+}
+
+/// FIFOs keyed by room, each drained by at most one worker. A room's entry exists exactly as
+/// long as its worker: [`RoomQueues::push`] creates it (and says a worker must start), and
+/// [`RoomQueues::next`] removes it, under the same lock, when it finds it empty, so nothing is
+/// ever queued to a room without a worker, and nothing per room outlives its use.
+struct RoomQueues<T> {
+    /// A std lock: held only to push, pop or remove, never across an await.
+    rooms: std::sync::Mutex<HashMap<RoomKey, VecDeque<T>>>,
+}
+
+impl<T> Default for RoomQueues<T> {
+    fn default() -> Self {
+        RoomQueues {
+            rooms: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<T> RoomQueues<T> {
+    /// Queues `item` behind what `room` holds; `true` when the room had no worker, so the caller
+    /// must start one (its entry exists from now on).
+    fn push(&self, room: &RoomKey, item: T) -> bool {
+        let mut rooms = self.rooms.lock().unwrap_or_else(PoisonError::into_inner);
+        match rooms.get_mut(room) {
+            Some(queue) => {
+                queue.push_back(item);
+                false
+            }
+            None => {
+                rooms.insert(room.clone(), VecDeque::from([item]));
+                true
+            }
+        }
+    }
+
+    /// The next item of `room`, for its worker. `None` once the queue is empty: the room's entry
+    /// is gone with it, and the worker must end.
+    fn next(&self, room: &RoomKey) -> Option<T> {
+        let mut rooms = self.rooms.lock().unwrap_or_else(PoisonError::into_inner);
+        let next = rooms.get_mut(room).and_then(VecDeque::pop_front);
+        if next.is_none() {
+            rooms.remove(room);
+        }
+        next
+    }
+
+    /// Removes `room` with everything still queued to it, for a worker that ends early.
+    fn abandon(&self, room: &RoomKey) -> VecDeque<T> {
+        self.rooms
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(room)
+            .unwrap_or_default()
+    }
+
+    /// How many rooms have a worker.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.rooms
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
 /// How a settled delivery is counted; an intent is not a settlement.
 fn delivery_outcome(record: &OutboxRecord) -> Option<DeliveryOutcome> {
     match record {
@@ -315,5 +595,71 @@ fn delivery_outcome(record: &OutboxRecord) -> Option<DeliveryOutcome> {
         OutboxRecord::Dropped { .. } => Some(DeliveryOutcome::Dropped),
         OutboxRecord::Unknown { .. } => Some(DeliveryOutcome::Unknown),
         OutboxRecord::Intent { .. } => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn room(name: &str) -> RoomKey {
+        ("tg".to_owned(), name.to_owned())
+    }
+
+    #[test]
+    fn a_room_gets_a_worker_on_its_first_item_only_and_keeps_its_order() {
+        let queues = RoomQueues::default();
+        assert!(queues.push(&room("1"), "first"), "no worker yet: start one");
+        assert!(
+            !queues.push(&room("1"), "second"),
+            "its worker takes this too"
+        );
+        assert!(
+            queues.push(&room("2"), "elsewhere"),
+            "another room, another worker"
+        );
+        assert_eq!(queues.next(&room("1")), Some("first"));
+        assert_eq!(queues.next(&room("1")), Some("second"));
+        assert_eq!(queues.len(), 2);
+    }
+
+    #[test]
+    fn an_emptied_room_is_gone_with_its_worker_and_the_next_item_starts_another() {
+        let queues = RoomQueues::default();
+        assert!(queues.push(&room("1"), 1));
+        assert_eq!(queues.next(&room("1")), Some(1));
+        assert!(
+            !queues.push(&room("1"), 2),
+            "the worker has not found the queue empty yet, so it takes this"
+        );
+        assert_eq!(queues.next(&room("1")), Some(2));
+        assert_eq!(queues.next(&room("1")), None);
+        assert_eq!(queues.len(), 0, "nothing is left of the room");
+        assert!(
+            queues.push(&room("1"), 3),
+            "the worker ended: start a new one"
+        );
+    }
+
+    #[test]
+    fn an_abandoned_room_gives_back_what_was_queued_and_is_gone() {
+        let queues = RoomQueues::default();
+        queues.push(&room("1"), 1);
+        queues.push(&room("1"), 2);
+        assert_eq!(queues.abandon(&room("1")), VecDeque::from([1, 2]));
+        assert_eq!(queues.len(), 0);
+        assert!(queues.push(&room("1"), 3));
+    }
+
+    #[test]
+    fn many_rooms_come_and_go_without_leaving_entries() {
+        let queues = RoomQueues::default();
+        for n in 0..1000 {
+            let key = room(&n.to_string());
+            assert!(queues.push(&key, n));
+            assert_eq!(queues.next(&key), Some(n));
+            assert_eq!(queues.next(&key), None);
+        }
+        assert_eq!(queues.len(), 0);
     }
 }

@@ -148,7 +148,8 @@ impl Service {
         }
     }
 
-    /// Delivers a heartbeat's message to its target room, through the outbox.
+    /// Delivers a heartbeat's message to its target room, through the outbox, and waits until
+    /// it is settled.
     pub(super) async fn post_to(&self, target: &Target, text: &str) -> Result<String, String> {
         let channel = self
             .channels
@@ -169,6 +170,8 @@ impl Service {
                 None,
                 text.to_owned(),
             )
+            .await?
+            .settled()
             .await?;
         Ok(ids.join(","))
     }

@@ -1,5 +1,7 @@
 //! Intake: an arrival journaled and acknowledged, admitted, handed to the channel's hook, and
-//! decided; chat commands and pairing offers are answered here.
+//! decided; chat commands and pairing offers are answered here. Nothing here waits for a
+//! platform: a reply is recorded in the outbox and handed to its room's delivery worker, and
+//! the event is consumed once that record is fsynced.
 
 use super::{Channel, Service};
 use crate::channel::hooks::HookVerdict;
@@ -216,7 +218,7 @@ impl Service {
     /// how perch is doing.
     async fn command(
         &self,
-        channel: &Channel,
+        channel: &Arc<Channel>,
         event: &InboundEvent,
         command: ChatCommand,
     ) -> Result<(), String> {
@@ -256,11 +258,15 @@ impl Service {
                 self.outbox.depth().await
             ),
         };
-        self.reply(channel, event.clone(), reply).await
+        self.reply(channel, event, reply).await.map(drop)
     }
 
     /// Gives an unknown sender a code to pass to the owner (once while it is pending).
-    async fn offer_pairing(&self, channel: &Channel, event: &InboundEvent) -> Result<(), String> {
+    async fn offer_pairing(
+        &self,
+        channel: &Arc<Channel>,
+        event: &InboundEvent,
+    ) -> Result<(), String> {
         let code = pairing_code(random_bytes());
         let issued = {
             let mut pairing = self.pairing.lock().await;
@@ -314,7 +320,7 @@ impl Service {
             }
             Issued::Pending | Issued::BusyTold => return Ok(()),
         };
-        self.reply(channel, event.clone(), text).await
+        self.reply(channel, event, text).await.map(drop)
     }
 
     /// Journals a verdict that needs no run, and consumes the event with it.

@@ -6,7 +6,11 @@
 //! verdict, journaled under the event → the conversation's queue → its files saved under
 //! `workspace/inbox/` → a lane run naming the event → the reply, its `attach:` lines checked,
 //! through `format`, split to the platform's limit (the files on the last piece) → the outbox
-//! (intent fsynced) → the platform → the receipt → the inbox item consumed.
+//! (every piece's intent fsynced) → the inbox item consumed, and the reply handed to the room's
+//! delivery worker → the platform → the receipt.
+//!
+//! The loop that pings systemd's watchdog only journals, decides and hands off: no reply is
+//! sent from it, so a platform's rate limit never holds up the watchdog or another arrival.
 
 mod channel;
 mod conversation;
@@ -98,6 +102,8 @@ struct Service {
     runtime: Runtime,
     inbox: Inbox,
     outbox: Outbox,
+    /// The per-room delivery workers every reply is handed to once its intents are recorded.
+    deliveries: delivery::Deliveries,
     channels: HashMap<String, Arc<Channel>>,
     conversations: Mutex<HashMap<LaneName, mpsc::UnboundedSender<PendingItem>>>,
     limits: RunLimits,
@@ -202,6 +208,15 @@ pub async fn run(
             room.pop_front();
         }
     }
+    let tasks = TaskTracker::new();
+    let deliveries = delivery::Deliveries::new(
+        outbox.clone(),
+        Arc::clone(&setup.metrics),
+        alerts.clone(),
+        dir.workspace(),
+        shutdown.clone(),
+        tasks.clone(),
+    );
     let service = Arc::new(Service {
         lanes: Mutex::new(HashMap::new()),
         context: Mutex::new(context),
@@ -213,13 +228,14 @@ pub async fn run(
         runtime,
         inbox,
         outbox,
+        deliveries,
         channels,
         conversations: Mutex::new(HashMap::new()),
         limits: setup.limits,
         clock,
         shutdown: shutdown.clone(),
         heartbeats: std::sync::OnceLock::new(),
-        tasks: TaskTracker::new(),
+        tasks,
         drain: setup.drain,
         metrics: Arc::clone(&setup.metrics),
         breaker: breaker.clone(),

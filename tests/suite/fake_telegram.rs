@@ -22,7 +22,8 @@
 //!   file as a part with a file name, named `document` or by `document=attach://<part>`), with
 //!   the caption checked like `sendMessage`'s text (1,024 characters);
 //! - `fail_next` forces one answer, such as 429 `Too Many Requests: retry after N` with
-//!   `parameters.retry_after`.
+//!   `parameters.retry_after`; `rate_limit` answers every call of a method (to one chat or to
+//!   all) that way until `lift_rate_limits`.
 //!
 //! The server runs on its own thread and runtime, so it works from `#[test]` and
 //! `#[tokio::test]` alike; it stops when the `FakeTelegram` is dropped.
@@ -351,6 +352,9 @@ struct State {
     sent: Vec<Sent>,
     actions: Vec<(i64, String, Option<i64>)>,
     failures: VecDeque<(String, Failure)>,
+    /// `(method, chat, retry_after)`: every call of the method to the chat (any chat when
+    /// `None`) answers 429 until the limits are lifted.
+    rate_limits: Vec<(String, Option<i64>, u32)>,
     calls: Vec<Call>,
     next_file: u64,
     /// File id → (file path, bytes, the size `getFile` announces).
@@ -392,6 +396,7 @@ impl FakeTelegram {
                 sent: Vec::new(),
                 actions: Vec::new(),
                 failures: VecDeque::new(),
+                rate_limits: Vec::new(),
                 calls: Vec::new(),
                 next_file: 0,
                 files: HashMap::new(),
@@ -559,6 +564,34 @@ impl FakeTelegram {
             .unwrap()
             .failures
             .push_back((method.to_ascii_lowercase(), failure));
+    }
+
+    /// Answers every call of `method` (any case) to `chat` (to any chat when `None`) with 429
+    /// `Too Many Requests: retry after {retry_after}` until [`FakeTelegram::lift_rate_limits`].
+    pub fn rate_limit(&self, method: &str, chat: Option<i64>, retry_after: u32) {
+        self.shared.state.lock().unwrap().rate_limits.push((
+            method.to_ascii_lowercase(),
+            chat,
+            retry_after,
+        ));
+    }
+
+    /// Ends every [`FakeTelegram::rate_limit`].
+    pub fn lift_rate_limits(&self) {
+        self.shared.state.lock().unwrap().rate_limits.clear();
+    }
+
+    /// The `chat_id` of every call of `method` (any case) so far, answered or refused.
+    pub fn calls_to(&self, method: &str) -> Vec<i64> {
+        self.shared
+            .state
+            .lock()
+            .unwrap()
+            .calls
+            .iter()
+            .filter(|call| call.method.eq_ignore_ascii_case(method))
+            .filter_map(|call| chat_id(&call.body))
+            .collect()
     }
 
     /// Every request with a valid token, oldest first.
@@ -1058,7 +1091,18 @@ async fn answer(shared: &Shared, request: Request) -> Answer {
             .failures
             .iter()
             .position(|(method, _)| *method == name);
-        position.and_then(|index| state.failures.remove(index))
+        let chat = chat_id(&params);
+        position
+            .and_then(|index| state.failures.remove(index))
+            .or_else(|| {
+                state
+                    .rate_limits
+                    .iter()
+                    .find(|(method, limited, _)| {
+                        *method == name && limited.is_none_or(|limited| Some(limited) == chat)
+                    })
+                    .map(|(method, _, seconds)| (method.clone(), Failure::RetryAfter(*seconds)))
+            })
     };
     if let Some((_, failure)) = forced {
         return match failure {
@@ -1089,6 +1133,13 @@ async fn answer(shared: &Shared, request: Request) -> Answer {
         "senddocument" => send_document(&mut shared.state.lock().unwrap(), &params, uploaded),
         _ => send_chat_action(&mut shared.state.lock().unwrap(), &params),
     }
+}
+
+/// A call's `chat_id`, sent as a number or as a string.
+fn chat_id(params: &Value) -> Option<i64> {
+    let chat = params.get("chat_id")?;
+    chat.as_i64()
+        .or_else(|| chat.as_str().and_then(|text| text.parse().ok()))
 }
 
 async fn get_updates(shared: &Shared, params: &Value) -> Answer {

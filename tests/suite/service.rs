@@ -946,6 +946,115 @@ fn systemd_is_told_ready_then_pinged_then_stopping() {
     finish(child);
 }
 
+#[test]
+fn a_command_reply_held_by_a_rate_limit_holds_up_neither_the_watchdog_nor_other_chats() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    telegram.rate_limit("sendMessage", None, 120);
+    let mut notify = NotifySocket::bind();
+    let child = launch_with(
+        dir.path(),
+        ("TELEGRAM_TOKEN", TOKEN),
+        None,
+        &[
+            ("NOTIFY_SOCKET", notify.path.as_str()),
+            ("WATCHDOG_USEC", "400000"),
+        ],
+    );
+    notify.wait_for("READY=1");
+    let alice = User::human(42, "Alice");
+    telegram.push_message(&Chat::private(&alice), &alice, "/status");
+    wait_until("the reply to be rate-limited", || {
+        telegram.calls_to("sendMessage").contains(&42)
+    });
+    let held = Instant::now();
+
+    // The reply waits out its 120 s; the loop that pings the watchdog goes on.
+    notify.wait_for("WATCHDOG=1");
+    notify.wait_for("WATCHDOG=1");
+    wait_until("the command's event to be consumed", || {
+        let status = status_json(dir.path());
+        status["inbox_pending"] == 0 && status["outbox_pending"] == 1
+    });
+    let bob = User::human(43, "Bob");
+    model.push(Script::text("hello Bob"));
+    telegram.push_message(&Chat::private(&bob), &bob, "is anyone there?");
+    wait_until("Bob's message to reach the model", || {
+        model
+            .requests()
+            .iter()
+            .any(|request| request.body.to_string().contains("is anyone there?"))
+    });
+    notify.wait_for("WATCHDOG=1");
+    assert!(
+        held.elapsed() < Duration::from_secs(60),
+        "all of it well within the rate limit's 120 s"
+    );
+    assert!(
+        telegram.sent().is_empty(),
+        "nothing got past the rate limit"
+    );
+    let stopping = Instant::now();
+    stop(child);
+    assert!(
+        stopping.elapsed() < Duration::from_secs(30),
+        "a delivery waiting out a rate limit does not hold up the stop"
+    );
+}
+
+#[test]
+fn a_rooms_replies_keep_their_order_and_its_rate_limit_does_not_delay_another_room() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let first = "one ".repeat(700).trim_end().to_owned();
+    let second = "two ".repeat(700).trim_end().to_owned();
+    model.push(Script::text(&format!("{first}\n\n{second}")));
+    telegram.rate_limit("sendMessage", Some(42), 1);
+    let child = start(dir.path(), None);
+    let alice = User::human(42, "Alice");
+    telegram.push_message(&Chat::private(&alice), &alice, "write a lot");
+    wait_until("the long reply to be rate-limited", || {
+        telegram.calls_to("sendMessage").contains(&42)
+    });
+    telegram.push_message(&Chat::private(&alice), &alice, "/status");
+    wait_until("the command's reply to queue behind the long one", || {
+        let status = status_json(dir.path());
+        status["inbox_pending"] == 0 && status["outbox_pending"] == 3
+    });
+
+    let bob = User::human(43, "Bob");
+    telegram.push_message(&Chat::private(&bob), &bob, "/status");
+    wait_until("Bob's reply", || {
+        telegram.sent().iter().any(|sent| sent.chat_id == 43)
+    });
+    assert!(
+        telegram.sent().iter().all(|sent| sent.chat_id == 43),
+        "Alice's room is still rate-limited"
+    );
+
+    telegram.lift_rate_limits();
+    let to_alice = || -> Vec<String> {
+        telegram
+            .sent()
+            .into_iter()
+            .filter(|sent| sent.chat_id == 42)
+            .map(|sent| sent.shown)
+            .collect()
+    };
+    wait_until("Alice's three messages", || to_alice().len() == 3);
+    stop(child);
+    let shown = to_alice();
+    assert_eq!(shown[0], first, "the reply's first piece first");
+    assert_eq!(shown[1], second, "then its second");
+    assert!(
+        shown[2].starts_with("perch is running: "),
+        "the command's reply after them: {}",
+        shown[2]
+    );
+}
+
 /// The ids of operations started in any lane of `dir` and never finished.
 fn open_operations(dir: &Path) -> Vec<String> {
     let mut started = Vec::new();
