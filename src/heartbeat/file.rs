@@ -60,7 +60,7 @@ pub fn host_tz() -> chrono_tz::Tz {
 }
 
 /// The most bytes of `HEARTBEAT.yml` perch reads; a longer file is a problem.
-pub const FILE_LIMIT: u64 = 256 * 1024;
+const FILE_LIMIT: u64 = 256 * 1024;
 
 /// The heartbeat file's text, read without following a symlink, only when it is a regular
 /// file, and at most [`FILE_LIMIT`] bytes; a missing file reads as empty. Never blocks on a FIFO

@@ -16,11 +16,10 @@ mod run;
 mod scheduler;
 mod turn;
 
-pub use file::{FILE_LIMIT, file_path, heartbeat_env, host_tz, read_file};
+pub use file::{file_path, heartbeat_env, host_tz, read_file};
 pub use host::{Host, HostLane};
 pub use ledger::{Ledger, ledger_dir, peek_ledger, resume_here};
-pub use listing::{describe, first_seen_now, listing, run_end};
-pub use run::run;
+pub use listing::{first_seen_now, listing, run_end};
 pub use scheduler::{Heartbeats, OnStop, RunJob, SchedulerSetup, start};
 
 use perch_core::Timestamp;

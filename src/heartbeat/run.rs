@@ -17,7 +17,7 @@ use std::time::Duration;
 
 /// Runs `job` through `host`. The outcome is left in the task's lane as a note and, unless the
 /// run is a dry run, counted.
-pub async fn run(host: &dyn Host, job: &Job) -> JobEnd {
+async fn run(host: &dyn Host, job: &Job) -> JobEnd {
     let name = job.lane();
     let lane = host
         .open_lane(&name, job.origin(), job.task.model.as_ref())

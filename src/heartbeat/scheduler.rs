@@ -32,10 +32,12 @@ const QUIET_AFTER_CHECK: u32 = 4;
 /// for 30 s).
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(30);
 
-/// Runs one job: the service's turn (check, lane, judged reply, delivery), or a test's.
+/// Runs one job and says how it ended: a run through a [`super::Host`]
+/// ([`SchedulerSetup::hosted`]), or a test's stand-in for one.
 pub type RunJob = Arc<dyn Fn(Job) -> BoxFuture<'static, JobEnd> + Send + Sync>;
 
-/// What the scheduler needs.
+/// What the scheduler needs. A service builds it with [`SchedulerSetup::hosted`]; a test of the
+/// schedule alone may fill in `run_job` itself.
 pub struct SchedulerSetup {
     pub dir: AgentDir,
     pub env: HeartbeatEnv,

@@ -16,7 +16,7 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What the model is told for one run: the task, when, the task's last outcome (a fresh run
 /// has no other memory of it), and the verdict rule.
-pub(super) fn turn_prompt(job: &Job) -> String {
+fn turn_prompt(job: &Job) -> String {
     let mut text = format!(
         "[heartbeat {} for {}{}]\n\n{}\n\n",
         job.task.name,
@@ -49,7 +49,7 @@ fn describe_for_model(outcome: &SlotOutcome) -> String {
 
 /// The verdict of a turn, judged, with one corrective retry.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Judged {
+enum Judged {
     Valid {
         verdict: Verdict,
         reply: String,
@@ -67,7 +67,7 @@ pub(super) enum Judged {
 
 /// Sends the job's prompt to `lane` and judges the final reply; an invalid one gets one
 /// corrective message naming the rule, and is judged again.
-pub(super) async fn judged_turn(lane: &dyn HostLane, job: &Job) -> Judged {
+async fn judged_turn(lane: &dyn HostLane, job: &Job) -> Judged {
     let fresh = !job.task.continue_history;
     let mut input = Input {
         text: turn_prompt(job),
@@ -134,37 +134,38 @@ pub(super) enum Turned {
     Verdict { verdict: Verdict, reply: String },
 }
 
-/// The task's check, then the judged turn in `lane`.
+/// The task's check, then the judged turn in `lane`. A failure stops the task when the kind of
+/// the model's error says it will not go away by itself.
 pub(super) async fn take_turn(host: &dyn Host, lane: &dyn HostLane, job: &Job) -> Turned {
-    let ended = |outcome: SlotOutcome, reply: String, stop: Option<String>| {
-        Turned::Ended(JobEnd {
-            outcome,
-            reply,
-            stop,
-        })
-    };
     if let Some(check) = &job.task.check {
         match run_check(host, check).await {
             Ok(None) => {}
-            Ok(Some(reason)) => return ended(SlotOutcome::Skipped { reason }, String::new(), None),
-            Err(reason) => return ended(SlotOutcome::Failed { reason }, String::new(), None),
+            Ok(Some(reason)) => {
+                return Turned::Ended(JobEnd::early(SlotOutcome::Skipped { reason }));
+            }
+            Err(reason) => return Turned::Ended(JobEnd::early(SlotOutcome::Failed { reason })),
         }
     }
     match judged_turn(lane, job).await {
         Judged::Failed {
             reason,
             model_failure,
-        } => {
-            let stop = stops_task(model_failure).then(|| reason.clone());
-            ended(SlotOutcome::Failed { reason }, String::new(), stop)
-        }
-        Judged::Invalid { reason, reply } => ended(SlotOutcome::Invalid { reason }, reply, None),
+        } => Turned::Ended(JobEnd {
+            stop: stops_task(model_failure).then(|| reason.clone()),
+            outcome: SlotOutcome::Failed { reason },
+            reply: String::new(),
+        }),
+        Judged::Invalid { reason, reply } => Turned::Ended(JobEnd {
+            outcome: SlotOutcome::Invalid { reason },
+            reply,
+            stop: None,
+        }),
         Judged::Valid { verdict, reply } => Turned::Verdict { verdict, reply },
     }
 }
 
-/// Runs a task's check in the host's machine: `Ok(None)` when it passed (exit 0), `Ok(Some(why))` when
-/// the slot is to be skipped.
+/// Runs a task's check in the host's machine: `Ok(None)` when it passed (exit 0),
+/// `Ok(Some(why))` when the slot is to be skipped.
 async fn run_check(host: &dyn Host, check: &str) -> Result<Option<String>, String> {
     let mut command = Command::shell(check);
     command.timeout = CHECK_TIMEOUT;
