@@ -4,7 +4,7 @@
 
 use crate::agent::AgentDir;
 use crate::log::{Clock, Journal, JournalEntry, JournalWriter, Journaled, LogError, peek_journal};
-use perch_core::heartbeat::{LedgerRecord, LedgerState, SlotOutcome, reduce};
+use perch_core::heartbeat::{LedgerRecord, LedgerState, reduce, superseded};
 use perch_core::name::TaskName;
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -114,94 +114,4 @@ pub async fn resume_here(dir: &AgentDir, task: &str) -> Result<(), String> {
         .await
         .map(drop)
         .map_err(|error| error.to_string())
-}
-
-/// The records the last one makes irrelevant, so the ledger stays small however long the agent
-/// runs: after a scheduled run that ended well, or skipped slots, the task's earlier slot records
-/// (its failures in a row no longer count; its latest finished run stays, for its outcome);
-/// after a resume, the stop and the resume; after a stop, an earlier stop. A run's start is
-/// consumed only with its end, so an open run and a manual run are never mistaken.
-fn superseded(records: &[(u64, LedgerRecord)]) -> Vec<u64> {
-    let Some(((last_seq, last), earlier)) = records.split_last() else {
-        return Vec::new();
-    };
-    let task = last.task();
-    let earlier: Vec<&(u64, LedgerRecord)> = earlier
-        .iter()
-        .filter(|(_, record)| record.task() == task)
-        .collect();
-    let is_slot = |record: &LedgerRecord| {
-        matches!(
-            record,
-            LedgerRecord::SlotStarted { .. }
-                | LedgerRecord::SlotFinished { .. }
-                | LedgerRecord::SlotsSkipped { .. }
-        )
-    };
-    let candidates: Vec<u64> = match last {
-        LedgerRecord::SlotFinished { run, outcome, .. } => {
-            let scheduled_start = earlier.iter().find_map(|(seq, record)| match record {
-                LedgerRecord::SlotStarted {
-                    run: started,
-                    manual: false,
-                    ..
-                } if started == run => Some(*seq),
-                _ => None,
-            });
-            let ended_well = !matches!(
-                outcome,
-                SlotOutcome::Failed { .. } | SlotOutcome::Invalid { .. }
-            );
-            match scheduled_start {
-                Some(start) if ended_well => earlier
-                    .iter()
-                    .filter(|(seq, record)| *seq < start && is_slot(record))
-                    .map(|(seq, _)| *seq)
-                    .collect(),
-                _ => Vec::new(),
-            }
-        }
-        LedgerRecord::SlotsSkipped { .. } => {
-            let latest_finished = earlier
-                .iter()
-                .rev()
-                .find(|(_, record)| matches!(record, LedgerRecord::SlotFinished { .. }))
-                .map(|(seq, _)| *seq);
-            earlier
-                .iter()
-                .filter(|(seq, record)| is_slot(record) && Some(*seq) != latest_finished)
-                .map(|(seq, _)| *seq)
-                .collect()
-        }
-        LedgerRecord::TaskResumed { .. } => earlier
-            .iter()
-            .filter(|(_, record)| matches!(record, LedgerRecord::TaskStopped { .. }))
-            .map(|(seq, _)| *seq)
-            .chain([*last_seq])
-            .collect(),
-        LedgerRecord::TaskStopped { .. } => earlier
-            .iter()
-            .filter(|(_, record)| matches!(record, LedgerRecord::TaskStopped { .. }))
-            .map(|(seq, _)| *seq)
-            .collect(),
-        LedgerRecord::SlotStarted { .. } => Vec::new(),
-    };
-    let finish_of = |run: &str| {
-        records.iter().find_map(|(seq, record)| match record {
-            LedgerRecord::SlotFinished { run: finished, .. } if finished == run => Some(*seq),
-            _ => None,
-        })
-    };
-    candidates
-        .iter()
-        .copied()
-        .filter(|seq| {
-            records.iter().all(|(at, record)| match record {
-                LedgerRecord::SlotStarted { run, .. } if at == seq => {
-                    finish_of(run).is_some_and(|finish| candidates.contains(&finish))
-                }
-                _ => true,
-            })
-        })
-        .collect()
 }
