@@ -326,7 +326,7 @@ mod tests {
             slot += i64::try_from(next(3)).unwrap() * 30;
             let outcome = outcomes[usize::try_from(next(6)).unwrap()].clone();
             let records = match next(7) {
-                0 | 1 | 2 => {
+                0..=2 => {
                     let run = format!("r{step}");
                     vec![
                         started(task, &run, slot, false),
