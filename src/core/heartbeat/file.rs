@@ -212,11 +212,6 @@ impl HeartbeatTask {
         hex
     }
 
-    /// The lane the task's runs use: `heartbeat-<name>`.
-    pub fn own_lane(&self) -> LaneName {
-        self.name.own_lane()
-    }
-
     /// The lane a `Steer:` verdict goes to: `lane:`, or the task's own lane.
     pub fn steer_lane(&self) -> LaneName {
         self.lane.clone().unwrap_or_else(|| self.name.own_lane())

@@ -1,4 +1,4 @@
-//! The slot ledger, `.perch/heartbeats.jsonl`: what happened to each task's slots, folded into
+//! The slot ledger, `.perch/heartbeats/`: what happened to each task's slots, folded into
 //! per-task state, and the plan for a task's next step.
 //!
 //! The rules [`plan`] follows:

@@ -2,13 +2,15 @@
 //!
 //! [`file`] checks the file into [`HeartbeatTask`]s, [`schedule`] computes their slots,
 //! [`verdict`] judges the model's reply to a heartbeat, [`stop`] decides which failures stop a
-//! task, and [`ledger`] folds the slot ledger (`.perch/heartbeats.jsonl`) into per-task state
-//! and plans what to do next. All of it takes the time as an argument.
+//! task, [`ledger`] folds the slot ledger (`.perch/heartbeats/`) into per-task state and plans
+//! what to do next, and [`supersede`] says which of its records a new one makes irrelevant. All
+//! of it takes the time as an argument.
 
 pub mod file;
 pub mod ledger;
 pub mod schedule;
 pub mod stop;
+pub mod supersede;
 pub mod verdict;
 
 pub use file::{
@@ -24,4 +26,5 @@ pub use schedule::{
     in_active_hours, next_slot, parse_every, slots_between,
 };
 pub use stop::{ModelFailure, stops_task};
+pub use supersede::superseded;
 pub use verdict::{InvalidVerdict, VERDICT_RULE, Verdict, correction, judge};
