@@ -99,6 +99,9 @@ pub struct Metrics {
     runs: Mutex<Histogram>,
     inbox_depth: AtomicU64,
     vm_boots: AtomicU64,
+    lanes_open: AtomicU64,
+    lanes_open_peak: AtomicU64,
+    conversations_active: AtomicU64,
 }
 
 impl Metrics {
@@ -154,6 +157,17 @@ impl Metrics {
 
     pub fn set_vm_boots(&self, boots: u64) {
         self.vm_boots.store(boots, Ordering::Relaxed);
+    }
+
+    /// The lanes open now; the peak since start follows it up.
+    pub fn set_lanes_open(&self, open: u64) {
+        self.lanes_open.store(open, Ordering::Relaxed);
+        self.lanes_open_peak.fetch_max(open, Ordering::Relaxed);
+    }
+
+    /// The conversations with a task now (items waiting, a run, or within their idle grace).
+    pub fn set_conversations_active(&self, active: u64) {
+        self.conversations_active.store(active, Ordering::Relaxed);
     }
 
     /// Every metric in Prometheus's text exposition format (version 0.0.4).
@@ -256,8 +270,55 @@ impl Metrics {
             "perch_vm_boots_total {}",
             self.vm_boots.load(Ordering::Relaxed)
         );
+        for (name, help, value) in [
+            (
+                "perch_lanes_open",
+                "Lanes open now (capped; idle ones close).",
+                &self.lanes_open,
+            ),
+            (
+                "perch_lanes_open_peak",
+                "The most lanes open at once since start.",
+                &self.lanes_open_peak,
+            ),
+            (
+                "perch_conversations_active",
+                "Conversations with a task now.",
+                &self.conversations_active,
+            ),
+        ] {
+            header(&mut out, name, help, "gauge");
+            let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
+        }
+        if let Some(allocated) = heap_allocated_bytes() {
+            header(
+                &mut out,
+                "perch_heap_allocated_bytes",
+                "Bytes the allocator has handed out and not taken back (glibc's mallinfo2: \
+                 uordblks + hblkhd), read at the scrape.",
+                "gauge",
+            );
+            let _ = writeln!(out, "perch_heap_allocated_bytes {allocated}");
+        }
         out
     }
+}
+
+/// The bytes glibc's allocator has handed out and not taken back: small and medium blocks in
+/// use in every arena (`uordblks`) plus the blocks it mapped on their own (`hblkhd`).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn heap_allocated_bytes() -> Option<u64> {
+    // SAFETY: mallinfo2 takes no arguments, returns a struct by value and only reads the
+    // allocator's own statistics under its locks; glibc has had it since 2.33.
+    #[allow(unsafe_code)]
+    let info = unsafe { libc::mallinfo2() };
+    u64::try_from(info.uordblks.saturating_add(info.hblkhd)).ok()
+}
+
+/// Another allocator than glibc's: not measured.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn heap_allocated_bytes() -> Option<u64> {
+    None
 }
 
 fn header(out: &mut String, name: &str, help: &str, kind: &str) {

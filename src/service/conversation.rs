@@ -1,6 +1,7 @@
 //! Conversations: one task per conversation with items waiting, its lane, the channel's busy
 //! policy, and the runs that answer.
 
+use super::lanes::LaneLease;
 use super::{Channel, DRAIN_MARGIN, Service};
 use crate::channel::InboundEvent;
 use crate::inbox::PendingItem;
@@ -16,20 +17,40 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 impl Service {
-    /// The open lane `name`, opened (and recovered) first if it is not open yet, on `model` or
-    /// the agent's. Conversations and heartbeats share lanes through here, so a lane is never
-    /// opened twice.
+    /// Holds the lane `name`, opened (and recovered) first if it is not open, on `model` or the
+    /// agent's. Heartbeats take their lanes through here, sharing them with conversations, so a
+    /// lane is never opened twice; when every slot stays held for [`HOLD_WAIT`], or the lane
+    /// cannot be opened, it says why.
     pub(super) async fn lane(
         &self,
         name: &LaneName,
         origin: Origin,
         model: Option<&perch_core::name::ModelRef>,
-    ) -> Result<Lane, String> {
-        let mut lanes = self.lanes.lock().await;
-        if let Some(lane) = lanes.get(name) {
-            return Ok(lane.clone());
+    ) -> Result<LaneLease, String> {
+        if let Some(lease) = self.lanes.join(name) {
+            return Ok(lease);
         }
-        let lane = match model {
+        let permit = tokio::time::timeout(HOLD_WAIT, self.lanes.turn())
+            .await
+            .map_err(|_| {
+                format!(
+                    "all {} open lanes stayed in use for {HOLD_WAIT:?}",
+                    self.lanes.limits().open_max
+                )
+            })?;
+        self.lanes
+            .hold(name, permit, || self.open_lane(name, origin, model))
+            .await
+    }
+
+    /// Opens (and recovers) the lane `name` on `model` or the agent's.
+    async fn open_lane(
+        &self,
+        name: &LaneName,
+        origin: Origin,
+        model: Option<&perch_core::name::ModelRef>,
+    ) -> Result<Lane, String> {
+        Ok(match model {
             None => {
                 self.runtime
                     .open_lane(name, origin, self.limits)
@@ -43,12 +64,10 @@ impl Service {
                     .await?
                     .0
             }
-        };
-        lanes.insert(name.clone(), lane.clone());
-        Ok(lane)
+        })
     }
 
-    /// Hands an item to its conversation, starting the conversation's task if needed.
+    /// Hands an item to its conversation, starting the conversation's task if it has none.
     pub(super) async fn dispatch(self: &Arc<Self>, mut item: PendingItem) -> Result<(), String> {
         let lane = LaneName::try_from(item.lane.as_str())?;
         let mut conversations = self.conversations.lock().await;
@@ -62,18 +81,41 @@ impl Service {
         let (queue, items) = mpsc::unbounded_channel();
         let _ = queue.send(item);
         conversations.insert(lane.clone(), queue);
+        self.count_conversations(conversations.len());
         drop(conversations);
         let service = Arc::clone(self);
         let (lane_name, channel_name) = (lane.to_string(), channel.clone());
         self.tasks.spawn(async move {
-            if let Err(error) = service.converse(lane, channel, items).await {
+            let ended = Arc::clone(&service)
+                .converse(lane.clone(), channel, items)
+                .await;
+            if let Err(error) = ended {
                 tracing::error!(channel = %channel_name, lane = %lane_name, "{error}");
             }
+            // However it ended, its entry goes; an idle end has removed it already.
+            let mut conversations = service.conversations.lock().await;
+            if conversations
+                .get(&lane)
+                .is_some_and(mpsc::UnboundedSender::is_closed)
+            {
+                conversations.remove(&lane);
+            }
+            service.count_conversations(conversations.len());
         });
         Ok(())
     }
 
-    /// One conversation: its lane, its queue, and the channel's busy policy.
+    fn count_conversations(&self, active: usize) {
+        self.metrics
+            .set_conversations_active(u64::try_from(active).unwrap_or(u64::MAX));
+    }
+
+    /// One conversation: its queue, the channel's busy policy, and its lane, held while a run is
+    /// active or items wait and let go of otherwise. An item whose lane cannot be held yet (every
+    /// slot in use, or the lane failed to open) waits in the queue and the lane is tried again
+    /// (in turn for a slot, with backoff after a failure). Once nothing has arrived for
+    /// [`LaneLimits::conversation_idle`](super::LaneLimits) with nothing to do, the task ends,
+    /// removing its queue from `conversations` under the lock `dispatch` sends under.
     async fn converse(
         self: Arc<Self>,
         name: LaneName,
@@ -90,11 +132,14 @@ impl Service {
             room: None,
             sender: None,
         };
-        let lane = self.lane(&name, origin, None).await?;
         let config = connected.loaded.config.clone();
         let shutdown = self.shutdown.clone();
+        let idle_after = self.lanes.limits().conversation_idle;
         let mut queue: VecDeque<PendingItem> = VecDeque::new();
         let mut active: Option<tokio::task::JoinHandle<()>> = None;
+        let mut lease: Option<LaneLease> = None;
+        let mut failures: u32 = 0;
+        let mut retry_at: Option<tokio::time::Instant> = None;
         loop {
             if active
                 .as_ref()
@@ -102,13 +147,17 @@ impl Service {
             {
                 active = None;
             }
-            if active.is_none() && !queue.is_empty() && !shutdown.is_cancelled() {
+            let wants_lane = active.is_none() && !queue.is_empty() && !shutdown.is_cancelled();
+            if wants_lane && lease.is_none() {
+                lease = self.lanes.join(&name);
+            }
+            if wants_lane && let Some(lane) = &lease {
                 let batch: Vec<PendingItem> = match config.busy {
                     BusyPolicy::Collect { .. } => queue.drain(..).collect(),
                     _ => queue.pop_front().into_iter().collect(),
                 };
                 let service = Arc::clone(&self);
-                let lane = lane.clone();
+                let lane: Lane = (**lane).clone();
                 let connected = Arc::clone(&connected);
                 let (lane_name, channel_name) = (name.to_string(), channel.clone());
                 active = Some(self.tasks.spawn(async move {
@@ -117,6 +166,11 @@ impl Service {
                     }
                 }));
             }
+            let idle = active.is_none() && queue.is_empty();
+            if idle {
+                lease = None;
+            }
+            let waiting = active.is_none() && !queue.is_empty() && lease.is_none();
             let woken = {
                 let finished = async {
                     match active.as_mut() {
@@ -126,23 +180,74 @@ impl Service {
                         None => std::future::pending().await,
                     }
                 };
+                let retry = async {
+                    match retry_at {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     () = shutdown.cancelled() => Woken::Shutdown,
                     () = finished => Woken::Finished,
                     item = items.recv() => Woken::Item(item.map(Box::new)),
+                    permit = self.lanes.turn(), if waiting && retry_at.is_none() => {
+                        Woken::Turn(permit)
+                    }
+                    () = retry, if waiting => Woken::Retry,
+                    () = tokio::time::sleep(idle_after), if idle => Woken::Idle,
                 }
             };
             let item = match woken {
                 Woken::Shutdown => {
-                    if let Some(run) = active.take() {
-                        self.drain_run(&lane, run).await;
+                    if let (Some(run), Some(lane)) = (active.take(), &lease) {
+                        self.drain_run(lane, run).await;
                     }
-                    let _ = lane.close().await;
                     return Ok(());
                 }
                 Woken::Finished => {
                     active = None;
                     continue;
+                }
+                Woken::Turn(permit) => {
+                    match self
+                        .lanes
+                        .hold(&name, permit, || {
+                            self.open_lane(&name, origin.clone(), None)
+                        })
+                        .await
+                    {
+                        Ok(held) => {
+                            lease = Some(held);
+                            failures = 0;
+                        }
+                        Err(error) => {
+                            failures = failures.saturating_add(1);
+                            let wait = perch_core::lanes::open_retry(failures);
+                            retry_at = Some(tokio::time::Instant::now() + wait);
+                            tracing::warn!(
+                                channel = %channel,
+                                lane = %name,
+                                "lane {name} could not be opened (try {failures}); {} item(s) wait, next try in {wait:?}: {error}",
+                                queue.len()
+                            );
+                        }
+                    }
+                    continue;
+                }
+                Woken::Retry => {
+                    retry_at = None;
+                    continue;
+                }
+                Woken::Idle => {
+                    let mut conversations = self.conversations.lock().await;
+                    match items.try_recv() {
+                        Ok(item) => item,
+                        Err(_) => {
+                            conversations.remove(&name);
+                            self.count_conversations(conversations.len());
+                            return Ok(());
+                        }
+                    }
                 }
                 Woken::Item(None) => return Ok(()),
                 Woken::Item(Some(item)) => *item,
@@ -156,10 +261,9 @@ impl Service {
                 }
                 continue;
             }
-            let busy = active.is_some();
             let limit = usize::try_from(config.queue_limit).unwrap_or(usize::MAX);
-            match (busy, config.busy) {
-                (true, BusyPolicy::Steer) => {
+            match (active.is_some(), &lease, config.busy) {
+                (true, Some(lane), BusyPolicy::Steer) => {
                     let text = self.item_text(&connected, &item).await;
                     if matches!(lane.steer(text).await, Ok(Steered::Delivered)) {
                         self.inbox
@@ -170,7 +274,7 @@ impl Service {
                         queue.push_back(item);
                     }
                 }
-                (true, BusyPolicy::Interrupt) => {
+                (true, Some(lane), BusyPolicy::Interrupt) => {
                     let _ = lane.abort();
                     queue.push_back(item);
                 }
@@ -365,11 +469,20 @@ const SPEND_CAP_REASON: &str = "the daily spend cap";
 const INTERRUPTED_REPLY: &str = "Sorry, I could not finish that: I was interrupted. Please ask \
                                  again.";
 
+/// How long a heartbeat waits for a lane slot when every open lane is held.
+const HOLD_WAIT: Duration = Duration::from_secs(60);
+
 /// What woke a conversation's task.
 enum Woken {
     Shutdown,
     Finished,
     Item(Option<Box<PendingItem>>),
+    /// A slot to hold the lane in.
+    Turn(tokio::sync::OwnedSemaphorePermit),
+    /// The wait after a failed open is over.
+    Retry,
+    /// Nothing to do, and nothing arrived, for the idle grace.
+    Idle,
 }
 
 fn collect_window(busy: BusyPolicy) -> Option<Duration> {

@@ -125,14 +125,12 @@ impl Service {
                 }
             }
             (Admission::Context, _) => {
-                let mut context = self.context.lock().await;
-                let room = context
-                    .entry((channel.to_owned(), event.room.clone()))
-                    .or_default();
-                room.push_back(context_line(&event));
-                while room.len() > CONTEXT_MESSAGES {
-                    room.pop_front();
-                }
+                self.context.lock().await.push(
+                    channel,
+                    &event.room,
+                    context_line(&event),
+                    self.clock.now(),
+                );
                 Verdict::Context
             }
             (Admission::Stale, _) => Verdict::Stale,
@@ -171,13 +169,14 @@ impl Service {
             .context
             .lock()
             .await
-            .remove(&(channel.to_owned(), event.room.clone()));
-        let text = match earlier {
-            Some(earlier) if !earlier.is_empty() => format!(
+            .take(channel, &event.room, self.clock.now());
+        let text = if earlier.is_empty() {
+            text
+        } else {
+            format!(
                 "[Earlier in this room, not addressed to you]\n{}\n\n{text}",
-                Vec::from(earlier).join("\n")
-            ),
-            _ => text,
+                earlier.join("\n")
+            )
         };
         let verdict_seq = self
             .inbox
@@ -226,15 +225,9 @@ impl Service {
         let reply = match command {
             ChatCommand::Stop => {
                 let lane = self.conversation_lane(&name, event).await;
-                let stopped = match lane {
-                    Some(lane) => self
-                        .lanes
-                        .lock()
-                        .await
-                        .get(&lane)
-                        .is_some_and(|lane| lane.abort().is_ok()),
-                    None => false,
-                };
+                let stopped = lane
+                    .and_then(|lane| self.lanes.open_lane(&lane))
+                    .is_some_and(|lane| lane.abort().is_ok());
                 if stopped {
                     "Stopped."
                 } else {
@@ -351,9 +344,6 @@ impl Service {
             .map_err(|error| error.to_string())
     }
 }
-
-/// Group messages kept per room as context.
-pub(super) const CONTEXT_MESSAGES: usize = 5;
 
 /// How a group message that did not address the agent is offered as context: its sender and
 /// text, and the names of its files, which are not saved.

@@ -17,12 +17,15 @@ mod conversation;
 mod delivery;
 mod heartbeats;
 mod intake;
+mod lanes;
 mod receive;
 mod recovery;
 mod status;
 
 use channel::{Channel, Health};
-use intake::{CONTEXT_MESSAGES, context_line, read_generations};
+use intake::{context_line, read_generations};
+pub use lanes::LaneLimits;
+use lanes::LanePool;
 use receive::{ReceiveFrom, receive_forever};
 
 use crate::agent::{LoadedAgent, LoadedChannel};
@@ -32,7 +35,7 @@ use crate::channel::{Arrival, Connector};
 use crate::control;
 use crate::heartbeat::{Heartbeats, JobEnd};
 use crate::inbox::{Inbox, PendingItem};
-use crate::lane::{Lane, RunLimits};
+use crate::lane::RunLimits;
 use crate::log::{Clock, LogError};
 use crate::metrics::Metrics;
 use crate::model::Model;
@@ -43,9 +46,10 @@ use crate::sandbox::MachineSetup;
 use crate::starts;
 use perch_core::alert::AlertKind;
 use perch_core::chat::BotTurns;
+use perch_core::group_context::GroupContext;
 use perch_core::name::LaneName;
 use perch_core::pairing::Pairing;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Mutex, mpsc};
@@ -63,6 +67,8 @@ pub struct ServiceSetup {
     pub connectors: ConnectorFactory,
     pub clock: Clock,
     pub limits: RunLimits,
+    /// How many lanes may be open at once, and how soon idle conversations and lanes end.
+    pub lanes: LaneLimits,
     /// The first wait before reconnecting a dropped channel; it doubles up to a minute.
     pub reconnect: Duration,
     /// How often `HEARTBEAT.yml` is looked at for changes.
@@ -105,20 +111,24 @@ struct Service {
     /// The per-room delivery workers every reply is handed to once its intents are recorded.
     deliveries: delivery::Deliveries,
     channels: HashMap<String, Arc<Channel>>,
+    /// The queue of each conversation whose task is running; the task removes its entry, under
+    /// this lock, when it ends idle. A tokio lock: `dispatch` sends under it and a conversation's
+    /// task takes it from async code.
     conversations: Mutex<HashMap<LaneName, mpsc::UnboundedSender<PendingItem>>>,
     limits: RunLimits,
     clock: Clock,
     shutdown: CancellationToken,
     pairing: Mutex<Pairing>,
     pairing_path: std::path::PathBuf,
-    /// The open lanes, for `/stop`.
-    lanes: Mutex<HashMap<LaneName, Lane>>,
+    /// The open lanes, capped, shared by conversations, heartbeats and `/stop`.
+    lanes: LanePool,
     /// How many times `/new` was used per conversation, and where that is kept.
     generations: Mutex<BTreeMap<String, u32>>,
     generations_path: std::path::PathBuf,
     /// The last group messages per (channel, room) that did not address the agent, offered to
-    /// the model with the next message that does.
-    context: Mutex<HashMap<(String, String), VecDeque<String>>>,
+    /// the model with the next message that does; bounded in rooms and age. A tokio lock, as
+    /// the others taken in `decide`.
+    context: Mutex<GroupContext>,
     /// Bot messages answered per (channel, room) since the last human one, for the loop guard;
     /// rebuilt from the inbox at start.
     bot_turns: Mutex<BotTurns>,
@@ -198,15 +208,9 @@ pub async fn run(
         &dir.starts_file(),
         &perch_core::starts::record_start(&earlier_starts, started_at),
     )?;
-    let mut context: HashMap<(String, String), VecDeque<String>> = HashMap::new();
+    let mut context = GroupContext::default();
     for (channel, event) in &backlog.context {
-        let room = context
-            .entry((channel.clone(), event.room.clone()))
-            .or_default();
-        room.push_back(context_line(event));
-        while room.len() > CONTEXT_MESSAGES {
-            room.pop_front();
-        }
+        context.push(channel, &event.room, context_line(event), event.sent_at);
     }
     let tasks = TaskTracker::new();
     let deliveries = delivery::Deliveries::new(
@@ -218,7 +222,7 @@ pub async fn run(
         tasks.clone(),
     );
     let service = Arc::new(Service {
-        lanes: Mutex::new(HashMap::new()),
+        lanes: LanePool::new(setup.lanes, Arc::clone(&setup.metrics)),
         context: Mutex::new(context),
         bot_turns: Mutex::new(backlog.bot_turns.clone()),
         generations: Mutex::new(generations),
@@ -263,6 +267,11 @@ pub async fn run(
         ));
     }
     let lanes = service.recover_lanes().await?;
+    {
+        let service = Arc::clone(&service);
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move { service.lanes.close_idle_until(shutdown).await });
+    }
     let outbox_recovered = service.settle_outbox(unsettled.unsettled).await?;
     let inbox_recovered = service
         .resume_inbox(backlog.clone(), &unsettled.replied_to)
@@ -418,6 +427,12 @@ pub async fn run(
         tracing::warn!(
             "some conversations did not stop in time; their lanes are recovered at the next start"
         );
+    }
+    if tokio::time::timeout(DRAIN_MARGIN, service.lanes.close_all())
+        .await
+        .is_err()
+    {
+        tracing::warn!("some lanes did not close in time; they are recovered at the next start");
     }
     service
         .runtime

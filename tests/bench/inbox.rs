@@ -253,6 +253,7 @@ mod double {
             connectors: Arc::new(move |_: &LoadedChannel| Ok(Arc::clone(&connector))),
             clock: system_clock(),
             limits: RunLimits::default(),
+            lanes: perch::service::LaneLimits::default(),
             reconnect: Duration::from_millis(10),
             heartbeat_reload: perch::heartbeat::RELOAD_EVERY,
             notifier: perch::notify::Notifier::disabled(),

@@ -33,6 +33,9 @@ fn metrics_render_in_prometheus_text_format() {
     );
     metrics.set_inbox_depth(3);
     metrics.set_vm_boots(2);
+    metrics.set_lanes_open(5);
+    metrics.set_lanes_open(2);
+    metrics.set_conversations_active(1);
     let expected = r#"# HELP perch_events_in_total Chat events taken into the inbox, per channel.
 # TYPE perch_events_in_total counter
 perch_events_in_total{channel="team \"a\"\\b\n"} 1
@@ -78,8 +81,29 @@ perch_inbox_depth 3
 # HELP perch_vm_boots_total Times the sandbox machine was booted (resumed or created).
 # TYPE perch_vm_boots_total counter
 perch_vm_boots_total 2
+# HELP perch_lanes_open Lanes open now (capped; idle ones close).
+# TYPE perch_lanes_open gauge
+perch_lanes_open 2
+# HELP perch_lanes_open_peak The most lanes open at once since start.
+# TYPE perch_lanes_open_peak gauge
+perch_lanes_open_peak 5
+# HELP perch_conversations_active Conversations with a task now.
+# TYPE perch_conversations_active gauge
+perch_conversations_active 1
 "#;
-    pretty_diff(&metrics.render(), expected);
+    let rendered = metrics.render();
+    // The allocator's figure comes last and is whatever the process holds now.
+    let (counted, heap) = rendered
+        .split_once("# HELP perch_heap_allocated_bytes ")
+        .unwrap();
+    pretty_diff(counted, expected);
+    let allocated: u64 = heap
+        .lines()
+        .find_map(|line| line.strip_prefix("perch_heap_allocated_bytes "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(allocated > 0, "{heap}");
 }
 
 #[test]
@@ -95,6 +119,10 @@ fn metrics_with_nothing_counted_still_declare_every_metric() {
         "perch_heartbeat_outcomes_total",
         "perch_inbox_depth",
         "perch_vm_boots_total",
+        "perch_lanes_open",
+        "perch_lanes_open_peak",
+        "perch_conversations_active",
+        "perch_heap_allocated_bytes",
     ] {
         assert!(text.contains(&format!("# HELP {name} ")), "{name}");
         assert!(text.contains(&format!("# TYPE {name} ")), "{name}");

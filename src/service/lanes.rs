@@ -1,0 +1,311 @@
+//! The open lanes, shared by conversations, heartbeats and `/stop`: at most
+//! [`LaneLimits::open_max`] open at once, each held by whoever runs in it (a conversation's run,
+//! a heartbeat job) through a [`LaneLease`]. A lane nobody holds stays open, so its next message
+//! finds it warm, until it has been idle for [`LaneLimits::lane_idle`] or its slot is needed
+//! for another lane (the least recently used goes first; `perch_core::lanes` decides which).
+//! A closed lane is reopened from disk, its history intact.
+
+use crate::lane::Lane;
+use crate::metrics::Metrics;
+use perch_core::lanes::{OpenLane, Room, idle_past, make_room};
+use perch_core::name::LaneName;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+/// How many lanes may be open at once, and how long idle conversations and lanes last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneLimits {
+    /// Lanes open at once; an item whose lane finds every slot held waits for one.
+    pub open_max: usize,
+    /// How long a lane nobody holds stays open.
+    pub lane_idle: Duration,
+    /// How long a conversation's task waits for another message before it ends.
+    pub conversation_idle: Duration,
+}
+
+impl Default for LaneLimits {
+    fn default() -> LaneLimits {
+        LaneLimits {
+            open_max: perch_core::lanes::DEFAULT_OPEN_MAX,
+            lane_idle: perch_core::lanes::DEFAULT_LANE_IDLE,
+            conversation_idle: perch_core::lanes::DEFAULT_CONVERSATION_IDLE,
+        }
+    }
+}
+
+/// The open lanes (see the module documentation).
+#[derive(Debug)]
+pub(super) struct LanePool {
+    limits: LaneLimits,
+    shared: Arc<Shared>,
+    /// Serialises opening and closing lanes, so a lane is never opened twice nor opened while
+    /// its earlier self is still closing. A tokio lock: held across the awaits of opening and
+    /// closing a lane's log.
+    changing: tokio::sync::Mutex<()>,
+    /// One permit per held lane: a lane being held needs a slot, which a permit guarantees
+    /// (fewer than `open_max` lanes held means one is free or idle). Waiters are served in order.
+    holds: Arc<Semaphore>,
+}
+
+/// What the pool and its leases share.
+#[derive(Debug)]
+struct Shared {
+    /// A std lock: only ever held for bookkeeping, never across an await, so a lease can let go
+    /// of its lane in `drop`.
+    open: std::sync::Mutex<HashMap<LaneName, Slot>>,
+    started: Instant,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    lane: Lane,
+    holders: usize,
+    /// Taken while anyone holds the lane.
+    permit: Option<OwnedSemaphorePermit>,
+    last_used: Duration,
+}
+
+/// A lane held open: while any lease on it lives it is never closed. Derefs to the lane.
+#[derive(Debug)]
+pub(super) struct LaneLease {
+    lane: Lane,
+    name: LaneName,
+    shared: Arc<Shared>,
+}
+
+impl std::ops::Deref for LaneLease {
+    type Target = Lane;
+
+    fn deref(&self) -> &Lane {
+        &self.lane
+    }
+}
+
+impl Drop for LaneLease {
+    fn drop(&mut self) {
+        let now = self.shared.now();
+        let mut open = self.shared.lock();
+        if let Some(slot) = open.get_mut(&self.name) {
+            slot.holders = slot.holders.saturating_sub(1);
+            slot.last_used = now;
+            if slot.holders == 0 {
+                slot.permit = None;
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<LaneName, Slot>> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn now(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Takes another hold on `name` if it is open and `permit` (or an existing holder) gives it
+    /// a slot.
+    fn hold_open(
+        self: &Arc<Self>,
+        name: &LaneName,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Option<LaneLease> {
+        let now = self.now();
+        let mut open = self.lock();
+        let slot = open.get_mut(name)?;
+        if slot.holders == 0 {
+            slot.permit = Some(permit?);
+        }
+        slot.holders += 1;
+        slot.last_used = now;
+        Some(LaneLease {
+            lane: slot.lane.clone(),
+            name: name.clone(),
+            shared: Arc::clone(self),
+        })
+    }
+
+    fn count(&self, open: usize) {
+        self.metrics
+            .set_lanes_open(u64::try_from(open).unwrap_or(u64::MAX));
+    }
+}
+
+impl LanePool {
+    pub(super) fn new(limits: LaneLimits, metrics: Arc<Metrics>) -> LanePool {
+        LanePool {
+            limits,
+            shared: Arc::new(Shared {
+                open: std::sync::Mutex::new(HashMap::new()),
+                started: Instant::now(),
+                metrics,
+            }),
+            changing: tokio::sync::Mutex::new(()),
+            holds: Arc::new(Semaphore::new(limits.open_max)),
+        }
+    }
+
+    pub(super) fn limits(&self) -> LaneLimits {
+        self.limits
+    }
+
+    /// The lane `name` if it is open, without holding it (for `/stop`).
+    pub(super) fn open_lane(&self, name: &LaneName) -> Option<Lane> {
+        self.shared.lock().get(name).map(|slot| slot.lane.clone())
+    }
+
+    /// Another hold on `name` when someone already holds it: no slot is needed.
+    pub(super) fn join(&self, name: &LaneName) -> Option<LaneLease> {
+        self.shared.hold_open(name, None)
+    }
+
+    /// Waits for a slot to hold a lane in, in turn with the other waiters.
+    pub(super) async fn turn(&self) -> OwnedSemaphorePermit {
+        match Arc::clone(&self.holds).acquire_owned().await {
+            Ok(permit) => permit,
+            // The semaphore is never closed.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// Holds `name` with the slot `permit` gives: the open lane if it is open, otherwise
+    /// opened with `open` after closing the least recently used idle lane if the cap needs its
+    /// slot. Opening or closing is not cancelled halfway: callers await this to the end.
+    pub(super) async fn hold<F>(
+        &self,
+        name: &LaneName,
+        permit: OwnedSemaphorePermit,
+        open: impl FnOnce() -> F,
+    ) -> Result<LaneLease, String>
+    where
+        F: Future<Output = Result<Lane, String>>,
+    {
+        let _changing = self.changing.lock().await;
+        if self.shared.lock().contains_key(name) {
+            return self
+                .shared
+                .hold_open(name, Some(permit))
+                .ok_or_else(|| format!("lane {name} closed while it was being held"));
+        }
+        loop {
+            let closing = {
+                let mut lanes = self.shared.lock();
+                let (names, views): (Vec<LaneName>, Vec<OpenLane>) = lanes
+                    .iter()
+                    .map(|(name, slot)| {
+                        (
+                            name.clone(),
+                            OpenLane {
+                                held: slot.holders > 0,
+                                last_used: slot.last_used,
+                            },
+                        )
+                    })
+                    .unzip();
+                match make_room(&views, self.limits.open_max) {
+                    Room::Free => break,
+                    Room::Full => {
+                        return Err(format!(
+                            "all {} open lanes are in use",
+                            self.limits.open_max
+                        ));
+                    }
+                    Room::Close(index) => {
+                        let slot = names
+                            .get(index)
+                            .and_then(|victim| lanes.remove_entry(victim));
+                        self.shared.count(lanes.len());
+                        slot
+                    }
+                }
+            };
+            if let Some(closing) = closing {
+                close(closing).await;
+            }
+        }
+        let lane = open().await?;
+        let now = self.shared.now();
+        let mut lanes = self.shared.lock();
+        lanes.insert(
+            name.clone(),
+            Slot {
+                lane: lane.clone(),
+                holders: 1,
+                permit: Some(permit),
+                last_used: now,
+            },
+        );
+        self.shared.count(lanes.len());
+        Ok(LaneLease {
+            lane,
+            name: name.clone(),
+            shared: Arc::clone(&self.shared),
+        })
+    }
+
+    /// Closes the lanes nobody has held for [`LaneLimits::lane_idle`].
+    pub(super) async fn close_idle(&self) {
+        let _changing = self.changing.lock().await;
+        let idle: Vec<(LaneName, Slot)> = {
+            let mut lanes = self.shared.lock();
+            let (names, views): (Vec<LaneName>, Vec<OpenLane>) = lanes
+                .iter()
+                .map(|(name, slot)| {
+                    (
+                        name.clone(),
+                        OpenLane {
+                            held: slot.holders > 0,
+                            last_used: slot.last_used,
+                        },
+                    )
+                })
+                .unzip();
+            let closing = idle_past(&views, self.shared.now(), self.limits.lane_idle)
+                .into_iter()
+                .filter_map(|index| names.get(index).and_then(|name| lanes.remove_entry(name)))
+                .collect();
+            self.shared.count(lanes.len());
+            closing
+        };
+        for closing in idle {
+            close(closing).await;
+        }
+    }
+
+    /// Closes every lane (at shutdown, once the conversations have stopped).
+    pub(super) async fn close_all(&self) {
+        let _changing = self.changing.lock().await;
+        let all: Vec<(LaneName, Slot)> = {
+            let mut lanes = self.shared.lock();
+            let all = lanes.drain().collect();
+            self.shared.count(0);
+            all
+        };
+        for closing in all {
+            close(closing).await;
+        }
+    }
+
+    /// Closes idle lanes every quarter of the idle time until `shutdown`.
+    pub(super) async fn close_idle_until(&self, shutdown: tokio_util::sync::CancellationToken) {
+        let every = (self.limits.lane_idle / 4).max(Duration::from_millis(10));
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(every) => self.close_idle().await,
+            }
+        }
+    }
+}
+
+async fn close((name, slot): (LaneName, Slot)) {
+    if let Err(error) = slot.lane.close().await {
+        tracing::warn!(lane = %name, "lane {name} did not close cleanly: {error}");
+    }
+}
