@@ -90,7 +90,7 @@ impl Service {
                         consumes: Vec::new(),
                         fresh: false,
                     };
-                    if let Err(error) = lane.send(input, None).await {
+                    if let Err(error) = crate::lane::Lane::send(&lane, input, None).await {
                         tracing::warn!(
                             lane = %into,
                             "heartbeat steer into {into}: the steered run failed: {error}"

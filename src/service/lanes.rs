@@ -309,3 +309,21 @@ async fn close((name, slot): (LaneName, Slot)) {
         tracing::warn!(lane = %name, "lane {name} did not close cleanly: {error}");
     }
 }
+
+/// A heartbeat holds its lane for the whole job: the lease lives as long as the handle.
+impl crate::heartbeat::HostLane for LaneLease {
+    fn send(
+        &self,
+        input: crate::lane::Input,
+    ) -> crate::channel::BoxFuture<'_, Result<crate::lane::Finished, crate::lane::LaneError>> {
+        crate::heartbeat::HostLane::send(&self.lane, input)
+    }
+
+    fn note<'a>(
+        &'a self,
+        name: &'a str,
+        value: serde_json::Value,
+    ) -> crate::channel::BoxFuture<'a, Result<(), crate::lane::LaneError>> {
+        crate::heartbeat::HostLane::note(&self.lane, name, value)
+    }
+}
