@@ -4,12 +4,15 @@
 //! pending until the run that answers it is done. One writer thread owns the journal
 //! ([`JournalWriter`]).
 //!
-//! Events are deduplicated by `(channel, platform_id)` against everything still on disk, and
-//! fully consumed segments are kept for the deduplication window, so a platform that delivers
-//! an event again after a crash or a reconnect gets no second answer.
+//! Events are deduplicated by `(channel, platform_id)` over the deduplication window (a day),
+//! and fully consumed segments are kept on disk for that window, so a platform that delivers an
+//! event again after a crash or a reconnect gets no second answer. The writer holds the keys of
+//! that one window only.
 
 use crate::channel::InboundEvent;
-use crate::log::{Clock, Journal, JournalEntry, JournalItem, JournalWriter, Journaled, LogError};
+use crate::log::{
+    Clock, DedupKeys, Journal, JournalEntry, JournalItem, JournalWriter, Journaled, LogError,
+};
 use perch_core::chat::{Admitted, BotTurns};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
@@ -139,8 +142,8 @@ impl Inbox {
     /// Opens the journal in `dir` (taking its lock) and starts its writer thread. Blocking.
     pub fn open(dir: &Path, clock: Clock) -> Result<(Inbox, Backlog), LogError> {
         let (journal, contents) =
-            Journal::open_retaining(dir, MAX_SEGMENT_BYTES, DEDUP_WINDOW, clock)?;
-        let mut seen = HashSet::new();
+            Journal::open_retaining(dir, MAX_SEGMENT_BYTES, DEDUP_WINDOW, clock.clone())?;
+        let mut seen = DedupKeys::new(DEDUP_WINDOW, clock);
         let mut backlog = Backlog::default();
         let mut all: Vec<&JournalItem> =
             contents.consumed.iter().chain(&contents.pending).collect();
@@ -150,7 +153,7 @@ impl Inbox {
             match InboxRecord::read(item) {
                 Ok(InboxRecord::Event { channel, event }) => {
                     note_event(&mut backlog, &channel, &event);
-                    seen.insert(dedup_key(&channel, &event));
+                    seen.note(dedup_key(&channel, &event), item.at);
                     journaled.insert(item.seq, (channel, event));
                 }
                 Ok(InboxRecord::Verdict { event, verdict }) => {
@@ -231,7 +234,7 @@ impl Inbox {
             .filter(|(seq, _)| !decided.contains(seq) && !interrupted.contains(seq))
             .map(|(seq, (channel, event))| (seq, channel, event))
             .collect();
-        let writer = JournalWriter::start(journal, seen, dir, "inbox")?;
+        let writer = JournalWriter::start_deduplicating(journal, seen, dir, "inbox")?;
         Ok((Inbox { writer }, backlog))
     }
 
@@ -257,34 +260,19 @@ impl Inbox {
 
     /// Journals the verdict on the event journaled as `event`; returns its sequence number.
     pub async fn record_verdict(&self, event: u64, verdict: Verdict) -> Result<u64, LogError> {
-        let entry = JournalEntry {
-            body: encode(&InboxRecord::Verdict { event, verdict }),
-            key: None,
-        };
-        match self.writer.append(vec![entry]).await?.first() {
-            Some(Journaled::New { seq }) => Ok(*seq),
-            _ => Err(LogError::WriterStopped {
-                reason: "a verdict was not written".into(),
-            }),
-        }
+        self.writer
+            .append_record(&InboxRecord::Verdict { event, verdict }, "a verdict")
+            .await
     }
 
     /// Journals that `hook` (its file) starts deciding the event journaled as `event`;
     /// returns the mark's sequence number, to consume once the verdict is journaled.
     pub async fn record_deciding(&self, event: u64, hook: &str) -> Result<u64, LogError> {
-        let entry = JournalEntry {
-            body: encode(&InboxRecord::Deciding {
-                event,
-                hook: hook.to_owned(),
-            }),
-            key: None,
+        let mark = InboxRecord::Deciding {
+            event,
+            hook: hook.to_owned(),
         };
-        match self.writer.append(vec![entry]).await?.first() {
-            Some(Journaled::New { seq }) => Ok(*seq),
-            _ => Err(LogError::WriterStopped {
-                reason: "a deciding mark was not written".into(),
-            }),
-        }
+        self.writer.append_record(&mark, "a deciding mark").await
     }
 
     /// Marks items done.

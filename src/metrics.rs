@@ -102,6 +102,7 @@ pub struct Metrics {
     lanes_open: AtomicU64,
     lanes_open_peak: AtomicU64,
     conversations_active: AtomicU64,
+    lane_open_failures: AtomicU64,
 }
 
 impl Metrics {
@@ -168,6 +169,11 @@ impl Metrics {
     /// The conversations with a task now (items waiting, a run, or within their idle grace).
     pub fn set_conversations_active(&self, active: u64) {
         self.conversations_active.store(active, Ordering::Relaxed);
+    }
+
+    /// A lane could not be opened (its items wait and it is tried again).
+    pub fn lane_open_failed(&self) {
+        self.lane_open_failures.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Every metric in Prometheus's text exposition format (version 0.0.4).
@@ -269,6 +275,17 @@ impl Metrics {
             out,
             "perch_vm_boots_total {}",
             self.vm_boots.load(Ordering::Relaxed)
+        );
+        header(
+            &mut out,
+            "perch_lane_open_failures_total",
+            "Times a lane could not be opened; its items waited and it was tried again.",
+            "counter",
+        );
+        let _ = writeln!(
+            out,
+            "perch_lane_open_failures_total {}",
+            self.lane_open_failures.load(Ordering::Relaxed)
         );
         for (name, help, value) in [
             (

@@ -5,9 +5,9 @@
 //! is dropped with a record.
 
 use crate::channel::{Delivery, Receipt};
-use crate::log::{Clock, Journal, JournalEntry, JournalItem, JournalWriter, Journaled, LogError};
+use crate::log::{Clock, Journal, JournalItem, JournalWriter, LogError};
 use perch_core::Timestamp;
-use perch_core::delivery::{Unreceipted, delivery_id, unreceipted};
+use perch_core::delivery::{Sent, Unreceipted, delivery_id, unreceipted};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -31,6 +31,11 @@ pub enum OutboxRecord {
     Unknown { intent: u64, reason: String },
     /// The delivery recorded as `intent` was not sent: refused by the platform, or too old.
     Dropped { intent: u64, reason: String },
+    /// perch stopped while the deliveries recorded as `intents` waited (their turn, a rate
+    /// limit, a retry): certainly not posted, so the next start sends them on any platform.
+    /// Not a settlement: each is settled when it is sent. Consumed as soon as it is written (it
+    /// stays on disk as long as any of its intents is unsettled, since those are older).
+    Unsent { intents: Vec<u64>, reason: String },
 }
 
 /// A delivery recorded and not settled.
@@ -40,6 +45,8 @@ pub struct Unsettled {
     pub at: Timestamp,
     pub channel: String,
     pub delivery: Delivery,
+    /// Whether it may have been posted.
+    pub sent: Sent,
 }
 
 /// What the outbox held when it was opened.
@@ -67,6 +74,7 @@ impl Outbox {
             Journal::open_retaining(dir, MAX_SEGMENT_BYTES, RETAIN, clock.clone())?;
         let mut intents: BTreeMap<u64, (Timestamp, String, Delivery)> = BTreeMap::new();
         let mut settled = HashSet::new();
+        let mut unsent = HashSet::new();
         let mut backlog = OutboxBacklog::default();
         let all: Vec<&JournalItem> = contents.consumed.iter().chain(&contents.pending).collect();
         for item in &all {
@@ -90,6 +98,7 @@ impl Outbox {
                             .push((channel.clone(), delivery.id.clone(), reason));
                     }
                 }
+                Some(OutboxRecord::Unsent { intents, .. }) => unsent.extend(intents),
                 None => {}
             }
         }
@@ -102,9 +111,14 @@ impl Outbox {
                 at,
                 channel,
                 delivery,
+                sent: if unsent.contains(&seq) {
+                    Sent::Not
+                } else {
+                    Sent::Maybe
+                },
             })
             .collect();
-        let writer = JournalWriter::start(journal, HashSet::new(), dir, "outbox")?;
+        let writer = JournalWriter::start(journal, dir, "outbox")?;
         Ok((Outbox { writer, clock }, backlog))
     }
 
@@ -128,9 +142,29 @@ impl Outbox {
         self.writer.consume(vec![intent, seq]).await
     }
 
+    /// Records that the deliveries recorded as `intents` were certainly not sent (perch is
+    /// stopping while they wait), so the next start sends them.
+    pub async fn unsent(&self, intents: Vec<u64>, reason: &str) -> Result<(), LogError> {
+        if intents.is_empty() {
+            return Ok(());
+        }
+        let record = OutboxRecord::Unsent {
+            intents,
+            reason: reason.to_owned(),
+        };
+        let seq = self.append(&record).await?;
+        self.writer.consume(vec![seq]).await
+    }
+
     /// What to do with an unsettled delivery now, given the platform's resend window.
     pub fn decide(&self, unsettled: &Unsettled, resend_window: Option<Duration>) -> Unreceipted {
-        unreceipted(unsettled.at, self.clock.now(), resend_window, DELIVERY_TTL)
+        unreceipted(
+            unsettled.at,
+            self.clock.now(),
+            resend_window,
+            DELIVERY_TTL,
+            unsettled.sent,
+        )
     }
 
     /// Deliveries recorded and not settled.
@@ -139,20 +173,7 @@ impl Outbox {
     }
 
     async fn append(&self, record: &OutboxRecord) -> Result<u64, LogError> {
-        let body = serde_json::to_value(record).map_err(|error| LogError::WriterStopped {
-            reason: format!("an outbox record did not encode: {error}"),
-        })?;
-        match self
-            .writer
-            .append(vec![JournalEntry { body, key: None }])
-            .await?
-            .first()
-        {
-            Some(Journaled::New { seq }) => Ok(*seq),
-            _ => Err(LogError::WriterStopped {
-                reason: "an outbox record was not written".into(),
-            }),
-        }
+        self.writer.append_record(record, "an outbox record").await
     }
 }
 
@@ -218,6 +239,13 @@ mod tests {
                     reason: "chat not found".into(),
                 },
                 r#"{"type":"dropped","intent":1,"reason":"chat not found"}"#,
+            ),
+            (
+                OutboxRecord::Unsent {
+                    intents: vec![1, 2],
+                    reason: "perch stopped while it was rate-limited".into(),
+                },
+                r#"{"type":"unsent","intents":[1,2],"reason":"perch stopped while it was rate-limited"}"#,
             ),
         ];
         for (record, line) in table {

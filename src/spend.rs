@@ -10,7 +10,6 @@ use perch_core::alert::AlertKind;
 use perch_core::spend::{
     Level, Money, Price, RunKind, SpendDay, SpendPolicy, SpendRecord, TokenUsage,
 };
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 const SEGMENT_BYTES: u64 = 1 << 20;
@@ -71,7 +70,7 @@ impl SpendGuard {
         if !stale.is_empty() {
             journal.consume(&stale)?;
         }
-        let writer = JournalWriter::start(journal, HashSet::new(), &path, "spend")?;
+        let writer = JournalWriter::start(journal, &path, "spend")?;
         Ok(SpendGuard {
             inner: Arc::new(Inner {
                 policy,

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PERCH_CACHE="${PERCH_CACHE:-$HOME/.cache/perch}"
-features=(--features sandbox-double,failpoints)
+features=(--features sandbox-double,failpoints,discord-rest-proxy)
 
 # Setup (runtime pair, rootfs, Synapse) with the usual target dir; the release builds below get
 # their own, so the debug one stays warm.

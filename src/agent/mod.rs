@@ -99,9 +99,22 @@ impl AgentDir {
         self.state_dir().join("outbox")
     }
 
-    /// `.perch/conversations.json`: the generation of each conversation (bumped by `/new`).
+    /// `.perch/conversations.json`: the generation of each conversation, as earlier versions
+    /// kept it (moved into [`AgentDir::generations_dir`] at start).
     pub fn conversations_file(&self) -> PathBuf {
         self.state_dir().join("conversations.json")
+    }
+
+    /// `.perch/generations/`: one file per conversation that used `/new`, holding its
+    /// generation.
+    pub fn generations_dir(&self) -> PathBuf {
+        self.state_dir().join("generations")
+    }
+
+    /// `.perch/generations/<lane>`: the generation of the conversation whose first lane is
+    /// `base`.
+    pub fn generation_file(&self, base: &perch_core::name::LaneName) -> PathBuf {
+        self.generations_dir().join(base.as_str())
     }
 
     /// `.perch/pairing.json`: pending pairing codes and the people they approved.
@@ -176,6 +189,11 @@ mod tests {
             (dir.inbox_dir(), ".perch/inbox"),
             (dir.outbox_dir(), ".perch/outbox"),
             (dir.conversations_file(), ".perch/conversations.json"),
+            (dir.generations_dir(), ".perch/generations"),
+            (
+                dir.generation_file(&perch_core::name::LaneName::try_from("tg-1").unwrap()),
+                ".perch/generations/tg-1",
+            ),
             (dir.pairing_file(), ".perch/pairing.json"),
             (dir.control_socket(), ".perch/control.sock"),
             (dir.starts_file(), ".perch/starts.json"),

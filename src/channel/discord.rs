@@ -136,9 +136,10 @@ impl DiscordConnector {
     }
 
     /// Sends REST requests through the HTTPS proxy at `proxy_url` (HTTP CONNECT), trusting the
-    /// PEM certificates in `root_pem` besides the built-in roots, for hosts whose egress passes
-    /// an inspecting proxy. serenity's ratelimiter stays on. The gateway websocket still
-    /// connects directly.
+    /// PEM certificates in `root_pem` besides the built-in roots. serenity's ratelimiter stays
+    /// on; the gateway websocket still connects directly. Only in test builds (feature
+    /// `discord-rest-proxy`): the tests reach a fake discord.com this way.
+    #[cfg(feature = "discord-rest-proxy")]
     pub fn with_rest_proxy(mut self, proxy_url: &str, root_pem: &[u8]) -> Result<Self, String> {
         let proxy = reqwest012::Proxy::https(proxy_url)
             .map_err(|error| format!("the REST proxy URL is unusable: {error}"))?;

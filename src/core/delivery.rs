@@ -34,20 +34,33 @@ pub enum Unreceipted {
     Expired,
 }
 
-/// Decides [`Unreceipted`] for an intent recorded at `recorded`.
+/// Whether a delivery without a receipt may have reached its platform.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    /// It may have been posted: perch stopped during or after sending it.
+    Maybe,
+    /// It certainly was not: perch stopped while it waited (its turn, a rate limit, a retry
+    /// after a request that never reached the platform) and recorded so.
+    Not,
+}
+
+/// Decides [`Unreceipted`] for an intent recorded at `recorded`. One that was certainly not
+/// sent is sent now on any platform, as long as it is not too old.
 pub fn unreceipted(
     recorded: Timestamp,
     now: Timestamp,
     resend_window: Option<Duration>,
     ttl: Duration,
+    sent: Sent,
 ) -> Unreceipted {
     let age = (now - recorded).to_std().unwrap_or(Duration::ZERO);
     if age > ttl {
         return Unreceipted::Expired;
     }
-    match resend_window {
-        Some(window) if age <= window => Unreceipted::Resend,
-        _ => Unreceipted::Unknown,
+    match (sent, resend_window) {
+        (Sent::Not, _) => Unreceipted::Resend,
+        (Sent::Maybe, Some(window)) if age <= window => Unreceipted::Resend,
+        (Sent::Maybe, _) => Unreceipted::Unknown,
     }
 }
 
@@ -323,16 +336,23 @@ mod tests {
         let later = |secs| at + chrono::Duration::seconds(secs);
         let window = Some(Duration::from_secs(300));
         let ttl = Duration::from_secs(3600);
-        assert_eq!(unreceipted(at, later(10), window, ttl), Unreceipted::Resend);
-        assert_eq!(
-            unreceipted(at, later(400), window, ttl),
-            Unreceipted::Unknown
-        );
-        assert_eq!(unreceipted(at, later(10), None, ttl), Unreceipted::Unknown);
-        assert_eq!(
-            unreceipted(at, later(4000), window, ttl),
-            Unreceipted::Expired
-        );
+        let table = [
+            (10, window, Sent::Maybe, Unreceipted::Resend),
+            (400, window, Sent::Maybe, Unreceipted::Unknown),
+            (10, None, Sent::Maybe, Unreceipted::Unknown),
+            (4000, window, Sent::Maybe, Unreceipted::Expired),
+            (10, None, Sent::Not, Unreceipted::Resend),
+            (400, window, Sent::Not, Unreceipted::Resend),
+            (3600, None, Sent::Not, Unreceipted::Resend),
+            (3601, None, Sent::Not, Unreceipted::Expired),
+        ];
+        for (after, window, sent, expected) in table {
+            assert_eq!(
+                unreceipted(at, later(after), window, ttl, sent),
+                expected,
+                "{after} s later, window {window:?}, sent {sent:?}"
+            );
+        }
     }
 
     /// Runs a sequence of failures through [`after_failure`], returning every decision.

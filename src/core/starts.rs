@@ -24,6 +24,10 @@ pub struct Start {
     /// When it stopped cleanly; `None` while it runs, and forever if it crashed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped: Option<Timestamp>,
+    /// Whether that stop closed every lane it had open (every run drained or recorded as
+    /// cancelled in time). Records from before this existed read as false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lanes_closed: bool,
 }
 
 /// Why channels start paused, and until when.
@@ -65,14 +69,21 @@ pub fn record_start(earlier: &[Start], now: Timestamp) -> Vec<Start> {
     starts.push(Start {
         at: now,
         stopped: None,
+        lanes_closed: false,
     });
     let excess = starts.len().saturating_sub(KEEP);
     starts.drain(..excess);
     starts
 }
 
-/// The record after the start at `started` stopped cleanly at `now`.
-pub fn record_stop(starts: &[Start], started: Timestamp, now: Timestamp) -> Vec<Start> {
+/// The record after the start at `started` stopped cleanly at `now`, having closed every lane
+/// or not.
+pub fn record_stop(
+    starts: &[Start],
+    started: Timestamp,
+    now: Timestamp,
+    lanes_closed: bool,
+) -> Vec<Start> {
     starts
         .iter()
         .map(|start| {
@@ -80,12 +91,23 @@ pub fn record_stop(starts: &[Start], started: Timestamp, now: Timestamp) -> Vec<
                 Start {
                     at: start.at,
                     stopped: Some(now),
+                    lanes_closed,
                 }
             } else {
                 start.clone()
             }
         })
         .collect()
+}
+
+/// Whether a start must look through the lanes on disk for operations left open: not when the
+/// previous start (the last of `earlier`) stopped cleanly with every lane closed, since then
+/// none can be open (a lane a crashed `perch chat` left open is recovered when it is next
+/// opened, as every lane is).
+pub fn lanes_need_recovery(earlier: &[Start]) -> bool {
+    earlier
+        .last()
+        .is_none_or(|last| last.stopped.is_none() || !last.lanes_closed)
 }
 
 #[cfg(test)]
@@ -103,7 +125,39 @@ mod tests {
         Start {
             at: at(minute),
             stopped: None,
+            lanes_closed: false,
         }
+    }
+
+    fn stopped(minute: u32, lanes_closed: bool) -> Start {
+        Start {
+            at: at(minute),
+            stopped: Some(at(minute + 1)),
+            lanes_closed,
+        }
+    }
+
+    #[test]
+    fn only_a_clean_stop_that_closed_every_lane_spares_the_next_start_the_scan() {
+        let table = [
+            (vec![], true),
+            (vec![crashed(1)], true),
+            (vec![stopped(1, false)], true),
+            (vec![stopped(1, true)], false),
+            (vec![stopped(1, true), crashed(3)], true),
+            (vec![crashed(1), stopped(3, true)], false),
+        ];
+        for (earlier, scan) in table {
+            assert_eq!(lanes_need_recovery(&earlier), scan, "{earlier:?}");
+        }
+        let old: Vec<Start> = serde_json::from_str(
+            r#"[{"at":"2026-11-30T09:01:00Z","stopped":"2026-11-30T09:02:00Z"}]"#,
+        )
+        .unwrap();
+        assert!(
+            lanes_need_recovery(&old),
+            "a record from before lanes_closed"
+        );
     }
 
     #[test]
@@ -121,10 +175,7 @@ mod tests {
     #[test]
     fn two_crashes_or_a_clean_stop_between_or_old_crashes_do_not() {
         assert_eq!(breaker(&[crashed(3), crashed(5)], at(6)), None);
-        let clean = Start {
-            at: at(4),
-            stopped: Some(at(5)),
-        };
+        let clean = stopped(4, true);
         assert_eq!(
             breaker(&[crashed(1), crashed(2), clean, crashed(5)], at(6)),
             None
@@ -141,8 +192,9 @@ mod tests {
         }
         assert_eq!(starts.len(), KEEP);
         assert_eq!(starts[0].at, at(5));
-        let stopped = record_stop(&starts, at(24), at(26));
+        let stopped = record_stop(&starts, at(24), at(26), true);
         assert_eq!(stopped.last().unwrap().stopped, Some(at(26)));
+        assert!(stopped.last().unwrap().lanes_closed);
         assert!(
             stopped[..KEEP - 1]
                 .iter()

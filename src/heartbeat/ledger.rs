@@ -3,10 +3,9 @@
 //! unconsumed items; a record a later one makes irrelevant is consumed.
 
 use crate::agent::AgentDir;
-use crate::log::{Clock, Journal, JournalEntry, JournalWriter, Journaled, LogError, peek_journal};
+use crate::log::{Clock, Journal, JournalWriter, LogError, peek_journal};
 use perch_core::heartbeat::{LedgerRecord, LedgerState, reduce, superseded};
 use perch_core::name::TaskName;
-use std::collections::HashSet;
 use std::time::Duration;
 
 /// How long a consumed ledger record stays on disk.
@@ -49,25 +48,12 @@ impl Ledger {
                     .map(|record| (item.seq, record))
             })
             .collect();
-        let writer = JournalWriter::start(journal, HashSet::new(), &path, "heartbeats")?;
+        let writer = JournalWriter::start(journal, &path, "heartbeats")?;
         Ok((Ledger { writer }, records))
     }
 
     async fn append(&self, record: &LedgerRecord) -> Result<u64, LogError> {
-        let body = serde_json::to_value(record).map_err(|error| LogError::WriterStopped {
-            reason: format!("a ledger record did not encode: {error}"),
-        })?;
-        match self
-            .writer
-            .append(vec![JournalEntry { body, key: None }])
-            .await?
-            .first()
-        {
-            Some(Journaled::New { seq }) => Ok(*seq),
-            _ => Err(LogError::WriterStopped {
-                reason: "a ledger record was not written".into(),
-            }),
-        }
+        self.writer.append_record(record, "a ledger record").await
     }
 
     /// Appends `record` to the ledger and to `records` (the records in force, in order), then

@@ -23,7 +23,7 @@ mod segment;
 
 pub use error::LogError;
 pub use journal::{Journal, JournalContents, JournalItem, peek as peek_journal};
-pub use journal_writer::{JournalEntry, JournalWriter, Journaled};
+pub use journal_writer::{DedupKeys, JournalEntry, JournalWriter, Journaled};
 pub use lane::{
     Appended, Clock, IndexStatus, LaneLog, LaneSnapshot, OpenReport, OpenSummary, TailRepair,
     system_clock,

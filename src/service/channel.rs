@@ -13,9 +13,12 @@ use tokio::sync::Mutex;
 pub(super) struct Channel {
     pub(super) loaded: LoadedChannel,
     pub(super) connector: Arc<dyn Connector>,
+    /// The channel file's Lua state. A tokio lock: a hook call is awaited under it (hooks of
+    /// one channel run one at a time, in arrival order).
     pub(super) hooks: Mutex<ChannelHooks>,
     /// The channel's hook calls still running, abandoned ones included.
     pub(super) hook_calls_running: Arc<std::sync::atomic::AtomicUsize>,
+    /// A std lock: only read and set, never held across an await.
     pub(super) health: std::sync::Mutex<Health>,
     /// Told when the channel stops or turns unhealthy.
     pub(super) alerts: Alerts,

@@ -70,7 +70,7 @@ impl Service {
     /// Hands an item to its conversation, starting the conversation's task if it has none.
     pub(super) async fn dispatch(self: &Arc<Self>, mut item: PendingItem) -> Result<(), String> {
         let lane = LaneName::try_from(item.lane.as_str())?;
-        let mut conversations = self.conversations.lock().await;
+        let mut conversations = self.state.conversations.lock().await;
         if let Some(queue) = conversations.get(&lane) {
             match queue.send(item) {
                 Ok(()) => return Ok(()),
@@ -93,7 +93,7 @@ impl Service {
                 tracing::error!(channel = %channel_name, lane = %lane_name, "{error}");
             }
             // However it ended, its entry goes; an idle end has removed it already.
-            let mut conversations = service.conversations.lock().await;
+            let mut conversations = service.state.conversations.lock().await;
             if conversations
                 .get(&lane)
                 .is_some_and(mpsc::UnboundedSender::is_closed)
@@ -221,6 +221,7 @@ impl Service {
                             failures = 0;
                         }
                         Err(error) => {
+                            self.metrics.lane_open_failed();
                             failures = failures.saturating_add(1);
                             let wait = perch_core::lanes::open_retry(failures);
                             retry_at = Some(tokio::time::Instant::now() + wait);
@@ -239,7 +240,7 @@ impl Service {
                     continue;
                 }
                 Woken::Idle => {
-                    let mut conversations = self.conversations.lock().await;
+                    let mut conversations = self.state.conversations.lock().await;
                     match items.try_recv() {
                         Ok(item) => item,
                         Err(_) => {

@@ -240,8 +240,9 @@ struct Workers {
 enum Unfinished {
     /// An outbox write failed.
     Write(String),
-    /// perch is stopping, and a retry would have had to wait.
-    Stopping,
+    /// perch is stopping, and a retry would have had to wait: the intents of the piece that
+    /// waited and of the reply's pieces after it, none of them sent.
+    Stopping { unsent: Vec<u64> },
 }
 
 impl Deliveries {
@@ -358,10 +359,25 @@ impl Workers {
                     );
                     Err(error)
                 }
-                Err(Unfinished::Stopping) => {
+                Err(Unfinished::Stopping { mut unsent }) => {
                     // What is left in this room stays unsettled in the outbox, in order, for the
-                    // next start; the callers waiting on it are told so when it is dropped.
-                    drop(self.rooms.abandon(&key));
+                    // next start, marked as certainly not sent so that it is sent then on any
+                    // platform; the callers waiting on it are told so when it is dropped.
+                    for left in self.rooms.abandon(&key) {
+                        unsent.extend(left.pieces.iter().map(|(intent, _)| *intent));
+                    }
+                    if let Err(error) = self
+                        .outbox
+                        .unsent(unsent, "perch stopped while this delivery waited")
+                        .await
+                    {
+                        tracing::warn!(
+                            channel = %key.0,
+                            "deliveries to {} room {} waiting at shutdown could not be marked unsent (the next start reports them unknown): {error}",
+                            key.0,
+                            key.1
+                        );
+                    }
                     return;
                 }
             };
@@ -377,8 +393,14 @@ impl Workers {
         let name = channel.loaded.config.name.to_string();
         let mut queue = VecDeque::from(pieces);
         while let Some((intent, delivery)) = queue.pop_front() {
-            let Some(reason) = self.send(channel, intent, &delivery).await? else {
-                continue;
+            let reason = match self.send(channel, intent, &delivery).await {
+                Ok(None) => continue,
+                Ok(Some(reason)) => reason,
+                Err(Unfinished::Stopping { mut unsent }) => {
+                    unsent.extend(queue.iter().map(|(intent, _)| *intent));
+                    return Err(Unfinished::Stopping { unsent });
+                }
+                Err(error) => return Err(error),
             };
             let paths: Vec<&str> = delivery
                 .attachments
@@ -480,7 +502,9 @@ impl Workers {
                     }
                     if !wait.is_zero() {
                         tokio::select! {
-                            () = self.shutdown.cancelled() => return Err(Unfinished::Stopping),
+                            () = self.shutdown.cancelled() => {
+                                return Err(Unfinished::Stopping { unsent: vec![intent] });
+                            }
                             () = tokio::time::sleep(wait) => {}
                         }
                     }
@@ -594,7 +618,7 @@ fn delivery_outcome(record: &OutboxRecord) -> Option<DeliveryOutcome> {
         OutboxRecord::Receipt { .. } => Some(DeliveryOutcome::Receipt),
         OutboxRecord::Dropped { .. } => Some(DeliveryOutcome::Dropped),
         OutboxRecord::Unknown { .. } => Some(DeliveryOutcome::Unknown),
-        OutboxRecord::Intent { .. } => None,
+        OutboxRecord::Intent { .. } | OutboxRecord::Unsent { .. } => None,
     }
 }
 

@@ -84,13 +84,33 @@ impl Service {
             Ok(Steered::Delivered) => Ok(()),
             Ok(Steered::Idle) => {
                 let into = into.clone();
-                tokio::spawn(async move {
+                let (shutdown, drain) = (self.shutdown.clone(), self.drain);
+                // Among the service's tasks, so shutdown drains it like a conversation's run.
+                self.tasks.spawn(async move {
                     let input = Input {
                         text,
                         consumes: Vec::new(),
                         fresh: false,
                     };
-                    if let Err(error) = crate::lane::Lane::send(&lane, input, None).await {
+                    let run = crate::lane::Lane::send(&lane, input, None);
+                    tokio::pin!(run);
+                    let finished = tokio::select! {
+                        finished = &mut run => finished,
+                        () = shutdown.cancelled() => {
+                            match tokio::time::timeout(drain, &mut run).await {
+                                Ok(finished) => finished,
+                                Err(_) => {
+                                    tracing::warn!(lane = %into, "a steered run did not finish within the drain; aborting it");
+                                    let _ = lane.abort();
+                                    match tokio::time::timeout(super::DRAIN_MARGIN, &mut run).await {
+                                        Ok(finished) => finished,
+                                        Err(_) => return,
+                                    }
+                                }
+                            }
+                        }
+                    };
+                    if let Err(error) = finished {
                         tracing::warn!(
                             lane = %into,
                             "heartbeat steer into {into}: the steered run failed: {error}"

@@ -3,7 +3,7 @@
 //! platform: a reply is recorded in the outbox and handed to its room's delivery worker, and
 //! the event is consumed once that record is fsynced.
 
-use super::{Channel, Service};
+use super::{Channel, Service, generations, locked};
 use crate::channel::hooks::HookVerdict;
 use crate::channel::{Arrival, InboundEvent};
 use crate::control;
@@ -15,8 +15,17 @@ use perch_core::delivery::lane_for;
 use perch_core::name::LaneName;
 use perch_core::pairing::{Issued, pairing_code};
 use perch_core::terminal;
-use std::collections::BTreeMap;
 use std::sync::Arc;
+
+/// Whether an event about to be decided is still owed its reply (a chat command's, a pairing
+/// offer): after a restart, an event decided again may have had its reply recorded before the
+/// crash, and then its command is not carried out again nor its reply sent twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reply {
+    Due,
+    /// The outbox holds a reply to it: deliver that one (the outbox does), do nothing again.
+    Recorded,
+}
 
 impl Service {
     /// Journals the event, acknowledges it, and decides what it is.
@@ -35,7 +44,7 @@ impl Service {
         let _ = journaled.send(());
         if let Recorded::New { seq } = recorded {
             self.metrics.event_in(channel);
-            self.decide(seq, channel, event).await?;
+            self.decide(seq, channel, event, Reply::Due).await?;
         }
         Ok(())
     }
@@ -45,6 +54,7 @@ impl Service {
         seq: u64,
         channel: &str,
         event: InboundEvent,
+        reply: Reply,
     ) -> Result<(), String> {
         let Some(connected) = self.channels.get(channel).cloned() else {
             return self
@@ -65,9 +75,9 @@ impl Service {
             room: &event.room,
             sent_at: event.sent_at,
         };
-        let bot_turns = self.bot_turns.lock().await.in_room(channel, &event.room);
+        let bot_turns = locked(&self.state.bot_turns).in_room(channel, &event.room);
         let admission = {
-            let pairing = self.pairing.lock().await;
+            let pairing = locked(&self.state.pairing);
             admit(
                 config,
                 &arrived,
@@ -80,7 +90,9 @@ impl Service {
         let command = perch_core::chat::command_for_me(&event.text, event.addressed);
         let verdict = match (admission, command) {
             (Admission::Answer, Some(command)) => {
-                self.command(&connected, &event, command).await?;
+                if reply == Reply::Due {
+                    self.command(&connected, &event, command).await?;
+                }
                 Verdict::Command {
                     command: command.as_str().to_owned(),
                 }
@@ -107,17 +119,15 @@ impl Service {
                 match verdict {
                     HookVerdict::Item(item) => {
                         let lane = match item.lane {
-                            Some(lane) => Some(lane),
-                            None => self.conversation_lane(channel, &event).await,
+                            Some(lane) => Ok(lane),
+                            None => self.conversation_lane(channel, &event),
                         };
                         match lane {
-                            Some(lane) => Verdict::Item {
+                            Ok(lane) => Verdict::Item {
                                 lane: lane.to_string(),
                                 text: item.text,
                             },
-                            None => Verdict::Error {
-                                reason: "no lane name could be made for this conversation".into(),
-                            },
+                            Err(reason) => Verdict::Error { reason },
                         }
                     }
                     HookVerdict::Drop => Verdict::Dropped,
@@ -125,7 +135,7 @@ impl Service {
                 }
             }
             (Admission::Context, _) => {
-                self.context.lock().await.push(
+                locked(&self.state.context).push(
                     channel,
                     &event.room,
                     context_line(&event),
@@ -134,6 +144,9 @@ impl Service {
                 Verdict::Context
             }
             (Admission::Stale, _) => Verdict::Stale,
+            (Admission::Pair, _) if reply == Reply::Recorded => Verdict::Refused {
+                reason: "unknown sender in a direct message; pairing offered".into(),
+            },
             (Admission::Pair, _) => match self.offer_pairing(&connected, &event).await {
                 Ok(()) => Verdict::Refused {
                     reason: "unknown sender in a direct message; pairing offered".into(),
@@ -155,7 +168,7 @@ impl Service {
             },
             (Admission::Refused { reason }, _) => Verdict::Refused { reason },
         };
-        self.bot_turns.lock().await.note(
+        locked(&self.state.bot_turns).note(
             channel,
             &event.room,
             event.sender.is_bot,
@@ -165,11 +178,7 @@ impl Service {
             self.settle(seq, verdict).await?;
             return self.consume_marks(deciding).await;
         };
-        let earlier = self
-            .context
-            .lock()
-            .await
-            .take(channel, &event.room, self.clock.now());
+        let earlier = locked(&self.state.context).take(channel, &event.room, self.clock.now());
         let text = if earlier.is_empty() {
             text
         } else {
@@ -197,20 +206,11 @@ impl Service {
 
     /// The lane of the conversation `event` belongs to, in its current generation (`/new`
     /// starts the next one).
-    async fn conversation_lane(&self, channel: &str, event: &InboundEvent) -> Option<LaneName> {
-        let base = lane_for(channel, &event.room, event.thread.as_deref())?;
-        let generation = self
-            .generations
-            .lock()
-            .await
-            .get(base.as_str())
-            .copied()
-            .unwrap_or(0);
-        if generation == 0 {
-            return Some(base);
-        }
-        let prefix: String = base.as_str().chars().take(56).collect();
-        LaneName::try_from(format!("{prefix}-n{generation}").as_str()).ok()
+    fn conversation_lane(&self, channel: &str, event: &InboundEvent) -> Result<LaneName, String> {
+        let base = lane_for(channel, &event.room, event.thread.as_deref())
+            .ok_or("no lane name could be made for this conversation")?;
+        let generation = generations::current(&self.runtime.agent().dir, &base)?;
+        generations::lane(base, generation)
     }
 
     /// `/stop` aborts this conversation's run, `/new` starts a fresh conversation, `/status` says
@@ -224,7 +224,7 @@ impl Service {
         let name = channel.loaded.config.name.to_string();
         let reply = match command {
             ChatCommand::Stop => {
-                let lane = self.conversation_lane(&name, event).await;
+                let lane = self.conversation_lane(&name, event).ok();
                 let stopped = lane
                     .and_then(|lane| self.lanes.open_lane(&lane))
                     .is_some_and(|lane| lane.abort().is_ok());
@@ -239,9 +239,7 @@ impl Service {
                 let Some(base) = lane_for(&name, &event.room, event.thread.as_deref()) else {
                     return Ok(());
                 };
-                let mut generations = self.generations.lock().await;
-                *generations.entry(base.to_string()).or_insert(0) += 1;
-                write_generations(&self.generations_path, &generations)?;
+                generations::advance(&self.runtime.agent().dir, &base)?;
                 "Starting a new conversation: I will not see the earlier messages here.".to_owned()
             }
             ChatCommand::Status => format!(
@@ -262,7 +260,7 @@ impl Service {
     ) -> Result<(), String> {
         let code = pairing_code(random_bytes());
         let issued = {
-            let mut pairing = self.pairing.lock().await;
+            let mut pairing = locked(&self.state.pairing);
             let before = pairing.clone();
             let issued = pairing.issue(
                 &channel.loaded.config.name.to_string(),
@@ -360,21 +358,4 @@ fn random_bytes() -> [u8; 6] {
     let random = uuid::Uuid::new_v4();
     let bytes = random.as_bytes();
     [bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5]]
-}
-
-pub(super) fn read_generations(path: &std::path::Path) -> Result<BTreeMap<String, u32>, String> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            serde_json::from_str(&text).map_err(|error| format!("{}: {error}", path.display()))
-        }
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
-        Err(error) => Err(format!("{}: {error}", path.display())),
-    }
-}
-
-fn write_generations(
-    path: &std::path::Path,
-    generations: &BTreeMap<String, u32>,
-) -> Result<(), String> {
-    crate::atomic_file::write_json(path, generations)
 }

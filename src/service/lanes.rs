@@ -196,18 +196,7 @@ impl LanePool {
         loop {
             let closing = {
                 let mut lanes = self.shared.lock();
-                let (names, views): (Vec<LaneName>, Vec<OpenLane>) = lanes
-                    .iter()
-                    .map(|(name, slot)| {
-                        (
-                            name.clone(),
-                            OpenLane {
-                                held: slot.holders > 0,
-                                last_used: slot.last_used,
-                            },
-                        )
-                    })
-                    .unzip();
+                let (names, views) = views(&lanes);
                 match make_room(&views, self.limits.open_max) {
                     Room::Free => break,
                     Room::Full => {
@@ -254,18 +243,7 @@ impl LanePool {
         let _changing = self.changing.lock().await;
         let idle: Vec<(LaneName, Slot)> = {
             let mut lanes = self.shared.lock();
-            let (names, views): (Vec<LaneName>, Vec<OpenLane>) = lanes
-                .iter()
-                .map(|(name, slot)| {
-                    (
-                        name.clone(),
-                        OpenLane {
-                            held: slot.holders > 0,
-                            last_used: slot.last_used,
-                        },
-                    )
-                })
-                .unzip();
+            let (names, views) = views(&lanes);
             let closing = idle_past(&views, self.shared.now(), self.limits.lane_idle)
                 .into_iter()
                 .filter_map(|index| names.get(index).and_then(|name| lanes.remove_entry(name)))
@@ -278,8 +256,9 @@ impl LanePool {
         }
     }
 
-    /// Closes every lane (at shutdown, once the conversations have stopped).
-    pub(super) async fn close_all(&self) {
+    /// Closes every lane (at shutdown, once the conversations have stopped); whether every one
+    /// closed cleanly.
+    pub(super) async fn close_all(&self) -> bool {
         let _changing = self.changing.lock().await;
         let all: Vec<(LaneName, Slot)> = {
             let mut lanes = self.shared.lock();
@@ -287,9 +266,11 @@ impl LanePool {
             self.shared.count(0);
             all
         };
+        let mut clean = true;
         for closing in all {
-            close(closing).await;
+            clean &= close(closing).await;
         }
+        clean
     }
 
     /// Closes idle lanes every quarter of the idle time until `shutdown`.
@@ -304,9 +285,30 @@ impl LanePool {
     }
 }
 
-async fn close((name, slot): (LaneName, Slot)) {
-    if let Err(error) = slot.lane.close().await {
-        tracing::warn!(lane = %name, "lane {name} did not close cleanly: {error}");
+/// The open lanes' names, and what `perch_core::lanes` decides on, in the same order.
+fn views(lanes: &HashMap<LaneName, Slot>) -> (Vec<LaneName>, Vec<OpenLane>) {
+    lanes
+        .iter()
+        .map(|(name, slot)| {
+            (
+                name.clone(),
+                OpenLane {
+                    held: slot.holders > 0,
+                    last_used: slot.last_used,
+                },
+            )
+        })
+        .unzip()
+}
+
+/// Closes a lane; whether it closed cleanly.
+async fn close((name, slot): (LaneName, Slot)) -> bool {
+    match slot.lane.close().await {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(lane = %name, "lane {name} did not close cleanly: {error}");
+            false
+        }
     }
 }
 

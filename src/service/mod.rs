@@ -15,6 +15,7 @@
 mod channel;
 mod conversation;
 mod delivery;
+mod generations;
 mod heartbeats;
 mod intake;
 mod lanes;
@@ -23,7 +24,7 @@ mod recovery;
 mod status;
 
 use channel::{Channel, Health};
-use intake::{context_line, read_generations};
+use intake::context_line;
 pub use lanes::LaneLimits;
 use lanes::LanePool;
 use receive::{ReceiveFrom, receive_forever};
@@ -49,7 +50,7 @@ use perch_core::chat::BotTurns;
 use perch_core::group_context::GroupContext;
 use perch_core::name::LaneName;
 use perch_core::pairing::Pairing;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Mutex, mpsc};
@@ -103,7 +104,8 @@ impl std::fmt::Debug for ServiceSetup {
     }
 }
 
-/// Shared by every task of the service.
+/// Shared by every task of the service: handles fixed at start (the fields here) apart from
+/// what changes as it runs (`state`).
 struct Service {
     runtime: Runtime,
     inbox: Inbox,
@@ -111,39 +113,51 @@ struct Service {
     /// The per-room delivery workers every reply is handed to once its intents are recorded.
     deliveries: delivery::Deliveries,
     channels: HashMap<String, Arc<Channel>>,
-    /// The queue of each conversation whose task is running; the task removes its entry, under
-    /// this lock, when it ends idle. A tokio lock: `dispatch` sends under it and a conversation's
-    /// task takes it from async code.
-    conversations: Mutex<HashMap<LaneName, mpsc::UnboundedSender<PendingItem>>>,
     limits: RunLimits,
     clock: Clock,
     shutdown: CancellationToken,
-    pairing: Mutex<Pairing>,
     pairing_path: std::path::PathBuf,
     /// The open lanes, capped, shared by conversations, heartbeats and `/stop`.
     lanes: LanePool,
-    /// How many times `/new` was used per conversation, and where that is kept.
-    generations: Mutex<BTreeMap<String, u32>>,
-    generations_path: std::path::PathBuf,
-    /// The last group messages per (channel, room) that did not address the agent, offered to
-    /// the model with the next message that does; bounded in rooms and age. A tokio lock, as
-    /// the others taken in `decide`.
-    context: Mutex<GroupContext>,
-    /// Bot messages answered per (channel, room) since the last human one, for the loop guard;
-    /// rebuilt from the inbox at start.
-    bot_turns: Mutex<BotTurns>,
-    /// The heartbeat scheduler, once started.
+    /// The heartbeat scheduler, set once when it starts.
     heartbeats: std::sync::OnceLock<Heartbeats>,
     /// Set when this start keeps its channels paused (the crash-loop breaker).
     breaker: Option<perch_core::starts::Tripped>,
-    /// The files loaded at start that changed since: a restart applies them.
-    restart_needed: std::sync::Mutex<Vec<String>>,
     /// Every conversation's task and run, waited for at shutdown.
     tasks: TaskTracker,
     drain: Duration,
     metrics: Arc<Metrics>,
     /// Owner alerts: posted to `owner` in agent.lua, rate-limited, or only logged without one.
     alerts: Alerts,
+    state: State,
+}
+
+/// What the service changes as it runs, each part behind its own lock. The std locks are only
+/// ever held for bookkeeping (and, for `pairing`, the synchronous write of `pairing.json`),
+/// never across an await.
+struct State {
+    /// The queue of each conversation whose task is running; the task removes its entry, under
+    /// this lock, when it ends idle. A tokio lock: `dispatch` awaits under it (the conversation
+    /// is started or found, and sent its item, as one step) and a conversation's task takes it
+    /// to end, so no item is sent to a task that is ending.
+    conversations: Mutex<HashMap<LaneName, mpsc::UnboundedSender<PendingItem>>>,
+    /// Pending pairing codes and approved senders, written to `pairing.json` on each change.
+    pairing: std::sync::Mutex<Pairing>,
+    /// The last group messages per (channel, room) that did not address the agent, offered to
+    /// the model with the next message that does; bounded in rooms and age.
+    context: std::sync::Mutex<GroupContext>,
+    /// Bot messages answered per (channel, room) since the last human one, for the loop guard;
+    /// rebuilt from the inbox at start; bounded in rooms.
+    bot_turns: std::sync::Mutex<BotTurns>,
+    /// The files loaded at start that changed since: a restart applies them.
+    restart_needed: std::sync::Mutex<Vec<String>>,
+}
+
+/// Takes a std lock of [`State`], whose holders never leave it half changed, so a panic while
+/// holding one does not make it unusable.
+fn locked<T>(lock: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    lock.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Runs the service until `shutdown` fires.
@@ -199,8 +213,7 @@ pub async fn run(
     let pairing_path = dir.pairing_file();
     let pairing = control::read_pairing(&pairing_path)?;
     let control_listener = control::listen(&dir.control_socket())?;
-    let generations_path = dir.conversations_file();
-    let generations = read_generations(&generations_path)?;
+    generations::migrate(&dir)?;
     let started_at = clock.now();
     let earlier_starts = starts::read_starts(&dir.starts_file())?;
     let breaker = perch_core::starts::breaker(&earlier_starts, started_at);
@@ -223,18 +236,12 @@ pub async fn run(
     );
     let service = Arc::new(Service {
         lanes: LanePool::new(setup.lanes, Arc::clone(&setup.metrics)),
-        context: Mutex::new(context),
-        bot_turns: Mutex::new(backlog.bot_turns.clone()),
-        generations: Mutex::new(generations),
-        generations_path,
-        pairing: Mutex::new(pairing),
         pairing_path,
         runtime,
         inbox,
         outbox,
         deliveries,
         channels,
-        conversations: Mutex::new(HashMap::new()),
         limits: setup.limits,
         clock,
         shutdown: shutdown.clone(),
@@ -243,8 +250,14 @@ pub async fn run(
         drain: setup.drain,
         metrics: Arc::clone(&setup.metrics),
         breaker: breaker.clone(),
-        restart_needed: std::sync::Mutex::new(Vec::new()),
         alerts,
+        state: State {
+            conversations: Mutex::new(HashMap::new()),
+            pairing: std::sync::Mutex::new(pairing),
+            context: std::sync::Mutex::new(context),
+            bot_turns: std::sync::Mutex::new(backlog.bot_turns.clone()),
+            restart_needed: std::sync::Mutex::new(Vec::new()),
+        },
     });
     service.start_alerts(raised);
     {
@@ -266,7 +279,11 @@ pub async fn run(
             },
         ));
     }
-    let lanes = service.recover_lanes().await?;
+    let lanes = if perch_core::starts::lanes_need_recovery(&earlier_starts) {
+        service.recover_lanes().await?
+    } else {
+        serde_json::json!({})
+    };
     {
         let service = Arc::clone(&service);
         let shutdown = shutdown.clone();
@@ -420,19 +437,24 @@ pub async fn run(
         status_line("stopping: finishing the runs in progress")
     ));
     service.tasks.close();
+    let mut lanes_closed = true;
     if tokio::time::timeout(service.drain + DRAIN_MARGIN, service.tasks.wait())
         .await
         .is_err()
     {
+        lanes_closed = false;
         tracing::warn!(
             "some conversations did not stop in time; their lanes are recovered at the next start"
         );
     }
-    if tokio::time::timeout(DRAIN_MARGIN, service.lanes.close_all())
-        .await
-        .is_err()
-    {
-        tracing::warn!("some lanes did not close in time; they are recovered at the next start");
+    match tokio::time::timeout(DRAIN_MARGIN, service.lanes.close_all()).await {
+        Ok(all_closed) => lanes_closed &= all_closed,
+        Err(_) => {
+            lanes_closed = false;
+            tracing::warn!(
+                "some lanes did not close in time; they are recovered at the next start"
+            );
+        }
     }
     service
         .runtime
@@ -443,7 +465,12 @@ pub async fn run(
     let starts_now = starts::read_starts(&dir.starts_file())?;
     starts::write_starts(
         &dir.starts_file(),
-        &perch_core::starts::record_stop(&starts_now, started_at, service.clock.now()),
+        &perch_core::starts::record_stop(
+            &starts_now,
+            started_at,
+            service.clock.now(),
+            lanes_closed,
+        ),
     )?;
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! Restart recovery: lanes a crash left with an operation open, and the inbox items still waiting.
 
+use super::intake::Reply;
 use super::{Service, tracing_note};
 use crate::inbox::{Backlog, Verdict, consumes_id};
 use crate::log::taken_run;
@@ -49,7 +50,8 @@ impl Service {
     /// is not run again. If no reply to it was recorded, it gets the one its run left in the lane
     /// (lane recovery has closed the run by now): the reply of a completed run, or a short note
     /// that the run was interrupted. Then it is consumed. The other items are queued again, in
-    /// order; events without a verdict are decided again.
+    /// order; events without a verdict are decided again, without carrying out a command or
+    /// offering pairing again when a reply to the event was recorded before the crash.
     pub(super) async fn resume_inbox(
         self: &Arc<Self>,
         backlog: Backlog,
@@ -100,7 +102,12 @@ impl Service {
             self.consume_marks([interrupted.mark_seq]).await?;
         }
         for (seq, channel, event) in backlog.undecided {
-            self.decide(seq, &channel, event).await?;
+            let reply = if replied_to.contains(&(channel.clone(), event.platform_id.clone())) {
+                Reply::Recorded
+            } else {
+                Reply::Due
+            };
+            self.decide(seq, &channel, event, reply).await?;
         }
         Ok(serde_json::json!({
             "already_answered": answered,

@@ -1,7 +1,7 @@
 //! The service seen from outside: the control socket's requests, `perch status`, `GET /metrics`,
 //! systemd's status line, owner alerts, and the watch on the files loaded at start.
 
-use super::{Service, tracing_note};
+use super::{Service, locked, tracing_note};
 use crate::control::{self, ControlRequest};
 use crate::heartbeat::{self};
 use crate::notify::status_line;
@@ -76,7 +76,7 @@ impl Service {
         };
         match request {
             ControlRequest::PairApprove { code } => {
-                let mut pairing = self.pairing.lock().await;
+                let mut pairing = locked(&self.state.pairing);
                 let reply = match pairing.approve(&code, self.clock.now()) {
                     Approval::Approved(approved) => {
                         control::write_pairing(&self.pairing_path, &pairing).map(|()| approved)
@@ -140,14 +140,10 @@ impl Service {
             channels,
             inbox_pending: self.inbox.depth().await,
             outbox_pending: self.outbox.depth().await,
-            pairings_pending: self.pairing.lock().await.pending.len(),
+            pairings_pending: locked(&self.state.pairing).pending.len(),
             vm,
             channels_paused: self.breaker.as_ref().map(|tripped| tripped.reason.clone()),
-            restart_needed: self
-                .restart_needed
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone(),
+            restart_needed: locked(&self.state.restart_needed).clone(),
         }
     }
 
@@ -173,10 +169,7 @@ impl Service {
                     ));
                 }
                 said.clone_from(&changed);
-                *self
-                    .restart_needed
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = changed;
+                *locked(&self.state.restart_needed) = changed;
             }
         }
     }

@@ -88,209 +88,51 @@ pub async fn arrival_to_lane(smoke: bool) {
 }
 
 #[cfg(feature = "sandbox-double")]
+#[allow(
+    dead_code,
+    clippy::unwrap_used,
+    reason = "the suite's in-process service, shared with the tests, of which this uses a part"
+)]
+#[path = "../suite/in_process.rs"]
+mod in_process;
+
+#[cfg(feature = "sandbox-double")]
 mod double {
-    use super::event;
-    use perch::agent::{self, AgentDir, LoadedChannel};
-    use perch::channel::{
-        Arrival, BoxFuture as ChannelFuture, Connector, ConnectorError, Delivery, DeliveryError,
-        InboundEvent, PlatformLimits, Receipt,
-    };
-    use perch::doctor::Places;
-    use perch::lane::RunLimits;
-    use perch::log::system_clock;
-    use perch::model::{
-        BoxFuture, Model, ModelError, ModelReply, ModelRequest, StopReason, StreamEvent, Usage,
-    };
-    use perch::sandbox::{Backend, MachineSetup};
-    use perch::service::{ServiceSetup, run};
-    use perch_core::log::Part;
+    use super::in_process::InProcess;
+    use perch::service::LaneLimits;
     use std::collections::HashMap;
-    use std::sync::{Arc, Mutex, PoisonError};
     use std::time::{Duration, Instant};
-    use tokio::sync::mpsc;
-    use tokio_util::sync::CancellationToken;
-
-    type Times = Arc<Mutex<HashMap<String, Instant>>>;
-
-    #[derive(Debug)]
-    struct InProcessConnector {
-        events: tokio::sync::Mutex<Option<mpsc::UnboundedReceiver<InboundEvent>>>,
-        arrived: Times,
-    }
-
-    impl Connector for InProcessConnector {
-        fn receive<'a>(
-            &'a self,
-            _resume: Option<String>,
-            _since: Vec<(String, String)>,
-            inbound: mpsc::Sender<Arrival>,
-            cancel: CancellationToken,
-        ) -> ChannelFuture<'a, Result<(), ConnectorError>> {
-            Box::pin(async move {
-                let Some(mut events) = self.events.lock().await.take() else {
-                    cancel.cancelled().await;
-                    return Ok(());
-                };
-                loop {
-                    let event = tokio::select! {
-                        () = cancel.cancelled() => return Ok(()),
-                        event = events.recv() => event,
-                    };
-                    let Some(event) = event else { return Ok(()) };
-                    self.arrived
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .insert(event.text.clone(), Instant::now());
-                    let (journaled, acked) = tokio::sync::oneshot::channel();
-                    if inbound.send(Arrival { event, journaled }).await.is_err() {
-                        return Ok(());
-                    }
-                    let _ = acked.await;
-                }
-            })
-        }
-
-        fn post<'a>(
-            &'a self,
-            delivery: &'a Delivery,
-            _files: &'a [perch::channel::Upload],
-        ) -> ChannelFuture<'a, Result<Receipt, DeliveryError>> {
-            Box::pin(async move {
-                Ok(Receipt {
-                    platform_id: delivery.id.clone(),
-                })
-            })
-        }
-
-        fn fetch<'a>(
-            &'a self,
-            _event: &'a InboundEvent,
-            _attachment: &'a perch::channel::Attachment,
-            _limit: u64,
-        ) -> ChannelFuture<'a, Result<Vec<u8>, perch::channel::FetchError>> {
-            Box::pin(async {
-                Err(perch::channel::FetchError::Failed {
-                    message: "the benchmark's connector has no files".into(),
-                })
-            })
-        }
-
-        fn typing<'a>(&'a self, _room: &'a str, _thread: Option<&'a str>) -> ChannelFuture<'a, ()> {
-            Box::pin(async {})
-        }
-
-        fn limits(&self) -> PlatformLimits {
-            PlatformLimits {
-                max_chars: 4096,
-                resend_window: None,
-            }
-        }
-    }
-
-    #[derive(Debug)]
-    struct NotingModel {
-        entered: Times,
-    }
-
-    impl Model for NotingModel {
-        fn complete<'a>(
-            &'a self,
-            request: &'a ModelRequest,
-            _events: mpsc::UnboundedSender<StreamEvent>,
-            _cancel: CancellationToken,
-        ) -> BoxFuture<'a, Result<ModelReply, ModelError>> {
-            let now = Instant::now();
-            let text = request
-                .messages
-                .last()
-                .and_then(|message| {
-                    message.parts.iter().find_map(|part| match part {
-                        Part::Text { text } => Some(text.clone()),
-                        _ => None,
-                    })
-                })
-                .unwrap_or_default();
-            self.entered
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(text, now);
-            Box::pin(async {
-                Ok(ModelReply {
-                    parts: vec![Part::Text { text: "ok".into() }],
-                    usage: Usage::default(),
-                    stop: StopReason::End,
-                })
-            })
-        }
-    }
 
     pub async fn measure(events: usize) {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        agent::init(dir.path()).expect("perch init");
-        std::fs::write(
-            dir.path().join("channels/bench.lua"),
-            "channel { kind = \"telegram\", token = env \"BENCH_TOKEN\", dm = \"allow\" }\n",
-        )
-        .expect("the channel file");
-        let loaded =
-            agent::load(&AgentDir::open(dir.path()).expect("an agent")).expect("the agent loads");
-        let arrived: Times = Arc::default();
-        let entered: Times = Arc::default();
-        let (push, received) = mpsc::unbounded_channel();
-        let connector: Arc<dyn Connector> = Arc::new(InProcessConnector {
-            events: tokio::sync::Mutex::new(Some(received)),
-            arrived: Arc::clone(&arrived),
-        });
-        let setup = ServiceSetup {
-            machine: MachineSetup {
-                backend: Backend::NamespaceDouble,
-                places: Places::from_environment(),
-                idle: Duration::from_secs(600),
-            },
-            model: Arc::new(NotingModel {
-                entered: Arc::clone(&entered),
-            }),
-            connectors: Arc::new(move |_: &LoadedChannel| Ok(Arc::clone(&connector))),
-            clock: system_clock(),
-            limits: RunLimits::default(),
-            lanes: perch::service::LaneLimits::default(),
-            reconnect: Duration::from_millis(10),
-            heartbeat_reload: perch::heartbeat::RELOAD_EVERY,
-            notifier: perch::notify::Notifier::disabled(),
-            drain: Duration::from_secs(30),
-            metrics: Arc::default(),
-            metrics_listener: None,
-            once: None,
-        };
-        let shutdown = CancellationToken::new();
-        let service = tokio::spawn(run(loaded, setup, shutdown.clone()));
+        let mut service = InProcess::start(LaneLimits::default(), |_| {});
         for n in 0..events {
-            let mut event: InboundEvent = event(n % 50, n);
-            event.direct = true;
-            event.text = format!("bench-{n}");
-            push.send(event).expect("the connector takes events");
+            let text = format!("bench-{n}");
+            service.send(u64::try_from(n % 50).unwrap_or(0), &text);
             // One at a time, so each measures the path, not a queue behind other runs.
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while !entered
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .contains_key(&format!("bench-{n}"))
-            {
-                assert!(
-                    Instant::now() < deadline,
-                    "event {n} never reached its lane"
-                );
-                tokio::task::yield_now().await;
-            }
+            service
+                .until(
+                    &format!("event {n} reached its lane"),
+                    Duration::from_secs(30),
+                    |seen| seen.requests.iter().any(|(last, _, _)| *last == text),
+                )
+                .await;
         }
-        shutdown.cancel();
-        let _ = service.await;
-        let arrived = arrived.lock().unwrap_or_else(PoisonError::into_inner);
-        let entered = entered.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut latencies: Vec<Duration> = arrived
-            .iter()
-            .filter_map(|(text, at)| entered.get(text).map(|lane| lane.duration_since(*at)))
-            .collect();
+        let mut latencies: Vec<Duration> = service.seen(|seen| {
+            let arrived: HashMap<&str, Instant> = seen
+                .arrived
+                .iter()
+                .map(|(text, at)| (text.as_str(), *at))
+                .collect();
+            seen.requests
+                .iter()
+                .filter_map(|(text, _, at)| {
+                    arrived
+                        .get(text.as_str())
+                        .map(|arrived| at.duration_since(*arrived))
+                })
+                .collect()
+        });
+        service.stop().await;
         latencies.sort();
         let p50 = latencies[latencies.len() / 2];
         let p99 = latencies[(latencies.len() * 99 / 100).min(latencies.len() - 1)];

@@ -2,12 +2,13 @@
 //! The real binary runs against the suite's Telegram fake and an instant model (the suite's
 //! model fake, answering every request at once), on the namespace double. Distinct users each
 //! send one message in their own private chat, and each is answered before the figures are
-//! read. Printed: the process's threads, open descriptors and resident size after 10, 1,000 and
+//! read. Printed: the process's threads, open descriptors, resident size and the allocator's
+//! allocated bytes (perch's `perch_heap_allocated_bytes`, from `--metrics`) after 10, 1,000 and
 //! 10,000 conversations (10 and 300 under `--smoke`) and again once they have gone idle; the
 //! median time to answer over the first and the last 100 conversations; and the time to restart
 //! with every lane on disk. Each figure stands beside its target with a verdict; none is
 //! asserted, since measuring is the point. The run stops early, and says so, when a
-//! conversation is not answered in time (as under `ulimit -Hn 1024` today).
+//! conversation is not answered in time.
 
 #[allow(
     dead_code,
@@ -53,6 +54,11 @@ const LATENCY_RATIO_TARGET: f64 = 2.0;
 /// Conversations timed one at a time at the start and at the end; the ones between go in bursts.
 const TIMED: usize = 100;
 const BURST: usize = 100;
+/// Allocated bytes per idle conversation, past the 10th.
+const ALLOCATED_PER_CONVERSATION_TARGET: f64 = 2048.0;
+/// How long to wait for the conversations to go idle: longer than perch's idle lane (10 s) and
+/// idle conversation (2 s) together.
+const IDLE_WAIT: Duration = Duration::from_secs(30);
 /// How long one conversation may take to be answered before the run stops there.
 const ANSWER_DEADLINE: Duration = Duration::from_secs(20);
 /// Overrides how many conversations the run goes to (300 under `--smoke`, else 10,000), as in
@@ -80,7 +86,6 @@ fn measure(smoke: bool) {
         .filter(|&checkpoint| checkpoint < total)
         .chain([total])
         .collect();
-    let idle_wait = Duration::from_secs(if smoke { 5 } else { 30 });
     let model = FakeModel::start(Api::OpenAiCompletions);
     let telegram = FakeTelegram::start();
     let dir = support::new_agent();
@@ -141,13 +146,13 @@ fn measure(smoke: bool) {
         };
         if let Err(why) = answered {
             let answered = telegram.sent_count();
-            let figures = Figures::of(perch.pid());
+            let figures = perch.figures();
             println!("scale: stopped after {answered} conversation(s) answered: {why}; {figures}");
             at_end = Some((answered, figures));
             break;
         }
         if checkpoints.contains(&driver.pushed) {
-            let figures = Figures::of(perch.pid());
+            let figures = perch.figures();
             println!("scale, {} conversations answered: {figures}", driver.pushed);
             if driver.pushed == 10 {
                 at_ten = Some(figures);
@@ -159,23 +164,28 @@ fn measure(smoke: bool) {
     let idle = at_ten.map(|baseline| {
         let started = Instant::now();
         let settled = loop {
-            let figures = Figures::of(perch.pid());
-            if figures.threads <= baseline.threads + THREADS_SLACK
-                && figures.fds <= baseline.fds + FDS_SLACK
+            let figures = perch.figures();
+            if perch.gauge("perch_lanes_open") == Some(0)
+                && perch.gauge("perch_conversations_active") == Some(0)
             {
                 break Some((figures, started.elapsed()));
             }
-            if started.elapsed() >= idle_wait {
+            if started.elapsed() >= IDLE_WAIT {
                 break None;
             }
             std::thread::sleep(Duration::from_millis(100));
         };
         let (figures, note) = match settled {
-            Some((figures, after)) => (figures, format!("settled after {after:.1?}")),
+            Some((figures, after)) => (
+                figures,
+                format!("no lane open and no conversation active after {after:.1?}"),
+            ),
             None => (
-                Figures::of(perch.pid()),
+                perch.figures(),
                 format!(
-                    "idle lanes not closed after {idle_wait:?} (perch at this writing never closes an idle lane)"
+                    "lanes or conversations still open after {IDLE_WAIT:?}: perch_lanes_open {:?}, perch_conversations_active {:?}",
+                    perch.gauge("perch_lanes_open"),
+                    perch.gauge("perch_conversations_active")
                 ),
             ),
         };
@@ -209,9 +219,23 @@ fn measure(smoke: bool) {
             per_conversation / 1024.0
         );
     }
-    println!(
-        "scale, allocated bytes: not measured (no allocator statistics in perch yet); target <= 2 KiB per idle conversation"
-    );
+    if let (Some((baseline, idle)), Some((end, _))) = (idle, at_end) {
+        match (baseline.allocated, idle.allocated) {
+            (Some(at_ten), Some(at_idle)) => {
+                let per_conversation = (at_idle.saturating_sub(at_ten) as f64)
+                    / (end.saturating_sub(10).max(1) as f64);
+                println!(
+                    "scale, allocated bytes: {:.1} MiB at 10, {:.1} MiB idle after {end}: {per_conversation:.0} B per idle conversation past the 10th; target <= {ALLOCATED_PER_CONVERSATION_TARGET:.0} B: {}",
+                    at_ten as f64 / 1048576.0,
+                    at_idle as f64 / 1048576.0,
+                    verdict(per_conversation <= ALLOCATED_PER_CONVERSATION_TARGET)
+                );
+            }
+            _ => println!(
+                "scale, allocated bytes: not measured (no perch_heap_allocated_bytes in /metrics)"
+            ),
+        }
+    }
     let limit = open_files_limit(perch.pid());
     println!(
         "scale, answered: {reached} of {total} conversations (open files limit {limit}); target all, also under `ulimit -Hn 1024`: {}",
@@ -253,7 +277,7 @@ fn measure(smoke: bool) {
                 Ok(_) => println!(
                     "scale, after the restart: start to a new conversation answered {:.1?}; {}",
                     starting.elapsed(),
-                    Figures::of(perch.pid())
+                    perch.figures()
                 ),
                 Err(why) => println!("scale, after the restart: {why}"),
             }
@@ -269,6 +293,8 @@ fn measure(smoke: bool) {
 struct Perch {
     child: Child,
     stderr: PathBuf,
+    /// Where its `/metrics` is served, once read from its stderr.
+    metrics: Option<String>,
 }
 
 impl Perch {
@@ -276,6 +302,7 @@ impl Perch {
         let log = std::fs::File::create(stderr).expect("the stderr log");
         let child = Command::new(env!("CARGO_BIN_EXE_perch"))
             .arg("run")
+            .arg("--metrics=127.0.0.1:0")
             .arg(dir)
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -291,7 +318,50 @@ impl Perch {
         Perch {
             child,
             stderr: stderr.to_owned(),
+            metrics: None,
         }
+    }
+
+    /// The process's figures, with the allocator's from `/metrics`.
+    fn figures(&mut self) -> Figures {
+        Figures {
+            allocated: self.gauge("perch_heap_allocated_bytes"),
+            ..Figures::of(self.pid())
+        }
+    }
+
+    /// The value of the unlabelled metric `name`, scraped now.
+    fn gauge(&mut self, name: &str) -> Option<u64> {
+        let scrape = self.scrape()?;
+        scrape.lines().find_map(|line| {
+            line.strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix(' '))
+                .and_then(|value| value.trim().parse::<f64>().ok())
+                .map(|value| value as u64)
+        })
+    }
+
+    fn scrape(&mut self) -> Option<String> {
+        use std::io::{Read, Write};
+        if self.metrics.is_none() {
+            let text = std::fs::read_to_string(&self.stderr).ok()?;
+            let (_, rest) = text.split_once("metrics on http://")?;
+            let (address, _) = rest.split_once("/metrics")?;
+            self.metrics = Some(address.to_owned());
+        }
+        let address = self.metrics.as_deref()?;
+        let mut stream = std::net::TcpStream::connect(address).ok()?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .ok()?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: perch\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        response
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_owned())
     }
 
     fn pid(&self) -> u32 {
@@ -419,12 +489,13 @@ impl Driver<'_> {
     }
 }
 
-/// What `/proc/<pid>` says the process holds.
+/// What `/proc/<pid>` says the process holds, and the allocator's allocated bytes.
 #[derive(Debug, Clone, Copy)]
 struct Figures {
     threads: u64,
     fds: usize,
     rss_kib: u64,
+    allocated: Option<u64>,
 }
 
 impl Figures {
@@ -442,6 +513,7 @@ impl Figures {
             threads: field("Threads:"),
             fds: std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count),
             rss_kib: field("VmRSS:"),
+            allocated: None,
         }
     }
 }
@@ -454,7 +526,11 @@ impl std::fmt::Display for Figures {
             self.threads,
             self.fds,
             mib(self.rss_kib)
-        )
+        )?;
+        match self.allocated {
+            Some(bytes) => write!(formatter, ", allocated {:.1} MiB", bytes as f64 / 1048576.0),
+            None => Ok(()),
+        }
     }
 }
 

@@ -1046,6 +1046,7 @@ async fn the_token_never_appears_in_error_text() {
     }
 }
 
+#[cfg(feature = "discord-rest-proxy")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_serenitys_ratelimiter_on_a_wait_becomes_rate_limited_with_its_length() {
     let fake = FakeDiscord::start();

@@ -14,6 +14,8 @@ mod figures;
 mod heartbeat;
 mod hostile;
 mod image;
+#[cfg(feature = "sandbox-double")]
+mod in_process;
 mod inbox;
 mod journal;
 mod lane;
@@ -23,6 +25,8 @@ mod metrics;
 mod model;
 mod prompt;
 mod sandbox;
+#[cfg(feature = "sandbox-double")]
+mod scale;
 mod service;
 mod spend;
 mod standin;

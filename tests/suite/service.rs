@@ -211,6 +211,37 @@ fn a_crash_after_the_delivery_intent_is_reported_not_resent_on_telegram() {
     );
 }
 
+#[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
+fn a_crash_after_a_command_reply_is_recorded_neither_repeats_the_command_nor_sends_twice() {
+    let Crashed {
+        model,
+        telegram,
+        dir,
+    } = crash_on_one_message(None, "/new", "after:delivery_intent");
+    let generation = dir.path().join(".perch/generations/tg-42");
+    assert_eq!(std::fs::read_to_string(&generation).unwrap(), "1");
+
+    let child = start(dir.path(), None);
+    wait_until("the event to be settled and its reply with it", || {
+        let status = status_json(dir.path());
+        status["inbox_pending"] == 0 && status["outbox_pending"] == 0
+    });
+    stop(child);
+    assert_eq!(
+        std::fs::read_to_string(&generation).unwrap(),
+        "1",
+        "/new was not carried out a second time"
+    );
+    assert!(
+        telegram.sent().is_empty(),
+        "the reply recorded before the crash is reported, not resent on Telegram, and no second \
+         reply is made: {:?}",
+        telegram.sent()
+    );
+    assert!(model.requests().is_empty());
+}
+
 fn agent_with_channel(model: &FakeModel, channel: &str) -> tempfile::TempDir {
     agent_with(model, "channels/tg.lua", channel)
 }
@@ -902,21 +933,27 @@ impl NotifySocket {
     }
 }
 
-#[test]
-fn systemd_is_told_ready_then_pinged_then_stopping() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram);
-    let mut notify = NotifySocket::bind();
-    let child = launch_with(
-        dir.path(),
+/// `perch run` on `dir` with the Telegram token, telling `notify` what systemd would hear, with
+/// a watchdog interval of 400 ms (pings every 200 ms).
+fn launch_watched(dir: &Path, notify: &NotifySocket) -> Child {
+    launch_with(
+        dir,
         ("TELEGRAM_TOKEN", TOKEN),
         None,
         &[
             ("NOTIFY_SOCKET", notify.path.as_str()),
             ("WATCHDOG_USEC", "400000"),
         ],
-    );
+    )
+}
+
+#[test]
+fn systemd_is_told_ready_then_pinged_then_stopping() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let mut notify = NotifySocket::bind();
+    let child = launch_watched(dir.path(), &notify);
     let ready = notify.wait_for("READY=1");
     assert_eq!(ready, 0, "READY=1 comes first: {:?}", notify.lines);
     assert!(
@@ -953,15 +990,7 @@ fn a_command_reply_held_by_a_rate_limit_holds_up_neither_the_watchdog_nor_other_
     let dir = telegram_agent(&model, &telegram);
     telegram.rate_limit("sendMessage", None, 120);
     let mut notify = NotifySocket::bind();
-    let child = launch_with(
-        dir.path(),
-        ("TELEGRAM_TOKEN", TOKEN),
-        None,
-        &[
-            ("NOTIFY_SOCKET", notify.path.as_str()),
-            ("WATCHDOG_USEC", "400000"),
-        ],
-    );
+    let child = launch_watched(dir.path(), &notify);
     notify.wait_for("READY=1");
     let alice = User::human(42, "Alice");
     telegram.push_message(&Chat::private(&alice), &alice, "/status");
@@ -1053,6 +1082,45 @@ fn a_rooms_replies_keep_their_order_and_its_rate_limit_does_not_delay_another_ro
         "the command's reply after them: {}",
         shown[2]
     );
+}
+
+#[test]
+fn a_reply_waiting_out_a_rate_limit_at_shutdown_is_sent_after_the_restart_even_on_telegram() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let long = format!(
+        "{}\n\n{}",
+        "one ".repeat(700).trim_end(),
+        "two ".repeat(700).trim_end()
+    );
+    model.push(Script::text(&long));
+    telegram.rate_limit("sendMessage", Some(42), 120);
+    let child = start(dir.path(), None);
+    let alice = User::human(42, "Alice");
+    telegram.push_message(&Chat::private(&alice), &alice, "write a lot");
+    wait_until("the reply to be rate-limited", || {
+        telegram.calls_to("sendMessage").contains(&42)
+    });
+    stop(child);
+    assert!(telegram.sent().is_empty());
+
+    telegram.lift_rate_limits();
+    let child = start(dir.path(), None);
+    wait_until("both pieces of the reply", || telegram.sent().len() >= 2);
+    wait_until("the outbox to be empty", || {
+        status_json(dir.path())["outbox_pending"] == 0
+    });
+    let stderr = stop(child);
+    let shown: Vec<String> = telegram.sent().into_iter().map(|sent| sent.shown).collect();
+    assert_eq!(shown.len(), 2, "each piece once: {shown:?}");
+    assert!(shown[0].starts_with("one one"), "in order: {shown:?}");
+    assert!(shown[1].starts_with("two two"), "in order: {shown:?}");
+    assert!(
+        !stderr.contains(": unknown") && !stderr.contains("unknown fate"),
+        "certainly unsent, so never reported unknown: {stderr}"
+    );
+    assert_eq!(model.requests().len(), 1, "not answered again");
 }
 
 /// The ids of operations started in any lane of `dir` and never finished.

@@ -126,14 +126,10 @@ pub struct TaskState {
     /// The latest scheduled slot that is done: finished, skipped, or given up after retries.
     /// Slots at or before it never run.
     pub done_through: Option<Timestamp>,
-    /// The latest finished scheduled run.
-    pub last_finished: Option<Finished>,
     /// The latest finished run, manual or scheduled.
     pub last_outcome: Option<Finished>,
     /// Runs started and not finished, in start order.
     pub open: Vec<OpenRun>,
-    /// Scheduled runs in a row that ended `Failed` or `Invalid`.
-    pub consecutive_failures: u32,
     /// A scheduled slot whose run failed and will be retried.
     pub retry: Option<PendingRetry>,
     pub stopped: Option<Stop>,
@@ -268,9 +264,6 @@ impl TaskState {
                     outcome,
                     at,
                 };
-                if !manual {
-                    self.last_finished = Some(finished.clone());
-                }
                 self.last_outcome = Some(finished);
             }
             LedgerRecord::SlotsSkipped { to, .. } => self.mark_done(to),
@@ -288,7 +281,6 @@ impl TaskState {
             }
             LedgerRecord::TaskResumed { .. } => {
                 self.stopped = None;
-                self.consecutive_failures = 0;
             }
         }
     }
@@ -296,7 +288,6 @@ impl TaskState {
     fn finish_scheduled(&mut self, slot: Timestamp, outcome: &SlotOutcome, at: Timestamp) {
         match outcome {
             SlotOutcome::Failed { .. } => {
-                self.consecutive_failures = self.consecutive_failures.saturating_add(1);
                 if self.done_through.is_some_and(|done| done >= slot) {
                     return;
                 }
@@ -314,15 +305,12 @@ impl TaskState {
                     });
                 }
             }
-            SlotOutcome::Invalid { .. } => {
-                self.consecutive_failures = self.consecutive_failures.saturating_add(1);
-                self.mark_done(slot);
-            }
-            SlotOutcome::Silent | SlotOutcome::Message { .. } | SlotOutcome::Steer { .. } => {
-                self.consecutive_failures = 0;
-                self.mark_done(slot);
-            }
-            SlotOutcome::Skipped { .. } | SlotOutcome::Interrupted { .. } => self.mark_done(slot),
+            SlotOutcome::Invalid { .. }
+            | SlotOutcome::Silent
+            | SlotOutcome::Message { .. }
+            | SlotOutcome::Steer { .. }
+            | SlotOutcome::Skipped { .. }
+            | SlotOutcome::Interrupted { .. } => self.mark_done(slot),
         }
     }
 
@@ -911,8 +899,9 @@ mod tests {
             ]
         );
         assert_eq!(
-            state.task(&half_hourly.name).unwrap().consecutive_failures,
-            0
+            state.task(&half_hourly.name).unwrap().retry,
+            None,
+            "the slot that succeeded on its retry is done"
         );
 
         let every_ten = task("every: 10m");
@@ -932,7 +921,6 @@ mod tests {
             ]
         );
         let after_three = state.task(&every_ten.name).unwrap();
-        assert_eq!(after_three.consecutive_failures, 3);
         assert_eq!(
             after_three.retry,
             Some(PendingRetry {
@@ -1033,7 +1021,6 @@ mod tests {
             ]
         );
         let state = state.task(&half_hourly.name).unwrap();
-        assert_eq!(state.consecutive_failures, 3);
         assert_eq!(state.retry, None);
     }
 
@@ -1073,8 +1060,6 @@ mod tests {
         ]);
         let task = state.task(&name).unwrap();
         assert_eq!(task.done_through, Some(at("2026-05-04T09:00:00Z")));
-        assert_eq!(task.consecutive_failures, 1);
-        assert_eq!(task.last_finished.as_ref().unwrap().run, "b");
         let last = task.last_outcome.as_ref().unwrap();
         assert_eq!((last.run.as_str(), last.manual), ("b", false));
         assert_eq!(task.open.len(), 1);

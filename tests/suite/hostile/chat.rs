@@ -143,7 +143,7 @@ fn commands_for_another_bot_or_not_addressed_are_not_obeyed() {
     assert_eq!(sent[0].reply_to, Some(asked.message_id));
     assert!(sent[0].shown.starts_with("perch is running"));
     assert!(
-        !dir.path().join(".perch/conversations.json").exists(),
+        !dir.path().join(".perch/generations").exists(),
         "no /new was obeyed"
     );
     assert_eq!(model.requests().len(), 0);
