@@ -33,6 +33,7 @@ fn metrics_render_in_prometheus_text_format() {
     );
     metrics.set_inbox_depth(3);
     metrics.set_vm_boots(2);
+    metrics.lane_open_failed();
     metrics.set_lanes_open(5);
     metrics.set_lanes_open(2);
     metrics.set_conversations_active(1);
@@ -81,6 +82,9 @@ perch_inbox_depth 3
 # HELP perch_vm_boots_total Times the sandbox machine was booted (resumed or created).
 # TYPE perch_vm_boots_total counter
 perch_vm_boots_total 2
+# HELP perch_lane_open_failures_total Times a lane could not be opened; its items waited and it was tried again.
+# TYPE perch_lane_open_failures_total counter
+perch_lane_open_failures_total 1
 # HELP perch_lanes_open Lanes open now (capped; idle ones close).
 # TYPE perch_lanes_open gauge
 perch_lanes_open 2
