@@ -10,8 +10,9 @@
 //! that one window only.
 
 use crate::channel::InboundEvent;
+use crate::clock::Clock;
 use crate::log::{
-    Clock, DedupKeys, Journal, JournalEntry, JournalItem, JournalWriter, Journaled, LogError,
+    DedupKeys, Journal, JournalEntry, JournalItem, JournalWriter, Journaled, LogError,
 };
 use perch_core::chat::{Admitted, BotTurns};
 use serde::{Deserialize, Serialize};

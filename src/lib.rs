@@ -9,6 +9,7 @@ pub mod attachments;
 pub mod builtin;
 pub mod channel;
 pub mod chat;
+pub mod clock;
 pub mod control;
 pub mod doctor;
 pub mod failpoint;

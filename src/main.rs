@@ -3,11 +3,11 @@
 
 use clap::{Parser, Subcommand};
 use perch::agent::{self, AgentDir, InitStatus};
+use perch::clock::system_clock;
 use perch::control::{self, ControlRequest};
 use perch::heartbeat;
 use perch::inbox::InboxRecord;
 use perch::lane::{Lane, RunLimits};
-use perch::log::system_clock;
 use perch::logging::LogFormat;
 use perch::model;
 use perch::model::ToolSpec;

@@ -5,7 +5,8 @@
 //! is dropped with a record.
 
 use crate::channel::{Delivery, Receipt};
-use crate::log::{Clock, Journal, JournalItem, JournalWriter, LogError};
+use crate::clock::Clock;
+use crate::log::{Journal, JournalItem, JournalWriter, LogError};
 use perch_core::Timestamp;
 use perch_core::delivery::{Sent, Unreceipted, delivery_id, unreceipted};
 use serde::{Deserialize, Serialize};

@@ -2,8 +2,9 @@
 //! model, and opens lanes over them.
 
 use crate::agent::{LoadedAgent, OwnerLock};
+use crate::clock::Clock;
 use crate::lane::{Lane, LaneError, LaneSetup, LaneSpend, RunLimits};
-use crate::log::{Clock, RecoveryReport};
+use crate::log::RecoveryReport;
 use crate::metrics::Metrics;
 use crate::model::Model;
 use crate::prompt;

@@ -5,7 +5,8 @@
 
 use crate::agent::AgentDir;
 use crate::alert::Alerts;
-use crate::log::{Clock, Journal, JournalEntry, JournalWriter, Journaled, LogError};
+use crate::clock::Clock;
+use crate::log::{Journal, JournalEntry, JournalWriter, Journaled, LogError};
 use perch_core::alert::AlertKind;
 use perch_core::spend::{
     Level, Money, Price, RunKind, SpendDay, SpendPolicy, SpendRecord, TokenUsage,

@@ -8,7 +8,8 @@
 
 mod run;
 
-use crate::log::{Clock, LaneLog, LogError, RecoveryReport, ToolRerun, recover};
+use crate::clock::Clock;
+use crate::log::{LaneLog, LogError, RecoveryReport, ToolRerun, recover};
 use crate::model::{Model, StreamEvent};
 use crate::toolbox::Toolbox;
 use perch_core::config::Thinking;

@@ -6,7 +6,7 @@
 
 use super::error::LogError;
 use super::journal::Journal;
-use crate::log::Clock;
+use crate::clock::Clock;
 use perch_core::Timestamp;
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;

@@ -6,6 +6,7 @@ use super::error::LogError;
 use super::file::{Appender, append_to, create_with_first_line, lock_exclusive};
 use super::pool::{self, Hosted};
 use super::segment::{Access, Chain, Segment, index_path, segment_numbers, segment_path};
+use crate::clock::Clock;
 use perch_core::id::{EntryId, OperationId, SessionId};
 use perch_core::log::{
     Commit, Entry, FORMAT_VERSION, Header, INDEX_HEADER_LEN, IndexHeader, Line, PendingTool,
@@ -17,15 +18,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::oneshot;
-
-/// Where the time written into records comes from (defined in the core, which never reads the
-/// clock itself).
-pub use perch_core::clock::Clock;
-
-/// The wall clock.
-pub fn system_clock() -> Clock {
-    Clock::new(chrono::Utc::now)
-}
 
 /// A handle to one lane's writer. Clones talk to the same writer; when the last one is dropped
 /// (or [`LaneLog::close`] is called) the writer leaves the pool, releasing the lane's lock and

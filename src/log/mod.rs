@@ -24,10 +24,7 @@ mod segment;
 pub use error::LogError;
 pub use journal::{Journal, JournalContents, JournalItem, peek as peek_journal};
 pub use journal_writer::{DedupKeys, JournalEntry, JournalWriter, Journaled};
-pub use lane::{
-    Appended, Clock, IndexStatus, LaneLog, LaneSnapshot, OpenReport, OpenSummary, TailRepair,
-    system_clock,
-};
+pub use lane::{Appended, IndexStatus, LaneLog, LaneSnapshot, OpenReport, OpenSummary, TailRepair};
 pub use pool::{THREADS as WRITER_THREADS, hosted_lanes};
 pub use recover::{RecoveryReport, ToolRerun, recover};
 pub use scan::{TakenRun, open_operations, taken_run};

@@ -1,7 +1,8 @@
 //! Carrying out the recovery plan for one lane.
 
 use super::error::LogError;
-use super::lane::{Clock, LaneLog};
+use super::lane::LaneLog;
+use crate::clock::Clock;
 use perch_core::config::Replay;
 use perch_core::log::{
     Line, PendingTool, Record, RecoveryStep, interrupted_result, plan_recovery, tool_result,

@@ -2,8 +2,8 @@
 //! connectors' events arriving at once.
 
 use perch::channel::{InboundEvent, Sender};
+use perch::clock::system_clock;
 use perch::inbox::{Inbox, Recorded};
-use perch::log::system_clock;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

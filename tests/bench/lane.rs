@@ -28,9 +28,9 @@ pub async fn host_overhead(smoke: bool) {
 mod double {
     use perch::{
         agent::{self, AgentDir, LoadedAgent},
+        clock::system_clock,
         doctor::Places,
         lane::{Input, Lane, RunLimits},
-        log::system_clock,
         model::{
             BoxFuture, Model, ModelError, ModelReply, ModelRequest, StopReason, StreamEvent, Usage,
         },

@@ -1,5 +1,6 @@
 use chrono::Utc;
-use perch::log::{Clock, LaneLog, recover, system_clock};
+use perch::clock::{Clock, system_clock};
+use perch::log::{LaneLog, recover};
 use perch_core::config::Replay;
 use perch_core::id::{EntryId, OperationId};
 use perch_core::log::{

@@ -7,9 +7,9 @@ use perch::channel::{
     Arrival, Attachment, BoxFuture as ChannelFuture, Connector, ConnectorError, Delivery,
     DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Sender, Upload,
 };
+use perch::clock::system_clock;
 use perch::doctor::Places;
 use perch::lane::RunLimits;
-use perch::log::system_clock;
 use perch::metrics::Metrics;
 use perch::model::{
     BoxFuture, Model, ModelError, ModelReply, ModelRequest, StopReason, StreamEvent, Usage,

@@ -3,8 +3,9 @@
 
 use chrono::TimeZone;
 use perch::channel::{InboundEvent, Sender};
+use perch::clock::Clock;
 use perch::inbox::{Inbox, Recorded, Verdict};
-use perch::log::{Clock, Journal};
+use perch::log::Journal;
 use perch_core::Timestamp;
 
 fn at() -> Timestamp {

@@ -5,9 +5,10 @@
 use super::fake_model::{FakeModel, Reply, Script};
 use super::support::{new_agent, write};
 use perch::agent::{self, AgentDir};
+use perch::clock::system_clock;
 use perch::doctor::Places;
 use perch::lane::{Finished, Input, Lane, RunLimits, Steered};
-use perch::log::{LaneReader, system_clock};
+use perch::log::LaneReader;
 use perch::model;
 use perch::runtime::Runtime;
 use perch::sandbox::{Backend, MachineSetup};

@@ -1,5 +1,6 @@
 use chrono::TimeZone;
-use perch::log::{Clock, IndexStatus, LaneLog, LaneReader, LogError, ToolRerun, recover};
+use perch::clock::Clock;
+use perch::log::{IndexStatus, LaneLog, LaneReader, LogError, ToolRerun, recover};
 use perch_core::config::Replay;
 use perch_core::id::{EntryId, OperationId};
 use perch_core::log::{Commit, Entry, EntryBody, Intent, Line, Message, Part, Record, Role};
