@@ -254,57 +254,45 @@ impl Metrics {
             &["task", "outcome"],
             &self.heartbeat_outcomes.snapshot(),
         );
-        header(
-            &mut out,
-            "perch_inbox_depth",
-            "Inbox items waiting.",
-            "gauge",
-        );
-        let _ = writeln!(
-            out,
-            "perch_inbox_depth {}",
-            self.inbox_depth.load(Ordering::Relaxed)
-        );
-        header(
-            &mut out,
-            "perch_vm_boots_total",
-            "Times the sandbox machine was booted (resumed or created).",
-            "counter",
-        );
-        let _ = writeln!(
-            out,
-            "perch_vm_boots_total {}",
-            self.vm_boots.load(Ordering::Relaxed)
-        );
-        header(
-            &mut out,
-            "perch_lane_open_failures_total",
-            "Times a lane could not be opened; its items waited and it was tried again.",
-            "counter",
-        );
-        let _ = writeln!(
-            out,
-            "perch_lane_open_failures_total {}",
-            self.lane_open_failures.load(Ordering::Relaxed)
-        );
-        for (name, help, value) in [
+        for (name, help, kind, value) in [
+            (
+                "perch_inbox_depth",
+                "Inbox items waiting.",
+                "gauge",
+                &self.inbox_depth,
+            ),
+            (
+                "perch_vm_boots_total",
+                "Times the sandbox machine was booted (resumed or created).",
+                "counter",
+                &self.vm_boots,
+            ),
+            (
+                "perch_lane_open_failures_total",
+                "Times a lane could not be opened; its items waited and it was tried again.",
+                "counter",
+                &self.lane_open_failures,
+            ),
             (
                 "perch_lanes_open",
                 "Lanes open now (capped; idle ones close).",
+                "gauge",
                 &self.lanes_open,
             ),
             (
                 "perch_lanes_open_peak",
                 "The most lanes open at once since start.",
+                "gauge",
                 &self.lanes_open_peak,
             ),
             (
                 "perch_conversations_active",
                 "Conversations with a task now.",
+                "gauge",
                 &self.conversations_active,
             ),
         ] {
-            header(&mut out, name, help, "gauge");
+            header(&mut out, name, help, kind);
             let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
         }
         if let Some(allocated) = heap_allocated_bytes() {

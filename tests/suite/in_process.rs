@@ -16,6 +16,7 @@ use perch::model::{
 };
 use perch::sandbox::{Backend, MachineSetup};
 use perch::service::{LaneLimits, ServiceSetup, run};
+use perch_core::conversation::text_of;
 use perch_core::log::{Part, Role};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -272,17 +273,7 @@ impl Model for AnsweringModel {
             .messages
             .iter()
             .filter(|message| message.role == Role::User)
-            .map(|message| {
-                message
-                    .parts
-                    .iter()
-                    .filter_map(|part| match part {
-                        Part::Text { text } => Some(text.as_str()),
-                        _ => None,
-                    })
-                    .collect::<Vec<_>>()
-                    .join("")
-            })
+            .map(text_of)
             .collect();
         let last = users.last().cloned().unwrap_or_default();
         lock(&self.seen)
