@@ -363,6 +363,7 @@ mod tests {
                     .with_ymd_and_hms(2026, 12, 2, 5, 59, 58)
                     .unwrap(),
                 attachments: Vec::new(),
+                replying_to: None,
             },
         };
         let line = concat!(

@@ -691,6 +691,7 @@ fn inbound_event(message: &Message, me: UserId, direct: bool) -> Option<InboundE
                 encrypted: false,
             })
             .collect(),
+        replying_to: None,
     })
 }
 

@@ -1418,6 +1418,7 @@ impl Session<'_> {
             text,
             sent_at: sent_at(message.origin_server_ts),
             attachments,
+            replying_to: None,
         })
     }
 

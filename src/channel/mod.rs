@@ -53,7 +53,27 @@ pub struct InboundEvent {
     /// [`Connector::fetch`]; absent in journals written before attachments existed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attachments: Vec<Attachment>,
+    /// The message this one replies to, as the platform gave it (or, on Matrix, as a bounded
+    /// fetch found it); absent when it replies to nothing, and in journals written before
+    /// replies were kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replying_to: Option<Box<Quote>>,
 }
+
+/// A message another one replies to: who wrote it and what it said, shortened.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quote {
+    /// The platform's id for the quoted message (as [`InboundEvent::platform_id`]).
+    pub platform_id: String,
+    /// Its author; `None` when the platform did not say (or the fetch failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub author: Option<Sender>,
+    /// Its text, shortened to [`QUOTE_MAX_CHARS`]; empty when it could not be had.
+    pub text: String,
+}
+
+/// How much of a quoted message is kept.
+pub const QUOTE_MAX_CHARS: usize = 280;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sender {

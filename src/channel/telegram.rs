@@ -710,6 +710,7 @@ fn message_event(update: &Update, me: &BotIdentity) -> Option<InboundEvent> {
         text: text.to_owned(),
         sent_at: message.date,
         attachments,
+        replying_to: None,
     })
 }
 

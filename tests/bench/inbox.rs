@@ -25,6 +25,7 @@ pub(crate) fn event(producer: usize, n: usize) -> InboundEvent {
         text: format!("message {n} from {producer}: a short chat message of ordinary length"),
         sent_at: chrono::Utc::now(),
         attachments: Vec::new(),
+        replying_to: None,
     }
 }
 

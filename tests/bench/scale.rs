@@ -57,8 +57,9 @@ const BURST: usize = 100;
 /// Allocated bytes per idle conversation, past the 10th.
 const ALLOCATED_PER_CONVERSATION_TARGET: f64 = 2048.0;
 /// How long to wait for the conversations to go idle: longer than perch's idle lane (10 s) and
-/// idle conversation (2 s) together.
-const IDLE_WAIT: Duration = Duration::from_secs(30);
+/// idle conversation (2 s) together, and than the HTTP client keeps an idle connection to the
+/// platform (90 s); it ends as soon as everything has settled.
+const IDLE_WAIT: Duration = Duration::from_secs(120);
 /// How long one conversation may take to be answered before the run stops there.
 const ANSWER_DEADLINE: Duration = Duration::from_secs(20);
 /// Overrides how many conversations the run goes to (300 under `--smoke`, else 10,000), as in
@@ -167,6 +168,8 @@ fn measure(smoke: bool) {
             let figures = perch.figures();
             if perch.gauge("perch_lanes_open") == Some(0)
                 && perch.gauge("perch_conversations_active") == Some(0)
+                && figures.threads <= baseline.threads + THREADS_SLACK
+                && figures.fds <= baseline.fds + FDS_SLACK
             {
                 break Some((figures, started.elapsed()));
             }
@@ -178,12 +181,14 @@ fn measure(smoke: bool) {
         let (figures, note) = match settled {
             Some((figures, after)) => (
                 figures,
-                format!("no lane open and no conversation active after {after:.1?}"),
+                format!(
+                    "no lane open, no conversation active, threads and descriptors back within their slack after {after:.1?}"
+                ),
             ),
             None => (
                 perch.figures(),
                 format!(
-                    "lanes or conversations still open after {IDLE_WAIT:?}: perch_lanes_open {:?}, perch_conversations_active {:?}",
+                    "not settled after {IDLE_WAIT:?}: perch_lanes_open {:?}, perch_conversations_active {:?}",
                     perch.gauge("perch_lanes_open"),
                     perch.gauge("perch_conversations_active")
                 ),

@@ -126,6 +126,7 @@ impl InProcess {
             text: text.to_owned(),
             sent_at: chrono::Utc::now(),
             attachments: Vec::new(),
+            replying_to: None,
         };
         self.push.send(event).expect("the connector takes events");
     }

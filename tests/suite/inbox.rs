@@ -32,6 +32,7 @@ fn event(id: &str, room: &str, cursor: Option<&str>) -> InboundEvent {
         text: format!("message {id}"),
         sent_at: at(),
         attachments: Vec::new(),
+        replying_to: None,
     }
 }
 

@@ -998,6 +998,7 @@ async fn receive_hands_on_files_with_their_captions() {
     let old: InboundEvent = serde_json::from_str(
         &serde_json::to_string(&InboundEvent {
             attachments: Vec::new(),
+            replying_to: None,
             ..document.clone()
         })
         .unwrap(),

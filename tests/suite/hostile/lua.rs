@@ -235,6 +235,7 @@ fn event(id: &str) -> InboundEvent {
         text: format!("message {id}"),
         sent_at: at(),
         attachments: Vec::new(),
+        replying_to: None,
     }
 }
 
