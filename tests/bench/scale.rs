@@ -58,8 +58,9 @@ const BURST: usize = 100;
 const ALLOCATED_PER_CONVERSATION_TARGET: f64 = 2048.0;
 /// How long to wait for the conversations to go idle: longer than perch's idle lane (10 s) and
 /// idle conversation (2 s) together, and than the HTTP client keeps an idle connection to the
-/// platform (90 s); it ends as soon as everything has settled.
+/// platform (90 s); it ends as soon as everything has settled. The smoke run waits less.
 const IDLE_WAIT: Duration = Duration::from_secs(120);
+const IDLE_WAIT_SMOKE: Duration = Duration::from_secs(30);
 /// How long one conversation may take to be answered before the run stops there.
 const ANSWER_DEADLINE: Duration = Duration::from_secs(20);
 /// Overrides how many conversations the run goes to (300 under `--smoke`, else 10,000), as in
@@ -162,6 +163,7 @@ fn measure(smoke: bool) {
         }
     }
     let reached = at_end.map_or(driver.pushed, |(answered, _)| answered);
+    let idle_wait = if smoke { IDLE_WAIT_SMOKE } else { IDLE_WAIT };
     let idle = at_ten.map(|baseline| {
         let started = Instant::now();
         let settled = loop {
@@ -173,7 +175,7 @@ fn measure(smoke: bool) {
             {
                 break Some((figures, started.elapsed()));
             }
-            if started.elapsed() >= IDLE_WAIT {
+            if started.elapsed() >= idle_wait {
                 break None;
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -188,7 +190,7 @@ fn measure(smoke: bool) {
             None => (
                 perch.figures(),
                 format!(
-                    "not settled after {IDLE_WAIT:?}: perch_lanes_open {:?}, perch_conversations_active {:?}",
+                    "not settled after {idle_wait:?}: perch_lanes_open {:?}, perch_conversations_active {:?}",
                     perch.gauge("perch_lanes_open"),
                     perch.gauge("perch_conversations_active")
                 ),
