@@ -110,6 +110,17 @@ pub struct Input {
     /// Start a new branch for this input instead of continuing the conversation: the run sees
     /// only the system prompt and this input (a heartbeat's fresh run).
     pub fresh: bool,
+    /// The chat messages this input is, each with where it came from: when there are any, the
+    /// user entry holds one text part per message with its origin (and `text`, their texts
+    /// joined, only sizes the input); when there are none, it holds `text` alone.
+    pub said: Vec<Said>,
+}
+
+/// One chat message of an [`Input`]: its text as the agent reads it, and where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Said {
+    pub origin: perch_core::origin::MessageOrigin,
+    pub text: String,
 }
 
 /// What a run shows while it works, for display.
@@ -359,6 +370,7 @@ async fn answer_calls_that_never_started(log: &LaneLog, clock: &Clock) -> Result
                     ),
                     is_error: true,
                 }],
+                origins: Vec::new(),
             }),
         };
         log.append(&Line::Entry(entry)).await?;

@@ -83,8 +83,7 @@ impl Runner<'_> {
         })
         .await?;
         failpoint::hit("after:operation_started");
-        self.entry(message(Role::User, vec![Part::Text { text: input.text }]))
-            .await?;
+        self.entry(user_message(input.text, input.said)).await?;
         failpoint::hit("after:user_entry");
         let end = self.turns(op, events).await?;
         self.finish(op, end.outcome.clone()).await?;
@@ -494,7 +493,27 @@ impl Runner<'_> {
 }
 
 fn message(role: Role, parts: Vec<Part>) -> Message {
-    Message { role, parts }
+    Message {
+        role,
+        parts,
+        origins: Vec::new(),
+    }
+}
+
+/// The user entry of a run: `text` alone, or each chat message as a text part with its origin.
+fn user_message(text: String, said: Vec<super::Said>) -> Message {
+    if said.is_empty() {
+        return message(Role::User, vec![Part::Text { text }]);
+    }
+    let (origins, parts) = said
+        .into_iter()
+        .map(|said| (said.origin, Part::Text { text: said.text }))
+        .unzip();
+    Message {
+        role: Role::User,
+        parts,
+        origins,
+    }
 }
 
 fn emit(events: &Events, event: LaneEvent) {

@@ -73,6 +73,7 @@ async fn say(lane: &Lane, text: &str) -> Finished {
             text: text.into(),
             consumes: vec![format!("test:{text}")],
             fresh: false,
+            said: Vec::new(),
         },
         None,
     )
@@ -553,6 +554,7 @@ async fn a_lane_near_its_context_window_is_compacted_before_the_next_run() {
                 text: "again".into(),
                 consumes: Vec::new(),
                 fresh: false,
+                said: Vec::new(),
             },
             Some(events),
         )
