@@ -211,6 +211,7 @@ enum Request {
     },
     Steer {
         text: String,
+        origin: Option<perch_core::origin::MessageOrigin>,
         reply: oneshot::Sender<Steered>,
     },
     Abort,
@@ -318,7 +319,22 @@ impl Lane {
     /// reply not yet started are skipped, with a result saying so.
     pub async fn steer(&self, text: String) -> Result<Steered, LaneError> {
         let (reply, answer) = oneshot::channel();
-        self.request(Request::Steer { text, reply })?;
+        self.request(Request::Steer {
+            text,
+            origin: None,
+            reply,
+        })?;
+        answer.await.map_err(|_| LaneError::Closed)
+    }
+
+    /// [`Lane::steer`] with a chat message, whose entry keeps where it came from.
+    pub async fn steer_said(&self, said: Said) -> Result<Steered, LaneError> {
+        let (reply, answer) = oneshot::channel();
+        self.request(Request::Steer {
+            text: said.text,
+            origin: Some(said.origin),
+            reply,
+        })?;
         answer.await.map_err(|_| LaneError::Closed)
     }
 
@@ -384,11 +400,11 @@ struct Shared {
     log: LaneLog,
     setup: LaneSetup,
     /// Steering messages for the active run, taken at its next tool boundary.
-    steering: Mutex<VecDeque<String>>,
+    steering: Mutex<VecDeque<(String, Option<perch_core::origin::MessageOrigin>)>>,
 }
 
 impl Shared {
-    fn take_steering(&self) -> Vec<String> {
+    fn take_steering(&self) -> Vec<(String, Option<perch_core::origin::MessageOrigin>)> {
         self.steering
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -498,13 +514,17 @@ impl LaneTask {
                     Request::Note { name, value, reply } => {
                         self.queue.push_back(Work::Note { name, value, reply });
                     }
-                    Request::Steer { text, reply } => {
+                    Request::Steer {
+                        text,
+                        origin,
+                        reply,
+                    } => {
                         let answer = if active.is_some() {
                             self.shared
                                 .steering
                                 .lock()
                                 .unwrap_or_else(PoisonError::into_inner)
-                                .push_back(text);
+                                .push_back((text, origin));
                             Steered::Delivered
                         } else {
                             Steered::Idle

@@ -241,9 +241,15 @@ impl Runner<'_> {
                     model_failure: None,
                 });
             }
-            for steering in self.shared.take_steering() {
-                self.entry(message(Role::User, vec![Part::Text { text: steering }]))
-                    .await?;
+            for (text, origin) in self.shared.take_steering() {
+                let said = origin
+                    .map(|origin| super::Said {
+                        origin,
+                        text: text.clone(),
+                    })
+                    .into_iter()
+                    .collect();
+                self.entry(user_message(text, said)).await?;
                 emit(events, LaneEvent::Steered);
             }
         }

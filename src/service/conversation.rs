@@ -266,8 +266,11 @@ impl Service {
             let limit = usize::try_from(config.queue_limit).unwrap_or(usize::MAX);
             match (active.is_some(), &lease, config.busy) {
                 (true, Some(lane), BusyPolicy::Steer) => {
-                    let text = self.item_text(&connected, &item).await;
-                    if matches!(lane.steer(text).await, Ok(Steered::Delivered)) {
+                    let said = Said {
+                        origin: origin_of(&connected.loaded.config, &item.event),
+                        text: self.item_text(&connected, &item).await,
+                    };
+                    if matches!(lane.steer_said(said).await, Ok(Steered::Delivered)) {
                         self.inbox
                             .consume(vec![item.event_seq, item.verdict_seq])
                             .await

@@ -21,6 +21,7 @@ mod journal;
 mod lane;
 mod log;
 mod matrix;
+mod origin;
 mod metrics;
 mod model;
 mod prompt;

@@ -451,7 +451,7 @@ fn groups_bots_and_chat_commands() {
 }
 
 fn user_text(request: &serde_json::Value) -> String {
-    request["messages"]
+    let text = request["messages"]
         .as_array()
         .and_then(|messages| {
             messages
@@ -461,7 +461,8 @@ fn user_text(request: &serde_json::Value) -> String {
         })
         .and_then(|message| message["content"].as_str())
         .unwrap_or_default()
-        .to_owned()
+        .to_owned();
+    super::support::without_origins(&text)
 }
 
 #[test]
