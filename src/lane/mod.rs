@@ -211,7 +211,7 @@ enum Request {
     },
     Steer {
         text: String,
-        origin: Option<perch_core::origin::MessageOrigin>,
+        origin: Option<Box<perch_core::origin::MessageOrigin>>,
         reply: oneshot::Sender<Steered>,
     },
     Abort,
@@ -332,7 +332,7 @@ impl Lane {
         let (reply, answer) = oneshot::channel();
         self.request(Request::Steer {
             text: said.text,
-            origin: Some(said.origin),
+            origin: Some(Box::new(said.origin)),
             reply,
         })?;
         answer.await.map_err(|_| LaneError::Closed)
@@ -524,7 +524,7 @@ impl LaneTask {
                                 .steering
                                 .lock()
                                 .unwrap_or_else(PoisonError::into_inner)
-                                .push_back((text, origin));
+                                .push_back((text, origin.map(|origin| *origin)));
                             Steered::Delivered
                         } else {
                             Steered::Idle

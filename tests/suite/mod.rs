@@ -21,9 +21,9 @@ mod journal;
 mod lane;
 mod log;
 mod matrix;
-mod origin;
 mod metrics;
 mod model;
+mod origin;
 mod prompt;
 mod sandbox;
 #[cfg(feature = "sandbox-double")]

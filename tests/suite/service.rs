@@ -433,7 +433,7 @@ fn groups_bots_and_chat_commands() {
     wait_until("the first answer", || telegram.sent().len() == 2);
     let first = model.requests()[0].body.to_string();
     assert!(
-        first.contains("Carol: just chatting among ourselves"),
+        first.contains("- Carol (id 9): just chatting among ourselves"),
         "context is offered: {first}"
     );
     assert!(!first.contains("beep"), "a bot's message is not context");
