@@ -147,3 +147,67 @@ fn every_turn_names_its_sender_room_and_chat_and_a_typed_header_stays_text() {
         );
     }
 }
+
+#[test]
+fn discord_turns_name_their_sender_and_room_and_a_bidi_name_is_cleaned() {
+    use super::fake_discord::{Author, BOT_ID, FakeDiscord, TOKEN};
+    use super::service::{discord_agent, launch};
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let discord = FakeDiscord::start();
+    let dir = discord_agent(
+        &model,
+        &discord,
+        "dm = \"allow\", rooms = { general = \"555\" }, allow = { rooms = { \"general\" } }",
+    );
+    discord.guild_channel(555);
+    discord.dm_channel(600);
+    for _ in 0..3 {
+        model.push(Script::text("noted"));
+    }
+    let child = launch(dir.path(), ("DISCORD_TOKEN", TOKEN), None);
+    wait_until("the gateway session", || discord.live_sessions() > 0);
+    let dana = Author::user(77, "Dana");
+    let eve = Author::user(78, "Eve\u{202e}\u{1b}[31mlive");
+    discord.push_message(555, &dana, &format!("<@{BOT_ID}> dana here"));
+    wait_until("the first answer", || discord.posted().len() == 1);
+    discord.push_message(555, &eve, &format!("<@{BOT_ID}> eve here"));
+    wait_until("the second answer", || discord.posted().len() == 2);
+    discord.push_message(600, &dana, "dana alone");
+    wait_until("the private answer", || discord.posted().len() == 3);
+    stop(child);
+
+    for (text, fields) in [
+        (
+            "dana here",
+            [
+                "room=\"general\"",
+                "chat=\"group\"",
+                "sender=\"Dana\" sender_id=\"77\"",
+            ],
+        ),
+        (
+            "eve here",
+            [
+                "room=\"general\"",
+                "chat=\"group\"",
+                "sender=\"Eve[31mlive\" sender_id=\"78\"",
+            ],
+        ),
+        (
+            "dana alone",
+            [
+                "room=\"600\"",
+                "chat=\"direct\"",
+                "sender=\"Dana\" sender_id=\"77\"",
+            ],
+        ),
+    ] {
+        let content = last_user_content(&asked_with(&model, text));
+        let lines = headers(&content);
+        assert_eq!(lines.len(), 1, "{content}");
+        for field in fields {
+            assert!(lines[0].contains(field), "{field} in {}", lines[0]);
+        }
+        assert!(lines[0].contains("channel=\"dc\""), "{}", lines[0]);
+    }
+}
