@@ -216,6 +216,7 @@ mod tests {
             sent_at: at(),
             direct: false,
             replying_to: None,
+            earlier: Vec::new(),
         };
         let user = Message {
             role: Role::User,

@@ -267,7 +267,7 @@ impl Service {
             match (active.is_some(), &lease, config.busy) {
                 (true, Some(lane), BusyPolicy::Steer) => {
                     let said = Said {
-                        origin: origin_of(&connected.loaded.config, &item.event),
+                        origin: origin_of(&connected.loaded.config, &item),
                         text: self.item_text(&connected, &item).await,
                     };
                     if matches!(lane.steer_said(said).await, Ok(Steered::Delivered)) {
@@ -316,7 +316,7 @@ impl Service {
         let mut said = Vec::with_capacity(items.len());
         for item in &items {
             said.push(Said {
-                origin: origin_of(&channel.loaded.config, &item.event),
+                origin: origin_of(&channel.loaded.config, item),
                 text: self.item_text(channel, item).await,
             });
         }
@@ -461,9 +461,10 @@ impl Service {
     }
 }
 
-/// Where `event` came from, as its user entry keeps it: the room by the channel file's alias
-/// for it where there is one.
-fn origin_of(config: &ChannelConfig, event: &InboundEvent) -> MessageOrigin {
+/// Where `item` came from, as its user entry keeps it: the room by the channel file's alias
+/// for it where there is one, and the group context offered with it.
+fn origin_of(config: &ChannelConfig, item: &PendingItem) -> MessageOrigin {
+    let event = &item.event;
     let person = |sender: &crate::channel::Sender| Person {
         id: sender.id.clone(),
         name: sender.name.clone(),
@@ -482,6 +483,7 @@ fn origin_of(config: &ChannelConfig, event: &InboundEvent) -> MessageOrigin {
             author: quote.author.as_ref().map(person),
             text: quote.text.clone(),
         }),
+        earlier: item.earlier.clone(),
     }
     .bounded()
 }

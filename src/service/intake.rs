@@ -179,14 +179,6 @@ impl Service {
             return self.consume_marks(deciding).await;
         };
         let earlier = locked(&self.state.context).take(channel, &event.room, self.clock.now());
-        let text = if earlier.is_empty() {
-            text
-        } else {
-            format!(
-                "[Earlier in this room, not addressed to you]\n{}\n\n{text}",
-                earlier.join("\n")
-            )
-        };
         let verdict_seq = self
             .inbox
             .record_verdict(seq, verdict)
@@ -200,6 +192,7 @@ impl Service {
             event,
             lane,
             text,
+            earlier,
         })
         .await
     }

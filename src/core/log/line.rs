@@ -272,12 +272,13 @@ mod tests {
                     }),
                     text: "earlier".into(),
                 }),
+                earlier: vec!["- Carol (id 9): hi".into()],
             }],
         };
         let text = serde_json::to_string(&message).unwrap();
         assert_eq!(
             text,
-            r#"{"role":"user","parts":[{"type":"text","text":"hi"}],"origins":[{"sender":{"id":"1001","name":"Ana"},"channel":"tg","room":"ops","thread":"7","sent_at":"2026-11-30T06:00:00Z","direct":false,"replying_to":{"platform_id":"-100:4","author":{"id":"1002","name":"Bo"},"text":"earlier"}}]}"#
+            r#"{"role":"user","parts":[{"type":"text","text":"hi"}],"origins":[{"sender":{"id":"1001","name":"Ana"},"channel":"tg","room":"ops","thread":"7","sent_at":"2026-11-30T06:00:00Z","direct":false,"replying_to":{"platform_id":"-100:4","author":{"id":"1002","name":"Bo"},"text":"earlier"},"earlier":["- Carol (id 9): hi"]}]}"#
         );
         assert_eq!(serde_json::from_str::<Message>(&text).unwrap(), message);
         let direct = r#"{"role":"user","parts":[{"type":"text","text":"hi"}],"origins":[{"sender":{"id":"1001","name":"Ana"},"channel":"tg","room":"1001","sent_at":"2026-11-30T06:00:00Z","direct":true}]}"#;
