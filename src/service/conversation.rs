@@ -131,7 +131,6 @@ impl Service {
         let origin = Origin {
             channel: channel.clone(),
             room: None,
-            sender: None,
         };
         let config = connected.loaded.config.clone();
         let shutdown = self.shutdown.clone();
