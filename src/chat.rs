@@ -61,6 +61,7 @@ async fn turn<O: Write, N: Write>(
         text,
         consumes: Vec::new(),
         fresh: false,
+        said: Vec::new(),
     };
     let run = lane.send(input, Some(events));
     tokio::pin!(run);

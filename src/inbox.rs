@@ -109,6 +109,9 @@ pub struct PendingItem {
     pub event: InboundEvent,
     pub lane: String,
     pub text: String,
+    /// The group context offered with it: lines said in its room before it that did not
+    /// address the agent, as [`perch_core::origin::context_line`]s. Kept in memory only.
+    pub earlier: Vec<String>,
 }
 
 impl PendingItem {
@@ -208,6 +211,7 @@ impl Inbox {
                     event: event.clone(),
                     lane,
                     text,
+                    earlier: Vec::new(),
                 });
             }
         }

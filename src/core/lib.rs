@@ -26,6 +26,7 @@ pub mod log;
 pub mod lua_pattern;
 pub mod markdown;
 pub mod name;
+pub mod origin;
 pub mod output;
 pub mod pairing;
 pub mod problem;

@@ -55,12 +55,11 @@ impl Job {
     }
 
     /// Where the run's turns and steers say they come from: the `heartbeat` channel, the task as
-    /// the room, no sender.
+    /// the room.
     pub fn origin(&self) -> Origin {
         Origin {
             channel: "heartbeat".into(),
             room: Some(self.task.name.to_string()),
-            sender: None,
         }
     }
 }

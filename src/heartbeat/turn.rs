@@ -73,6 +73,7 @@ async fn judged_turn(lane: &dyn HostLane, job: &Job) -> Judged {
         text: turn_prompt(job),
         consumes: Vec::new(),
         fresh,
+        said: Vec::new(),
     };
     let mut corrected = false;
     loop {
@@ -119,6 +120,7 @@ async fn judged_turn(lane: &dyn HostLane, job: &Job) -> Judged {
                     text: correction(&invalid),
                     consumes: Vec::new(),
                     fresh: false,
+                    said: Vec::new(),
                 };
             }
         }

@@ -110,6 +110,17 @@ pub struct Input {
     /// Start a new branch for this input instead of continuing the conversation: the run sees
     /// only the system prompt and this input (a heartbeat's fresh run).
     pub fresh: bool,
+    /// The chat messages this input is, each with where it came from: when there are any, the
+    /// user entry holds one text part per message with its origin (and `text`, their texts
+    /// joined, only sizes the input); when there are none, it holds `text` alone.
+    pub said: Vec<Said>,
+}
+
+/// One chat message of an [`Input`]: its text as the agent reads it, and where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Said {
+    pub origin: perch_core::origin::MessageOrigin,
+    pub text: String,
 }
 
 /// What a run shows while it works, for display.
@@ -200,6 +211,7 @@ enum Request {
     },
     Steer {
         text: String,
+        origin: Option<Box<perch_core::origin::MessageOrigin>>,
         reply: oneshot::Sender<Steered>,
     },
     Abort,
@@ -307,7 +319,22 @@ impl Lane {
     /// reply not yet started are skipped, with a result saying so.
     pub async fn steer(&self, text: String) -> Result<Steered, LaneError> {
         let (reply, answer) = oneshot::channel();
-        self.request(Request::Steer { text, reply })?;
+        self.request(Request::Steer {
+            text,
+            origin: None,
+            reply,
+        })?;
+        answer.await.map_err(|_| LaneError::Closed)
+    }
+
+    /// [`Lane::steer`] with a chat message, whose entry keeps where it came from.
+    pub async fn steer_said(&self, said: Said) -> Result<Steered, LaneError> {
+        let (reply, answer) = oneshot::channel();
+        self.request(Request::Steer {
+            text: said.text,
+            origin: Some(Box::new(said.origin)),
+            reply,
+        })?;
         answer.await.map_err(|_| LaneError::Closed)
     }
 
@@ -359,6 +386,7 @@ async fn answer_calls_that_never_started(log: &LaneLog, clock: &Clock) -> Result
                     ),
                     is_error: true,
                 }],
+                origins: Vec::new(),
             }),
         };
         log.append(&Line::Entry(entry)).await?;
@@ -372,11 +400,11 @@ struct Shared {
     log: LaneLog,
     setup: LaneSetup,
     /// Steering messages for the active run, taken at its next tool boundary.
-    steering: Mutex<VecDeque<String>>,
+    steering: Mutex<VecDeque<(String, Option<perch_core::origin::MessageOrigin>)>>,
 }
 
 impl Shared {
-    fn take_steering(&self) -> Vec<String> {
+    fn take_steering(&self) -> Vec<(String, Option<perch_core::origin::MessageOrigin>)> {
         self.steering
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -486,13 +514,17 @@ impl LaneTask {
                     Request::Note { name, value, reply } => {
                         self.queue.push_back(Work::Note { name, value, reply });
                     }
-                    Request::Steer { text, reply } => {
+                    Request::Steer {
+                        text,
+                        origin,
+                        reply,
+                    } => {
                         let answer = if active.is_some() {
                             self.shared
                                 .steering
                                 .lock()
                                 .unwrap_or_else(PoisonError::into_inner)
-                                .push_back(text);
+                                .push_back((text, origin.map(|origin| *origin)));
                             Steered::Delivered
                         } else {
                             Steered::Idle

@@ -83,8 +83,7 @@ impl Runner<'_> {
         })
         .await?;
         failpoint::hit("after:operation_started");
-        self.entry(message(Role::User, vec![Part::Text { text: input.text }]))
-            .await?;
+        self.entry(user_message(input.text, input.said)).await?;
         failpoint::hit("after:user_entry");
         let end = self.turns(op, events).await?;
         self.finish(op, end.outcome.clone()).await?;
@@ -242,9 +241,15 @@ impl Runner<'_> {
                     model_failure: None,
                 });
             }
-            for steering in self.shared.take_steering() {
-                self.entry(message(Role::User, vec![Part::Text { text: steering }]))
-                    .await?;
+            for (text, origin) in self.shared.take_steering() {
+                let said = origin
+                    .map(|origin| super::Said {
+                        origin,
+                        text: text.clone(),
+                    })
+                    .into_iter()
+                    .collect();
+                self.entry(user_message(text, said)).await?;
                 emit(events, LaneEvent::Steered);
             }
         }
@@ -494,7 +499,27 @@ impl Runner<'_> {
 }
 
 fn message(role: Role, parts: Vec<Part>) -> Message {
-    Message { role, parts }
+    Message {
+        role,
+        parts,
+        origins: Vec::new(),
+    }
+}
+
+/// The user entry of a run: `text` alone, or each chat message as a text part with its origin.
+fn user_message(text: String, said: Vec<super::Said>) -> Message {
+    if said.is_empty() {
+        return message(Role::User, vec![Part::Text { text }]);
+    }
+    let (origins, parts) = said
+        .into_iter()
+        .map(|said| (said.origin, Part::Text { text: said.text }))
+        .unzip();
+    Message {
+        role: Role::User,
+        parts,
+        origins,
+    }
 }
 
 fn emit(events: &Events, event: LaneEvent) {

@@ -45,6 +45,7 @@ pub(crate) fn history() -> Vec<Message> {
         Message {
             role: Role::User,
             parts: vec![text("list files")],
+            origins: Vec::new(),
         },
         Message {
             role: Role::Assistant,
@@ -65,6 +66,7 @@ pub(crate) fn history() -> Vec<Message> {
                     arguments: json!({"cmd": "pwd"}),
                 },
             ],
+            origins: Vec::new(),
         },
         Message {
             role: Role::Tool,
@@ -80,6 +82,7 @@ pub(crate) fn history() -> Vec<Message> {
                     is_error: true,
                 },
             ],
+            origins: Vec::new(),
         },
         Message {
             role: Role::Assistant,
@@ -90,10 +93,12 @@ pub(crate) fn history() -> Vec<Message> {
                 },
                 text("Done."),
             ],
+            origins: Vec::new(),
         },
         Message {
             role: Role::User,
             parts: vec![text("thanks")],
+            origins: Vec::new(),
         },
     ]
 }

@@ -5,10 +5,11 @@ use super::lanes::LaneLease;
 use super::{Channel, DRAIN_MARGIN, Service};
 use crate::channel::InboundEvent;
 use crate::inbox::PendingItem;
-use crate::lane::{Input, Lane, Steered};
-use perch_core::config::BusyPolicy;
+use crate::lane::{Input, Lane, Said, Steered};
+use perch_core::config::{BusyPolicy, ChannelConfig};
 use perch_core::log::Outcome;
 use perch_core::name::LaneName;
+use perch_core::origin::{MessageOrigin, Person, Quoted};
 use perch_core::prompt::Origin;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -130,7 +131,6 @@ impl Service {
         let origin = Origin {
             channel: channel.clone(),
             room: None,
-            sender: None,
         };
         let config = connected.loaded.config.clone();
         let shutdown = self.shutdown.clone();
@@ -265,8 +265,11 @@ impl Service {
             let limit = usize::try_from(config.queue_limit).unwrap_or(usize::MAX);
             match (active.is_some(), &lease, config.busy) {
                 (true, Some(lane), BusyPolicy::Steer) => {
-                    let text = self.item_text(&connected, &item).await;
-                    if matches!(lane.steer(text).await, Ok(Steered::Delivered)) {
+                    let said = Said {
+                        origin: origin_of(&connected.loaded.config, &item),
+                        text: self.item_text(&connected, &item).await,
+                    };
+                    if matches!(lane.steer_said(said).await, Ok(Steered::Delivered)) {
                         self.inbox
                             .consume(vec![item.event_seq, item.verdict_seq])
                             .await
@@ -309,11 +312,18 @@ impl Service {
             return Ok(());
         };
         let typing = self.keep_typing(channel, &last.event);
-        let mut texts = Vec::with_capacity(items.len());
+        let mut said = Vec::with_capacity(items.len());
         for item in &items {
-            texts.push(self.item_text(channel, item).await);
+            said.push(Said {
+                origin: origin_of(&channel.loaded.config, item),
+                text: self.item_text(channel, item).await,
+            });
         }
-        let text = texts.join("\n\n");
+        let text = said
+            .iter()
+            .map(|said| said.text.as_str())
+            .collect::<Vec<_>>()
+            .join("\n\n");
         let consumes = items.iter().map(PendingItem::consumes_id).collect();
         let finished = lane
             .send(
@@ -321,6 +331,7 @@ impl Service {
                     text,
                     consumes,
                     fresh: false,
+                    said,
                 },
                 None,
             )
@@ -447,6 +458,33 @@ impl Service {
             .await
             .map_err(|error| error.to_string())
     }
+}
+
+/// Where `item` came from, as its user entry keeps it: the room by the channel file's alias
+/// for it where there is one, and the group context offered with it.
+fn origin_of(config: &ChannelConfig, item: &PendingItem) -> MessageOrigin {
+    let event = &item.event;
+    let person = |sender: &crate::channel::Sender| Person {
+        id: sender.id.clone(),
+        name: sender.name.clone(),
+    };
+    MessageOrigin {
+        sender: person(&event.sender),
+        channel: config.name.to_string(),
+        room: config
+            .room_alias(&event.room)
+            .map_or_else(|| event.room.clone(), ToString::to_string),
+        thread: event.thread.clone(),
+        sent_at: event.sent_at,
+        direct: event.direct,
+        replying_to: event.replying_to.as_deref().map(|quote| Quoted {
+            platform_id: quote.platform_id.clone(),
+            author: quote.author.as_ref().map(person),
+            text: quote.text.clone(),
+        }),
+        earlier: item.earlier.clone(),
+    }
+    .bounded()
 }
 
 /// A run's outcome in one word, for log lines.

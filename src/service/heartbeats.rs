@@ -91,6 +91,7 @@ impl Service {
                         text,
                         consumes: Vec::new(),
                         fresh: false,
+                        said: Vec::new(),
                     };
                     let run = crate::lane::Lane::send(&lane, input, None);
                     tokio::pin!(run);

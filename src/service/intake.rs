@@ -179,14 +179,6 @@ impl Service {
             return self.consume_marks(deciding).await;
         };
         let earlier = locked(&self.state.context).take(channel, &event.room, self.clock.now());
-        let text = if earlier.is_empty() {
-            text
-        } else {
-            format!(
-                "[Earlier in this room, not addressed to you]\n{}\n\n{text}",
-                earlier.join("\n")
-            )
-        };
         let verdict_seq = self
             .inbox
             .record_verdict(seq, verdict)
@@ -200,6 +192,7 @@ impl Service {
             event,
             lane,
             text,
+            earlier,
         })
         .await
     }
@@ -343,15 +336,19 @@ impl Service {
     }
 }
 
-/// How a group message that did not address the agent is offered as context: its sender and
-/// text, and the names of its files, which are not saved.
+/// How a group message that did not address the agent is offered as context: its sender (name
+/// and id, made safe) and text, and the names of its files, which are not saved.
 pub(super) fn context_line(event: &InboundEvent) -> String {
-    let mut line = format!("{}: {}", event.sender.name, event.text);
-    if !event.attachments.is_empty() {
-        let names = perch_core::attachment::saved_names(&event.attachments).join(", ");
-        line.push_str(&format!(" [files, not saved: {names}]"));
-    }
-    line
+    let sender = perch_core::origin::Person {
+        id: event.sender.id.clone(),
+        name: event.sender.name.clone(),
+    };
+    let files = if event.attachments.is_empty() {
+        Vec::new()
+    } else {
+        perch_core::attachment::saved_names(&event.attachments)
+    };
+    perch_core::origin::context_line(&sender, &event.text, &files)
 }
 
 fn random_bytes() -> [u8; 6] {

@@ -22,7 +22,6 @@ impl Service {
             let origin = Origin {
                 channel: "recovery".into(),
                 room: None,
-                sender: None,
             };
             let (opened, report) = self
                 .runtime

@@ -182,6 +182,7 @@ mod double {
                     text,
                     consumes: Vec::new(),
                     fresh: false,
+                    said: Vec::new(),
                 },
                 None,
             )

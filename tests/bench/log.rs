@@ -27,7 +27,11 @@ fn message(id: EntryId, parent: Option<EntryId>, role: Role, parts: Vec<Part>) -
         id,
         parent,
         at: Utc::now(),
-        body: EntryBody::Message(Message { role, parts }),
+        body: EntryBody::Message(Message {
+            role,
+            parts,
+            origins: Vec::new(),
+        }),
     })
 }
 

@@ -77,7 +77,7 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 
 /// The text of the last user message of a Chat Completions request.
 fn user_text(request: &Value) -> String {
-    request["messages"]
+    let text = request["messages"]
         .as_array()
         .and_then(|messages| {
             messages
@@ -87,7 +87,8 @@ fn user_text(request: &Value) -> String {
         })
         .and_then(|message| message["content"].as_str())
         .unwrap_or_default()
-        .to_owned()
+        .to_owned();
+    super::support::without_origins(&text)
 }
 
 fn system_text(request: &Value) -> String {

@@ -73,6 +73,7 @@ async fn say(lane: &Lane, text: &str) -> Finished {
             text: text.into(),
             consumes: vec![format!("test:{text}")],
             fresh: false,
+            said: Vec::new(),
         },
         None,
     )
@@ -281,6 +282,101 @@ async fn bad_model_behaviour_becomes_a_recorded_outcome_and_the_lane_stays_usabl
         log.contains("\"attempt\":3"),
         "three attempts were recorded for the retried turn"
     );
+}
+
+/// A chat message from `name` (`id`) in the group room `ops`.
+fn said(name: &str, id: &str, text: &str) -> perch::lane::Said {
+    use perch_core::origin::{MessageOrigin, Person};
+    perch::lane::Said {
+        origin: MessageOrigin {
+            sender: Person {
+                id: id.into(),
+                name: name.into(),
+            },
+            channel: "tg".into(),
+            room: "ops".into(),
+            thread: None,
+            sent_at: chrono::Utc::now(),
+            direct: false,
+            replying_to: None,
+            earlier: Vec::new(),
+        },
+        text: text.into(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_messages_and_their_steers_keep_who_said_them() {
+    let fake = FakeModel::start(Api::OpenAiCompletions);
+    let dir = agent_for(&fake);
+    let workspace = dir.path().join("workspace");
+    let runtime = runtime(dir.path()).await;
+    let lane = lane(&runtime, quick()).await;
+    fake.push(bash(
+        "hold",
+        "touch started; while [ ! -e go ]; do sleep 0.02; done",
+    ));
+    fake.push(Script::text("done"));
+    let running = {
+        let lane = lane.clone();
+        tokio::spawn(async move {
+            let said = vec![said("Ana", "11", "first"), said("Bo", "12", "second")];
+            lane.send(
+                Input {
+                    text: "first\n\nsecond".into(),
+                    consumes: vec!["test:collected".into()],
+                    fresh: false,
+                    said,
+                },
+                None,
+            )
+            .await
+            .unwrap()
+        })
+    };
+    wait_for(&workspace.join("started"));
+    assert_eq!(
+        lane.steer_said(said("Cy", "13", "wait")).await.unwrap(),
+        Steered::Delivered
+    );
+    std::fs::write(workspace.join("go"), "").unwrap();
+    assert_eq!(running.await.unwrap().outcome, Outcome::Completed);
+    lane.close().await.unwrap();
+
+    let messages = fake.last_request().body["messages"].clone();
+    let users: Vec<String> = messages
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|message| message["role"] == "user")
+        .map(|message| message["content"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(users.len(), 2, "{messages}");
+    assert!(
+        users[0].starts_with("<origin ")
+            && users[0].contains("sender=\"Ana\" sender_id=\"11\"")
+            && users[0].contains("/>\nfirst\n\n<origin ")
+            && users[0].contains("sender=\"Bo\" sender_id=\"12\"")
+            && users[0].ends_with("/>\nsecond"),
+        "{}",
+        users[0]
+    );
+    assert!(
+        users[1].contains("sender=\"Cy\" sender_id=\"13\"") && users[1].ends_with("/>\nwait"),
+        "{}",
+        users[1]
+    );
+    let (branch, _) = on_disk(dir.path(), "test");
+    let kept: Vec<usize> = branch
+        .iter()
+        .filter_map(|entry| match &entry.body {
+            EntryBody::Message(message) if message.role == Role::User => {
+                Some(message.origins.len())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kept, vec![2, 1], "the lane keeps every origin");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -553,6 +649,7 @@ async fn a_lane_near_its_context_window_is_compacted_before_the_next_run() {
                 text: "again".into(),
                 consumes: Vec::new(),
                 fresh: false,
+                said: Vec::new(),
             },
             Some(events),
         )

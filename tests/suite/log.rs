@@ -32,6 +32,7 @@ fn text(id_: EntryId, parent: Option<EntryId>, role: Role, text: &str) -> Line {
         body: EntryBody::Message(Message {
             role,
             parts: vec![Part::Text { text: text.into() }],
+            origins: Vec::new(),
         }),
     })
 }

@@ -1024,12 +1024,13 @@ fn start_perch_failing(dir: &Path, bot: &Account, failpoint: &str) -> Child {
 }
 
 fn last_user_text(request: &Value) -> String {
-    request["messages"]
+    let text = request["messages"]
         .as_array()
         .and_then(|messages| messages.iter().rev().find(|m| m["role"] == "user"))
         .and_then(|message| message["content"].as_str())
         .unwrap_or_default()
-        .to_owned()
+        .to_owned();
+    super::support::without_origins(&text)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

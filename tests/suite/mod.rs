@@ -23,6 +23,7 @@ mod log;
 mod matrix;
 mod metrics;
 mod model;
+mod origin;
 mod prompt;
 mod sandbox;
 #[cfg(feature = "sandbox-double")]

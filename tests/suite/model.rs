@@ -55,6 +55,7 @@ fn ask(text: &str) -> ModelRequest {
         messages: vec![Message {
             role: Role::User,
             parts: vec![Part::Text { text: text.into() }],
+            origins: Vec::new(),
         }],
         tools: Vec::new(),
         thinking: Thinking::Off,
@@ -267,6 +268,7 @@ fn tool_request() -> ModelRequest {
                 parts: vec![Part::Text {
                     text: "what is here?".into(),
                 }],
+                origins: Vec::new(),
             },
             Message {
                 role: Role::Assistant,
@@ -286,6 +288,7 @@ fn tool_request() -> ModelRequest {
                         arguments: json!({"cmd": "id"}),
                     },
                 ],
+                origins: Vec::new(),
             },
             Message {
                 role: Role::Tool,
@@ -301,6 +304,7 @@ fn tool_request() -> ModelRequest {
                         is_error: true,
                     },
                 ],
+                origins: Vec::new(),
             },
         ],
         tools: vec![ToolSpec {

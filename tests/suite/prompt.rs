@@ -137,7 +137,6 @@ fn the_system_prompt_holds_instructions_workspace_files_skills_and_origin() {
         Some(Origin {
             channel: "discord".into(),
             room: Some("#releases".into()),
-            sender: Some("ana".into()),
         }),
     );
     assert_eq!(problems, vec![]);
@@ -155,7 +154,7 @@ fn the_system_prompt_holds_instructions_workspace_files_skills_and_origin() {
         .unwrap();
     assert!(agents < soul && soul < knowledge && knowledge < skills);
     assert!(
-        prompt.ends_with("# This conversation\n\nChannel: discord\nRoom: #releases\nSender: ana"),
+        prompt.ends_with("# This conversation\n\nChannel: discord\nRoom: #releases"),
         "{prompt}"
     );
     let (terminal, _) = system_prompt(&agent, Some(Origin::terminal()));

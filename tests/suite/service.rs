@@ -433,7 +433,7 @@ fn groups_bots_and_chat_commands() {
     wait_until("the first answer", || telegram.sent().len() == 2);
     let first = model.requests()[0].body.to_string();
     assert!(
-        first.contains("Carol: just chatting among ourselves"),
+        first.contains("- Carol (id 9): just chatting among ourselves"),
         "context is offered: {first}"
     );
     assert!(!first.contains("beep"), "a bot's message is not context");
@@ -451,7 +451,7 @@ fn groups_bots_and_chat_commands() {
 }
 
 fn user_text(request: &serde_json::Value) -> String {
-    request["messages"]
+    let text = request["messages"]
         .as_array()
         .and_then(|messages| {
             messages
@@ -461,7 +461,8 @@ fn user_text(request: &serde_json::Value) -> String {
         })
         .and_then(|message| message["content"].as_str())
         .unwrap_or_default()
-        .to_owned()
+        .to_owned();
+    super::support::without_origins(&text)
 }
 
 #[test]

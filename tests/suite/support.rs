@@ -213,3 +213,12 @@ impl<C: Connector + ?Sized> PostText for C {
         self.post(delivery, &[])
     }
 }
+
+/// A user message's text as the model sees it without perch's `<origin .../>` header lines:
+/// what the people wrote, the messages of a collected turn separated by blank lines.
+pub fn without_origins(text: &str) -> String {
+    text.split('\n')
+        .filter(|line| !(line.starts_with("<origin ") && line.ends_with("/>")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}

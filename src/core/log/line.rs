@@ -2,6 +2,7 @@ use crate::Timestamp;
 use crate::config::Replay;
 use crate::id::{EntryId, OperationId, SessionId};
 use crate::name::{LaneName, ToolName};
+use crate::origin::MessageOrigin;
 use serde::{Deserialize, Serialize};
 
 /// The version written in every header. A log of another version is refused, not guessed at.
@@ -126,6 +127,11 @@ pub enum EntryBody {
 pub struct Message {
     pub role: Role,
     pub parts: Vec<Part>,
+    /// Where a user message's text parts came from: the first origin is the first text part's,
+    /// and so on (several when messages were collected into one turn). Empty for other roles,
+    /// for input without a chat origin, and in lanes written before origins were kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub origins: Vec<MessageOrigin>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -225,6 +231,7 @@ mod tests {
             body: EntryBody::Message(Message {
                 role: Role::User,
                 parts: vec![Part::Text { text: "hi".into() }],
+                origins: Vec::new(),
             }),
         });
         let text = serde_json::to_string(&entry).unwrap();
@@ -239,6 +246,51 @@ mod tests {
             "{text}"
         );
         assert_eq!(serde_json::from_str::<Line>(&text).unwrap(), entry);
+    }
+
+    #[test]
+    fn a_user_message_keeps_its_origins() {
+        use crate::origin::{MessageOrigin, Person, Quoted};
+        let message = Message {
+            role: Role::User,
+            parts: vec![Part::Text { text: "hi".into() }],
+            origins: vec![MessageOrigin {
+                sender: Person {
+                    id: "1001".into(),
+                    name: "Ana".into(),
+                },
+                channel: "tg".into(),
+                room: "ops".into(),
+                thread: Some("7".into()),
+                sent_at: at(),
+                direct: false,
+                replying_to: Some(Quoted {
+                    platform_id: "-100:4".into(),
+                    author: Some(Person {
+                        id: "1002".into(),
+                        name: "Bo".into(),
+                    }),
+                    text: "earlier".into(),
+                }),
+                earlier: vec!["- Carol (id 9): hi".into()],
+            }],
+        };
+        let text = serde_json::to_string(&message).unwrap();
+        assert_eq!(
+            text,
+            r#"{"role":"user","parts":[{"type":"text","text":"hi"}],"origins":[{"sender":{"id":"1001","name":"Ana"},"channel":"tg","room":"ops","thread":"7","sent_at":"2026-11-30T06:00:00Z","direct":false,"replying_to":{"platform_id":"-100:4","author":{"id":"1002","name":"Bo"},"text":"earlier"},"earlier":["- Carol (id 9): hi"]}]}"#
+        );
+        assert_eq!(serde_json::from_str::<Message>(&text).unwrap(), message);
+        let direct = r#"{"role":"user","parts":[{"type":"text","text":"hi"}],"origins":[{"sender":{"id":"1001","name":"Ana"},"channel":"tg","room":"1001","sent_at":"2026-11-30T06:00:00Z","direct":true}]}"#;
+        let read: Message = serde_json::from_str(direct).unwrap();
+        assert!(read.origins[0].direct && read.origins[0].replying_to.is_none());
+        let older: Message =
+            serde_json::from_str(r#"{"role":"user","parts":[{"type":"text","text":"hi"}]}"#)
+                .unwrap();
+        assert!(
+            older.origins.is_empty(),
+            "lanes written before origins still read"
+        );
     }
 
     #[test]

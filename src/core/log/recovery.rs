@@ -103,6 +103,7 @@ pub fn tool_result(
                 output,
                 is_error,
             }],
+            origins: Vec::new(),
         }),
     }
 }
