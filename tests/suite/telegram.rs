@@ -8,7 +8,7 @@ use super::fake_telegram::{
 use super::support::PostText;
 use perch::channel::telegram::TelegramConnector;
 use perch::channel::{
-    Arrival, Attachment, Connector, ConnectorError, Delivery, DeliveryError, FetchError,
+    Arrival, Attachment, AttemptUp, Connector, ConnectorError, Delivery, DeliveryError, FetchError,
     InboundEvent, OutboundFile, Upload,
 };
 use perch_core::markdown::to_telegram_markdown_v2;
@@ -45,7 +45,11 @@ impl Receiving {
         let task = tokio::spawn({
             let connector = connector.clone();
             let cancel = cancel.clone();
-            async move { connector.receive(resume, Vec::new(), inbound, cancel).await }
+            async move {
+                connector
+                    .receive(resume, Vec::new(), inbound, AttemptUp::pair().0, cancel)
+                    .await
+            }
         });
         Receiving {
             arrivals,
