@@ -1926,3 +1926,40 @@ fn a_lone_status_command_does_not_count_itself_as_waiting() {
     assert!(reply.contains(", 0 inbox item(s) waiting,"), "{reply}");
     stop(child);
 }
+
+#[test]
+fn a_discord_channel_is_connecting_until_the_gateway_is_ready() {
+    use super::fake_discord::{FakeDiscord, TOKEN as DISCORD_TOKEN};
+    let model = FakeModel::start(Api::AnthropicMessages);
+    let discord = FakeDiscord::start();
+    let dir = discord_agent(&model, &discord, "dm = \"allow\"");
+    discord.freeze_gateway();
+    let child = launch(dir.path(), ("DISCORD_TOKEN", DISCORD_TOKEN), None);
+    wait_until("the service to answer status", || {
+        status_json(dir.path())["running"] == true
+    });
+    let watched_until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < watched_until {
+        let status = status_json(dir.path());
+        let channel = &status["channel_health"][0];
+        assert_eq!(channel["connection"], "connecting", "{status}");
+        assert_eq!(channel["healthy"], false, "{status}");
+    }
+    stop(child);
+}
+
+#[test]
+fn a_discord_channel_is_receiving_once_the_gateway_is_ready() {
+    use super::fake_discord::{FakeDiscord, TOKEN as DISCORD_TOKEN};
+    let model = FakeModel::start(Api::AnthropicMessages);
+    let discord = FakeDiscord::start();
+    let dir = discord_agent(&model, &discord, "dm = \"allow\"");
+    let child = launch(dir.path(), ("DISCORD_TOKEN", DISCORD_TOKEN), None);
+    wait_until("the channel to be receiving", || {
+        let status = status_json(dir.path());
+        status["channel_health"][0]["connection"] == "receiving"
+            && status["channel_health"][0]["healthy"] == true
+    });
+    assert!(discord.live_sessions() > 0);
+    stop(child);
+}
