@@ -1240,7 +1240,12 @@ fn status_text(
             } else {
                 format!(
                     "; UNHEALTHY: {}",
-                    shown(channel.last_hook_error.as_deref().unwrap_or("stopped"))
+                    shown(
+                        channel
+                            .last_hook_error
+                            .as_deref()
+                            .unwrap_or("not receiving")
+                    )
                 )
             }
         ));

@@ -89,7 +89,6 @@ pub struct DiscordConnector {
     notices: broadcast::Sender<RateNotice>,
     liveness: Duration,
     gateway: tokio::sync::Mutex<Option<Gateway>>,
-    connected: super::ConnectedOnce,
 }
 
 impl fmt::Debug for DiscordConnector {
@@ -131,7 +130,6 @@ impl DiscordConnector {
             notices,
             liveness: DEFAULT_LIVENESS,
             gateway: tokio::sync::Mutex::new(None),
-            connected: super::ConnectedOnce::default(),
         }
     }
 
@@ -174,6 +172,7 @@ impl DiscordConnector {
         &self,
         since: Vec<(String, String)>,
         inbound: mpsc::Sender<Arrival>,
+        up: super::AttemptUp,
         cancel: CancellationToken,
     ) -> Result<(), ConnectorError> {
         let mut slot = tokio::select! {
@@ -199,7 +198,7 @@ impl DiscordConnector {
         let Some(gateway) = slot.as_mut() else {
             return Err(disconnected("the gateway client is missing"));
         };
-        match self.follow(gateway, since, &inbound, &cancel).await {
+        match self.follow(gateway, since, &inbound, &up, &cancel).await {
             Ok(()) => {
                 if let Some(gateway) = slot.take() {
                     let _ = tokio::time::timeout(CLOSE_WAIT, gateway.stop()).await;
@@ -245,6 +244,7 @@ impl DiscordConnector {
         gateway: &mut Gateway,
         since: Vec<(String, String)>,
         inbound: &mpsc::Sender<Arrival>,
+        up: &super::AttemptUp,
         cancel: &CancellationToken,
     ) -> Result<(), Ended> {
         let mut rooms = Rooms::new(since);
@@ -274,7 +274,7 @@ impl DiscordConnector {
                         alive = Instant::now();
                         match item {
                             GatewayItem::Ready | GatewayItem::Resumed => {
-                                self.connected.mark();
+                                up.mark();
                                 self.backfill(&mut rooms, &handoff).await
                             }
                             GatewayItem::Message(message) => {
@@ -290,7 +290,7 @@ impl DiscordConnector {
                     match attach_collector(&gateway.manager).await {
                         Some((receiver, true)) => {
                             events = Some(receiver);
-                            self.connected.mark();
+                            up.mark();
                             self.backfill(&mut rooms, &handoff).await
                         }
                         Some((receiver, false)) => {
@@ -515,9 +515,10 @@ impl Connector for DiscordConnector {
         _resume: Option<String>,
         since: Vec<(String, String)>,
         inbound: mpsc::Sender<Arrival>,
+        up: super::AttemptUp,
         cancel: CancellationToken,
     ) -> BoxFuture<'a, Result<(), ConnectorError>> {
-        Box::pin(self.session(since, inbound, cancel))
+        Box::pin(self.session(since, inbound, up, cancel))
     }
 
     fn post<'a>(
@@ -544,10 +545,6 @@ impl Connector for DiscordConnector {
                     .await;
             }
         })
-    }
-
-    fn connected(&self) -> BoxFuture<'_, ()> {
-        Box::pin(self.connected.wait())
     }
 
     fn limits(&self) -> PlatformLimits {

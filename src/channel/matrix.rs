@@ -559,6 +559,7 @@ impl MatrixConnector {
         resume: Option<String>,
         since: Vec<(String, String)>,
         inbound: mpsc::Sender<Arrival>,
+        up: super::AttemptUp,
         cancel: CancellationToken,
     ) -> Result<(), ConnectorError> {
         let client = tokio::select! {
@@ -653,6 +654,7 @@ impl MatrixConnector {
             }
             if first {
                 self.synced.send_replace(true);
+                up.mark();
                 first = false;
             }
         }
@@ -970,9 +972,10 @@ impl Connector for MatrixConnector {
         resume: Option<String>,
         since: Vec<(String, String)>,
         inbound: mpsc::Sender<Arrival>,
+        up: super::AttemptUp,
         cancel: CancellationToken,
     ) -> BoxFuture<'a, Result<(), ConnectorError>> {
-        Box::pin(self.follow(resume, since, inbound, cancel))
+        Box::pin(self.follow(resume, since, inbound, up, cancel))
     }
 
     fn post<'a>(
@@ -994,10 +997,6 @@ impl Connector for MatrixConnector {
 
     fn typing<'a>(&'a self, room: &'a str, _thread: Option<&'a str>) -> BoxFuture<'a, ()> {
         Box::pin(self.show_typing(room))
-    }
-
-    fn connected(&self) -> BoxFuture<'_, ()> {
-        Box::pin(self.ready())
     }
 
     fn limits(&self) -> PlatformLimits {

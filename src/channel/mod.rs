@@ -245,24 +245,34 @@ pub struct Arrival {
     pub journaled: oneshot::Sender<()>,
 }
 
-/// Whether a connector has been connected once, for [`Connector::connected`].
+/// The connector's side of one receive attempt's "up" signal: marked when the platform first
+/// answered in this attempt (Telegram's `getMe` or first `getUpdates`, Discord's gateway READY,
+/// Matrix's first sync). Marking again does nothing.
+#[derive(Debug, Clone)]
+pub struct AttemptUp(std::sync::Arc<tokio::sync::watch::Sender<bool>>);
+
+/// The service's side of [`AttemptUp`].
 #[derive(Debug)]
-pub struct ConnectedOnce(tokio::sync::watch::Sender<bool>);
+pub struct AttemptUpWait(tokio::sync::watch::Receiver<bool>);
 
-impl Default for ConnectedOnce {
-    fn default() -> ConnectedOnce {
-        ConnectedOnce(tokio::sync::watch::Sender::new(false))
+impl AttemptUp {
+    /// A fresh signal for one receive attempt, and its waiting side.
+    pub fn pair() -> (AttemptUp, AttemptUpWait) {
+        let (up, wait) = tokio::sync::watch::channel(false);
+        (AttemptUp(std::sync::Arc::new(up)), AttemptUpWait(wait))
     }
-}
 
-impl ConnectedOnce {
     pub fn mark(&self) {
         self.0.send_replace(true);
     }
+}
 
-    pub async fn wait(&self) {
-        let mut connected = self.0.subscribe();
-        let _ = connected.wait_for(|connected| *connected).await;
+impl AttemptUpWait {
+    /// Resolves once the attempt is up; never, when it ended without coming up.
+    pub async fn wait(&mut self) {
+        if self.0.wait_for(|up| *up).await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 }
 
@@ -272,12 +282,13 @@ pub trait Connector: Send + Sync + fmt::Debug {
     /// `resume` is the cursor of the last event perch journaled (see [`InboundEvent::cursor`]);
     /// `since` is the `platform_id` of the last journaled event per room, for platforms that
     /// back-fill history after a start or reconnect. Events may repeat; perch deduplicates by
-    /// `platform_id`.
+    /// `platform_id`. `up` is marked once the platform has answered in this attempt.
     fn receive<'a>(
         &'a self,
         resume: Option<String>,
         since: Vec<(String, String)>,
         inbound: mpsc::Sender<Arrival>,
+        up: AttemptUp,
         cancel: CancellationToken,
     ) -> BoxFuture<'a, Result<(), ConnectorError>>;
 
@@ -301,12 +312,6 @@ pub trait Connector: Send + Sync + fmt::Debug {
 
     /// Shows a typing indicator in the room for the platform's usual few seconds.
     fn typing<'a>(&'a self, room: &'a str, thread: Option<&'a str>) -> BoxFuture<'a, ()>;
-
-    /// Resolves once a connection is up (Telegram's first poll answered, Discord's gateway
-    /// READY, Matrix's first sync done), for readiness. By default at once.
-    fn connected(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async {})
-    }
 
     fn limits(&self) -> PlatformLimits;
 

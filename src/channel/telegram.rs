@@ -91,7 +91,6 @@ impl std::error::Error for SetupError {}
 pub struct TelegramConnector {
     bot: Bot,
     identity: OnceCell<BotIdentity>,
-    connected: super::ConnectedOnce,
 }
 
 impl fmt::Debug for TelegramConnector {
@@ -121,7 +120,6 @@ impl TelegramConnector {
         Ok(TelegramConnector {
             bot,
             identity: OnceCell::new(),
-            connected: super::ConnectedOnce::default(),
         })
     }
 
@@ -149,22 +147,27 @@ impl TelegramConnector {
         &self,
         resume: Option<String>,
         inbound: mpsc::Sender<Arrival>,
+        up: super::AttemptUp,
         cancel: CancellationToken,
     ) -> Result<(), ConnectorError> {
         let mut offset = start_offset(resume.as_deref())?;
+        let mut answered = self.identity.get().is_none();
         let me = tokio::select! {
             biased;
             () = cancel.cancelled() => return Ok(()),
             me = self.identity() => me?,
         };
-        // The token works and the Bot API answers; the first `getUpdates` is a long poll that
-        // returns only when there is an update or its timeout passes.
-        self.connected.mark();
+        // When `getMe` answered just now, the token works and the Bot API answers. With the
+        // identity cached from an earlier attempt, the first `getUpdates` is a short poll, so
+        // that its answer says the same at once.
+        if answered {
+            up.mark();
+        }
         loop {
             let mut request = self
                 .bot
                 .get_updates()
-                .timeout(POLL_TIMEOUT_SECS)
+                .timeout(if answered { POLL_TIMEOUT_SECS } else { 0 })
                 .allowed_updates([AllowedUpdate::Message]);
             if let Some(offset) = offset {
                 request = request.offset(offset);
@@ -175,7 +178,13 @@ impl TelegramConnector {
                 result = request.send() => result,
             };
             let updates = match result {
-                Ok(updates) => updates,
+                Ok(updates) => {
+                    if !answered {
+                        answered = true;
+                        up.mark();
+                    }
+                    updates
+                }
                 Err(RequestError::RetryAfter(wait)) => {
                     tokio::select! {
                         biased;
@@ -527,9 +536,10 @@ impl Connector for TelegramConnector {
         resume: Option<String>,
         _since: Vec<(String, String)>,
         inbound: mpsc::Sender<Arrival>,
+        up: super::AttemptUp,
         cancel: CancellationToken,
     ) -> BoxFuture<'a, Result<(), ConnectorError>> {
-        Box::pin(self.poll(resume, inbound, cancel))
+        Box::pin(self.poll(resume, inbound, up, cancel))
     }
 
     fn post<'a>(
@@ -551,10 +561,6 @@ impl Connector for TelegramConnector {
 
     fn typing<'a>(&'a self, room: &'a str, thread: Option<&'a str>) -> BoxFuture<'a, ()> {
         Box::pin(self.show_typing(room, thread))
-    }
-
-    fn connected(&self) -> BoxFuture<'_, ()> {
-        Box::pin(self.connected.wait())
     }
 
     fn limits(&self) -> PlatformLimits {

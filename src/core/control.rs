@@ -156,8 +156,12 @@ pub struct LiveStatus {
 pub struct ChannelHealth {
     pub name: String,
     pub kind: String,
-    /// `receiving`, `reconnecting: <why>` or `stopped: <why>`.
+    /// `connecting` until the platform first answered in the current receive attempt (Telegram's
+    /// `getMe` or first `getUpdates`, Discord's gateway READY, Matrix's first sync), then
+    /// `receiving`; `reconnecting: <why>` during the backoff after a drop, `stopped: <why>` after
+    /// the credentials were refused, `paused until <when>` while the crash-loop breaker holds.
     pub connection: String,
+    /// The channel is `receiving` and its hooks work.
     pub healthy: bool,
     pub hook_calls_running: usize,
     pub hook_failures_in_a_row: u32,

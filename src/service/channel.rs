@@ -27,7 +27,8 @@ pub(super) struct Channel {
 /// How a channel is doing, for `perch status`.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Health {
-    /// `receiving`, `reconnecting: <why>` or `stopped: <why>`.
+    /// `connecting`, `receiving`, `reconnecting: <why>`, `stopped: <why>` or
+    /// `paused until <when>`; see [`ChannelHealth::connection`].
     pub(super) connection: String,
     /// `on_message` failures in a row; from [`UNHEALTHY_AFTER`] on, the channel is reported
     /// unhealthy.
@@ -101,7 +102,7 @@ impl Channel {
             kind: self.loaded.config.kind().as_str().to_owned(),
             healthy: health.hook_failures < UNHEALTHY_AFTER
                 && hook_calls_running < crate::channel::hooks::MAX_ABANDONED
-                && !health.connection.starts_with("stopped"),
+                && health.connection == "receiving",
             connection: health.connection,
             hook_calls_running,
             hook_failures_in_a_row: health.hook_failures,

@@ -235,10 +235,11 @@ impl Service {
                 generations::advance(&self.runtime.agent().dir, &base)?;
                 "Starting a new conversation: I will not see the earlier messages here.".to_owned()
             }
+            // The /status event itself is journaled and not yet consumed; it is not waiting.
             ChatCommand::Status => format!(
                 "perch is running: {} channel(s), {} inbox item(s) waiting, {} deliveries waiting.",
                 self.channels.len(),
-                self.inbox.depth().await,
+                self.inbox.depth().await.saturating_sub(1),
                 self.outbox.depth().await
             ),
         };

@@ -353,6 +353,7 @@ pub async fn run(
         );
         match &breaker {
             None => {
+                channel.set_connection("connecting".into());
                 tokio::spawn(receiving);
             }
             Some(tripped) => {

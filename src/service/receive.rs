@@ -1,7 +1,7 @@
 //! Receiving: one task per channel keeps it connected and forwards what arrives.
 
 use super::Channel;
-use crate::channel::Arrival;
+use crate::channel::{Arrival, AttemptUp};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -46,28 +46,27 @@ pub(super) async fn receive_forever(
                 last_cursor
             })
         };
-        channel.set_connection("receiving".into());
+        channel.set_connection("connecting".into());
+        let (up, mut came_up) = AttemptUp::pair();
         let receiving =
             channel
                 .connector
-                .receive(resume.clone(), since.clone(), events, shutdown.clone());
+                .receive(resume.clone(), since.clone(), events, up, shutdown.clone());
+        tokio::pin!(receiving);
         // The first attempt is over when the connection is up or the attempt has failed.
-        let result = match first_attempt.take() {
-            None => receiving.await,
-            Some(over) => {
-                tokio::pin!(receiving);
-                tokio::select! {
-                    result = &mut receiving => {
-                        let _ = over.send(());
-                        result
-                    }
-                    () = channel.connector.connected() => {
-                        let _ = over.send(());
-                        receiving.await
-                    }
+        let result = tokio::select! {
+            result = &mut receiving => result,
+            () = came_up.wait() => {
+                channel.set_connection("receiving".into());
+                if let Some(over) = first_attempt.take() {
+                    let _ = over.send(());
                 }
+                receiving.await
             }
         };
+        if let Some(over) = first_attempt.take() {
+            let _ = over.send(());
+        }
         if let Ok(Some(cursor)) = forward.await {
             resume = Some(cursor);
         }

@@ -6,8 +6,8 @@ use super::support::PostText;
 use futures_util::{SinkExt, StreamExt};
 use perch::channel::discord::{DiscordConnector, FALLBACK_RETRY_AFTER, RESEND_WINDOW};
 use perch::channel::{
-    Arrival, Connector, ConnectorError, Delivery, DeliveryError, FetchError, InboundEvent,
-    OutboundFile, Upload,
+    Arrival, AttemptUp, Connector, ConnectorError, Delivery, DeliveryError, FetchError,
+    InboundEvent, OutboundFile, Upload,
 };
 use perch_core::name::EnvName;
 use perch_core::secret::{EnvRef, Secret};
@@ -60,7 +60,11 @@ fn receive(connector: &Arc<DiscordConnector>, since: Vec<(String, String)>) -> R
     let cancel = CancellationToken::new();
     let connector = Arc::clone(connector);
     let token = cancel.clone();
-    let task = tokio::spawn(async move { connector.receive(None, since, sender, token).await });
+    let task = tokio::spawn(async move {
+        connector
+            .receive(None, since, sender, AttemptUp::pair().0, token)
+            .await
+    });
     Receiving {
         arrivals,
         cancel,

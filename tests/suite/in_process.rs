@@ -4,8 +4,8 @@
 
 use perch::agent::{self, AgentDir, LoadedChannel};
 use perch::channel::{
-    Arrival, Attachment, BoxFuture as ChannelFuture, Connector, ConnectorError, Delivery,
-    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Sender, Upload,
+    Arrival, Attachment, AttemptUp, BoxFuture as ChannelFuture, Connector, ConnectorError,
+    Delivery, DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Sender, Upload,
 };
 use perch::clock::system_clock;
 use perch::doctor::Places;
@@ -192,9 +192,11 @@ impl Connector for FedConnector {
         _resume: Option<String>,
         _since: Vec<(String, String)>,
         inbound: mpsc::Sender<Arrival>,
+        up: AttemptUp,
         cancel: CancellationToken,
     ) -> ChannelFuture<'a, Result<(), ConnectorError>> {
         Box::pin(async move {
+            up.mark();
             let Some(mut events) = self.events.lock().await.take() else {
                 cancel.cancelled().await;
                 return Ok(());

@@ -11,7 +11,7 @@ use matrix_sdk::deserialized_responses::TimelineEventKind;
 use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
 use matrix_sdk::ruma::{EventId, RoomId};
 use perch::channel::matrix::{MatrixConnector, read_undecryptable};
-use perch::channel::{Arrival, Connector, ConnectorError, Delivery, InboundEvent};
+use perch::channel::{Arrival, AttemptUp, Connector, ConnectorError, Delivery, InboundEvent};
 use perch::doctor::Places;
 use perch_core::config::Api;
 use perch_core::name::EnvName;
@@ -63,7 +63,11 @@ impl Receiving {
         let task = tokio::spawn({
             let connector = connector.clone();
             let cancel = cancel.clone();
-            async move { connector.receive(None, since, inbound, cancel).await }
+            async move {
+                connector
+                    .receive(None, since, inbound, AttemptUp::pair().0, cancel)
+                    .await
+            }
         });
         Receiving {
             arrivals,
@@ -386,7 +390,11 @@ async fn a_message_handed_over_but_never_journaled_comes_again_after_a_restart()
         let connector = restarted.clone();
         let cancel = cancel.clone();
         let resume = journaled.cursor.clone();
-        async move { connector.receive(resume, Vec::new(), inbound, cancel).await }
+        async move {
+            connector
+                .receive(resume, Vec::new(), inbound, AttemptUp::pair().0, cancel)
+                .await
+        }
     });
     let mut receiving = Receiving {
         arrivals,

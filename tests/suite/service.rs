@@ -1859,3 +1859,108 @@ fn a_heartbeat_run_without_a_service_delivers_through_the_outbox_and_fires_no_sl
         "recorded as a manual run: {status}"
     );
 }
+
+#[test]
+fn a_telegram_channel_whose_server_never_answers_stays_connecting_and_unhealthy() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    let dir = agent_with_channel(
+        &model,
+        &format!(
+            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {url:?} }}\n"
+        ),
+    );
+    let child = start(dir.path(), None);
+    wait_until("the service to answer status", || {
+        status_json(dir.path())["running"] == true
+    });
+    let watched_until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < watched_until {
+        let status = status_json(dir.path());
+        let channel = &status["channel_health"][0];
+        assert_eq!(channel["connection"], "connecting", "{status}");
+        assert_eq!(channel["healthy"], false, "{status}");
+    }
+    let text =
+        String::from_utf8_lossy(&perch_cli(&["status", dir.path().to_str().unwrap()]).stdout)
+            .into_owned();
+    assert!(
+        text.contains("tg               connecting; UNHEALTHY: not receiving"),
+        "{text}"
+    );
+    stop(child);
+    drop(silent);
+}
+
+#[test]
+fn a_telegram_channel_is_receiving_and_healthy_once_its_first_poll_is_answered() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let child = start(dir.path(), None);
+    wait_until("the channel to be receiving", || {
+        let status = status_json(dir.path());
+        status["channel_health"][0]["connection"] == "receiving"
+            && status["channel_health"][0]["healthy"] == true
+    });
+    assert!(
+        telegram
+            .calls()
+            .iter()
+            .any(|call| call.method.eq_ignore_ascii_case("getMe")),
+        "the Bot API was asked before the channel counted as receiving"
+    );
+    stop(child);
+}
+
+#[test]
+fn a_lone_status_command_does_not_count_itself_as_waiting() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let child = start(dir.path(), None);
+    let alice = User::human(42, "Alice");
+    telegram.push_message(&Chat::private(&alice), &alice, "/status");
+    wait_until("the status reply", || !telegram.sent().is_empty());
+    let reply = telegram.sent()[0].shown.clone();
+    assert!(reply.contains(", 0 inbox item(s) waiting,"), "{reply}");
+    stop(child);
+}
+
+#[test]
+fn a_discord_channel_is_connecting_until_the_gateway_is_ready() {
+    use super::fake_discord::{FakeDiscord, TOKEN as DISCORD_TOKEN};
+    let model = FakeModel::start(Api::AnthropicMessages);
+    let discord = FakeDiscord::start();
+    let dir = discord_agent(&model, &discord, "dm = \"allow\"");
+    discord.freeze_gateway();
+    let child = launch(dir.path(), ("DISCORD_TOKEN", DISCORD_TOKEN), None);
+    wait_until("the service to answer status", || {
+        status_json(dir.path())["running"] == true
+    });
+    let watched_until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < watched_until {
+        let status = status_json(dir.path());
+        let channel = &status["channel_health"][0];
+        assert_eq!(channel["connection"], "connecting", "{status}");
+        assert_eq!(channel["healthy"], false, "{status}");
+    }
+    stop(child);
+}
+
+#[test]
+fn a_discord_channel_is_receiving_once_the_gateway_is_ready() {
+    use super::fake_discord::{FakeDiscord, TOKEN as DISCORD_TOKEN};
+    let model = FakeModel::start(Api::AnthropicMessages);
+    let discord = FakeDiscord::start();
+    let dir = discord_agent(&model, &discord, "dm = \"allow\"");
+    let child = launch(dir.path(), ("DISCORD_TOKEN", DISCORD_TOKEN), None);
+    wait_until("the channel to be receiving", || {
+        let status = status_json(dir.path());
+        status["channel_health"][0]["connection"] == "receiving"
+            && status["channel_health"][0]["healthy"] == true
+    });
+    assert!(discord.live_sessions() > 0);
+    stop(child);
+}

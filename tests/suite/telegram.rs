@@ -8,7 +8,7 @@ use super::fake_telegram::{
 use super::support::PostText;
 use perch::channel::telegram::TelegramConnector;
 use perch::channel::{
-    Arrival, Attachment, Connector, ConnectorError, Delivery, DeliveryError, FetchError,
+    Arrival, Attachment, AttemptUp, Connector, ConnectorError, Delivery, DeliveryError, FetchError,
     InboundEvent, OutboundFile, Upload,
 };
 use perch_core::markdown::to_telegram_markdown_v2;
@@ -45,7 +45,11 @@ impl Receiving {
         let task = tokio::spawn({
             let connector = connector.clone();
             let cancel = cancel.clone();
-            async move { connector.receive(resume, Vec::new(), inbound, cancel).await }
+            async move {
+                connector
+                    .receive(resume, Vec::new(), inbound, AttemptUp::pair().0, cancel)
+                    .await
+            }
         });
         Receiving {
             arrivals,
@@ -1224,4 +1228,44 @@ async fn a_delivery_that_cannot_connect_is_known_not_sent_and_names_no_token() {
         DeliveryError::NotSent { message } => assert!(!message.contains(TOKEN), "{message}"),
         other => panic!("expected NotSent, got {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn every_receive_attempt_is_up_once_the_bot_api_answered_it_even_with_the_identity_cached() {
+    let fake = FakeTelegram::start();
+    let connector = connector(&fake);
+    for attempt in 0..2 {
+        let (inbound, _arrivals) = mpsc::channel(64);
+        let cancel = CancellationToken::new();
+        let (up, mut came_up) = AttemptUp::pair();
+        let task = tokio::spawn({
+            let connector = connector.clone();
+            let cancel = cancel.clone();
+            async move {
+                connector
+                    .receive(None, Vec::new(), inbound, up, cancel)
+                    .await
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(5), came_up.wait())
+            .await
+            .unwrap_or_else(|_| panic!("attempt {attempt} is up within 5 s"));
+        cancel.cancel();
+        task.await.unwrap().unwrap();
+    }
+    let calls = fake.calls();
+    let asked = |method: &str| {
+        calls
+            .iter()
+            .filter(|call| call.method.eq_ignore_ascii_case(method))
+            .count()
+    };
+    assert_eq!(asked("getMe"), 1, "the identity is cached");
+    assert!(
+        calls
+            .iter()
+            .any(|call| call.method.eq_ignore_ascii_case("getUpdates")
+                && call.body["timeout"] == 0),
+        "the second attempt's first poll is short: {calls:?}"
+    );
 }
