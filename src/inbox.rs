@@ -61,6 +61,8 @@ pub enum Verdict {
     Error { reason: String },
     /// A chat command (`/stop`, `/new`, `/status`), answered by perch itself.
     Command { command: String },
+    /// An edit of an earlier message ([`InboundEvent::edit_of`]): kept, never answered.
+    Edited,
 }
 
 /// Where an inbox starts: what the journal holds that still needs work, and the cursors the
@@ -296,7 +298,7 @@ pub fn admitted(verdict: &Verdict) -> Admitted {
         | Verdict::Error { .. }
         | Verdict::Command { .. } => Admitted::Answered,
         Verdict::Context => Admitted::Context,
-        Verdict::Stale | Verdict::Refused { .. } => Admitted::No,
+        Verdict::Stale | Verdict::Refused { .. } | Verdict::Edited => Admitted::No,
     }
 }
 
@@ -364,6 +366,7 @@ mod tests {
                     .unwrap(),
                 attachments: Vec::new(),
                 replying_to: None,
+                edit_of: None,
             },
         };
         let line = concat!(
@@ -387,5 +390,58 @@ mod tests {
         let line = r#"{"type":"verdict","event":3,"verdict":{"verdict":"item","lane":"tg-42","text":"hello"}}"#;
         assert_eq!(serde_json::to_string(&record).unwrap(), line);
         assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
+    }
+
+    #[test]
+    fn an_edit_and_its_verdict_golden() {
+        let event = InboundEvent {
+            platform_id: "42:17:edited:1796104800".into(),
+            cursor: Some("1002".into()),
+            room: "42".into(),
+            thread: None,
+            sender: Sender {
+                id: "42".into(),
+                name: "Ada".into(),
+                is_bot: false,
+            },
+            direct: true,
+            addressed: false,
+            text: "hello again".into(),
+            sent_at: chrono::Utc
+                .with_ymd_and_hms(2026, 12, 2, 5, 59, 58)
+                .unwrap(),
+            attachments: Vec::new(),
+            replying_to: Some(Box::new(crate::channel::Quote {
+                platform_id: "42:16".into(),
+                author: Some(Sender {
+                    id: "7".into(),
+                    name: "perch".into(),
+                    is_bot: true,
+                }),
+                text: "hi".into(),
+            })),
+            edit_of: Some("42:17".into()),
+        };
+        let record = InboxRecord::Event {
+            channel: "tg".into(),
+            event,
+        };
+        let line = concat!(
+            r#"{"type":"event","channel":"tg","event":{"platform_id":"42:17:edited:1796104800","#,
+            r#""cursor":"1002","room":"42","thread":null,"sender":{"id":"42","name":"Ada","#,
+            r#""is_bot":false},"direct":true,"addressed":false,"text":"hello again","#,
+            r#""sent_at":"2026-12-02T05:59:58Z","replying_to":{"platform_id":"42:16","#,
+            r#""author":{"id":"7","name":"perch","is_bot":true},"text":"hi"},"edit_of":"42:17"}}"#
+        );
+        assert_eq!(serde_json::to_string(&record).unwrap(), line);
+        assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
+        let verdict = InboxRecord::Verdict {
+            event: 4,
+            verdict: Verdict::Edited,
+        };
+        let line = r#"{"type":"verdict","event":4,"verdict":{"verdict":"edited"}}"#;
+        assert_eq!(serde_json::to_string(&verdict).unwrap(), line);
+        assert_eq!(InboxRecord::read(&item(line)).unwrap(), verdict);
+        assert_eq!(admitted(&Verdict::Edited), Admitted::No);
     }
 }

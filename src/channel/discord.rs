@@ -33,7 +33,7 @@
 //! the limit.
 
 use super::{
-    Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
+    Arrival, Attachment, BoxFuture, Quote, CheckError, Checked, Connector, ConnectorError, Delivery,
     DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Sender, Upload,
 };
 use chrono::{DateTime, Utc};
@@ -41,7 +41,7 @@ use perch_core::secret::Secret;
 use serenity::all::{
     Channel, ChannelId, ClientBuilder, CollectorCallback, ConnectionStage, CreateAllowedMentions,
     CreateAttachment, CreateMessage, Event, GatewayError, GatewayIntents, Http, HttpBuilder,
-    HttpError, LightMethod, Message, MessageId, MessagePagination, MessageReference, MessageType,
+    HttpError, LightMethod, Message, MessageId, MessageUpdateEvent, MessagePagination, MessageReference, MessageType,
     Nonce, ShardId, ShardManager, ShardRunnerMessage, UserId,
 };
 use std::collections::{BTreeMap, HashMap};
@@ -282,6 +282,10 @@ impl DiscordConnector {
                                 rooms.saw(&message, direct);
                                 handoff.hand(&message, direct).await
                             }
+                            GatewayItem::Edit(update) => match edit_event(&update, handoff.me) {
+                                Some(event) => handoff.hand_event(event).await,
+                                None => Ok(Step::Go),
+                            },
                             GatewayItem::Other => Ok(Step::Go),
                         }
                     }
@@ -575,6 +579,7 @@ enum GatewayItem {
     Ready,
     Resumed,
     Message(Box<Message>),
+    Edit(Box<MessageUpdateEvent>),
     Other,
 }
 
@@ -626,6 +631,10 @@ impl Handoff<'_> {
         let Some(event) = inbound_event(message, self.me, direct) else {
             return Ok(Step::Go);
         };
+        self.hand_event(event).await
+    }
+
+    async fn hand_event(&self, event: InboundEvent) -> Result<Step, ConnectorError> {
         let (journaled, ack) = oneshot::channel();
         let arrival = Arrival { event, journaled };
         tokio::select! {
@@ -662,20 +671,12 @@ fn inbound_event(message: &Message, me: UserId, direct: bool) -> Option<InboundE
             .referenced_message
             .as_ref()
             .is_some_and(|original| original.author.id == me);
-    let author = &message.author;
     Some(InboundEvent {
         platform_id: message.id.to_string(),
         cursor: None,
         room: message.channel_id.to_string(),
         thread: None,
-        sender: Sender {
-            id: author.id.to_string(),
-            name: author
-                .global_name
-                .clone()
-                .unwrap_or_else(|| author.name.clone()),
-            is_bot: author.bot,
-        },
+        sender: sender(&message.author),
         direct,
         addressed,
         text: message.content.clone(),
@@ -691,7 +692,49 @@ fn inbound_event(message: &Message, me: UserId, direct: bool) -> Option<InboundE
                 encrypted: false,
             })
             .collect(),
+        replying_to: message.referenced_message.as_ref().map(|original| {
+            Box::new(Quote::bounded(
+                &original.id.to_string(),
+                Some(sender(&original.author)),
+                &original.content,
+            ))
+        }),
+        edit_of: None,
+    })
+}
+
+fn sender(author: &serenity::all::User) -> Sender {
+    Sender {
+        id: author.id.to_string(),
+        name: author
+            .global_name
+            .clone()
+            .unwrap_or_else(|| author.name.clone()),
+        is_bot: author.bot,
+    }
+}
+
+/// The event perch sees for a MESSAGE_UPDATE: an edit of someone else's message, with its new
+/// text, named `<message id>:edited:<edit time>`; `None` for the bot's own messages and for
+/// updates that are no edit (Discord also sends one when it adds a link preview).
+fn edit_event(update: &MessageUpdateEvent, me: UserId) -> Option<InboundEvent> {
+    let author = update.author.as_ref().filter(|author| author.id != me)?;
+    let edited = update.edited_timestamp?;
+    let text = update.content.clone()?;
+    let sent_at = DateTime::from_timestamp(edited.unix_timestamp(), 0).unwrap_or_default();
+    Some(InboundEvent {
+        platform_id: format!("{}:edited:{}", update.id, edited.unix_timestamp()),
+        cursor: None,
+        room: update.channel_id.to_string(),
+        thread: None,
+        sender: sender(author),
+        direct: update.guild_id.is_none(),
+        addressed: false,
+        text,
+        sent_at,
+        attachments: Vec::new(),
         replying_to: None,
+        edit_of: Some(update.id.to_string()),
     })
 }
 
@@ -747,6 +790,7 @@ async fn attach_collector(
                 Event::MessageCreate(created) => {
                     GatewayItem::Message(Box::new(created.message.clone()))
                 }
+                Event::MessageUpdate(updated) => GatewayItem::Edit(Box::new(updated.clone())),
                 _ => GatewayItem::Other,
             };
             sender.send(item).is_ok()

@@ -1419,6 +1419,7 @@ impl Session<'_> {
             sent_at: sent_at(message.origin_server_ts),
             attachments,
             replying_to: None,
+            edit_of: None,
         })
     }
 

@@ -25,7 +25,7 @@
 //! before it leaves this module.
 
 use super::{
-    Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
+    Arrival, Quote, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
     DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Sender, Upload,
 };
 use perch_core::markdown::to_telegram_markdown_v2;
@@ -165,7 +165,7 @@ impl TelegramConnector {
                 .bot
                 .get_updates()
                 .timeout(POLL_TIMEOUT_SECS)
-                .allowed_updates([AllowedUpdate::Message]);
+                .allowed_updates([AllowedUpdate::Message, AllowedUpdate::EditedMessage]);
             if let Some(offset) = offset {
                 request = request.offset(offset);
             }
@@ -680,11 +680,14 @@ fn platform_id(message: &Message) -> String {
     format!("{}:{}", message.chat.id.0, message.id.0)
 }
 
-/// The event for a message update; `None` for every other update and for messages without
-/// text or caption.
+/// The event for a message or edited-message update; `None` for every other update and for
+/// messages without text or caption. An edit is named `<chat id>:<message id>:edited:<edit
+/// date>`, with `edit_of` naming the message it edits.
 fn message_event(update: &Update, me: &BotIdentity) -> Option<InboundEvent> {
-    let UpdateKind::Message(message) = &update.kind else {
-        return None;
+    let (message, edit_of) = match &update.kind {
+        UpdateKind::Message(message) => (message, None),
+        UpdateKind::EditedMessage(message) => (message, Some(platform_id(message))),
+        _ => return None,
     };
     let attachments = attachments(message);
     let (text, entities) = match (message.text(), message.caption()) {
@@ -699,8 +702,13 @@ fn message_event(update: &Update, me: &BotIdentity) -> Option<InboundEvent> {
         .filter(|_| message.is_topic_message)
         .map(|ThreadId(MessageId(id))| id);
     let addressed = mentions(text, entities, me) || replies_to(message, thread, me);
+    let platform_id = match (&edit_of, message.edit_date()) {
+        (Some(original), Some(edited)) => format!("{original}:edited:{}", edited.timestamp()),
+        (Some(original), None) => format!("{original}:edited:{}", update.id.0),
+        (None, _) => platform_id(message),
+    };
     Some(InboundEvent {
-        platform_id: platform_id(message),
+        platform_id,
         cursor: Some(update.id.0.to_string()),
         room: message.chat.id.0.to_string(),
         thread: thread.map(|id| id.to_string()),
@@ -710,8 +718,23 @@ fn message_event(update: &Update, me: &BotIdentity) -> Option<InboundEvent> {
         text: text.to_owned(),
         sent_at: message.date,
         attachments,
-        replying_to: None,
+        replying_to: quote(message, thread).map(Box::new),
+        edit_of,
     })
+}
+
+/// The message `message` replies to, bounded; `None` when it replies to nothing, or only to
+/// its forum topic's first message (which every message in a topic points at).
+fn quote(message: &Message, thread: Option<i32>) -> Option<Quote> {
+    let original = message
+        .reply_to_message()
+        .filter(|original| Some(original.id.0) != thread)?;
+    let text = original.text().or_else(|| original.caption()).unwrap_or_default();
+    Some(Quote::bounded(
+        &platform_id(original),
+        sender(original),
+        text,
+    ))
 }
 
 /// The file of a message: a document, the largest size of a photo, an audio file, a video or a

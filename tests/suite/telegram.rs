@@ -999,6 +999,7 @@ async fn receive_hands_on_files_with_their_captions() {
         &serde_json::to_string(&InboundEvent {
             attachments: Vec::new(),
             replying_to: None,
+            edit_of: None,
             ..document.clone()
         })
         .unwrap(),
