@@ -33,16 +33,16 @@
 //! the limit.
 
 use super::{
-    Arrival, Attachment, BoxFuture, Quote, CheckError, Checked, Connector, ConnectorError, Delivery,
-    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Sender, Upload,
+    Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
+    DeliveryError, FetchError, InboundEvent, PlatformLimits, Quote, Receipt, Sender, Upload,
 };
 use chrono::{DateTime, Utc};
 use perch_core::secret::Secret;
 use serenity::all::{
     Channel, ChannelId, ClientBuilder, CollectorCallback, ConnectionStage, CreateAllowedMentions,
     CreateAttachment, CreateMessage, Event, GatewayError, GatewayIntents, Http, HttpBuilder,
-    HttpError, LightMethod, Message, MessageId, MessageUpdateEvent, MessagePagination, MessageReference, MessageType,
-    Nonce, ShardId, ShardManager, ShardRunnerMessage, UserId,
+    HttpError, LightMethod, Message, MessageId, MessagePagination, MessageReference, MessageType,
+    MessageUpdateEvent, Nonce, ShardId, ShardManager, ShardRunnerMessage, UserId,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;

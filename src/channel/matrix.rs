@@ -60,8 +60,8 @@
 //! directory and changes nothing in it.
 
 use super::{
-    Arrival, Attachment, BoxFuture, Quote, CheckError, Checked, Connector, ConnectorError, Delivery,
-    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Sender, Upload,
+    Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
+    DeliveryError, FetchError, InboundEvent, PlatformLimits, Quote, Receipt, Sender, Upload,
 };
 use chrono::{DateTime, Utc};
 use matrix_sdk::authentication::matrix::MatrixSession;
@@ -1486,11 +1486,8 @@ impl Session<'_> {
             }
             _ => (String::new(), false),
         };
-        let name = match tokio::time::timeout(
-            QUOTE_FETCH_TIMEOUT,
-            room.get_member_no_sync(&sender),
-        )
-        .await
+        let name = match tokio::time::timeout(QUOTE_FETCH_TIMEOUT, room.get_member_no_sync(&sender))
+            .await
         {
             Ok(Ok(Some(member))) => member.name().to_owned(),
             _ => sender.localpart().to_owned(),

@@ -25,8 +25,8 @@
 //! before it leaves this module.
 
 use super::{
-    Arrival, Quote, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
-    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Sender, Upload,
+    Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
+    DeliveryError, FetchError, InboundEvent, PlatformLimits, Quote, Receipt, Sender, Upload,
 };
 use perch_core::markdown::to_telegram_markdown_v2;
 use perch_core::secret::Secret;
@@ -729,7 +729,10 @@ fn quote(message: &Message, thread: Option<i32>) -> Option<Quote> {
     let original = message
         .reply_to_message()
         .filter(|original| Some(original.id.0) != thread)?;
-    let text = original.text().or_else(|| original.caption()).unwrap_or_default();
+    let text = original
+        .text()
+        .or_else(|| original.caption())
+        .unwrap_or_default();
     Some(Quote::bounded(
         &platform_id(original),
         sender(original),

@@ -842,7 +842,9 @@ async fn a_reply_quotes_its_original_shortened_and_an_edit_is_handed_on_as_one()
     let edit = receiving.next().await;
     let after = receiving.next().await;
     receiving.stop().await.unwrap();
-    let quote = long_reply.replying_to.expect("the reply quotes its original");
+    let quote = long_reply
+        .replying_to
+        .expect("the reply quotes its original");
     assert_eq!(quote.platform_id, original.to_string());
     assert_eq!(quote.text.chars().count(), perch::channel::QUOTE_MAX_CHARS);
     assert!(quote.text.starts_with("ßßß") && quote.text.ends_with('…'));

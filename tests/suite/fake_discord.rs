@@ -726,8 +726,8 @@ impl Platform {
             .find(|message| message["id"] == id.to_string().as_str())
             .expect("the message edited exists");
         message["content"] = json!(content);
-        message["edited_timestamp"] = json!(chrono::Utc::now()
-            .to_rfc3339_opts(chrono::SecondsFormat::Micros, false));
+        message["edited_timestamp"] =
+            json!(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, false));
         let message = message.clone();
         let guild = record.guild;
         let author: u64 = message["author"]["id"].as_str().unwrap().parse().unwrap();

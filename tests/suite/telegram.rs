@@ -462,7 +462,10 @@ async fn receive_hands_events_in_order_and_confirms_only_after_the_ack() {
         .into_iter()
         .find(|call| call.method == "GetUpdates")
         .unwrap();
-    assert_eq!(poll.body["allowed_updates"], json!(["message", "edited_message"]));
+    assert_eq!(
+        poll.body["allowed_updates"],
+        json!(["message", "edited_message"])
+    );
     assert_eq!(poll.body["timeout"], json!(25));
 }
 
@@ -582,7 +585,13 @@ async fn a_reply_carries_the_quoted_author_and_shortened_text() {
         .deliver(&delivery("-300", "an answer"))
         .await
         .unwrap();
-    let bot_message: i64 = receipt.platform_id.split(':').nth(1).unwrap().parse().unwrap();
+    let bot_message: i64 = receipt
+        .platform_id
+        .split(':')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
     fake.push(Incoming::new(&group, &alice(), "so long").reply_to(original.message_id));
     fake.push(Incoming::new(&group, &alice(), "ok").reply_to(bot_message));
     fake.push(Incoming::new(&forum, &alice(), "in a topic").in_thread(5));
@@ -592,16 +601,26 @@ async fn a_reply_carries_the_quoted_author_and_shortened_text() {
     let bot_reply = receiving.next_acked().await;
     let topic = receiving.next_acked().await;
     receiving.stop().await.unwrap();
-    let quote = long_reply.replying_to.expect("the reply quotes its original");
+    let quote = long_reply
+        .replying_to
+        .expect("the reply quotes its original");
     assert_eq!(quote.platform_id, original.platform_id());
     assert_eq!(quote.text.chars().count(), perch::channel::QUOTE_MAX_CHARS);
-    assert!(quote.text.starts_with("ééé") && quote.text.ends_with('…'), "{quote:?}");
+    assert!(
+        quote.text.starts_with("ééé") && quote.text.ends_with('…'),
+        "{quote:?}"
+    );
     let author = quote.author.expect("the quoted author");
     assert_eq!(author.id, "1002");
     assert!(!author.is_bot);
     assert!(author.name.starts_with("BBB"));
-    assert_eq!(author.name.chars().count(), perch::channel::QUOTE_NAME_MAX_CHARS);
-    let quote = bot_reply.replying_to.expect("the reply quotes the bot's message");
+    assert_eq!(
+        author.name.chars().count(),
+        perch::channel::QUOTE_NAME_MAX_CHARS
+    );
+    let quote = bot_reply
+        .replying_to
+        .expect("the reply quotes the bot's message");
     assert_eq!(quote.platform_id, receipt.platform_id);
     assert_eq!(quote.text, "an answer");
     assert!(quote.author.expect("the bot").is_bot);
