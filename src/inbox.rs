@@ -32,7 +32,7 @@ pub enum InboxRecord {
     /// A raw event, as the connector handed it over.
     Event {
         channel: String,
-        event: InboundEvent,
+        event: Box<InboundEvent>,
     },
     /// What became of the event journaled as `event`.
     Verdict { event: u64, verdict: Verdict },
@@ -157,7 +157,7 @@ impl Inbox {
                 Ok(InboxRecord::Event { channel, event }) => {
                     note_event(&mut backlog, &channel, &event);
                     seen.note(dedup_key(&channel, &event), item.at);
-                    journaled.insert(item.seq, (channel, event));
+                    journaled.insert(item.seq, (channel, *event));
                 }
                 Ok(InboxRecord::Verdict { event, verdict }) => {
                     if let Some((channel, event)) = journaled.get(&event) {
@@ -188,7 +188,7 @@ impl Inbox {
         for item in &contents.pending {
             match InboxRecord::read(item) {
                 Ok(InboxRecord::Event { channel, event }) => {
-                    events.insert(item.seq, (channel, event));
+                    events.insert(item.seq, (channel, *event));
                 }
                 Ok(InboxRecord::Verdict { event, verdict }) => {
                     verdicts.push((item.seq, event, verdict));
@@ -250,7 +250,7 @@ impl Inbox {
         let entry = JournalEntry {
             body: encode(&InboxRecord::Event {
                 channel: channel.to_owned(),
-                event: event.clone(),
+                event: Box::new(event.clone()),
             }),
             key: Some(dedup_key(channel, event)),
         };
@@ -348,7 +348,7 @@ mod tests {
     fn an_event_record_golden() {
         let record = InboxRecord::Event {
             channel: "tg".into(),
-            event: InboundEvent {
+            event: Box::new(InboundEvent {
                 platform_id: "42:17".into(),
                 cursor: Some("1001".into()),
                 room: "42".into(),
@@ -367,7 +367,7 @@ mod tests {
                 attachments: Vec::new(),
                 replying_to: None,
                 edit_of: None,
-            },
+            }),
         };
         let line = concat!(
             r#"{"type":"event","channel":"tg","event":{"platform_id":"42:17","cursor":"1001","#,
@@ -424,7 +424,7 @@ mod tests {
         };
         let record = InboxRecord::Event {
             channel: "tg".into(),
-            event,
+            event: Box::new(event),
         };
         let line = concat!(
             r#"{"type":"event","channel":"tg","event":{"platform_id":"42:17:edited:1796104800","#,
