@@ -7,6 +7,11 @@
 //! Events leave the runner through a collector, which the runner calls inline and in gateway
 //! order (its event handlers run as spawned tasks and may overtake each other), so per-room order
 //! holds. Each message is handed to perch and the next one waits until perch has journaled it.
+//! A MESSAGE_UPDATE that edits someone else's message (it has `edited_timestamp` and content;
+//! link previews send updates without) is handed on with the new text, named `<message
+//! id>:edited:<edit time>`, with `edit_of` naming the message; perch journals it and does not
+//! answer it. A reply quotes `referenced_message` (its author and text, bounded).
+//!
 //! After every READY and RESUMED (and on attaching to a runner that is already connected), each
 //! room in `since`, plus each room seen during the call, is back-filled with
 //! `GET /channels/{id}/messages?after=` from its last message, oldest first; perch drops the

@@ -7,8 +7,11 @@
 //! nothing perch has not journaled is ever confirmed, and a restart from perch's cursor neither
 //! replays nor loses a message.
 //!
-//! Only `message` updates are requested. Edited messages, channel posts and every other kind of
-//! update are not received; an update teloxide cannot parse is skipped. A message with neither
+//! Only `message` and `edited_message` updates are requested. An edit is handed on with its new
+//! text, named `<chat id>:<message id>:edited:<edit date>`, with `edit_of` naming the message;
+//! perch journals it and does not answer it. A reply quotes `reply_to_message` (its author and
+//! text, bounded). Channel posts and every other kind of update are not received; an update
+//! teloxide cannot parse is skipped. A message with neither
 //! text, caption nor file (a sticker, a service message) is skipped too.
 //!
 //! Files. A document, a photo (its largest size), an audio file, a video or a voice note is
@@ -716,7 +719,10 @@ fn message_event(update: &Update, me: &BotIdentity) -> Option<InboundEvent> {
         direct: message.chat.is_private(),
         addressed,
         text: text.to_owned(),
-        sent_at: message.date,
+        sent_at: match &edit_of {
+            Some(_) => message.edit_date().copied().unwrap_or(message.date),
+            None => message.date,
+        },
         attachments,
         replying_to: quote(message, thread).map(Box::new),
         edit_of,
