@@ -12,10 +12,12 @@
 //! between syncs) and reads each response's timelines in order; messages (`m.room.message`, not
 //! the account's own) are handed to perch one at a time, each waiting until perch has journaled
 //! it. An edit (`m.replace`) is handed on with its new content and `edit_of` naming the event it
-//! replaces; perch journals it and does not answer it. A reply (`m.in_reply_to`) has its
-//! plain reply fallback stripped and quotes the event it replies to, fetched within
-//! 3 seconds (its id alone when the fetch fails or the event is over 64 KiB). matrix-sdk stores its sync token before the events are read, so a crash
-//! can leave events behind that token which perch never journaled. Two things cover that: each
+//! replaces; perch journals it and does not answer it. A reply (`m.in_reply_to`) has its plain
+//! reply fallback stripped and quotes the event it replies to, fetched within 3 seconds (its id
+//! alone when the fetch fails or the event is over 64 KiB).
+//!
+//! matrix-sdk stores its sync token before the events are read, so a crash can leave events
+//! behind that token which perch never journaled. Two things cover that: each
 //! event carries as its cursor the sync token its batch was requested with, and the first sync
 //! after a start or reconnect starts from perch's journaled cursor (`resume`), not from
 //! matrix-sdk's (matrix-sdk ignores a response ending where its own token already is, so when
