@@ -32,7 +32,7 @@ pub enum InboxRecord {
     /// A raw event, as the connector handed it over.
     Event {
         channel: String,
-        event: InboundEvent,
+        event: Box<InboundEvent>,
     },
     /// What became of the event journaled as `event`.
     Verdict { event: u64, verdict: Verdict },
@@ -61,6 +61,8 @@ pub enum Verdict {
     Error { reason: String },
     /// A chat command (`/stop`, `/new`, `/status`), answered by perch itself.
     Command { command: String },
+    /// An edit of an earlier message ([`InboundEvent::edit_of`]): kept, never answered.
+    Edited,
 }
 
 /// Where an inbox starts: what the journal holds that still needs work, and the cursors the
@@ -158,7 +160,7 @@ impl Inbox {
                 Ok(InboxRecord::Event { channel, event }) => {
                     note_event(&mut backlog, &channel, &event);
                     seen.note(dedup_key(&channel, &event), item.at);
-                    journaled.insert(item.seq, (channel, event));
+                    journaled.insert(item.seq, (channel, *event));
                 }
                 Ok(InboxRecord::Verdict { event, verdict }) => {
                     if let Some((channel, event)) = journaled.get(&event) {
@@ -189,7 +191,7 @@ impl Inbox {
         for item in &contents.pending {
             match InboxRecord::read(item) {
                 Ok(InboxRecord::Event { channel, event }) => {
-                    events.insert(item.seq, (channel, event));
+                    events.insert(item.seq, (channel, *event));
                 }
                 Ok(InboxRecord::Verdict { event, verdict }) => {
                     verdicts.push((item.seq, event, verdict));
@@ -252,7 +254,7 @@ impl Inbox {
         let entry = JournalEntry {
             body: encode(&InboxRecord::Event {
                 channel: channel.to_owned(),
-                event: event.clone(),
+                event: Box::new(event.clone()),
             }),
             key: Some(dedup_key(channel, event)),
         };
@@ -300,7 +302,7 @@ pub fn admitted(verdict: &Verdict) -> Admitted {
         | Verdict::Error { .. }
         | Verdict::Command { .. } => Admitted::Answered,
         Verdict::Context => Admitted::Context,
-        Verdict::Stale | Verdict::Refused { .. } => Admitted::No,
+        Verdict::Stale | Verdict::Refused { .. } | Verdict::Edited => Admitted::No,
     }
 }
 
@@ -350,7 +352,7 @@ mod tests {
     fn an_event_record_golden() {
         let record = InboxRecord::Event {
             channel: "tg".into(),
-            event: InboundEvent {
+            event: Box::new(InboundEvent {
                 platform_id: "42:17".into(),
                 cursor: Some("1001".into()),
                 room: "42".into(),
@@ -368,7 +370,8 @@ mod tests {
                     .unwrap(),
                 attachments: Vec::new(),
                 replying_to: None,
-            },
+                edit_of: None,
+            }),
         };
         let line = concat!(
             r#"{"type":"event","channel":"tg","event":{"platform_id":"42:17","cursor":"1001","#,
@@ -391,5 +394,58 @@ mod tests {
         let line = r#"{"type":"verdict","event":3,"verdict":{"verdict":"item","lane":"tg-42","text":"hello"}}"#;
         assert_eq!(serde_json::to_string(&record).unwrap(), line);
         assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
+    }
+
+    #[test]
+    fn an_edit_and_its_verdict_golden() {
+        let event = InboundEvent {
+            platform_id: "42:17:edited:1796104800".into(),
+            cursor: Some("1002".into()),
+            room: "42".into(),
+            thread: None,
+            sender: Sender {
+                id: "42".into(),
+                name: "Ada".into(),
+                is_bot: false,
+            },
+            direct: true,
+            addressed: false,
+            text: "hello again".into(),
+            sent_at: chrono::Utc
+                .with_ymd_and_hms(2026, 12, 2, 5, 59, 58)
+                .unwrap(),
+            attachments: Vec::new(),
+            replying_to: Some(Box::new(crate::channel::Quote {
+                platform_id: "42:16".into(),
+                author: Some(Sender {
+                    id: "7".into(),
+                    name: "perch".into(),
+                    is_bot: true,
+                }),
+                text: "hi".into(),
+            })),
+            edit_of: Some("42:17".into()),
+        };
+        let record = InboxRecord::Event {
+            channel: "tg".into(),
+            event: Box::new(event),
+        };
+        let line = concat!(
+            r#"{"type":"event","channel":"tg","event":{"platform_id":"42:17:edited:1796104800","#,
+            r#""cursor":"1002","room":"42","thread":null,"sender":{"id":"42","name":"Ada","#,
+            r#""is_bot":false},"direct":true,"addressed":false,"text":"hello again","#,
+            r#""sent_at":"2026-12-02T05:59:58Z","replying_to":{"platform_id":"42:16","#,
+            r#""author":{"id":"7","name":"perch","is_bot":true},"text":"hi"},"edit_of":"42:17"}}"#
+        );
+        assert_eq!(serde_json::to_string(&record).unwrap(), line);
+        assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
+        let verdict = InboxRecord::Verdict {
+            event: 4,
+            verdict: Verdict::Edited,
+        };
+        let line = r#"{"type":"verdict","event":4,"verdict":{"verdict":"edited"}}"#;
+        assert_eq!(serde_json::to_string(&verdict).unwrap(), line);
+        assert_eq!(InboxRecord::read(&item(line)).unwrap(), verdict);
+        assert_eq!(admitted(&Verdict::Edited), Admitted::No);
     }
 }

@@ -7,6 +7,11 @@
 //! Events leave the runner through a collector, which the runner calls inline and in gateway
 //! order (its event handlers run as spawned tasks and may overtake each other), so per-room order
 //! holds. Each message is handed to perch and the next one waits until perch has journaled it.
+//! A MESSAGE_UPDATE that edits someone else's message (it has `edited_timestamp` and content;
+//! link previews send updates without) is handed on with the new text, named `<message
+//! id>:edited:<edit time>`, with `edit_of` naming the message; perch journals it and does not
+//! answer it. A reply quotes `referenced_message` (its author and text, bounded).
+//!
 //! After every READY and RESUMED (and on attaching to a runner that is already connected), each
 //! room in `since`, plus each room seen during the call, is back-filled with
 //! `GET /channels/{id}/messages?after=` from its last message, oldest first; perch drops the
@@ -34,7 +39,7 @@
 
 use super::{
     Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
-    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Sender, Upload,
+    DeliveryError, FetchError, InboundEvent, PlatformLimits, Quote, Receipt, Sender, Upload,
 };
 use chrono::{DateTime, Utc};
 use perch_core::secret::Secret;
@@ -42,7 +47,7 @@ use serenity::all::{
     Channel, ChannelId, ClientBuilder, CollectorCallback, ConnectionStage, CreateAllowedMentions,
     CreateAttachment, CreateMessage, Event, GatewayError, GatewayIntents, Http, HttpBuilder,
     HttpError, LightMethod, Message, MessageId, MessagePagination, MessageReference, MessageType,
-    Nonce, ShardId, ShardManager, ShardRunnerMessage, UserId,
+    MessageUpdateEvent, Nonce, ShardId, ShardManager, ShardRunnerMessage, UserId,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -282,6 +287,10 @@ impl DiscordConnector {
                                 rooms.saw(&message, direct);
                                 handoff.hand(&message, direct).await
                             }
+                            GatewayItem::Edit(update) => match edit_event(&update, handoff.me) {
+                                Some(event) => handoff.hand_event(event).await,
+                                None => Ok(Step::Go),
+                            },
                             GatewayItem::Other => Ok(Step::Go),
                         }
                     }
@@ -572,6 +581,7 @@ enum GatewayItem {
     Ready,
     Resumed,
     Message(Box<Message>),
+    Edit(Box<MessageUpdateEvent>),
     Other,
 }
 
@@ -623,6 +633,10 @@ impl Handoff<'_> {
         let Some(event) = inbound_event(message, self.me, direct) else {
             return Ok(Step::Go);
         };
+        self.hand_event(event).await
+    }
+
+    async fn hand_event(&self, event: InboundEvent) -> Result<Step, ConnectorError> {
         let (journaled, ack) = oneshot::channel();
         let arrival = Arrival { event, journaled };
         tokio::select! {
@@ -659,20 +673,12 @@ fn inbound_event(message: &Message, me: UserId, direct: bool) -> Option<InboundE
             .referenced_message
             .as_ref()
             .is_some_and(|original| original.author.id == me);
-    let author = &message.author;
     Some(InboundEvent {
         platform_id: message.id.to_string(),
         cursor: None,
         room: message.channel_id.to_string(),
         thread: None,
-        sender: Sender {
-            id: author.id.to_string(),
-            name: author
-                .global_name
-                .clone()
-                .unwrap_or_else(|| author.name.clone()),
-            is_bot: author.bot,
-        },
+        sender: sender(&message.author),
         direct,
         addressed,
         text: message.content.clone(),
@@ -688,7 +694,49 @@ fn inbound_event(message: &Message, me: UserId, direct: bool) -> Option<InboundE
                 encrypted: false,
             })
             .collect(),
+        replying_to: message.referenced_message.as_ref().map(|original| {
+            Box::new(Quote::bounded(
+                &original.id.to_string(),
+                Some(sender(&original.author)),
+                &original.content,
+            ))
+        }),
+        edit_of: None,
+    })
+}
+
+fn sender(author: &serenity::all::User) -> Sender {
+    Sender {
+        id: author.id.to_string(),
+        name: author
+            .global_name
+            .clone()
+            .unwrap_or_else(|| author.name.clone()),
+        is_bot: author.bot,
+    }
+}
+
+/// The event perch sees for a MESSAGE_UPDATE: an edit of someone else's message, with its new
+/// text, named `<message id>:edited:<edit time>`; `None` for the bot's own messages and for
+/// updates that are no edit (Discord also sends one when it adds a link preview).
+fn edit_event(update: &MessageUpdateEvent, me: UserId) -> Option<InboundEvent> {
+    let author = update.author.as_ref().filter(|author| author.id != me)?;
+    let edited = update.edited_timestamp?;
+    let text = update.content.clone()?;
+    let sent_at = DateTime::from_timestamp(edited.unix_timestamp(), 0).unwrap_or_default();
+    Some(InboundEvent {
+        platform_id: format!("{}:edited:{}", update.id, edited.unix_timestamp()),
+        cursor: None,
+        room: update.channel_id.to_string(),
+        thread: None,
+        sender: sender(author),
+        direct: update.guild_id.is_none(),
+        addressed: false,
+        text,
+        sent_at,
+        attachments: Vec::new(),
         replying_to: None,
+        edit_of: Some(update.id.to_string()),
     })
 }
 
@@ -744,6 +792,7 @@ async fn attach_collector(
                 Event::MessageCreate(created) => {
                     GatewayItem::Message(Box::new(created.message.clone()))
                 }
+                Event::MessageUpdate(updated) => GatewayItem::Edit(Box::new(updated.clone())),
                 _ => GatewayItem::Other,
             };
             sender.send(item).is_ok()

@@ -10,9 +10,14 @@
 //!
 //! Inbound. `receive` drives `sync_once` in its own loop (`Client::sync` sleeps up to a second
 //! between syncs) and reads each response's timelines in order; messages (`m.room.message`, not
-//! edits, not the account's own) are handed to perch one at a time, each waiting until perch
-//! has journaled it. matrix-sdk stores its sync token before the events are read, so a crash
-//! can leave events behind that token which perch never journaled. Two things cover that: each
+//! the account's own) are handed to perch one at a time, each waiting until perch has journaled
+//! it. An edit (`m.replace`) is handed on with its new content and `edit_of` naming the event it
+//! replaces; perch journals it and does not answer it. A reply (`m.in_reply_to`) has its plain
+//! reply fallback stripped and quotes the event it replies to, fetched within 3 seconds (its id
+//! alone when the fetch fails or the event is over 64 KiB).
+//!
+//! matrix-sdk stores its sync token before the events are read, so a crash can leave events
+//! behind that token which perch never journaled. Two things cover that: each
 //! event carries as its cursor the sync token its batch was requested with, and the first sync
 //! after a start or reconnect starts from perch's journaled cursor (`resume`), not from
 //! matrix-sdk's (matrix-sdk ignores a response ending where its own token already is, so when
@@ -61,7 +66,7 @@
 
 use super::{
     Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
-    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Sender, Upload,
+    DeliveryError, FetchError, InboundEvent, PlatformLimits, Quote, Receipt, Sender, Upload,
 };
 use chrono::{DateTime, Utc};
 use matrix_sdk::authentication::matrix::MatrixSession;
@@ -1351,8 +1356,15 @@ impl Session<'_> {
         message: &OriginalSyncRoomMessageEvent,
     ) -> Option<InboundEvent> {
         let content = &message.content;
+        let (msgtype, edit_of) = match &content.relates_to {
+            Some(Relation::Replacement(replacement)) => (
+                &replacement.new_content.msgtype,
+                Some(replacement.event_id.to_string()),
+            ),
+            _ => (&content.msgtype, None),
+        };
         let (body, formatted, is_notice, attachments): (&str, Option<&FormattedBody>, bool, _) =
-            match &content.msgtype {
+            match msgtype {
                 MessageType::Text(text) => (&text.body, text.formatted.as_ref(), false, vec![]),
                 MessageType::Notice(notice) => {
                     (&notice.body, notice.formatted.as_ref(), true, vec![])
@@ -1364,7 +1376,6 @@ impl Session<'_> {
                 }
             };
         let (thread, replied) = match &content.relates_to {
-            Some(Relation::Replacement(_)) => return None,
             Some(Relation::Reply(reply)) => (None, Some(&reply.in_reply_to.event_id)),
             Some(Relation::Thread(thread)) => (
                 Some(thread.event_id.to_string()),
@@ -1387,11 +1398,31 @@ impl Session<'_> {
             .is_some_and(|mentions| mentions.user_ids.contains(&self.me.id))
             || mentions_user(body, &self.me)
             || formatted.is_some_and(|formatted| mentions_user(&formatted.body, &self.me));
+        let original = match replied {
+            Some(original) => Some((original, self.replied_to(room, original).await)),
+            None => None,
+        };
         let addressed = mentioned
-            || match replied {
-                Some(original) => self.is_own(room, original).await,
-                None => false,
-            };
+            || original.as_ref().is_some_and(|(id, found)| {
+                self.connector.shared().own_set.contains(*id)
+                    || found
+                        .as_ref()
+                        .is_some_and(|found| found.sender == self.me.id)
+            });
+        let replying_to = original.map(|(id, found)| {
+            Box::new(match found {
+                Some(found) => Quote::bounded(
+                    id.as_str(),
+                    Some(Sender {
+                        id: found.sender.to_string(),
+                        name: found.name,
+                        is_bot: found.is_notice,
+                    }),
+                    &found.text,
+                ),
+                None => Quote::bounded(id.as_str(), None, ""),
+            })
+        });
         let member = room
             .get_member_no_sync(&message.sender)
             .await
@@ -1417,20 +1448,79 @@ impl Session<'_> {
             text,
             sent_at: sent_at(message.origin_server_ts),
             attachments,
-            replying_to: None,
+            replying_to,
+            edit_of,
         })
     }
 
-    /// Whether the account sent `event_id`: from memory, else asked of the homeserver.
-    async fn is_own(&self, room: &Room, event_id: &EventId) -> bool {
-        if self.connector.shared().own_set.contains(event_id) {
-            return true;
+    /// The event `event_id` a message replies to, fetched from the homeserver within
+    /// [`QUOTE_FETCH_TIMEOUT`]; `None` when it cannot be had in time, is larger than
+    /// [`QUOTE_EVENT_MAX_BYTES`], or cannot be read.
+    async fn replied_to(&self, room: &Room, event_id: &EventId) -> Option<RepliedTo> {
+        let config = RequestConfig::default()
+            .timeout(QUOTE_FETCH_TIMEOUT)
+            .retry_limit(0);
+        let event = tokio::time::timeout(QUOTE_FETCH_TIMEOUT, room.event(event_id, Some(config)))
+            .await
+            .ok()?
+            .ok()?;
+        if event.raw().json().get().len() > QUOTE_EVENT_MAX_BYTES {
+            return None;
         }
-        match room.event(event_id, None).await {
-            Ok(event) => event.sender().is_some_and(|sender| sender == self.me.id),
-            Err(_) => false,
-        }
+        let sender = event.sender()?;
+        let (text, is_notice) = match event.raw().deserialize() {
+            Ok(AnySyncTimelineEvent::MessageLike(AnySyncMessageLikeEvent::RoomMessage(
+                SyncRoomMessageEvent::Original(message),
+            ))) => {
+                let content = match message.content.relates_to {
+                    Some(Relation::Replacement(replacement)) => replacement.new_content.msgtype,
+                    _ => message.content.msgtype,
+                };
+                let is_notice = matches!(content, MessageType::Notice(_));
+                let text = match &content {
+                    MessageType::Text(text) => text.body.as_str(),
+                    MessageType::Notice(notice) => notice.body.as_str(),
+                    MessageType::Emote(emote) => emote.body.as_str(),
+                    other => media_attachment(other).map_or("", |(caption, _, _)| caption),
+                };
+                (
+                    super::shortened(remove_plain_reply_fallback(text), super::QUOTE_MAX_CHARS),
+                    is_notice,
+                )
+            }
+            _ => (String::new(), false),
+        };
+        let name = match tokio::time::timeout(QUOTE_FETCH_TIMEOUT, room.get_member_no_sync(&sender))
+            .await
+        {
+            Ok(Ok(Some(member))) => member.name().to_owned(),
+            _ => sender.localpart().to_owned(),
+        };
+        Some(RepliedTo {
+            sender,
+            name: super::shortened(&name, super::QUOTE_NAME_MAX_CHARS),
+            text,
+            is_notice,
+        })
     }
+}
+
+/// How long the event a message replies to may take to fetch before the quote falls back to
+/// its id alone.
+const QUOTE_FETCH_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The largest replied-to event read for a quote (Synapse's own event limit).
+const QUOTE_EVENT_MAX_BYTES: usize = 65_536;
+
+/// What a fetch found of the event a message replies to.
+struct RepliedTo {
+    sender: OwnedUserId,
+    /// Its display name in the room (or localpart), bounded.
+    name: String,
+    /// Its text without any reply fallback, bounded.
+    text: String,
+    /// An `m.notice`, which perch counts as sent by a bot.
+    is_notice: bool,
 }
 
 /// The caption, formatted caption and attachment of a file, image, audio or video message;

@@ -58,6 +58,11 @@ pub struct InboundEvent {
     /// replies were kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replying_to: Option<Box<Quote>>,
+    /// Set when this event is an edit: the `platform_id` of the message it edits. An edit is
+    /// journaled (with its new text) and never answered; its own `platform_id` names the edit
+    /// (unique per edit), so it is not taken for a repeat of the original.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edit_of: Option<String>,
 }
 
 /// A message another one replies to: who wrote it and what it said, shortened.
@@ -74,6 +79,39 @@ pub struct Quote {
 
 /// How much of a quoted message is kept.
 pub const QUOTE_MAX_CHARS: usize = 280;
+
+/// How much of a quoted author's name (and id) is kept.
+pub const QUOTE_NAME_MAX_CHARS: usize = 64;
+
+/// How much of a quoted message's platform id is kept (Matrix caps event ids at 255 bytes).
+const QUOTE_ID_MAX_CHARS: usize = 255;
+
+impl Quote {
+    /// A quote with every part bounded: the text to [`QUOTE_MAX_CHARS`], the author's name and
+    /// id to [`QUOTE_NAME_MAX_CHARS`], each shortened on a character boundary with an ellipsis.
+    pub fn bounded(platform_id: &str, author: Option<Sender>, text: &str) -> Quote {
+        Quote {
+            platform_id: shortened(platform_id, QUOTE_ID_MAX_CHARS),
+            author: author.map(|author| Sender {
+                id: shortened(&author.id, QUOTE_NAME_MAX_CHARS),
+                name: shortened(&author.name, QUOTE_NAME_MAX_CHARS),
+                is_bot: author.is_bot,
+            }),
+            text: shortened(text, QUOTE_MAX_CHARS),
+        }
+    }
+}
+
+/// `text` cut to at most `max` characters, the last of them an ellipsis when it was cut.
+pub fn shortened(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_owned(),
+        Some(_) => {
+            let kept: String = text.chars().take(max.saturating_sub(1)).collect();
+            format!("{kept}…")
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sender {
@@ -370,5 +408,32 @@ pub fn connect(
             .map_err(|error| format!("{}: {error}", channel.file))?;
             Ok(std::sync::Arc::new(connector))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shortening_keeps_short_text_and_cuts_long_text_on_a_char_boundary() {
+        assert_eq!(shortened("hello", 5), "hello");
+        assert_eq!(shortened("hello!", 5), "hell…");
+        assert_eq!(shortened("ééééé", 3), "éé…");
+        assert_eq!(shortened("", 3), "");
+        let long = "ü".repeat(1000);
+        let quote = Quote::bounded(
+            "1:2",
+            Some(Sender {
+                id: "7".into(),
+                name: "n".repeat(500),
+                is_bot: false,
+            }),
+            &long,
+        );
+        assert_eq!(quote.text.chars().count(), QUOTE_MAX_CHARS);
+        assert!(quote.text.ends_with('…'));
+        let author = quote.author.unwrap();
+        assert_eq!(author.name.chars().count(), QUOTE_NAME_MAX_CHARS);
     }
 }

@@ -7,8 +7,11 @@
 //! nothing perch has not journaled is ever confirmed, and a restart from perch's cursor neither
 //! replays nor loses a message.
 //!
-//! Only `message` updates are requested. Edited messages, channel posts and every other kind of
-//! update are not received; an update teloxide cannot parse is skipped. A message with neither
+//! Only `message` and `edited_message` updates are requested. An edit is handed on with its new
+//! text, named `<chat id>:<message id>:edited:<edit date>`, with `edit_of` naming the message;
+//! perch journals it and does not answer it. A reply quotes `reply_to_message` (its author and
+//! text, bounded). Channel posts and every other kind of update are not received; an update
+//! teloxide cannot parse is skipped. A message with neither
 //! text, caption nor file (a sticker, a service message) is skipped too.
 //!
 //! Files. A document, a photo (its largest size), an audio file, a video or a voice note is
@@ -26,7 +29,7 @@
 
 use super::{
     Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
-    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Sender, Upload,
+    DeliveryError, FetchError, InboundEvent, PlatformLimits, Quote, Receipt, Sender, Upload,
 };
 use perch_core::markdown::to_telegram_markdown_v2;
 use perch_core::secret::Secret;
@@ -168,7 +171,7 @@ impl TelegramConnector {
                 .bot
                 .get_updates()
                 .timeout(if answered { POLL_TIMEOUT_SECS } else { 0 })
-                .allowed_updates([AllowedUpdate::Message]);
+                .allowed_updates([AllowedUpdate::Message, AllowedUpdate::EditedMessage]);
             if let Some(offset) = offset {
                 request = request.offset(offset);
             }
@@ -686,11 +689,14 @@ fn platform_id(message: &Message) -> String {
     format!("{}:{}", message.chat.id.0, message.id.0)
 }
 
-/// The event for a message update; `None` for every other update and for messages without
-/// text or caption.
+/// The event for a message or edited-message update; `None` for every other update and for
+/// messages without text or caption. An edit is named `<chat id>:<message id>:edited:<edit
+/// date>`, with `edit_of` naming the message it edits.
 fn message_event(update: &Update, me: &BotIdentity) -> Option<InboundEvent> {
-    let UpdateKind::Message(message) = &update.kind else {
-        return None;
+    let (message, edit_of) = match &update.kind {
+        UpdateKind::Message(message) => (message, None),
+        UpdateKind::EditedMessage(message) => (message, Some(platform_id(message))),
+        _ => return None,
     };
     let attachments = attachments(message);
     let (text, entities) = match (message.text(), message.caption()) {
@@ -705,8 +711,13 @@ fn message_event(update: &Update, me: &BotIdentity) -> Option<InboundEvent> {
         .filter(|_| message.is_topic_message)
         .map(|ThreadId(MessageId(id))| id);
     let addressed = mentions(text, entities, me) || replies_to(message, thread, me);
+    let platform_id = match (&edit_of, message.edit_date()) {
+        (Some(original), Some(edited)) => format!("{original}:edited:{}", edited.timestamp()),
+        (Some(original), None) => format!("{original}:edited:{}", update.id.0),
+        (None, _) => platform_id(message),
+    };
     Some(InboundEvent {
-        platform_id: platform_id(message),
+        platform_id,
         cursor: Some(update.id.0.to_string()),
         room: message.chat.id.0.to_string(),
         thread: thread.map(|id| id.to_string()),
@@ -714,10 +725,31 @@ fn message_event(update: &Update, me: &BotIdentity) -> Option<InboundEvent> {
         direct: message.chat.is_private(),
         addressed,
         text: text.to_owned(),
-        sent_at: message.date,
+        sent_at: match &edit_of {
+            Some(_) => message.edit_date().copied().unwrap_or(message.date),
+            None => message.date,
+        },
         attachments,
-        replying_to: None,
+        replying_to: quote(message, thread).map(Box::new),
+        edit_of,
     })
+}
+
+/// The message `message` replies to, bounded; `None` when it replies to nothing, or only to
+/// its forum topic's first message (which every message in a topic points at).
+fn quote(message: &Message, thread: Option<i32>) -> Option<Quote> {
+    let original = message
+        .reply_to_message()
+        .filter(|original| Some(original.id.0) != thread)?;
+    let text = original
+        .text()
+        .or_else(|| original.caption())
+        .unwrap_or_default();
+    Some(Quote::bounded(
+        &platform_id(original),
+        sender(original),
+        text,
+    ))
 }
 
 /// The file of a message: a document, the largest size of a photo, an audio file, a video or a

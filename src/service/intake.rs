@@ -66,6 +66,9 @@ impl Service {
                 )
                 .await;
         };
+        if event.edit_of.is_some() {
+            return self.settle(seq, Verdict::Edited).await;
+        }
         let config = &connected.loaded.config;
         let arrived = Arrived {
             sender: &event.sender.id,

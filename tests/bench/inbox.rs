@@ -26,6 +26,7 @@ pub(crate) fn event(producer: usize, n: usize) -> InboundEvent {
         sent_at: chrono::Utc::now(),
         attachments: Vec::new(),
         replying_to: None,
+        edit_of: None,
     }
 }
 

@@ -215,6 +215,7 @@ fn event(text: &str) -> InboundEvent {
         sent_at: "2026-01-02T03:04:05Z".parse().unwrap(),
         attachments: Vec::new(),
         replying_to: None,
+        edit_of: None,
     }
 }
 

@@ -818,6 +818,57 @@ async fn mentions_and_replies_to_the_bot_address_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_quotes_its_original_shortened_and_an_edit_is_handed_on_as_one() {
+    let fake = FakeDiscord::start();
+    fake.guild_channel(ROOM);
+    let connector = connector(&fake);
+    let mut receiving = receive(&connector, Vec::new());
+    connected(&fake).await;
+    let mine = connector
+        .deliver(&delivery("d-mine", ROOM, None, "a bot message"))
+        .await
+        .unwrap();
+    let long = "ß".repeat(400);
+    let bob = Author::user(222_222_222_222_222_222, &"b".repeat(32));
+    let original = fake.push_message(ROOM, &bob, &long);
+    fake.push_reply(ROOM, &alice(), "too long", original);
+    fake.push_reply(
+        ROOM,
+        &alice(),
+        "replying to the bot",
+        mine.platform_id.parse().unwrap(),
+    );
+    fake.push_edit(ROOM, original, "shorter now");
+    fake.push_message(ROOM, &alice(), "after the edit");
+    assert_eq!(receiving.next().await.replying_to, None);
+    let long_reply = receiving.next().await;
+    let bot_reply = receiving.next().await;
+    let edit = receiving.next().await;
+    let after = receiving.next().await;
+    receiving.stop().await.unwrap();
+    let quote = long_reply
+        .replying_to
+        .expect("the reply quotes its original");
+    assert_eq!(quote.platform_id, original.to_string());
+    assert_eq!(quote.text.chars().count(), perch::channel::QUOTE_MAX_CHARS);
+    assert!(quote.text.starts_with("ßßß") && quote.text.ends_with('…'));
+    let author = quote.author.expect("the quoted author");
+    assert_eq!(author.id, "222222222222222222");
+    assert_eq!(author.name, "b".repeat(32));
+    assert!(!author.is_bot);
+    let quote = bot_reply.replying_to.expect("the reply quotes the bot");
+    assert_eq!(quote.platform_id, mine.platform_id);
+    assert_eq!(quote.text, "a bot message");
+    assert!(quote.author.expect("the bot").is_bot);
+    assert_eq!(edit.text, "shorter now");
+    assert_eq!(edit.edit_of, Some(original.to_string()));
+    assert!(edit.platform_id.starts_with(&format!("{original}:edited:")));
+    assert_eq!(edit.sender.id, "222222222222222222");
+    assert_eq!(after.text, "after the edit");
+    assert_eq!(after.edit_of, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typing_posts_to_the_channel() {
     let fake = FakeDiscord::start();
     fake.guild_channel(ROOM);

@@ -351,6 +351,11 @@ impl FakeDiscord {
         self.push(channel, author, content, Some(reply_to))
     }
 
+    /// The author of message `id` in `channel` edits it to `content` (MESSAGE_UPDATE).
+    pub fn push_edit(&self, channel: u64, id: u64, content: &str) {
+        self.state().edit(channel, id, content);
+    }
+
     /// A user sends `content` with `files` to `channel`; returns the message id.
     pub fn push_files(
         &self,
@@ -707,11 +712,29 @@ impl Platform {
         let record = self.channels.get_mut(&channel).unwrap();
         record.messages.push(message.clone());
         let guild = record.guild;
-        self.dispatch_message(&message, guild, author.id);
+        self.dispatch_message("MESSAGE_CREATE", &message, guild, author.id);
         message
     }
 
-    fn dispatch_message(&mut self, message: &Value, guild: Option<u64>, author: u64) {
+    /// Changes the content of message `id` in `channel`, stamps `edited_timestamp` and sends
+    /// MESSAGE_UPDATE with the whole message, as Discord does for an edit.
+    fn edit(&mut self, channel: u64, id: u64, content: &str) {
+        let record = self.channels.get_mut(&channel).unwrap();
+        let message = record
+            .messages
+            .iter_mut()
+            .find(|message| message["id"] == id.to_string().as_str())
+            .expect("the message edited exists");
+        message["content"] = json!(content);
+        message["edited_timestamp"] =
+            json!(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, false));
+        let message = message.clone();
+        let guild = record.guild;
+        let author: u64 = message["author"]["id"].as_str().unwrap().parse().unwrap();
+        self.dispatch_message("MESSAGE_UPDATE", &message, guild, author);
+    }
+
+    fn dispatch_message(&mut self, kind: &str, message: &Value, guild: Option<u64>, author: u64) {
         let mut event = message.clone();
         if let Some(guild) = guild {
             event["guild_id"] = json!(guild.to_string());
@@ -741,7 +764,7 @@ impl Platform {
             {
                 event["content"] = json!("");
             }
-            self.dispatch(&name, "MESSAGE_CREATE", event);
+            self.dispatch(&name, kind, event);
         }
     }
 

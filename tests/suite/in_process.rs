@@ -127,6 +127,7 @@ impl InProcess {
             sent_at: chrono::Utc::now(),
             attachments: Vec::new(),
             replying_to: None,
+            edit_of: None,
         };
         self.push.send(event).expect("the connector takes events");
     }

@@ -33,6 +33,7 @@ fn event(id: &str, room: &str, cursor: Option<&str>) -> InboundEvent {
         sent_at: at(),
         attachments: Vec::new(),
         replying_to: None,
+        edit_of: None,
     }
 }
 

@@ -233,6 +233,106 @@ async fn a_message_in_a_fresh_room_is_handed_over_after_the_backlog_and_acknowle
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_quotes_the_fetched_original_and_an_edit_is_handed_on_as_one() {
+    let synapse = Synapse::from_env();
+    let long_name = "A".repeat(100);
+    let alice = synapse.register_named("alice", Some(&long_name)).await;
+    let bot = synapse.register("bot").await;
+    let store = tempfile::tempdir().unwrap();
+    let connector = connector(&bot, store.path(), &[&alice]);
+    let mut receiving = Receiving::start(&connector, Vec::new());
+    let room = alice.create_dm(&bot.user_id).await;
+    alice.wait_joined(&room, &bot.user_id).await;
+
+    let long = format!("{}tail", "ø".repeat(400));
+    let original = alice.say(&room, &long).await;
+    assert_eq!(receiving.next_acked().await.replying_to, None);
+    let reply = |body: &str, to: &str| {
+        json!({
+            "msgtype": "m.text",
+            "body": body,
+            "m.relates_to": { "m.in_reply_to": { "event_id": to } },
+        })
+    };
+    let quoting = alice
+        .send(
+            &room,
+            "m.room.message",
+            reply("> <@alice> øøø\n\nso long", &original),
+        )
+        .await;
+    let event = receiving.next_acked().await;
+    assert_eq!(event.platform_id, quoting);
+    assert_eq!(event.text, "so long", "the reply fallback is stripped");
+    let quote = event.replying_to.expect("the reply quotes its original");
+    assert_eq!(quote.platform_id, original);
+    assert_eq!(quote.text.chars().count(), perch::channel::QUOTE_MAX_CHARS);
+    assert!(
+        quote.text.starts_with("øøø") && quote.text.ends_with('…'),
+        "{quote:?}"
+    );
+    let author = quote.author.expect("the quoted author");
+    assert_eq!(author.id, alice.user_id);
+    assert!(!author.is_bot);
+    assert_eq!(
+        author.name,
+        format!("{}…", "A".repeat(perch::channel::QUOTE_NAME_MAX_CHARS - 1))
+    );
+
+    let nested = alice
+        .send(
+            &room,
+            "m.room.message",
+            reply(
+                &format!("> <{}> so long\n\nand more", alice.user_id),
+                &quoting,
+            ),
+        )
+        .await;
+    let event = receiving.next_acked().await;
+    assert_eq!(event.platform_id, nested);
+    let quote = event.replying_to.expect("a quote of a reply");
+    assert_eq!(
+        quote.text, "so long",
+        "the quoted reply's fallback is stripped"
+    );
+
+    let missing = format!("$missing{}", quoting.trim_start_matches('$'));
+    let orphan = alice
+        .send(&room, "m.room.message", reply("to nothing", &missing))
+        .await;
+    let event = receiving.next_acked().await;
+    assert_eq!(event.platform_id, orphan);
+    assert_eq!(
+        event.replying_to.as_deref(),
+        Some(&perch::channel::Quote {
+            platform_id: missing.clone(),
+            author: None,
+            text: String::new(),
+        }),
+        "a target that cannot be fetched gets the plain fallback"
+    );
+
+    let edit = alice
+        .send(
+            &room,
+            "m.room.message",
+            json!({
+                "msgtype": "m.text",
+                "body": "* shorter now",
+                "m.new_content": { "msgtype": "m.text", "body": "shorter now" },
+                "m.relates_to": { "rel_type": "m.replace", "event_id": original },
+            }),
+        )
+        .await;
+    let event = receiving.next_acked().await;
+    assert_eq!(event.platform_id, edit);
+    assert_eq!(event.edit_of.as_deref(), Some(original.as_str()));
+    assert_eq!(event.text, "shorter now");
+    receiving.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_carry_in_reply_to_keep_threads_mention_nobody_and_resend_once() {
     let synapse = Synapse::from_env();
     let alice = synapse.register("alice").await;

@@ -129,6 +129,57 @@ fn a_telegram_message_is_answered_in_its_chat_as_a_reply() {
     assert_eq!(model.requests().len(), 2, "nothing was answered twice");
 }
 
+/// Every journal line under the agent's inbox, in no particular order.
+fn inbox_text(dir: &Path) -> String {
+    let mut text = String::new();
+    let mut dirs = vec![dir.join(".perch/inbox")];
+    while let Some(next) = dirs.pop() {
+        for entry in std::fs::read_dir(next).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if let Ok(read) = std::fs::read_to_string(&path) {
+                text.push_str(&read);
+            }
+        }
+    }
+    text
+}
+
+#[test]
+fn an_edit_on_telegram_is_journaled_and_not_answered() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    model.push(Script::text("first answer"));
+    model.push(Script::text("second answer"));
+    let child = start(dir.path(), None);
+    let alice = User::human(42, "Alice");
+    let chat = Chat::private(&alice);
+    let pushed = telegram.push_message(&chat, &alice, "hi there");
+    wait_until("the reply", || telegram.sent().len() == 1);
+    telegram.push_edit(pushed, "hi there, reworded");
+    telegram.push_message(&chat, &alice, "and then");
+    wait_until("the second reply", || telegram.sent().len() == 2);
+    stop(child);
+    assert_eq!(model.requests().len(), 2, "the edit started no run");
+    assert!(
+        model
+            .requests()
+            .iter()
+            .all(|request| !request.body.to_string().contains("reworded")),
+        "the model never saw the edit"
+    );
+    assert_eq!(telegram.sent()[1].shown, "second answer");
+    let journal = inbox_text(dir.path());
+    assert!(
+        journal.contains(&format!("\"edit_of\":\"{}\"", pushed.platform_id()))
+            && journal.contains("hi there, reworded")
+            && journal.contains("\"verdict\":\"edited\""),
+        "the edit is journaled with its verdict: {journal}"
+    );
+}
+
 /// A Telegram agent whose `perch run` died at `failpoint` while handling one message from Alice;
 /// the model answers it with `reply` if given.
 struct Crashed {

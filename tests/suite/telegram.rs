@@ -466,7 +466,10 @@ async fn receive_hands_events_in_order_and_confirms_only_after_the_ack() {
         .into_iter()
         .find(|call| call.method == "GetUpdates")
         .unwrap();
-    assert_eq!(poll.body["allowed_updates"], json!(["message"]));
+    assert_eq!(
+        poll.body["allowed_updates"],
+        json!(["message", "edited_message"])
+    );
     assert_eq!(poll.body["timeout"], json!(25));
 }
 
@@ -540,7 +543,7 @@ async fn a_restart_resumes_from_the_cursor_perch_gives() {
 }
 
 #[tokio::test]
-async fn receive_skips_what_is_not_a_message_and_confirms_it() {
+async fn receive_skips_what_is_not_a_message_hands_on_edits_and_confirms_it() {
     let fake = FakeTelegram::start();
     let chat = Chat::group(-300, "Team");
     fake.push_raw_message(
@@ -556,6 +559,14 @@ async fn receive_skips_what_is_not_a_message_and_confirms_it() {
     let connector = connector(&fake);
     let mut receiving = Receiving::start(&connector, None);
     assert_eq!(receiving.next_acked().await.text, "first");
+    let edit = receiving.next_acked().await;
+    assert_eq!(edit.text, "first, edited");
+    assert_eq!(edit.edit_of, Some(text.platform_id()));
+    assert!(
+        edit.platform_id
+            .starts_with(&format!("{}:edited:", text.platform_id())),
+        "{edit:?}"
+    );
     let caption = receiving.next_acked().await;
     assert_eq!(caption.text, "look at this");
     assert_eq!(caption.platform_id, captioned.platform_id());
@@ -564,6 +575,60 @@ async fn receive_skips_what_is_not_a_message_and_confirms_it() {
     receiving.stop().await.unwrap();
     assert!(fake.pending_update_ids().is_empty());
     assert!(broken < captioned.update_id);
+}
+
+#[tokio::test]
+async fn a_reply_carries_the_quoted_author_and_shortened_text() {
+    let fake = FakeTelegram::start();
+    let group = Chat::group(-300, "Team");
+    let forum = Chat::forum(-100_777, "Forum");
+    let connector = connector(&fake);
+    let long = format!("{}{}", "é".repeat(300), "tail");
+    let original = fake.push_message(&group, &User::human(1002, &"B".repeat(200)), &long);
+    let receipt = connector
+        .deliver(&delivery("-300", "an answer"))
+        .await
+        .unwrap();
+    let bot_message: i64 = receipt
+        .platform_id
+        .split(':')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    fake.push(Incoming::new(&group, &alice(), "so long").reply_to(original.message_id));
+    fake.push(Incoming::new(&group, &alice(), "ok").reply_to(bot_message));
+    fake.push(Incoming::new(&forum, &alice(), "in a topic").in_thread(5));
+    let mut receiving = Receiving::start(&connector, None);
+    assert_eq!(receiving.next_acked().await.replying_to, None);
+    let long_reply = receiving.next_acked().await;
+    let bot_reply = receiving.next_acked().await;
+    let topic = receiving.next_acked().await;
+    receiving.stop().await.unwrap();
+    let quote = long_reply
+        .replying_to
+        .expect("the reply quotes its original");
+    assert_eq!(quote.platform_id, original.platform_id());
+    assert_eq!(quote.text.chars().count(), perch::channel::QUOTE_MAX_CHARS);
+    assert!(
+        quote.text.starts_with("ééé") && quote.text.ends_with('…'),
+        "{quote:?}"
+    );
+    let author = quote.author.expect("the quoted author");
+    assert_eq!(author.id, "1002");
+    assert!(!author.is_bot);
+    assert!(author.name.starts_with("BBB"));
+    assert_eq!(
+        author.name.chars().count(),
+        perch::channel::QUOTE_NAME_MAX_CHARS
+    );
+    let quote = bot_reply
+        .replying_to
+        .expect("the reply quotes the bot's message");
+    assert_eq!(quote.platform_id, receipt.platform_id);
+    assert_eq!(quote.text, "an answer");
+    assert!(quote.author.expect("the bot").is_bot);
+    assert_eq!(topic.replying_to, None, "a topic message replies to nobody");
 }
 
 #[tokio::test]
@@ -1003,6 +1068,7 @@ async fn receive_hands_on_files_with_their_captions() {
         &serde_json::to_string(&InboundEvent {
             attachments: Vec::new(),
             replying_to: None,
+            edit_of: None,
             ..document.clone()
         })
         .unwrap(),

@@ -236,6 +236,7 @@ fn event(id: &str) -> InboundEvent {
         sent_at: at(),
         attachments: Vec::new(),
         replying_to: None,
+        edit_of: None,
     }
 }
 
