@@ -109,6 +109,8 @@ pub struct PendingItem {
     pub event: InboundEvent,
     pub lane: String,
     pub text: String,
+    /// Set at restart for an item whose interrupted run is continued: how to resume it.
+    pub resume: Option<perch_core::log::Resumption>,
 }
 
 impl PendingItem {
@@ -208,6 +210,7 @@ impl Inbox {
                     event: event.clone(),
                     lane,
                     text,
+                    resume: None,
                 });
             }
         }

@@ -200,6 +200,7 @@ impl Service {
             event,
             lane,
             text,
+            resume: None,
         })
         .await
     }

@@ -48,6 +48,10 @@ pub enum Record {
         /// Inbox items this operation takes; they are consumed when it finishes.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         consumes: Vec<String>,
+        /// This run continues an interrupted run of the same items, from the lane's leaf: the
+        /// restart's one attempt to finish it, never made twice for an item.
+        #[serde(default, skip_serializing_if = "is_false")]
+        resumed: bool,
         at: Timestamp,
     },
     AttemptStarted {
@@ -159,6 +163,10 @@ pub enum Part {
         output: String,
         is_error: bool,
     },
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 /// How far an append must reach before the caller continues.
