@@ -1671,25 +1671,106 @@ fn a_reply_lost_between_the_run_and_the_outbox_is_delivered_after_a_restart() {
     assert_eq!(telegram.sent().len(), 1);
 }
 
+/// How many times `text` appears in the model request's body.
+fn times_in_request(request: &super::fake_model::Received, text: &str) -> usize {
+    request.body.to_string().matches(text).count()
+}
+
 #[test]
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
-fn a_run_interrupted_by_a_crash_is_answered_with_a_note_not_repeated() {
-    let Crashed {
-        model,
-        telegram,
-        dir,
-    } = crash_on_one_message(Some("never reached"), "do the thing", "after:user_entry");
+fn a_chat_run_interrupted_while_asking_the_model_is_resumed_and_answered() {
+    for failpoint in [
+        "after:attempt_started",
+        "after:user_entry",
+        "after:operation_started",
+    ] {
+        let Crashed {
+            model,
+            telegram,
+            dir,
+        } = crash_on_one_message(None, "do the thing", failpoint);
+
+        model.push(Script::text("the thing is done"));
+        let child = start(dir.path(), None);
+        wait_until("the answer", || !telegram.sent().is_empty());
+        wait_until("the inbox to settle", || {
+            status_json(dir.path())["inbox_pending"] == 0
+        });
+        stop(child);
+        let sent = telegram.sent();
+        assert_eq!(sent.len(), 1, "{failpoint}: {sent:?}");
+        assert_eq!(sent[0].shown, "the thing is done", "{failpoint}");
+        let requests = model.requests();
+        assert_eq!(requests.len(), 1, "{failpoint}: asked once, after the restart");
+        assert_eq!(
+            times_in_request(&requests[0], "do the thing"),
+            1,
+            "{failpoint}: the message is in the conversation once: {}",
+            requests[0].body
+        );
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
+fn a_chat_run_interrupted_after_bash_started_gets_a_note_naming_it() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    model.push(super::fake_model::Reply::new().with_call(
+        "c1",
+        "bash",
+        serde_json::json!({ "command": "echo hi" }),
+    ));
+    let alice = User::human(42, "Alice");
+    telegram.push_message(&Chat::private(&alice), &alice, "run it");
+    let output = start(dir.path(), Some("after:tool_started"))
+        .wait_with_output()
+        .unwrap();
+    assert!(!output.status.success(), "the failpoint fired");
 
     let child = start(dir.path(), None);
     wait_until("the note", || !telegram.sent().is_empty());
     stop(child);
     let note = &telegram.sent()[0];
     assert!(
-        note.shown.starts_with("Sorry, I could not finish that"),
+        note.shown.starts_with("Sorry, I could not finish that") && note.shown.contains("bash"),
         "{}",
         note.shown
     );
-    assert_eq!(model.requests().len(), 0, "the run was not repeated");
+    assert_eq!(model.requests().len(), 1, "the run was not continued");
+}
+
+#[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
+fn a_resumed_run_that_crashes_again_is_not_resumed_a_third_time() {
+    let Crashed {
+        model,
+        telegram,
+        dir,
+    } = crash_on_one_message(None, "do the thing", "after:attempt_started");
+    let output = start(dir.path(), Some("after:attempt_started"))
+        .wait_with_output()
+        .unwrap();
+    assert!(!output.status.success(), "the resumed run crashed too");
+    assert!(telegram.sent().is_empty());
+
+    model.push(Script::text("never asked"));
+    let child = start(dir.path(), None);
+    wait_until("the note", || !telegram.sent().is_empty());
+    wait_until("the inbox to settle", || {
+        status_json(dir.path())["inbox_pending"] == 0
+    });
+    stop(child);
+    let sent = telegram.sent();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert!(
+        sent[0].shown.starts_with("Sorry, I could not finish that")
+            && sent[0].shown.contains("not tried a third time"),
+        "{}",
+        sent[0].shown
+    );
+    assert!(model.requests().is_empty(), "the run was not tried again");
 }
 
 /// Copies an example agent from `agents/` into a fresh directory.
