@@ -12,9 +12,7 @@
 use super::error::LogError;
 use super::segment::{Access, Segment, segment_numbers, segment_path};
 use perch_core::config::Replay;
-use perch_core::log::{
-    EntryBody, ItemRuns, LaneState, Line, Outcome, Part, Record, Role, Summary,
-};
+use perch_core::log::{EntryBody, ItemRuns, LaneState, Line, Outcome, Part, Record, Role, Summary};
 use std::collections::BTreeMap;
 use std::path::Path;
 

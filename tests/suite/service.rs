@@ -1701,7 +1701,11 @@ fn a_chat_run_interrupted_while_asking_the_model_is_resumed_and_answered() {
         assert_eq!(sent.len(), 1, "{failpoint}: {sent:?}");
         assert_eq!(sent[0].shown, "the thing is done", "{failpoint}");
         let requests = model.requests();
-        assert_eq!(requests.len(), 1, "{failpoint}: asked once, after the restart");
+        assert_eq!(
+            requests.len(),
+            1,
+            "{failpoint}: asked once, after the restart"
+        );
         assert_eq!(
             times_in_request(&requests[0], "do the thing"),
             1,
@@ -1937,5 +1941,174 @@ fn a_heartbeat_run_without_a_service_delivers_through_the_outbox_and_fires_no_sl
     assert!(
         status["heartbeats"]["tasks"][0]["last"]["manual"] == true,
         "recorded as a manual run: {status}"
+    );
+}
+
+/// A small deterministic generator (splitmix64), so a failing kill schedule can be replayed.
+struct Seeded(u64);
+
+impl Seeded {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, bound: u64) -> u64 {
+        self.next() % bound
+    }
+}
+
+/// How many resumed runs the agent's lanes record, and whether every one has finished.
+fn resumptions(dir: &Path) -> (usize, bool) {
+    let Ok(lanes) = std::fs::read_dir(dir.join(".perch/sessions")) else {
+        return (0, true);
+    };
+    let mut resumed = std::collections::HashSet::new();
+    let mut finished = std::collections::HashSet::new();
+    for lane in lanes.filter_map(Result::ok) {
+        let Ok(files) = std::fs::read_dir(lane.path()) else {
+            continue;
+        };
+        for file in files.filter_map(Result::ok) {
+            if file.path().extension().is_none_or(|ext| ext != "jsonl") {
+                continue;
+            }
+            let text = std::fs::read_to_string(file.path()).unwrap_or_default();
+            for line in text.lines() {
+                let Ok(line) = serde_json::from_str::<serde_json::Value>(line) else {
+                    continue;
+                };
+                let op = line["op"].as_str().unwrap_or_default().to_owned();
+                match line["type"].as_str() {
+                    Some("operation_started") if line["resumed"] == true => {
+                        resumed.insert(op);
+                    }
+                    Some("operation_finished") => {
+                        finished.insert(op);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    (resumed.len(), resumed.is_subset(&finished))
+}
+
+/// The start `perch run` last recorded, once it has resumed its inbox.
+fn last_start(dir: &Path) -> serde_json::Value {
+    std::fs::read(dir.join(".perch/last-start.json"))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+#[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
+fn a_burst_survives_repeated_sigkills_answered_once_each_by_the_model() {
+    let seed = std::env::var("PERCH_TEST_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("kill schedule: PERCH_TEST_SEED={seed}");
+    let mut random = Seeded(seed);
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    model.echo_after(Duration::from_millis(900));
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let people: Vec<User> = (0..6)
+        .map(|n| User::human(2000 + n, &format!("Q{n}")))
+        .collect();
+    let mut pushed = std::collections::HashMap::new();
+    for round in 0..5 {
+        for person in &people {
+            let text = format!("q{}-m{round}", person.id);
+            let message = telegram.push_message(&Chat::private(person), person, &text);
+            pushed.insert((person.id, message.message_id), text);
+        }
+    }
+    let mut resumed = 0;
+    for kill in 0..3 {
+        let before = last_start(dir.path())["started"].clone();
+        let child = start(dir.path(), None);
+        // A run is resumed once: the kills come after the resumed runs, so none is cut twice.
+        wait_until("the restart to resume its inbox", || {
+            let started = last_start(dir.path());
+            started["started"] != before && started["started"].is_string()
+        });
+        resumed += last_start(dir.path())["inbox"]["resumed"]
+            .as_u64()
+            .unwrap_or(0) as usize;
+        wait_until("the resumed runs to finish", || {
+            let (recorded, finished) = resumptions(dir.path());
+            recorded >= resumed && finished
+        });
+        let after = Duration::from_millis(200 + random.below(1600));
+        eprintln!("kill {kill} after {after:?}");
+        std::thread::sleep(after);
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let _ = child.wait_with_output().unwrap();
+    }
+    eprintln!("{resumed} run(s) resumed");
+    let before = last_start(dir.path())["started"].clone();
+    let child = start(dir.path(), None);
+    wait_until("the last restart to resume its inbox", || {
+        let started = last_start(dir.path());
+        started["started"] != before && started["started"].is_string()
+    });
+    let unknown_deliveries = || {
+        std::fs::read_dir(dir.path().join(".perch/outbox"))
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .map(|entry| {
+                        std::fs::read_to_string(entry.path())
+                            .unwrap_or_default()
+                            .matches("\"type\":\"unknown\"")
+                            .count()
+                    })
+                    .sum::<usize>()
+            })
+            .unwrap_or(0)
+    };
+    wait_until("every message answered", || {
+        let status = status_json(dir.path());
+        status["inbox_pending"] == 0
+            && status["outbox_pending"] == 0
+            && telegram.sent().len() + unknown_deliveries() >= pushed.len()
+    });
+    stop(child);
+    let sent = telegram.sent();
+    let mut answered = std::collections::HashSet::new();
+    for reply in &sent {
+        let to = (
+            reply.chat_id,
+            reply.reply_to.expect("every reply answers a message"),
+        );
+        assert!(
+            answered.insert(to),
+            "{to:?} answered twice (seed {seed}): {sent:#?}"
+        );
+        assert_eq!(
+            reply.shown,
+            format!("echo: {}", pushed[&to]),
+            "answered by the model, not a note (seed {seed})"
+        );
+    }
+    assert_eq!(
+        answered.len() + unknown_deliveries(),
+        pushed.len(),
+        "nothing lost (seed {seed}); a delivery whose post is unknown is never resent"
     );
 }

@@ -290,7 +290,10 @@ mod tests {
             (runs(&interrupted, false, false, &[]), "resume with input"),
             (runs(&interrupted, true, true, &[]), "note: again while"),
             (runs(&interrupted, true, false, &[]), "note: again while"),
-            (runs(&interrupted, false, true, &["bash"]), "note: the tool `bash`; it"),
+            (
+                runs(&interrupted, false, true, &["bash"]),
+                "note: the tool `bash`; it",
+            ),
             (
                 runs(&interrupted, true, true, &["bash", "deploy"]),
                 "note: the tools `bash`, `deploy`; they",
