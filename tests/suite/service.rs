@@ -1753,10 +1753,27 @@ fn a_resumed_run_that_crashes_again_is_not_resumed_a_third_time() {
         telegram,
         dir,
     } = crash_on_one_message(None, "do the thing", "after:attempt_started");
-    let output = start(dir.path(), Some("after:attempt_started"))
-        .wait_with_output()
-        .unwrap();
-    assert!(!output.status.success(), "the resumed run crashed too");
+    let mut again = start(dir.path(), Some("after:attempt_started"));
+    let exited = {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = again.try_wait().unwrap() {
+                break Some(status);
+            }
+            if Instant::now() >= deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    if exited.is_none() {
+        again.kill().unwrap();
+    }
+    let _ = again.wait_with_output();
+    assert!(
+        exited.is_some_and(|status| !status.success()),
+        "the run was resumed, and crashed again: {exited:?}"
+    );
     assert!(telegram.sent().is_empty());
 
     model.push(Script::text("never asked"));
