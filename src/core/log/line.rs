@@ -271,4 +271,26 @@ mod tests {
         assert_eq!(tool(Replay::Never).commit(), Commit::Sync);
         assert_eq!(tool(Replay::Safe).commit(), Commit::Flush);
     }
+
+    #[test]
+    fn a_resumption_is_marked_and_older_lines_still_read() {
+        let started = |resumed| {
+            Line::Record(Record::OperationStarted {
+                op: OperationId::from_bytes([1; 16]),
+                intent: Intent::Run,
+                consumes: vec!["inbox:7".into()],
+                resumed,
+                at: at(),
+            })
+        };
+        let old = r#"{"kind":"record","type":"operation_started","op":"01010101-0101-0101-0101-010101010101","intent":"run","consumes":["inbox:7"],"at":"2026-11-30T06:00:00Z"}"#;
+        assert_eq!(serde_json::to_string(&started(false)).unwrap(), old);
+        assert_eq!(serde_json::from_str::<Line>(old).unwrap(), started(false));
+        let resumed = r#"{"kind":"record","type":"operation_started","op":"01010101-0101-0101-0101-010101010101","intent":"run","consumes":["inbox:7"],"resumed":true,"at":"2026-11-30T06:00:00Z"}"#;
+        assert_eq!(serde_json::to_string(&started(true)).unwrap(), resumed);
+        assert_eq!(
+            serde_json::from_str::<Line>(resumed).unwrap(),
+            started(true)
+        );
+    }
 }
