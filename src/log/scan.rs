@@ -97,13 +97,13 @@ fn find_runs(
         }) = read(line)?
             && ids.iter().any(|id| id == consumes)
         {
-            runs.push((line, *op, resumed));
+            runs.push((line, *op, resumed, ids.len()));
         }
     }
-    let Some(&(first_start, first_op, _)) = runs.first() else {
+    let Some(&(first_start, first_op, _, items)) = runs.first() else {
         return Ok(None);
     };
-    let resumed = runs.iter().any(|(_, _, resumed)| *resumed);
+    let resumed = runs.iter().any(|(_, _, resumed, _)| *resumed);
     let end_of = |start: u64, op| {
         (0u64..)
             .zip(summaries)
@@ -122,7 +122,7 @@ fn find_runs(
         None => false,
     };
     let mut irreversible: Vec<String> = Vec::new();
-    for &(start, op, _) in &runs {
+    for &(start, op, _, _) in &runs {
         let end = end_of(start, op).unwrap_or(summaries.len() as u64);
         for line in start + 1..end {
             if let Some(Summary::ToolStarted {
@@ -138,7 +138,7 @@ fn find_runs(
             }
         }
     }
-    let Some(&(start, op, _)) = runs.last() else {
+    let Some(&(start, op, _, _)) = runs.last() else {
         return Ok(None);
     };
     let finish = end_of(start, op);
@@ -183,6 +183,7 @@ fn find_runs(
         resumed,
         user_entry,
         irreversible,
+        items,
     }))
 }
 

@@ -136,6 +136,8 @@ pub struct ItemRuns {
     pub user_entry: bool,
     /// Tools declared `replay = "never"` that any of the runs started, in order, each once.
     pub irreversible: Vec<String>,
+    /// How many inbox items the first run took together (a collected batch takes several).
+    pub items: usize,
 }
 
 /// How a resumed run starts.
@@ -160,8 +162,9 @@ pub enum ItemAnswer {
 }
 
 /// A chat run interrupted by a crash is resumed once, unless it started a tool that must not run
-/// twice (then it is left to the user, with the tools named) or it was already resumed (so a run
-/// that crashes perch cannot crash-loop it).
+/// twice (then it is left to the user, with the tools named), it answered several items together
+/// (each would otherwise resume it), or it was already resumed (so a run that crashes perch cannot
+/// crash-loop it).
 pub fn answer_taken(runs: &ItemRuns) -> ItemAnswer {
     if !matches!(runs.outcome, Outcome::Interrupted { .. }) {
         return ItemAnswer::Deliver;
@@ -183,6 +186,13 @@ pub fn answer_taken(runs: &ItemRuns) -> ItemAnswer {
              Please check, and ask again if needed.",
             tools.join(", ")
         ));
+    }
+    if runs.items > 1 {
+        return ItemAnswer::Note(
+            "Sorry, I could not finish that: perch stopped while answering several messages \
+             together, and such a run is not continued. Please ask again."
+                .into(),
+        );
     }
     if runs.resumed {
         return ItemAnswer::Note(
@@ -277,6 +287,11 @@ mod tests {
             resumed,
             user_entry,
             irreversible: irreversible.iter().map(ToString::to_string).collect(),
+            items: 1,
+        };
+        let together = ItemRuns {
+            items: 2,
+            ..runs(&interrupted, false, true, &[])
         };
         let failed = Outcome::Failed {
             reason: "model".into(),
@@ -289,6 +304,7 @@ mod tests {
             (runs(&interrupted, false, true, &[]), "resume from leaf"),
             (runs(&interrupted, false, false, &[]), "resume with input"),
             (runs(&interrupted, true, true, &[]), "note: again while"),
+            (together, "note: several messages"),
             (runs(&interrupted, true, false, &[]), "note: again while"),
             (
                 runs(&interrupted, false, true, &["bash"]),
