@@ -114,6 +114,8 @@ pub struct PendingItem {
     /// The group context offered with it: lines said in its room before it that did not
     /// address the agent, as [`perch_core::origin::context_line`]s. Kept in memory only.
     pub earlier: Vec<String>,
+    /// Set at restart for an item whose interrupted run is continued: how to resume it.
+    pub resume: Option<perch_core::log::Resumption>,
 }
 
 impl PendingItem {
@@ -214,6 +216,7 @@ impl Inbox {
                     lane,
                     text,
                     earlier: Vec::new(),
+                    resume: None,
                 });
             }
         }

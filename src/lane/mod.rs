@@ -17,7 +17,7 @@ use perch_core::conversation::unanswered_calls;
 use perch_core::heartbeat::ModelFailure;
 use perch_core::id::EntryId;
 use perch_core::id::OperationId;
-use perch_core::log::{Entry, EntryBody, Line, Message, Outcome, Part, Role};
+use perch_core::log::{Entry, EntryBody, Line, Message, Outcome, Part, Resumption, Role};
 use perch_core::name::LaneName;
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
@@ -197,6 +197,7 @@ type Reply = oneshot::Sender<Result<Finished, LaneError>>;
 enum Request {
     Send {
         input: Input,
+        resume: Option<Resumption>,
         events: Events,
         reply: Reply,
     },
@@ -290,6 +291,27 @@ impl Lane {
         let (reply, answer) = oneshot::channel();
         self.request(Request::Send {
             input,
+            resume: None,
+            events,
+            reply,
+        })?;
+        answer.await.map_err(|_| LaneError::Closed)?
+    }
+
+    /// Continues a run a crash interrupted, taking the same inbox items (`input.consumes`): its
+    /// `operation_started` says it is a resumption, and it starts from the lane's leaf, writing
+    /// `input.text` as a user entry only when the interrupted run had not
+    /// ([`Resumption::WithInput`]). Queued like [`Lane::send`].
+    pub async fn resume(
+        &self,
+        input: Input,
+        resumption: Resumption,
+        events: Events,
+    ) -> Result<Finished, LaneError> {
+        let (reply, answer) = oneshot::channel();
+        self.request(Request::Send {
+            input,
+            resume: Some(resumption),
             events,
             reply,
         })?;
@@ -424,6 +446,7 @@ impl Shared {
 enum Work {
     Run {
         input: Input,
+        resume: Option<Resumption>,
         events: Events,
         reply: Reply,
     },
@@ -501,10 +524,12 @@ impl LaneTask {
                 Event::Request(Some(request)) => match request {
                     Request::Send {
                         input,
+                        resume,
                         events,
                         reply,
                     } => self.queue.push_back(Work::Run {
                         input,
+                        resume,
                         events,
                         reply,
                     }),
@@ -566,10 +591,11 @@ impl LaneTask {
             match work {
                 Work::Run {
                     input,
+                    resume,
                     events,
                     reply,
                 } => {
-                    let result = runner.run(input, &events).await;
+                    let result = runner.run(input, resume, &events).await;
                     let _ = reply.send(result);
                 }
                 Work::Compact { events, reply } => {

@@ -1,7 +1,8 @@
 //! One run, as it goes to disk:
 //!
-//! 1. `operation_started` (the run's id, its intent, the inbox items it consumes);
-//! 2. the user entry;
+//! 1. `operation_started` (the run's id, its intent, the inbox items it consumes, whether it
+//!    resumes an interrupted run of them);
+//! 2. the user entry (not for a resumption whose interrupted run wrote it already);
 //! 3. for every model turn: `attempt_started` for each request, then the assistant entry;
 //! 4. for each tool call: `tool_started` (tool, arguments, the id its result will carry, its
 //!    replay declaration), the effect, then the result entry under exactly that id;
@@ -17,7 +18,9 @@ use crate::model::{ModelError, ModelErrorKind, ModelReply, ModelRequest, StreamE
 use perch_core::conversation::{self, estimate_tokens, summary_entry, text_of, tool_calls};
 use perch_core::heartbeat::ModelFailure;
 use perch_core::id::{EntryId, OperationId};
-use perch_core::log::{Entry, EntryBody, Intent, Line, Message, Outcome, Part, Record, Role};
+use perch_core::log::{
+    Entry, EntryBody, Intent, Line, Message, Outcome, Part, Record, Resumption, Role,
+};
 use perch_core::name::ToolName;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -63,12 +66,15 @@ impl Runner<'_> {
     pub(super) async fn run(
         &mut self,
         input: Input,
+        resume: Option<Resumption>,
         events: &Events,
     ) -> Result<Finished, LaneError> {
         let started = std::time::Instant::now();
-        if input.fresh {
+        // A resumption continues the branch it interrupted, as it is.
+        let resuming = resume.is_some();
+        if input.fresh && !resuming {
             self.branch.clear();
-        } else if self.needs_compaction(&input.text) {
+        } else if !resuming && self.needs_compaction(&input.text) {
             let compacted = self.compact(events).await?;
             if compacted.outcome == Outcome::Completed {
                 emit(events, LaneEvent::Compacted);
@@ -79,12 +85,15 @@ impl Runner<'_> {
             op,
             intent: Intent::Run,
             consumes: input.consumes,
+            resumed: resume.is_some(),
             at: self.now(),
         })
         .await?;
         failpoint::hit("after:operation_started");
-        self.entry(user_message(input.text, input.said)).await?;
-        failpoint::hit("after:user_entry");
+        if resume != Some(Resumption::FromLeaf) {
+            self.entry(user_message(input.text, input.said)).await?;
+            failpoint::hit("after:user_entry");
+        }
         let end = self.turns(op, events).await?;
         self.finish(op, end.outcome.clone()).await?;
         self.shared.setup.metrics.run_finished(started.elapsed());
@@ -102,6 +111,7 @@ impl Runner<'_> {
             op,
             intent: Intent::Compact,
             consumes: Vec::new(),
+            resumed: false,
             at: self.now(),
         })
         .await?;

@@ -11,7 +11,8 @@
 
 use super::error::LogError;
 use super::segment::{Access, Segment, segment_numbers, segment_path};
-use perch_core::log::{EntryBody, LaneState, Line, Outcome, Part, Record, Role, Summary};
+use perch_core::config::Replay;
+use perch_core::log::{EntryBody, ItemRuns, LaneState, Line, Outcome, Part, Record, Role, Summary};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -45,15 +46,11 @@ pub fn open_operations(sessions: &Path) -> BTreeMap<String, usize> {
     open
 }
 
-/// How the run that took an inbox item ended, as its lane recorded it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TakenRun {
-    pub outcome: Outcome,
-    /// The run's last assistant text (empty when it said nothing).
-    pub text: String,
-}
+/// The runs that took an inbox item, as its lane recorded them: how the latest ended, what it
+/// said, and what a restart needs to decide whether to resume it.
+pub type TakenRun = ItemRuns;
 
-/// The run in `lane` whose `operation_started` consumes `consumes` (an inbox id), if its newest
+/// The runs in `lane` whose `operation_started` consumes `consumes` (an inbox id), if its newest
 /// segment holds one. A run without its end (recovery has not closed it) counts as interrupted.
 pub fn taken_run(sessions: &Path, lane: &str, consumes: &str) -> Option<TakenRun> {
     let dir = sessions.join(lane);
@@ -61,7 +58,7 @@ pub fn taken_run(sessions: &Path, lane: &str, consumes: &str) -> Option<TakenRun
     if let Ok(loaded) = Segment::load(&dir, newest, Access::Read) {
         let segment = loaded.segment;
         let summaries: Vec<Summary> = segment.rows.iter().map(|row| row.summary).collect();
-        if let Ok(found) = find_run(&summaries, |line| segment.read(line), consumes) {
+        if let Ok(found) = find_runs(&summaries, |line| segment.read(line), consumes) {
             return found;
         }
     }
@@ -76,42 +73,79 @@ pub fn taken_run(sessions: &Path, lane: &str, consumes: &str) -> Option<TakenRun
                 reason: "no such line".into(),
             })
     };
-    find_run(&summaries, read, consumes).ok().flatten()
+    find_runs(&summaries, read, consumes).ok().flatten()
 }
 
-/// Finds the run among a segment's lines, reading only the lines the summaries point at: the
-/// `operation_started` records, the run's `operation_finished`, and its entries from the last
+/// Finds the item's runs among a segment's lines, reading only the lines the summaries point
+/// at: the `operation_started` records, each run's `operation_finished` and `tool_started`
+/// records of tools never replayed, its first entry, and the latest run's entries from the last
 /// back to the first assistant text.
-fn find_run(
+fn find_runs(
     summaries: &[Summary],
     read: impl Fn(u64) -> Result<Line, LogError>,
     consumes: &str,
 ) -> Result<Option<TakenRun>, LogError> {
-    let mut started = None;
+    let mut runs = Vec::new();
     for (line, summary) in (0u64..).zip(summaries) {
         let Summary::OperationStarted { op } = summary else {
             continue;
         };
-        if let Line::Record(Record::OperationStarted { consumes: ids, .. }) = read(line)?
+        if let Line::Record(Record::OperationStarted {
+            consumes: ids,
+            resumed,
+            ..
+        }) = read(line)?
             && ids.iter().any(|id| id == consumes)
         {
-            started = Some((line, *op));
-            break;
+            runs.push((line, *op, resumed, ids.len()));
         }
     }
-    let Some((start, op)) = started else {
+    let Some(&(first_start, first_op, _, items)) = runs.first() else {
         return Ok(None);
     };
-    let finish = (0u64..)
-        .zip(summaries)
-        .skip_while(|(line, _)| *line <= start)
-        .find(|(_, summary)| matches!(summary, Summary::OperationFinished { op: other } if *other == op))
-        .map(|(line, _)| line);
+    let resumed = runs.iter().any(|(_, _, resumed, _)| *resumed);
+    let end_of = |start: u64, op| {
+        (0u64..)
+            .zip(summaries)
+            .skip_while(|(line, _)| *line <= start)
+            .find(|(_, summary)| matches!(summary, Summary::OperationFinished { op: other } if *other == op))
+            .map(|(line, _)| line)
+    };
+    let first_end = end_of(first_start, first_op).unwrap_or(summaries.len() as u64);
+    let user_entry = match (first_start + 1..first_end)
+        .find(|line| matches!(summary_at(summaries, *line), Some(Summary::Entry { .. })))
+    {
+        Some(line) => matches!(
+            read(line)?,
+            Line::Entry(entry) if matches!(&entry.body, EntryBody::Message(message) if message.role == Role::User)
+        ),
+        None => false,
+    };
+    let mut irreversible: Vec<String> = Vec::new();
+    for &(start, op, _, _) in &runs {
+        let end = end_of(start, op).unwrap_or(summaries.len() as u64);
+        for line in start + 1..end {
+            if let Some(Summary::ToolStarted {
+                op: other,
+                replay: Replay::Never,
+                ..
+            }) = summary_at(summaries, line)
+                && *other == op
+                && let Line::Record(Record::ToolStarted { tool, .. }) = read(line)?
+                && !irreversible.iter().any(|named| named == tool.as_str())
+            {
+                irreversible.push(tool.to_string());
+            }
+        }
+    }
+    let Some(&(start, op, _, _)) = runs.last() else {
+        return Ok(None);
+    };
+    let finish = end_of(start, op);
     let end = finish.unwrap_or(summaries.len() as u64);
     let mut text = String::new();
     for line in (start + 1..end).rev() {
-        let Some(Summary::Entry { .. }) = usize::try_from(line).ok().and_then(|i| summaries.get(i))
-        else {
+        let Some(Summary::Entry { .. }) = summary_at(summaries, line) else {
             continue;
         };
         if let Line::Entry(entry) = read(line)?
@@ -143,7 +177,18 @@ fn find_run(
             reason: "perch stopped during the run".into(),
         },
     };
-    Ok(Some(TakenRun { outcome, text }))
+    Ok(Some(ItemRuns {
+        outcome,
+        text,
+        resumed,
+        user_entry,
+        irreversible,
+        items,
+    }))
+}
+
+fn summary_at(summaries: &[Summary], line: u64) -> Option<&Summary> {
+    usize::try_from(line).ok().and_then(|i| summaries.get(i))
 }
 
 fn newest_segment(dir: &Path) -> Option<u32> {

@@ -152,8 +152,9 @@ impl Service {
                 lease = self.lanes.join(&name);
             }
             if wants_lane && let Some(lane) = &lease {
+                let resuming = queue.front().is_some_and(|item| item.resume.is_some());
                 let batch: Vec<PendingItem> = match config.busy {
-                    BusyPolicy::Collect { .. } => queue.drain(..).collect(),
+                    BusyPolicy::Collect { .. } if !resuming => queue.drain(..).collect(),
                     _ => queue.pop_front().into_iter().collect(),
                 };
                 let service = Arc::clone(&self);
@@ -325,18 +326,17 @@ impl Service {
             .collect::<Vec<_>>()
             .join("\n\n");
         let consumes = items.iter().map(PendingItem::consumes_id).collect();
-        let finished = lane
-            .send(
-                Input {
-                    text,
-                    consumes,
-                    fresh: false,
-                    said,
-                },
-                None,
-            )
-            .await
-            .map_err(|error| error.to_string());
+        let input = Input {
+            text,
+            consumes,
+            fresh: false,
+            said,
+        };
+        let finished = match (items.as_slice(), last.resume) {
+            ([_], Some(resumption)) => lane.resume(input, resumption, None).await,
+            _ => lane.send(input, None).await,
+        }
+        .map_err(|error| error.to_string());
         typing.cancel();
         let finished = finished?;
         if let Outcome::Failed { reason } | Outcome::Interrupted { reason } = &finished.outcome {

@@ -196,6 +196,7 @@ impl Service {
             lane,
             text,
             earlier,
+            resume: None,
         })
         .await
     }

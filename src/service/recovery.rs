@@ -5,6 +5,7 @@ use super::{Service, tracing_note};
 use crate::inbox::{Backlog, Verdict, consumes_id};
 use crate::log::taken_run;
 use crate::starts;
+use perch_core::log::{ItemAnswer, answer_taken};
 use perch_core::name::LaneName;
 use perch_core::prompt::Origin;
 use std::sync::Arc;
@@ -46,11 +47,13 @@ impl Service {
     }
 
     /// After a restart: an item whose run was already recorded (an `operation_started` names it)
-    /// is not run again. If no reply to it was recorded, it gets the one its run left in the lane
-    /// (lane recovery has closed the run by now): the reply of a completed run, or a short note
-    /// that the run was interrupted. Then it is consumed. The other items are queued again, in
-    /// order; events without a verdict are decided again, without carrying out a command or
-    /// offering pairing again when a reply to the event was recorded before the crash.
+    /// is decided by [`answer_taken`] (lane recovery has closed the run by now). A run that
+    /// finished is answered with its reply, unless a reply was recorded; an interrupted chat run
+    /// that started no tool declared `replay = "never"` and was not resumed before is resumed
+    /// once, continuing from the lane's leaf; any other interrupted run gets a note saying what
+    /// was interrupted. The other items are queued again, in order; events without a verdict are
+    /// decided again, without carrying out a command or offering pairing again when a reply to
+    /// the event was recorded before the crash.
     pub(super) async fn resume_inbox(
         self: &Arc<Self>,
         backlog: Backlog,
@@ -58,26 +61,44 @@ impl Service {
     ) -> Result<serde_json::Value, String> {
         let sessions = self.runtime.agent().dir.sessions_dir();
         let (mut answered, mut queued, undecided) = (0, 0, backlog.undecided.len());
-        let mut replied_after_restart = 0;
-        for item in backlog.pending {
-            let taken = taken_run(&sessions, &item.lane, &consumes_id(item.event_seq));
-            if let Some(run) = taken {
-                answered += 1;
-                let replied =
-                    replied_to.contains(&(item.channel.clone(), item.event.platform_id.clone()));
-                if !replied && let Some(channel) = self.channels.get(&item.channel) {
-                    replied_after_restart += 1;
-                    self.deliver_outcome(channel, &item.event, &run.outcome, &run.text)
-                        .await?;
-                }
-                self.inbox
-                    .consume(vec![item.event_seq, item.verdict_seq])
-                    .await
-                    .map_err(|error| error.to_string())?;
-            } else {
+        let (mut replied_after_restart, mut resumed, mut noted) = (0, 0, 0);
+        for mut item in backlog.pending {
+            let Some(run) = taken_run(&sessions, &item.lane, &consumes_id(item.event_seq)) else {
                 queued += 1;
                 self.dispatch(item).await?;
+                continue;
+            };
+            let replied =
+                replied_to.contains(&(item.channel.clone(), item.event.platform_id.clone()));
+            let answer = answer_taken(&run);
+            if let (false, ItemAnswer::Resume(resumption)) = (replied, &answer) {
+                resumed += 1;
+                tracing_note(&format!(
+                    "lane {}: resuming the interrupted run of inbox item {}",
+                    item.lane, item.event_seq
+                ));
+                item.resume = Some(*resumption);
+                self.dispatch(item).await?;
+                continue;
             }
+            answered += 1;
+            if !replied && let Some(channel) = self.channels.get(&item.channel) {
+                replied_after_restart += 1;
+                match answer {
+                    ItemAnswer::Note(note) => {
+                        noted += 1;
+                        self.reply(channel, &item.event, note).await?;
+                    }
+                    ItemAnswer::Deliver | ItemAnswer::Resume(_) => {
+                        self.deliver_outcome(channel, &item.event, &run.outcome, &run.text)
+                            .await?;
+                    }
+                }
+            }
+            self.inbox
+                .consume(vec![item.event_seq, item.verdict_seq])
+                .await
+                .map_err(|error| error.to_string())?;
         }
         self.consume_marks(backlog.settled_marks).await?;
         let rejected = backlog.interrupted.len();
@@ -111,6 +132,8 @@ impl Service {
         Ok(serde_json::json!({
             "already_answered": answered,
             "replied_after_restart": replied_after_restart,
+            "resumed": resumed,
+            "noted_as_interrupted": noted,
             "queued_again": queued,
             "decided_again": undecided,
             "rejected_as_interrupted": rejected,

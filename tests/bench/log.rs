@@ -61,6 +61,7 @@ pub async fn group_commit(smoke: bool) {
                         op,
                         intent: Intent::Run,
                         consumes: vec![],
+                        resumed: false,
                         at: Utc::now(),
                     });
                     log.append(&start).await.expect("append");
@@ -150,6 +151,7 @@ async fn write_realistic_lane(dir: &Path, lines: u64) -> u64 {
             op,
             intent: Intent::Run,
             consumes: vec!["telegram:1234".into()],
+            resumed: false,
             at: Utc::now(),
         }));
         let user = new_entry_id();
@@ -240,6 +242,7 @@ async fn write_realistic_lane(dir: &Path, lines: u64) -> u64 {
             op: crashed,
             intent: Intent::Run,
             consumes: vec![],
+            resumed: false,
             at: Utc::now(),
         }),
         message(

@@ -240,6 +240,9 @@ struct State {
     responses: u64,
     /// The API key `GET /v1/models` accepts; any key (or none) when `None`.
     key: Option<String>,
+    /// With the queue empty, answer each request with `echo: <its last user text>` after this
+    /// long (OpenAI completions' shape), instead of `(no script)`.
+    echo_after: Option<std::time::Duration>,
 }
 
 /// The fake server. Dropping it stops the server and closes every connection.
@@ -296,6 +299,12 @@ impl FakeModel {
     /// empty, a request gets the text reply `(no script)`.
     pub fn push(&self, script: impl Into<Script>) {
         self.state.lock().unwrap().scripts.push_back(script.into());
+    }
+
+    /// With the queue empty, answers every request `echo: <its last user text>`, after `delay`:
+    /// a model that takes its time, and whose replies say which message they answer.
+    pub fn echo_after(&self, delay: std::time::Duration) {
+        self.state.lock().unwrap().echo_after = Some(delay);
     }
 
     /// Makes `GET /v1/models` (the key check of `perch doctor --online`) accept only `key`, sent
@@ -366,6 +375,7 @@ async fn serve(mut socket: TcpStream, api: Api, state: Arc<Mutex<State>>) {
     let mut buffer = Vec::new();
     while let Some(request) = read_request(&mut socket, &mut buffer).await {
         let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+        let mut echo = None;
         let (script, n) = {
             let mut state = state.lock().unwrap();
             state.received.push(Received {
@@ -378,10 +388,14 @@ async fn serve(mut socket: TcpStream, api: Api, state: Arc<Mutex<State>>) {
             let script = if request.path == "/v1/models" && request.method == "GET" {
                 list_models(api, &request, state.key.as_deref())
             } else if request.path == format!("/v1{}", path(api)) && request.method == "POST" {
-                state
-                    .scripts
-                    .pop_front()
-                    .unwrap_or_else(|| Script::text("(no script)"))
+                match (state.scripts.pop_front(), state.echo_after) {
+                    (Some(script), _) => script,
+                    (None, Some(delay)) => {
+                        echo = Some(delay);
+                        Script::text(&format!("echo: {}", last_user_text(&body)))
+                    }
+                    (None, None) => Script::text("(no script)"),
+                }
             } else {
                 Script::status(
                     404,
@@ -397,10 +411,23 @@ async fn serve(mut socket: TcpStream, api: Api, state: Arc<Mutex<State>>) {
             }
             script => script,
         };
+        if let Some(delay) = echo {
+            tokio::time::sleep(delay).await;
+        }
         if !respond(&mut socket, api, n, &body, script).await {
             return;
         }
     }
+}
+
+/// The text of the last user message of an OpenAI completions request.
+fn last_user_text(body: &Value) -> String {
+    body["messages"]
+        .as_array()
+        .and_then(|messages| messages.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|message| message["content"].as_str())
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// `GET /v1/models`: a one-model list, or 401 for a key other than `required`.

@@ -290,6 +290,7 @@ fn started(n: u8) -> Line {
         op: op(n),
         intent: Intent::Run,
         consumes: vec!["inbox:7".into()],
+        resumed: false,
         at: clock().now(),
     })
 }

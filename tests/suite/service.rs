@@ -1409,18 +1409,16 @@ fn status_shows_what_a_crash_left_and_what_the_next_start_recovered() {
     assert_eq!(status["vm"], "stopped (no perch run holds it)");
 
     let child = start(dir.path(), None);
-    wait_until("the service to answer", || {
-        status_json(dir.path())["running"] == true
+    wait_until("the service to answer and the resumed run to end", || {
+        let status = status_json(dir.path());
+        status["running"] == true && status["inbox_pending"] == 0
     });
     let status = status_json(dir.path());
     assert_eq!(
         status["last_start"]["lanes_recovered"]["tg-42"]["operations_closed"], 1,
         "{status}"
     );
-    assert_eq!(
-        status["last_start"]["inbox"]["already_answered"], 1,
-        "{status}"
-    );
+    assert_eq!(status["last_start"]["inbox"]["resumed"], 1, "{status}");
     assert_eq!(status["lanes_with_open_operations"], serde_json::json!({}));
     assert_eq!(status["restart_needed"], serde_json::json!([]));
     stop(child);
@@ -1723,25 +1721,127 @@ fn a_reply_lost_between_the_run_and_the_outbox_is_delivered_after_a_restart() {
     assert_eq!(telegram.sent().len(), 1);
 }
 
+/// How many times `text` appears in the model request's body.
+fn times_in_request(request: &super::fake_model::Received, text: &str) -> usize {
+    request.body.to_string().matches(text).count()
+}
+
 #[test]
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
-fn a_run_interrupted_by_a_crash_is_answered_with_a_note_not_repeated() {
-    let Crashed {
-        model,
-        telegram,
-        dir,
-    } = crash_on_one_message(Some("never reached"), "do the thing", "after:user_entry");
+fn a_chat_run_interrupted_while_asking_the_model_is_resumed_and_answered() {
+    for failpoint in [
+        "after:attempt_started",
+        "after:user_entry",
+        "after:operation_started",
+    ] {
+        let Crashed {
+            model,
+            telegram,
+            dir,
+        } = crash_on_one_message(None, "do the thing", failpoint);
+
+        model.push(Script::text("the thing is done"));
+        let child = start(dir.path(), None);
+        wait_until("the answer", || !telegram.sent().is_empty());
+        wait_until("the inbox to settle", || {
+            status_json(dir.path())["inbox_pending"] == 0
+        });
+        stop(child);
+        let sent = telegram.sent();
+        assert_eq!(sent.len(), 1, "{failpoint}: {sent:?}");
+        assert_eq!(sent[0].shown, "the thing is done", "{failpoint}");
+        let requests = model.requests();
+        assert_eq!(
+            requests.len(),
+            1,
+            "{failpoint}: asked once, after the restart"
+        );
+        assert_eq!(
+            times_in_request(&requests[0], "do the thing"),
+            1,
+            "{failpoint}: the message is in the conversation once: {}",
+            requests[0].body
+        );
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
+fn a_chat_run_interrupted_after_bash_started_gets_a_note_naming_it() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    model.push(super::fake_model::Reply::new().with_call(
+        "c1",
+        "bash",
+        serde_json::json!({ "command": "echo hi" }),
+    ));
+    let alice = User::human(42, "Alice");
+    telegram.push_message(&Chat::private(&alice), &alice, "run it");
+    let output = start(dir.path(), Some("after:tool_started"))
+        .wait_with_output()
+        .unwrap();
+    assert!(!output.status.success(), "the failpoint fired");
 
     let child = start(dir.path(), None);
     wait_until("the note", || !telegram.sent().is_empty());
     stop(child);
     let note = &telegram.sent()[0];
     assert!(
-        note.shown.starts_with("Sorry, I could not finish that"),
+        note.shown.starts_with("Sorry, I could not finish that") && note.shown.contains("bash"),
         "{}",
         note.shown
     );
-    assert_eq!(model.requests().len(), 0, "the run was not repeated");
+    assert_eq!(model.requests().len(), 1, "the run was not continued");
+}
+
+#[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
+fn a_resumed_run_that_crashes_again_is_not_resumed_a_third_time() {
+    let Crashed {
+        model,
+        telegram,
+        dir,
+    } = crash_on_one_message(None, "do the thing", "after:attempt_started");
+    let mut again = start(dir.path(), Some("after:attempt_started"));
+    let exited = {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = again.try_wait().unwrap() {
+                break Some(status);
+            }
+            if Instant::now() >= deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    if exited.is_none() {
+        again.kill().unwrap();
+    }
+    let _ = again.wait_with_output();
+    assert!(
+        exited.is_some_and(|status| !status.success()),
+        "the run was resumed, and crashed again: {exited:?}"
+    );
+    assert!(telegram.sent().is_empty());
+
+    model.push(Script::text("never asked"));
+    let child = start(dir.path(), None);
+    wait_until("the note", || !telegram.sent().is_empty());
+    wait_until("the inbox to settle", || {
+        status_json(dir.path())["inbox_pending"] == 0
+    });
+    stop(child);
+    let sent = telegram.sent();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert!(
+        sent[0].shown.starts_with("Sorry, I could not finish that")
+            && sent[0].shown.contains("not tried a third time"),
+        "{}",
+        sent[0].shown
+    );
+    assert!(model.requests().is_empty(), "the run was not tried again");
 }
 
 /// Copies an example agent from `agents/` into a fresh directory.
@@ -2014,4 +2114,173 @@ fn a_discord_channel_is_receiving_once_the_gateway_is_ready() {
     });
     assert!(discord.live_sessions() > 0);
     stop(child);
+}
+
+/// A small deterministic generator (splitmix64), so a failing kill schedule can be replayed.
+struct Seeded(u64);
+
+impl Seeded {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, bound: u64) -> u64 {
+        self.next() % bound
+    }
+}
+
+/// How many resumed runs the agent's lanes record, and whether every one has finished.
+fn resumptions(dir: &Path) -> (usize, bool) {
+    let Ok(lanes) = std::fs::read_dir(dir.join(".perch/sessions")) else {
+        return (0, true);
+    };
+    let mut resumed = std::collections::HashSet::new();
+    let mut finished = std::collections::HashSet::new();
+    for lane in lanes.filter_map(Result::ok) {
+        let Ok(files) = std::fs::read_dir(lane.path()) else {
+            continue;
+        };
+        for file in files.filter_map(Result::ok) {
+            if file.path().extension().is_none_or(|ext| ext != "jsonl") {
+                continue;
+            }
+            let text = std::fs::read_to_string(file.path()).unwrap_or_default();
+            for line in text.lines() {
+                let Ok(line) = serde_json::from_str::<serde_json::Value>(line) else {
+                    continue;
+                };
+                let op = line["op"].as_str().unwrap_or_default().to_owned();
+                match line["type"].as_str() {
+                    Some("operation_started") if line["resumed"] == true => {
+                        resumed.insert(op);
+                    }
+                    Some("operation_finished") => {
+                        finished.insert(op);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    (resumed.len(), resumed.is_subset(&finished))
+}
+
+/// The start `perch run` last recorded, once it has resumed its inbox.
+fn last_start(dir: &Path) -> serde_json::Value {
+    std::fs::read(dir.join(".perch/last-start.json"))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+#[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
+fn a_burst_survives_repeated_sigkills_answered_once_each_by_the_model() {
+    let seed = std::env::var("PERCH_TEST_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("kill schedule: PERCH_TEST_SEED={seed}");
+    let mut random = Seeded(seed);
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    model.echo_after(Duration::from_millis(900));
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let people: Vec<User> = (0..6)
+        .map(|n| User::human(2000 + n, &format!("Q{n}")))
+        .collect();
+    let mut pushed = std::collections::HashMap::new();
+    for round in 0..5 {
+        for person in &people {
+            let text = format!("q{}-m{round}", person.id);
+            let message = telegram.push_message(&Chat::private(person), person, &text);
+            pushed.insert((person.id, message.message_id), text);
+        }
+    }
+    let mut resumed = 0;
+    for kill in 0..3 {
+        let before = last_start(dir.path())["started"].clone();
+        let child = start(dir.path(), None);
+        // A run is resumed once: the kills come after the resumed runs, so none is cut twice.
+        wait_until("the restart to resume its inbox", || {
+            let started = last_start(dir.path());
+            started["started"] != before && started["started"].is_string()
+        });
+        resumed += last_start(dir.path())["inbox"]["resumed"]
+            .as_u64()
+            .unwrap_or(0) as usize;
+        wait_until("the resumed runs to finish", || {
+            let (recorded, finished) = resumptions(dir.path());
+            recorded >= resumed && finished
+        });
+        let after = Duration::from_millis(200 + random.below(1600));
+        eprintln!("kill {kill} after {after:?}");
+        std::thread::sleep(after);
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let _ = child.wait_with_output().unwrap();
+    }
+    eprintln!("{resumed} run(s) resumed");
+    let before = last_start(dir.path())["started"].clone();
+    let child = start(dir.path(), None);
+    wait_until("the last restart to resume its inbox", || {
+        let started = last_start(dir.path());
+        started["started"] != before && started["started"].is_string()
+    });
+    let unknown_deliveries = || {
+        std::fs::read_dir(dir.path().join(".perch/outbox"))
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .map(|entry| {
+                        std::fs::read_to_string(entry.path())
+                            .unwrap_or_default()
+                            .matches("\"type\":\"unknown\"")
+                            .count()
+                    })
+                    .sum::<usize>()
+            })
+            .unwrap_or(0)
+    };
+    wait_until("every message answered", || {
+        let status = status_json(dir.path());
+        status["inbox_pending"] == 0
+            && status["outbox_pending"] == 0
+            && telegram.sent().len() + unknown_deliveries() >= pushed.len()
+    });
+    stop(child);
+    let sent = telegram.sent();
+    let mut answered = std::collections::HashSet::new();
+    for reply in &sent {
+        let to = (
+            reply.chat_id,
+            reply.reply_to.expect("every reply answers a message"),
+        );
+        assert!(
+            answered.insert(to),
+            "{to:?} answered twice (seed {seed}): {sent:#?}"
+        );
+        assert_eq!(
+            reply.shown,
+            format!("echo: {}", pushed[&to]),
+            "answered by the model, not a note (seed {seed})"
+        );
+    }
+    assert_eq!(
+        answered.len() + unknown_deliveries(),
+        pushed.len(),
+        "nothing lost (seed {seed}); a delivery whose post is unknown is never resent"
+    );
 }

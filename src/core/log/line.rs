@@ -49,6 +49,10 @@ pub enum Record {
         /// Inbox items this operation takes; they are consumed when it finishes.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         consumes: Vec<String>,
+        /// This run continues an interrupted run of the same items, from the lane's leaf: the
+        /// restart's one attempt to finish it, never made twice for an item.
+        #[serde(default, skip_serializing_if = "is_false")]
+        resumed: bool,
         at: Timestamp,
     },
     AttemptStarted {
@@ -165,6 +169,10 @@ pub enum Part {
         output: String,
         is_error: bool,
     },
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 /// How far an append must reach before the caller continues.
@@ -314,5 +322,27 @@ mod tests {
         };
         assert_eq!(tool(Replay::Never).commit(), Commit::Sync);
         assert_eq!(tool(Replay::Safe).commit(), Commit::Flush);
+    }
+
+    #[test]
+    fn a_resumption_is_marked_and_older_lines_still_read() {
+        let started = |resumed| {
+            Line::Record(Record::OperationStarted {
+                op: OperationId::from_bytes([1; 16]),
+                intent: Intent::Run,
+                consumes: vec!["inbox:7".into()],
+                resumed,
+                at: at(),
+            })
+        };
+        let old = r#"{"kind":"record","type":"operation_started","op":"01010101-0101-0101-0101-010101010101","intent":"run","consumes":["inbox:7"],"at":"2026-11-30T06:00:00Z"}"#;
+        assert_eq!(serde_json::to_string(&started(false)).unwrap(), old);
+        assert_eq!(serde_json::from_str::<Line>(old).unwrap(), started(false));
+        let resumed = r#"{"kind":"record","type":"operation_started","op":"01010101-0101-0101-0101-010101010101","intent":"run","consumes":["inbox:7"],"resumed":true,"at":"2026-11-30T06:00:00Z"}"#;
+        assert_eq!(serde_json::to_string(&started(true)).unwrap(), resumed);
+        assert_eq!(
+            serde_json::from_str::<Line>(resumed).unwrap(),
+            started(true)
+        );
     }
 }

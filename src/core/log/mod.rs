@@ -14,6 +14,9 @@ pub use line::{
     Commit, Entry, EntryBody, FORMAT_VERSION, Header, Intent, Line, Message, Outcome, Part,
     Previous, Record, Role,
 };
-pub use recovery::{PendingTool, RecoveryStep, interrupted_result, plan_recovery, tool_result};
+pub use recovery::{
+    ItemAnswer, ItemRuns, PendingTool, RecoveryStep, Resumption, answer_taken, interrupted_result,
+    plan_recovery, tool_result,
+};
 pub use row::{INDEX_HEADER_LEN, IndexHeader, Row, RowError, Summary};
 pub use state::{DeclaredTool, LaneState, OpenOperation, Violation};

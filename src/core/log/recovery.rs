@@ -123,6 +123,92 @@ pub fn interrupted_result(tool: &PendingTool, parent: Option<EntryId>, at: Times
     tool_result(tool, output, true, parent, at)
 }
 
+/// What the lane recorded of the runs that took one inbox item, read at restart after lane
+/// recovery has closed them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemRuns {
+    /// How the item's latest run ended.
+    pub outcome: Outcome,
+    /// That run's last assistant text.
+    pub text: String,
+    /// One of the runs was already a resumption.
+    pub resumed: bool,
+    /// The first run wrote the item's user entry, so the branch already holds it.
+    pub user_entry: bool,
+    /// Tools declared `replay = "never"` that any of the runs started, in order, each once.
+    pub irreversible: Vec<String>,
+    /// How many inbox items the first run took together (a collected batch takes several).
+    pub items: usize,
+}
+
+/// How a resumed run starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resumption {
+    /// From the lane's leaf, which already holds the item's user entry.
+    FromLeaf,
+    /// The interrupted run stopped before writing the user entry: write it, then continue.
+    WithInput,
+}
+
+/// What a restart does with an inbox item whose run was recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ItemAnswer {
+    /// Answer with how the latest run ended: it finished before the crash, only its reply was
+    /// not recorded.
+    Deliver,
+    /// Run it once more, as a resumption.
+    Resume(Resumption),
+    /// Tell the chat it was interrupted, and why it is not continued.
+    Note(String),
+}
+
+/// A chat run interrupted by a crash is resumed once, unless it started a tool that must not run
+/// twice (then it is left to the user, with the tools named), it answered several items together
+/// (each would otherwise resume it), or it was already resumed (so a run that crashes perch cannot
+/// crash-loop it).
+pub fn answer_taken(runs: &ItemRuns) -> ItemAnswer {
+    if !matches!(runs.outcome, Outcome::Interrupted { .. }) {
+        return ItemAnswer::Deliver;
+    }
+    if !runs.irreversible.is_empty() {
+        let tools: Vec<String> = runs
+            .irreversible
+            .iter()
+            .map(|tool| format!("`{tool}`"))
+            .collect();
+        let (noun, pronoun) = if tools.len() == 1 {
+            ("tool", "it")
+        } else {
+            ("tools", "they")
+        };
+        return ItemAnswer::Note(format!(
+            "Sorry, I could not finish that: perch stopped during this run after starting the \
+             {noun} {}; {pronoun} may or may not have finished, so the run was not continued. \
+             Please check, and ask again if needed.",
+            tools.join(", ")
+        ));
+    }
+    if runs.items > 1 {
+        return ItemAnswer::Note(
+            "Sorry, I could not finish that: perch stopped while answering several messages \
+             together, and such a run is not continued. Please ask again."
+                .into(),
+        );
+    }
+    if runs.resumed {
+        return ItemAnswer::Note(
+            "Sorry, I could not finish that: perch stopped while answering it, and again while \
+             continuing it after a restart, so it was not tried a third time. Please ask again."
+                .into(),
+        );
+    }
+    ItemAnswer::Resume(if runs.user_entry {
+        Resumption::FromLeaf
+    } else {
+        Resumption::WithInput
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,5 +275,61 @@ mod tests {
             }]
         ));
         assert!(plan_recovery(&[], |_| None).is_empty());
+    }
+
+    #[test]
+    fn interrupted_chat_runs_are_resumed_once_unless_irreversible() {
+        let interrupted = Outcome::Interrupted {
+            reason: "perch stopped".into(),
+        };
+        let runs = |outcome: &Outcome, resumed, user_entry, irreversible: &[&str]| ItemRuns {
+            outcome: outcome.clone(),
+            text: "hello".into(),
+            resumed,
+            user_entry,
+            irreversible: irreversible.iter().map(ToString::to_string).collect(),
+            items: 1,
+        };
+        let together = ItemRuns {
+            items: 2,
+            ..runs(&interrupted, false, true, &[])
+        };
+        let failed = Outcome::Failed {
+            reason: "model".into(),
+        };
+        let table: Vec<(ItemRuns, &str)> = vec![
+            (runs(&Outcome::Completed, false, true, &[]), "deliver"),
+            (runs(&Outcome::Completed, true, true, &["bash"]), "deliver"),
+            (runs(&failed, false, true, &[]), "deliver"),
+            (runs(&Outcome::Cancelled, false, true, &[]), "deliver"),
+            (runs(&interrupted, false, true, &[]), "resume from leaf"),
+            (runs(&interrupted, false, false, &[]), "resume with input"),
+            (runs(&interrupted, true, true, &[]), "note: again while"),
+            (together, "note: several messages"),
+            (runs(&interrupted, true, false, &[]), "note: again while"),
+            (
+                runs(&interrupted, false, true, &["bash"]),
+                "note: the tool `bash`; it",
+            ),
+            (
+                runs(&interrupted, true, true, &["bash", "deploy"]),
+                "note: the tools `bash`, `deploy`; they",
+            ),
+        ];
+        for (runs, expected) in table {
+            let got = match answer_taken(&runs) {
+                ItemAnswer::Deliver => "deliver".to_owned(),
+                ItemAnswer::Resume(Resumption::FromLeaf) => "resume from leaf".to_owned(),
+                ItemAnswer::Resume(Resumption::WithInput) => "resume with input".to_owned(),
+                ItemAnswer::Note(text) => format!("note: {text}"),
+            };
+            match expected.strip_prefix("note: ") {
+                Some(part) => assert!(
+                    got.starts_with("note: ") && got.contains(part),
+                    "{runs:?}: {got}"
+                ),
+                None => assert_eq!(got, expected, "{runs:?}"),
+            }
+        }
     }
 }
