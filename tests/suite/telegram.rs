@@ -122,6 +122,21 @@ async fn post(url: &str, body: &Value) -> (u16, Value) {
     (status, serde_json::from_slice(&bytes).unwrap())
 }
 
+/// Posts an answer in `room` and returns the message id Telegram gave it.
+async fn posted_message_id(connector: &TelegramConnector, room: &str) -> i64 {
+    let receipt = connector
+        .deliver(&delivery(room, "an answer"))
+        .await
+        .unwrap();
+    receipt
+        .platform_id
+        .split(':')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 fn alice() -> User {
     User::human(1001, "Alice")
 }
@@ -585,17 +600,7 @@ async fn a_reply_carries_the_quoted_author_and_shortened_text() {
     let connector = connector(&fake);
     let long = format!("{}{}", "é".repeat(300), "tail");
     let original = fake.push_message(&group, &User::human(1002, &"B".repeat(200)), &long);
-    let receipt = connector
-        .deliver(&delivery("-300", "an answer"))
-        .await
-        .unwrap();
-    let bot_message: i64 = receipt
-        .platform_id
-        .split(':')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let bot_message = posted_message_id(&connector, "-300").await;
     fake.push(Incoming::new(&group, &alice(), "so long").reply_to(original.message_id));
     fake.push(Incoming::new(&group, &alice(), "ok").reply_to(bot_message));
     fake.push(Incoming::new(&forum, &alice(), "in a topic").in_thread(5));
@@ -625,7 +630,7 @@ async fn a_reply_carries_the_quoted_author_and_shortened_text() {
     let quote = bot_reply
         .replying_to
         .expect("the reply quotes the bot's message");
-    assert_eq!(quote.platform_id, receipt.platform_id);
+    assert_eq!(quote.platform_id, format!("-300:{bot_message}"));
     assert_eq!(quote.text, "an answer");
     assert!(quote.author.expect("the bot").is_bot);
     assert_eq!(topic.replying_to, None, "a topic message replies to nobody");
@@ -639,17 +644,7 @@ async fn receive_detects_mentions_replies_and_threads() {
     let helper = User::bot(2002, "Helper", "helper_bot");
     let connector = connector(&fake);
     let from_alice = fake.push_message(&group, &alice(), "context");
-    let receipt = connector
-        .deliver(&delivery("-300", "an answer"))
-        .await
-        .unwrap();
-    let bot_message: i64 = receipt
-        .platform_id
-        .split(':')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let bot_message = posted_message_id(&connector, "-300").await;
     let cases: Vec<(Incoming, bool)> = vec![
         (Incoming::new(&group, &alice(), "hello all"), false),
         (
