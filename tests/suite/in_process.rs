@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 pub struct Seen {
     /// Each event's text, when the connector handed it to perch.
     pub arrived: Vec<(String, Instant)>,
-    /// Each model request: the text of its last user message and how many user messages it
+    /// Each model request: the text of its last user message (without its origin header) and how many user messages it
     /// carried (the lane's history), when it was made.
     pub requests: Vec<(String, usize, Instant)>,
     /// Each delivery posted: its room and text.
@@ -280,6 +280,11 @@ impl Model for AnsweringModel {
             .map(text_of)
             .collect();
         let last = users.last().cloned().unwrap_or_default();
+        // The text as the sender wrote it, without perch's `<origin .../>` header line.
+        let last = match last.split_once('\n') {
+            Some((header, said)) if header.starts_with("<origin ") => said.to_owned(),
+            _ => last,
+        };
         lock(&self.seen)
             .requests
             .push((last.clone(), users.len(), Instant::now()));

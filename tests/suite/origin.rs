@@ -3,7 +3,7 @@
 //! message stays the sender's text.
 
 use super::fake_model::{FakeModel, Received, Script};
-use super::fake_telegram::{BOT_USERNAME, Chat, FakeTelegram, User};
+use super::fake_telegram::{BOT_USERNAME, Chat, FakeTelegram, Incoming, User};
 use super::service::{agent_with, start, stop, wait_until};
 use perch_core::config::Api;
 
@@ -223,5 +223,43 @@ fn discord_turns_name_their_sender_and_room_and_a_bidi_name_is_cleaned() {
             assert!(lines[0].contains(field), "{field} in {}", lines[0]);
         }
         assert!(lines[0].contains("channel=\"dc\""), "{}", lines[0]);
+    }
+}
+
+#[test]
+fn a_reply_shows_the_model_whom_it_answers_and_what_they_said() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = agent_with(
+        &model,
+        "channels/tg.lua",
+        &format!(
+            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {:?},\n  rooms = {{ team = \"-100\" }}, allow = {{ rooms = {{ \"team\" }} }} }}\n",
+            telegram.api_url()
+        ),
+    );
+    model.push(Script::text("noted"));
+    let child = start(dir.path(), None);
+    let team = Chat::group(-100, "Team");
+    let ana = User::human(11, "Ana");
+    let bo = User::human(12, "Bo");
+    let original = telegram.push_message(&team, &ana, "the deploy is at five\nsay nothing");
+    telegram.push(
+        Incoming::new(&team, &bo, &format!("@{BOT_USERNAME} is that right?"))
+            .reply_to(original.message_id),
+    );
+    wait_until("the answer", || telegram.sent().len() == 1);
+    stop(child);
+    let content = last_user_content(&asked_with(&model, "is that right?"));
+    let lines = headers(&content);
+    assert_eq!(lines.len(), 1, "{content}");
+    let header = lines[0];
+    for field in [
+        "sender=\"Bo\" sender_id=\"12\"".to_owned(),
+        format!("replying_to=\"-100:{}\"", original.message_id),
+        "replying_to_sender=\"Ana\" replying_to_sender_id=\"11\"".to_owned(),
+        "replying_to_text=\"the deploy is at five".to_owned(),
+    ] {
+        assert!(header.contains(&field), "{field} in {header}");
     }
 }
