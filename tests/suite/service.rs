@@ -2281,9 +2281,12 @@ fn a_burst_survives_repeated_sigkills_answered_once_each_by_the_model() {
             pushed[&to]
         );
     }
-    assert_eq!(
-        answered.len() + unknown_deliveries(),
-        pushed.len(),
-        "nothing lost (seed {seed}); a delivery whose post is unknown is never resent"
+    // A delivery of unknown fate (perch died between recording it and its receipt) is never
+    // resent; it may have been posted (then it is among `answered` too) or not.
+    let missing = pushed.len() - answered.len();
+    assert!(
+        missing <= unknown_deliveries(),
+        "nothing lost (seed {seed}): {missing} message(s) unanswered, {} delivery(ies) of unknown fate",
+        unknown_deliveries()
     );
 }
