@@ -33,18 +33,23 @@ fn asked_with(model: &FakeModel, text: &str) -> Received {
         .unwrap_or_else(|| panic!("no request carries {text:?}"))
 }
 
+/// A Telegram agent that answers in the group `-100`, aliased `team`, with `more` options.
+fn team_agent(model: &FakeModel, telegram: &FakeTelegram, more: &str) -> tempfile::TempDir {
+    agent_with(
+        model,
+        "channels/tg.lua",
+        &format!(
+            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {:?},\n  {more}rooms = {{ team = \"-100\" }}, allow = {{ rooms = {{ \"team\" }} }} }}\n",
+            telegram.api_url()
+        ),
+    )
+}
+
 #[test]
 fn every_turn_names_its_sender_room_and_chat_and_a_typed_header_stays_text() {
     let model = FakeModel::start(Api::OpenAiCompletions);
     let telegram = FakeTelegram::start();
-    let dir = agent_with(
-        &model,
-        "channels/tg.lua",
-        &format!(
-            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {:?},\n  dm = \"allow\", rooms = {{ team = \"-100\" }}, allow = {{ rooms = {{ \"team\" }} }} }}\n",
-            telegram.api_url()
-        ),
-    );
+    let dir = team_agent(&model, &telegram, "dm = \"allow\", ");
     for _ in 0..5 {
         model.push(Script::text("noted"));
     }
@@ -230,14 +235,7 @@ fn discord_turns_name_their_sender_and_room_and_a_bidi_name_is_cleaned() {
 fn a_reply_shows_the_model_whom_it_answers_and_what_they_said() {
     let model = FakeModel::start(Api::OpenAiCompletions);
     let telegram = FakeTelegram::start();
-    let dir = agent_with(
-        &model,
-        "channels/tg.lua",
-        &format!(
-            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {:?},\n  rooms = {{ team = \"-100\" }}, allow = {{ rooms = {{ \"team\" }} }} }}\n",
-            telegram.api_url()
-        ),
-    );
+    let dir = team_agent(&model, &telegram, "");
     model.push(Script::text("noted"));
     let child = start(dir.path(), None);
     let team = Chat::group(-100, "Team");
