@@ -2046,6 +2046,38 @@ fn a_telegram_channel_whose_server_never_answers_stays_connecting_and_unhealthy(
 }
 
 #[test]
+fn a_matrix_channel_whose_homeserver_never_answers_stays_connecting_through_login() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    let dir = agent_with_channel(
+        &model,
+        &format!(
+            "channel {{ kind = \"matrix\", homeserver = {url:?}, user = \"@bot:localhost\",\n  \
+             password = env \"MATRIX_PASSWORD\", store_passphrase = env \"MATRIX_STORE_PASSPHRASE\" }}\n"
+        ),
+    );
+    let child = launch_with(
+        dir.path(),
+        ("MATRIX_PASSWORD", "unused-password"),
+        None,
+        &[("MATRIX_STORE_PASSPHRASE", "unused-passphrase")],
+    );
+    wait_until("the service to answer status", || {
+        status_json(dir.path())["running"] == true
+    });
+    let watched_until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < watched_until {
+        let status = status_json(dir.path());
+        let channel = &status["channel_health"][0];
+        assert_eq!(channel["connection"], "connecting", "{status}");
+        assert_eq!(channel["healthy"], false, "{status}");
+    }
+    stop(child);
+    drop(silent);
+}
+
+#[test]
 fn a_telegram_channel_is_receiving_and_healthy_once_its_first_poll_is_answered() {
     let model = FakeModel::start(Api::OpenAiCompletions);
     let telegram = FakeTelegram::start();
@@ -2063,6 +2095,44 @@ fn a_telegram_channel_is_receiving_and_healthy_once_its_first_poll_is_answered()
             .any(|call| call.method.eq_ignore_ascii_case("getMe")),
         "the Bot API was asked before the channel counted as receiving"
     );
+    stop(child);
+}
+
+#[test]
+fn a_telegram_poll_that_fails_shows_reconnecting_with_its_reason_then_receiving_again() {
+    use super::fake_telegram::Failure;
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let child = start(dir.path(), None);
+    let connection = || {
+        status_json(dir.path())["channel_health"][0]["connection"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    wait_until("the channel to be receiving", || {
+        connection() == "receiving"
+    });
+    telegram.fail_next(
+        "getUpdates",
+        Failure::Api {
+            code: 400,
+            description: "Bad Request: the fake refuses one poll".to_owned(),
+        },
+    );
+    let alice = User::human(42, "Alice");
+    model.push(Script::text("back"));
+    // The message ends the poll in progress, so the failing one comes next.
+    telegram.push_message(&Chat::private(&alice), &alice, "still there?");
+    wait_until("the failure to show", || {
+        let shown = connection();
+        shown.starts_with("reconnecting: ") && shown.contains("the fake refuses one poll")
+    });
+    wait_until("the channel to be receiving again", || {
+        connection() == "receiving"
+    });
+    wait_until("the answer", || telegram.sent().len() == 1);
     stop(child);
 }
 
