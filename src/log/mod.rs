@@ -13,6 +13,7 @@
 
 mod error;
 mod file;
+pub mod follow;
 mod journal;
 mod journal_writer;
 mod lane;

@@ -3,6 +3,7 @@ use crate::config::Replay;
 use crate::id::{EntryId, OperationId, SessionId};
 use crate::name::{LaneName, ToolName};
 use crate::origin::MessageOrigin;
+use crate::spend::Money;
 use serde::{Deserialize, Serialize};
 
 /// The version written in every header. A log of another version is refused, not guessed at.
@@ -75,6 +76,51 @@ pub enum Record {
         outcome: Outcome,
         at: Timestamp,
     },
+    /// One model reply: the tokens it used and what they cost at the model's price then (no
+    /// cost when `models.yml` gives the model no price). Written before the reply's entry.
+    ModelReplied {
+        op: OperationId,
+        attempt: u32,
+        /// The model as `models.yml` names it, `provider/model`.
+        model: String,
+        input: u64,
+        output: u64,
+        /// Cached input tokens, counted in `input` too.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        cached: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cost: Option<Money>,
+        at: Timestamp,
+    },
+    /// A tool call that a `tool_started` announced has ended; written after its result entry.
+    ToolFinished {
+        op: OperationId,
+        call_id: String,
+        /// The result entry the `tool_started` named.
+        result: EntryId,
+        duration_ms: u64,
+        /// A command's exit status; none for a tool that ran no command, or a command killed
+        /// before it exited.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
+        is_error: bool,
+        at: Timestamp,
+    },
+    /// A delivery of this lane's settled on its platform: appended when the outbox settles it,
+    /// which may be after the operation that wrote it finished, or after a restart.
+    DeliverySettled {
+        /// The outbox's delivery id (the platform's idempotency key where it has one).
+        delivery: String,
+        channel: String,
+        /// The operation whose reply it carried; none for a command reply or a recovery note.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        op: Option<OperationId>,
+        /// The platform id of the message it answers.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        answers: Option<String>,
+        settled: Settled,
+        at: Timestamp,
+    },
     LeafSet {
         leaf: EntryId,
         at: Timestamp,
@@ -103,6 +149,21 @@ pub enum Outcome {
     Cancelled,
     Failed { reason: String },
     Interrupted { reason: String },
+}
+
+/// How a delivery ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Settled {
+    /// The platform took it; `platform_id` is the posted message's id.
+    Sent { platform_id: String },
+    /// It may or may not have been posted (perch stopped mid-send, outside the platform's
+    /// deduplication window); it is not sent again.
+    Unknown { reason: String },
+    /// The platform refused it for good (too long, no access, unknown room).
+    NotSent { reason: String },
+    /// perch gave it up unsent: older than the delivery time to live at a restart.
+    Dropped { reason: String },
 }
 
 /// A node of the conversation tree.
@@ -175,6 +236,10 @@ fn is_false(value: &bool) -> bool {
     !*value
 }
 
+fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
 /// How far an append must reach before the caller continues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Commit {
@@ -199,6 +264,9 @@ impl Line {
                 Record::OperationStarted { .. }
                 | Record::AttemptStarted { .. }
                 | Record::OperationFinished { .. }
+                | Record::ModelReplied { .. }
+                | Record::ToolFinished { .. }
+                | Record::DeliverySettled { .. }
                 | Record::LeafSet { .. },
             )
             | Line::Entry(_) => Commit::Flush,

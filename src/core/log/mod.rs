@@ -6,14 +6,16 @@
 //! leaves a valid conversation.
 
 mod line;
+mod position;
 mod recovery;
 mod row;
 mod state;
 
 pub use line::{
     Commit, Entry, EntryBody, FORMAT_VERSION, Header, Intent, Line, Message, Outcome, Part,
-    Previous, Record, Role,
+    Previous, Record, Role, Settled,
 };
+pub use position::{LinePosition, ReadLine};
 pub use recovery::{
     ItemAnswer, ItemRuns, PendingTool, RecoveryStep, Resumption, answer_taken, interrupted_result,
     plan_recovery, tool_result,

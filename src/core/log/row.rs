@@ -37,6 +37,11 @@ pub enum Summary {
         leaf: EntryId,
     },
     TailRepaired,
+    /// A record of what an operation did (a model reply's usage, a tool's end, a delivery's
+    /// fate): for the reader, not the fold. `op` is the operation, when the record names one.
+    Observed {
+        op: Option<OperationId>,
+    },
 }
 
 impl Summary {
@@ -62,6 +67,10 @@ impl Summary {
                 Record::OperationFinished { op, .. } => Summary::OperationFinished { op: *op },
                 Record::LeafSet { leaf, .. } => Summary::LeafSet { leaf: *leaf },
                 Record::TailRepaired { .. } => Summary::TailRepaired,
+                Record::ModelReplied { op, .. } | Record::ToolFinished { op, .. } => {
+                    Summary::Observed { op: Some(*op) }
+                }
+                Record::DeliverySettled { op, .. } => Summary::Observed { op: *op },
             },
         }
     }
@@ -130,6 +139,9 @@ impl Row {
             Summary::OperationFinished { op } => (6, 0, Some(op.as_bytes()), None),
             Summary::LeafSet { leaf } => (7, 0, Some(leaf.as_bytes()), None),
             Summary::TailRepaired => (8, 0, None, None),
+            Summary::Observed { op } => {
+                (9, u8::from(op.is_some()), op.map(|op| op.as_bytes()), None)
+            }
         };
         let mut out = [0u8; Row::SIZE];
         out[0..8].copy_from_slice(&self.offset.to_le_bytes());
@@ -187,6 +199,9 @@ impl Row {
                 leaf: EntryId::from_bytes(a),
             },
             8 => Summary::TailRepaired,
+            9 => Summary::Observed {
+                op: (flag == 1).then(|| OperationId::from_bytes(a)),
+            },
             tag => return Err(RowError(format!("unknown row tag {tag}"))),
         };
         Ok(Row {
@@ -278,6 +293,10 @@ mod tests {
                 leaf: EntryId::from_bytes([5; 16]),
             },
             Summary::TailRepaired,
+            Summary::Observed { op: None },
+            Summary::Observed {
+                op: Some(OperationId::from_bytes([6; 16])),
+            },
         ];
         for (index, summary) in summaries.into_iter().enumerate() {
             let row = Row::new(index as u64 * 100, b"{}\n", summary);

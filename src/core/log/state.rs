@@ -134,7 +134,7 @@ impl LaneState {
             _ => {}
         }
         match *summary {
-            Summary::Header { .. } | Summary::TailRepaired => Ok(()),
+            Summary::Header { .. } | Summary::TailRepaired | Summary::Observed { .. } => Ok(()),
             Summary::Entry { id, parent } => {
                 if self.entries.contains_key(&id) {
                     return Err(Violation::DuplicateEntry(id));
@@ -210,7 +210,7 @@ impl LaneState {
                     }
                 }
             }
-            Summary::AttemptStarted { .. } | Summary::TailRepaired => {}
+            Summary::AttemptStarted { .. } | Summary::TailRepaired | Summary::Observed { .. } => {}
         }
     }
 
