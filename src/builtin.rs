@@ -6,6 +6,7 @@
 
 use crate::model::ToolSpec;
 use crate::sandbox::{Command, End, Machine, Output, StreamCap};
+use crate::toolbox::Ran;
 use perch_core::builtin::{
     BASH_DEFAULT_TIMEOUT_SECS, BASH_MAX_TIMEOUT_SECS, BuiltinTool, READ_LINE_BYTES,
     READ_PAGE_CHARS, builtin_tools, read_page,
@@ -65,7 +66,8 @@ fn spec(tool: &BuiltinTool) -> ToolSpec {
 }
 
 /// Runs the built-in tool `tool` with `arguments` already checked against its declaration
-/// (defaults filled in). `Ok` is the result for the model; `Err` is an error result: a refused
+/// (defaults filled in), and the exit status of `bash`'s command. `Ok` is the result for the
+/// model; `Err` is an error result: a refused
 /// argument, a guest command that failed, a command killed on timeout or cancel (with its
 /// output), or a sandbox that cannot run commands.
 pub async fn run_builtin(
@@ -73,22 +75,38 @@ pub async fn run_builtin(
     tool: &BuiltinTool,
     arguments: &serde_json::Value,
     cancel: CancellationToken,
-) -> Result<String, String> {
+) -> Ran {
     let arguments = Arguments(arguments);
-    match tool.name {
-        "bash" => bash(machine, &arguments, cancel).await,
+    let result = match tool.name {
+        "bash" => return bash(machine, &arguments, cancel).await,
         "read" => read(machine, &arguments, cancel).await,
         "write" => write(machine, &arguments, cancel).await,
         "edit" => edit(machine, &arguments, cancel).await,
         other => Err(format!("{other} is not a built-in tool")),
+    };
+    Ran::without_command(result)
+}
+
+/// `bash`: the command's result, and its exit status when it exited.
+async fn bash(machine: &Machine, arguments: &Arguments<'_>, cancel: CancellationToken) -> Ran {
+    match bash_output(machine, arguments, cancel).await {
+        Ok((result, end)) => Ran {
+            result,
+            exit_code: match end {
+                End::Exited(code) => Some(code),
+                End::Signalled(_) | End::Cancelled | End::TimedOut(_) => None,
+            },
+        },
+        Err(refused) => Ran::without_command(Err(refused)),
     }
 }
 
-async fn bash(
+/// `Err` when the command did not run; otherwise its result and how it ended.
+async fn bash_output(
     machine: &Machine,
     arguments: &Arguments<'_>,
     cancel: CancellationToken,
-) -> Result<String, String> {
+) -> Result<(Result<String, String>, End), String> {
     let command = arguments.string("command")?;
     let seconds =
         arguments
@@ -113,17 +131,18 @@ async fn bash(
         .keep_in_guest(kept.clone(), MODEL_OUTPUT_LIMIT);
     let output = run_in(machine, run, cancel).await?;
     let mut text = streams_for_model(&output.stdout, &output.stderr, MODEL_OUTPUT_LIMIT, &kept);
-    let killed = match output.end {
-        End::Exited(0) if text.is_empty() => return Ok("(no output)".to_owned()),
-        End::Exited(0) => return Ok(text),
+    let end = output.end;
+    let killed = match end {
+        End::Exited(0) if text.is_empty() => return Ok((Ok("(no output)".to_owned()), end)),
+        End::Exited(0) => return Ok((Ok(text), end)),
         End::Exited(_) | End::Signalled(_) => false,
         End::Cancelled | End::TimedOut(_) => true,
     };
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
     }
-    text.push_str(&format!("[{}]", output.end));
-    if killed { Err(text) } else { Ok(text) }
+    text.push_str(&format!("[{end}]"));
+    Ok((if killed { Err(text) } else { Ok(text) }, end))
 }
 
 async fn read(

@@ -1431,6 +1431,22 @@ fn names_file(prefix: &str, file: &str) -> bool {
 pub struct ToolContext {
     pub machine: Machine,
     pub cancel: CancellationToken,
+    /// Set by each `ctx.sh` to its command's exit status (cleared when it was killed).
+    pub last_exit: LastExit,
+}
+
+/// The exit status of the last command a tool's `ctx.sh` ran, shared with whoever called it.
+#[derive(Debug, Clone, Default)]
+pub struct LastExit(Arc<Mutex<Option<i32>>>);
+
+impl LastExit {
+    pub fn get(&self) -> Option<i32> {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn set(&self, code: Option<i32>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = code;
+    }
 }
 
 impl Evaluation {
@@ -1497,13 +1513,21 @@ fn tool_context_table(lua: &Lua, context: ToolContext) -> mlua::Result<Table> {
         lua.create_function(|_, text: String| Ok(shell_quote(&text)))?,
     )?;
     let sh = lua.create_async_function(move |_, (line, options): (String, Option<Table>)| {
-        let ToolContext { machine, cancel } = context.clone();
+        let ToolContext {
+            machine,
+            cancel,
+            last_exit,
+        } = context.clone();
         async move {
             let timeout = ctx_sh_timeout(options.as_ref())?;
             let output = machine
                 .run(Command::shell(line).timeout(timeout), cancel.clone())
                 .await
                 .map_err(|error| mlua::Error::runtime(error.to_string()))?;
+            last_exit.set(match output.end {
+                End::Exited(code) => Some(code),
+                End::Signalled(_) | End::Cancelled | End::TimedOut(_) => None,
+            });
             if cancel.is_cancelled() {
                 return Err(mlua::Error::runtime("cancelled"));
             }

@@ -163,6 +163,7 @@ impl Runtime {
         let agent = Arc::clone(&self.agent);
         let setup = LaneSetup {
             model,
+            model_name: spend.model.clone(),
             toolbox: Arc::clone(&self.toolbox),
             system_prompt: Arc::new(move || prompt::system_prompt(&agent, Some(origin.clone())).0),
             thinking: self.agent.definition.agent.thinking,

@@ -6,7 +6,7 @@ use crate::agent::LoadedAgent;
 use crate::builtin::{builtin_specs, run_builtin};
 use crate::model::ToolSpec;
 use crate::sandbox::{self, Machine};
-use crate::tools::run_tool;
+use crate::tools::run_tool_coded;
 use perch_core::builtin::{BuiltinTool, builtin_tools};
 use perch_core::config::Replay;
 use std::sync::Arc;
@@ -22,6 +22,27 @@ pub struct ToolOutcome {
     /// command killed on timeout or cancel, a sandbox that cannot run commands. A command that
     /// exits non-zero is not an error: its exit code is in the output.
     pub is_error: bool,
+    /// The exit status of the command the tool ran: `bash`'s command, or a Lua tool's last
+    /// `ctx.sh`. `None` when it ran none, or it was killed before it exited.
+    pub exit_code: Option<i32>,
+}
+
+/// What running a tool gave: the result for the model (`Err` an error result), and the exit
+/// status of the command it ran, if it ran one that exited.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ran {
+    pub result: Result<String, String>,
+    pub exit_code: Option<i32>,
+}
+
+impl Ran {
+    /// A result from a tool that ran no command (or none that exited).
+    pub fn without_command(result: Result<String, String>) -> Ran {
+        Ran {
+            result,
+            exit_code: None,
+        }
+    }
 }
 
 /// The tools of one agent, run in its sandbox.
@@ -73,32 +94,40 @@ impl Toolbox {
         arguments: &serde_json::Value,
         cancel: CancellationToken,
     ) -> ToolOutcome {
-        let result = match self.builtin(name) {
+        let ran = match self.builtin(name) {
             Some(tool) => match tool.prepare_arguments(arguments) {
                 Ok(prepared) => run_builtin(&self.machine, tool, &prepared, cancel.clone()).await,
-                Err(error) => Err(error),
+                Err(error) => Ran::without_command(Err(error)),
             },
-            None if self.replay(name).is_none() => Err(format!(
+            None if self.replay(name).is_none() => Ran::without_command(Err(format!(
                 "there is no tool {name:?}; the tools are: {}",
                 self.specs()
                     .iter()
                     .map(|spec| spec.name.as_str())
                     .collect::<Vec<_>>()
                     .join(", ")
-            )),
-            None => run_tool(&self.agent, &self.machine, name, arguments, cancel.clone()).await,
+            ))),
+            None => {
+                run_tool_coded(&self.agent, &self.machine, name, arguments, cancel.clone()).await
+            }
         };
-        let (text, is_error) = match result {
+        let exit_code = ran.exit_code;
+        let (text, is_error) = match ran.result {
             Ok(text) => (text, false),
             Err(text) => (text, true),
         };
         match sandbox::for_model(&self.machine, text, cancel).await {
-            Ok(output) => ToolOutcome { output, is_error },
+            Ok(output) => ToolOutcome {
+                output,
+                is_error,
+                exit_code,
+            },
             Err(error) => ToolOutcome {
                 output: format!(
                     "the result of {name} was too long for the model and could not be kept in the sandbox: {error}"
                 ),
                 is_error: true,
+                exit_code,
             },
         }
     }

@@ -4,8 +4,9 @@
 //! runtime's workers.
 
 use crate::agent::LoadedAgent;
-use crate::lua::ToolContext;
+use crate::lua::{LastExit, ToolContext};
 use crate::sandbox::{self, Machine};
+use crate::toolbox::Ran;
 use perch_core::config::ToolDecl;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -19,11 +20,41 @@ pub async fn run_tool(
     arguments: &serde_json::Value,
     cancel: CancellationToken,
 ) -> Result<String, String> {
+    run_tool_coded(agent, machine, name, arguments, cancel)
+        .await
+        .result
+}
+
+/// [`run_tool`], with the exit status of the tool's last `ctx.sh` command that exited.
+pub async fn run_tool_coded(
+    agent: &LoadedAgent,
+    machine: &Machine,
+    name: &str,
+    arguments: &serde_json::Value,
+    cancel: CancellationToken,
+) -> Ran {
+    let last_exit = LastExit::default();
+    let result = run(agent, machine, name, arguments, cancel, last_exit.clone()).await;
+    Ran {
+        result,
+        exit_code: last_exit.get(),
+    }
+}
+
+async fn run(
+    agent: &LoadedAgent,
+    machine: &Machine,
+    name: &str,
+    arguments: &serde_json::Value,
+    cancel: CancellationToken,
+    last_exit: LastExit,
+) -> Result<String, String> {
     let (decl, code) = find(agent, name)?;
     let arguments = decl.prepare_arguments(arguments)?;
     let context = ToolContext {
         machine: machine.clone(),
         cancel: cancel.clone(),
+        last_exit,
     };
     let (code, function) = (Arc::clone(code), decl.run);
     let runtime = tokio::runtime::Handle::current();

@@ -32,6 +32,9 @@ use tokio_util::sync::CancellationToken;
 /// What a lane needs besides its log: the model, the tools, the system prompt and the limits.
 pub struct LaneSetup {
     pub model: Arc<dyn Model>,
+    /// The model as `models.yml` names it, `provider/model`: what each reply's
+    /// `model_replied` record names.
+    pub model_name: String,
     pub toolbox: Arc<Toolbox>,
     /// Assembled afresh for every run, so edits to the workspace's files take effect.
     pub system_prompt: Arc<dyn Fn() -> String + Send + Sync>,

@@ -3,9 +3,11 @@
 //! 1. `operation_started` (the run's id, its intent, the inbox items it consumes, whether it
 //!    resumes an interrupted run of them);
 //! 2. the user entry (not for a resumption whose interrupted run wrote it already);
-//! 3. for every model turn: `attempt_started` for each request, then the assistant entry;
+//! 3. for every model turn: `attempt_started` for each request, `model_replied` (the tokens
+//!    and their cost) for the one answered, then the assistant entry;
 //! 4. for each tool call: `tool_started` (tool, arguments, the id its result will carry, its
-//!    replay declaration), the effect, then the result entry under exactly that id;
+//!    replay declaration), the effect, the result entry under exactly that id, then
+//!    `tool_finished` (how long it took, the command's exit code);
 //! 5. `operation_finished` with the outcome.
 //!
 //! A crash between any two of these leaves an open operation that recovery closes. An abort is
@@ -302,7 +304,9 @@ impl Runner<'_> {
                 arguments: arguments.clone(),
             },
         );
+        let began = std::time::Instant::now();
         let outcome = toolbox.call(&name, &arguments, self.cancel.clone()).await;
+        let duration_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.shared.setup.metrics.tool_call(&name);
         emit(
             events,
@@ -311,10 +315,19 @@ impl Runner<'_> {
                 is_error: outcome.is_error,
             },
         );
-        self.tool_result(result, call_id, outcome.output, outcome.is_error)
+        self.tool_result(result, call_id.clone(), outcome.output, outcome.is_error)
             .await?;
         failpoint::hit("after:tool_result");
-        Ok(())
+        self.record(Record::ToolFinished {
+            op,
+            call_id,
+            result,
+            duration_ms,
+            exit_code: outcome.exit_code,
+            is_error: outcome.is_error,
+            at: self.now(),
+        })
+        .await
     }
 
     /// Asks the model, one recorded attempt per request, retrying what may succeed later.
@@ -348,19 +361,31 @@ impl Runner<'_> {
             failpoint::hit("after:attempt_started");
             let error = match self.request_once(request, events).await {
                 Ok(reply) => {
-                    let metrics = &self.shared.setup.metrics;
-                    metrics.tokens(reply.usage.input, reply.usage.output);
-                    if let Some(spend) = &self.shared.setup.spend {
-                        let usage = perch_core::spend::TokenUsage {
-                            input: reply.usage.input,
-                            output: reply.usage.output,
-                            cached: reply.usage.cached,
-                        };
+                    let setup = &self.shared.setup;
+                    setup.metrics.tokens(reply.usage.input, reply.usage.output);
+                    let usage = perch_core::spend::TokenUsage {
+                        input: reply.usage.input,
+                        output: reply.usage.output,
+                        cached: reply.usage.cached,
+                    };
+                    let price = setup.spend.as_ref().and_then(|spend| spend.price);
+                    if let Some(spend) = &setup.spend {
                         spend
                             .guard
                             .record(&spend.lane, &spend.model, spend.price, usage)
                             .await;
                     }
+                    self.record(Record::ModelReplied {
+                        op,
+                        attempt: *attempt,
+                        model: setup.model_name.clone(),
+                        input: usage.input,
+                        output: usage.output,
+                        cached: usage.cached,
+                        cost: price.map(|price| price.cost(usage)),
+                        at: self.now(),
+                    })
+                    .await?;
                     return Ok(Ok(reply));
                 }
                 Err(error) => error,

@@ -163,7 +163,8 @@ async fn bash_reports_output_exit_codes_and_timeouts() {
         cancelled,
         ToolOutcome {
             output: "[cancelled (exit 130)]".into(),
-            is_error: true
+            is_error: true,
+            exit_code: None,
         }
     );
     let script = format!("echo {}", "x".repeat(200_000));

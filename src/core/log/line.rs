@@ -413,4 +413,169 @@ mod tests {
             started(true)
         );
     }
+
+    fn pinned(line: &Line, text: &str) {
+        assert_eq!(serde_json::to_string(line).unwrap(), text);
+        assert_eq!(&serde_json::from_str::<Line>(text).unwrap(), line);
+        assert_eq!(line.commit(), Commit::Flush, "{text}");
+    }
+
+    #[test]
+    fn a_model_reply_records_its_usage_and_cost() {
+        let replied = |cached, cost| {
+            Line::Record(Record::ModelReplied {
+                op: OperationId::from_bytes([1; 16]),
+                attempt: 2,
+                model: "openai/gpt-5".into(),
+                input: 1200,
+                output: 80,
+                cached,
+                cost,
+                at: at(),
+            })
+        };
+        pinned(
+            &replied(1000, Some(Money::from_micros(4150))),
+            r#"{"kind":"record","type":"model_replied","op":"01010101-0101-0101-0101-010101010101","attempt":2,"model":"openai/gpt-5","input":1200,"output":80,"cached":1000,"cost":4150,"at":"2026-11-30T06:00:00Z"}"#,
+        );
+        pinned(
+            &replied(0, None),
+            r#"{"kind":"record","type":"model_replied","op":"01010101-0101-0101-0101-010101010101","attempt":2,"model":"openai/gpt-5","input":1200,"output":80,"at":"2026-11-30T06:00:00Z"}"#,
+        );
+    }
+
+    #[test]
+    fn a_finished_tool_records_its_duration_and_exit_code() {
+        let finished = |exit_code, is_error| {
+            Line::Record(Record::ToolFinished {
+                op: OperationId::from_bytes([1; 16]),
+                call_id: "c1".into(),
+                result: EntryId::from_bytes([3; 16]),
+                duration_ms: 1534,
+                exit_code,
+                is_error,
+                at: at(),
+            })
+        };
+        pinned(
+            &finished(Some(3), false),
+            r#"{"kind":"record","type":"tool_finished","op":"01010101-0101-0101-0101-010101010101","call_id":"c1","result":"03030303-0303-0303-0303-030303030303","duration_ms":1534,"exit_code":3,"is_error":false,"at":"2026-11-30T06:00:00Z"}"#,
+        );
+        pinned(
+            &finished(None, true),
+            r#"{"kind":"record","type":"tool_finished","op":"01010101-0101-0101-0101-010101010101","call_id":"c1","result":"03030303-0303-0303-0303-030303030303","duration_ms":1534,"is_error":true,"at":"2026-11-30T06:00:00Z"}"#,
+        );
+    }
+
+    #[test]
+    fn a_settled_delivery_records_how_it_ended() {
+        let settled = |op, answers, settled| {
+            Line::Record(Record::DeliverySettled {
+                delivery: "d0123456789abcdef01234567".into(),
+                channel: "tg".into(),
+                op,
+                answers,
+                settled,
+                at: at(),
+            })
+        };
+        let op = Some(OperationId::from_bytes([1; 16]));
+        let table = [
+            (
+                settled(
+                    op,
+                    Some("42:17".into()),
+                    Settled::Sent {
+                        platform_id: "42:18".into(),
+                    },
+                ),
+                r#"{"kind":"record","type":"delivery_settled","delivery":"d0123456789abcdef01234567","channel":"tg","op":"01010101-0101-0101-0101-010101010101","answers":"42:17","settled":{"state":"sent","platform_id":"42:18"},"at":"2026-11-30T06:00:00Z"}"#,
+            ),
+            (
+                settled(
+                    op,
+                    Some("42:17".into()),
+                    Settled::Unknown {
+                        reason: "failed: timeout".into(),
+                    },
+                ),
+                r#"{"kind":"record","type":"delivery_settled","delivery":"d0123456789abcdef01234567","channel":"tg","op":"01010101-0101-0101-0101-010101010101","answers":"42:17","settled":{"state":"unknown","reason":"failed: timeout"},"at":"2026-11-30T06:00:00Z"}"#,
+            ),
+            (
+                settled(
+                    None,
+                    Some("42:17".into()),
+                    Settled::NotSent {
+                        reason: "refused: Bad Request: chat not found".into(),
+                    },
+                ),
+                r#"{"kind":"record","type":"delivery_settled","delivery":"d0123456789abcdef01234567","channel":"tg","answers":"42:17","settled":{"state":"not_sent","reason":"refused: Bad Request: chat not found"},"at":"2026-11-30T06:00:00Z"}"#,
+            ),
+            (
+                settled(
+                    None,
+                    None,
+                    Settled::Dropped {
+                        reason: "older than the outbox's time to live".into(),
+                    },
+                ),
+                r#"{"kind":"record","type":"delivery_settled","delivery":"d0123456789abcdef01234567","channel":"tg","settled":{"state":"dropped","reason":"older than the outbox's time to live"},"at":"2026-11-30T06:00:00Z"}"#,
+            ),
+        ];
+        for (line, text) in table {
+            pinned(&line, text);
+        }
+    }
+
+    #[test]
+    fn observed_records_index_as_observations_the_fold_ignores() {
+        use crate::log::{LaneState, Summary};
+        let op = OperationId::from_bytes([1; 16]);
+        let lines = [
+            r#"{"kind":"record","type":"model_replied","op":"01010101-0101-0101-0101-010101010101","attempt":1,"model":"openai/gpt-5","input":20,"output":10,"at":"2026-11-30T06:00:00Z"}"#,
+            r#"{"kind":"record","type":"tool_finished","op":"01010101-0101-0101-0101-010101010101","call_id":"c1","result":"03030303-0303-0303-0303-030303030303","duration_ms":5,"exit_code":0,"is_error":false,"at":"2026-11-30T06:00:00Z"}"#,
+            r#"{"kind":"record","type":"delivery_settled","delivery":"d1","channel":"tg","settled":{"state":"sent","platform_id":"42:18"},"at":"2026-11-30T06:00:00Z"}"#,
+        ];
+        let summaries: Vec<Summary> = lines
+            .iter()
+            .map(|text| Summary::of(&serde_json::from_str::<Line>(text).unwrap()))
+            .collect();
+        assert_eq!(
+            summaries,
+            [
+                Summary::Observed { op: Some(op) },
+                Summary::Observed { op: Some(op) },
+                Summary::Observed { op: None },
+            ]
+        );
+        let header = Summary::Header {
+            previous_leaf: None,
+        };
+        let mut state = LaneState::default();
+        state.apply(&header);
+        for summary in &summaries {
+            state
+                .check(summary, |_| false)
+                .expect("an observation of an operation that is not open is still appended");
+            state.apply(summary);
+        }
+        assert!(state.open_operations().is_empty());
+        assert_eq!(state.leaf(), None);
+        assert_eq!(state.lines(), 4);
+    }
+
+    #[test]
+    fn a_lane_written_before_these_records_still_reads() {
+        let old = [
+            r#"{"kind":"header","version":1,"session":"05050505-0505-0505-0505-050505050505","lane":"main","segment":1,"created":"2026-11-30T06:00:00Z"}"#,
+            r#"{"kind":"record","type":"operation_started","op":"01010101-0101-0101-0101-010101010101","intent":"run","consumes":["inbox:7"],"at":"2026-11-30T06:00:00Z"}"#,
+            r#"{"kind":"record","type":"attempt_started","op":"01010101-0101-0101-0101-010101010101","attempt":1,"at":"2026-11-30T06:00:00Z"}"#,
+            r#"{"kind":"entry","id":"02020202-0202-0202-0202-020202020202","parent":null,"at":"2026-11-30T06:00:00Z","body":{"type":"message","role":"assistant","parts":[{"type":"text","text":"hi"}]}}"#,
+            r#"{"kind":"record","type":"operation_finished","op":"01010101-0101-0101-0101-010101010101","outcome":{"status":"completed"},"at":"2026-11-30T06:00:00Z"}"#,
+        ];
+        for text in old {
+            let line: Line = serde_json::from_str(text).unwrap();
+            assert_eq!(serde_json::to_string(&line).unwrap(), text);
+        }
+    }
 }
