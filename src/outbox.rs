@@ -9,6 +9,9 @@ use crate::clock::Clock;
 use crate::log::{Journal, JournalItem, JournalWriter, LogError};
 use perch_core::Timestamp;
 use perch_core::delivery::{Sent, Unreceipted, delivery_id, unreceipted};
+use perch_core::id::OperationId;
+use perch_core::log::Settled;
+use perch_core::name::LaneName;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -24,8 +27,14 @@ const MAX_SEGMENT_BYTES: u64 = 8 << 20;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum OutboxRecord {
-    /// About to send `delivery` on `channel`.
-    Intent { channel: String, delivery: Delivery },
+    /// About to send `delivery` on `channel`; `lane` is the lane whose session log is told how
+    /// it settled (none for an owner alert, and in outboxes written before lanes were told).
+    Intent {
+        channel: String,
+        delivery: Delivery,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lane: Option<DeliveryLane>,
+    },
     /// The platform took the delivery recorded as `intent`.
     Receipt { intent: u64, receipt: Receipt },
     /// Whether the delivery recorded as `intent` was posted is unknown; it is not resent.
@@ -39,6 +48,21 @@ pub enum OutboxRecord {
     Unsent { intents: Vec<u64>, reason: String },
 }
 
+/// The lane a delivery belongs to, and the operation whose reply it carries (none for a chat
+/// command's reply, a notice or a recovery note).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryLane {
+    pub lane: LaneName,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<OperationId>,
+}
+
+impl DeliveryLane {
+    pub fn new(lane: LaneName, op: Option<OperationId>) -> DeliveryLane {
+        DeliveryLane { lane, op }
+    }
+}
+
 /// A delivery recorded and not settled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unsettled {
@@ -46,6 +70,7 @@ pub struct Unsettled {
     pub at: Timestamp,
     pub channel: String,
     pub delivery: Delivery,
+    pub lane: Option<DeliveryLane>,
     /// Whether it may have been posted.
     pub sent: Sent,
 }
@@ -73,18 +98,23 @@ impl Outbox {
     pub fn open(dir: &Path, clock: Clock) -> Result<(Outbox, OutboxBacklog), LogError> {
         let (journal, contents) =
             Journal::open_retaining(dir, MAX_SEGMENT_BYTES, RETAIN, clock.clone())?;
-        let mut intents: BTreeMap<u64, (Timestamp, String, Delivery)> = BTreeMap::new();
+        let mut intents: BTreeMap<u64, (Timestamp, String, Delivery, Option<DeliveryLane>)> =
+            BTreeMap::new();
         let mut settled = HashSet::new();
         let mut unsent = HashSet::new();
         let mut backlog = OutboxBacklog::default();
         let all: Vec<&JournalItem> = contents.consumed.iter().chain(&contents.pending).collect();
         for item in &all {
             match OutboxRecord::read(item).ok() {
-                Some(OutboxRecord::Intent { channel, delivery }) => {
+                Some(OutboxRecord::Intent {
+                    channel,
+                    delivery,
+                    lane,
+                }) => {
                     if let Some(to) = &delivery.reply_to {
                         backlog.replied_to.insert((channel.clone(), to.clone()));
                     }
-                    intents.insert(item.seq, (item.at, channel, delivery));
+                    intents.insert(item.seq, (item.at, channel, delivery, lane));
                 }
                 Some(
                     OutboxRecord::Receipt { intent, .. } | OutboxRecord::Dropped { intent, .. },
@@ -93,7 +123,7 @@ impl Outbox {
                 }
                 Some(OutboxRecord::Unknown { intent, reason }) => {
                     settled.insert(intent);
-                    if let Some((_, channel, delivery)) = intents.get(&intent) {
+                    if let Some((_, channel, delivery, _)) = intents.get(&intent) {
                         backlog
                             .unknown
                             .push((channel.clone(), delivery.id.clone(), reason));
@@ -107,11 +137,12 @@ impl Outbox {
         backlog.unsettled = intents
             .into_iter()
             .filter(|(seq, _)| pending.contains(seq) && !settled.contains(seq))
-            .map(|(seq, (at, channel, delivery))| Unsettled {
+            .map(|(seq, (at, channel, delivery, lane))| Unsettled {
                 seq,
                 at,
                 channel,
                 delivery,
+                lane,
                 sent: if unsent.contains(&seq) {
                     Sent::Not
                 } else {
@@ -128,11 +159,18 @@ impl Outbox {
         delivery_id(*uuid::Uuid::now_v7().as_bytes())
     }
 
-    /// Records the intent to send `delivery` (fsynced); returns its sequence number.
-    pub async fn intend(&self, channel: &str, delivery: &Delivery) -> Result<u64, LogError> {
+    /// Records the intent to send `delivery`, belonging to `lane` (fsynced); returns its
+    /// sequence number.
+    pub async fn intend(
+        &self,
+        channel: &str,
+        delivery: &Delivery,
+        lane: Option<&DeliveryLane>,
+    ) -> Result<u64, LogError> {
         self.append(&OutboxRecord::Intent {
             channel: channel.to_owned(),
             delivery: delivery.clone(),
+            lane: lane.cloned(),
         })
         .await
     }
@@ -183,6 +221,23 @@ impl OutboxRecord {
     pub fn read(item: &JournalItem) -> Result<OutboxRecord, serde_json::Error> {
         OutboxRecord::deserialize(&item.body)
     }
+
+    /// How a settlement ended, as a lane's `delivery_settled` says it; `None` for a record that
+    /// settles nothing. Refused and never reaching the platform are both `not_sent`.
+    pub fn settled(&self) -> Option<Settled> {
+        match self {
+            OutboxRecord::Receipt { receipt, .. } => Some(Settled::Sent {
+                platform_id: receipt.platform_id.clone(),
+            }),
+            OutboxRecord::Unknown { reason, .. } => Some(Settled::Unknown {
+                reason: reason.clone(),
+            }),
+            OutboxRecord::Dropped { reason, .. } => Some(Settled::NotSent {
+                reason: reason.clone(),
+            }),
+            OutboxRecord::Intent { .. } | OutboxRecord::Unsent { .. } => None,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -212,10 +267,33 @@ mod tests {
                         text: "hi".into(),
                         attachments: Vec::new(),
                     },
+                    lane: None,
                 },
                 concat!(
                     r#"{"type":"intent","channel":"tg","delivery":{"id":"d0123456789abcdef01234567","#,
                     r#""room":"42","thread":null,"reply_to":"42:17","text":"hi"}}"#
+                ),
+            ),
+            (
+                OutboxRecord::Intent {
+                    channel: "tg".into(),
+                    delivery: Delivery {
+                        id: "d0123456789abcdef01234567".into(),
+                        room: "42".into(),
+                        thread: None,
+                        reply_to: Some("42:17".into()),
+                        text: "hi".into(),
+                        attachments: Vec::new(),
+                    },
+                    lane: Some(DeliveryLane::new(
+                        LaneName::try_from("tg-42").unwrap(),
+                        Some(OperationId::from_bytes([1; 16])),
+                    )),
+                },
+                concat!(
+                    r#"{"type":"intent","channel":"tg","delivery":{"id":"d0123456789abcdef01234567","#,
+                    r#""room":"42","thread":null,"reply_to":"42:17","text":"hi"},"#,
+                    r#""lane":{"lane":"tg-42","op":"01010101-0101-0101-0101-010101010101"}}"#
                 ),
             ),
             (

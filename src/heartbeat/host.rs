@@ -5,6 +5,7 @@
 
 use crate::channel::BoxFuture;
 use crate::lane::{Finished, Input, Lane, LaneError};
+use crate::outbox::DeliveryLane;
 use crate::sandbox::{Command, Output, SandboxError};
 use perch_core::alert::AlertKind;
 use perch_core::heartbeat::{SlotOutcome, Target};
@@ -30,11 +31,12 @@ pub trait Host: Send + Sync {
     fn may_spend(&self) -> BoxFuture<'_, Result<(), String>>;
 
     /// Posts `text` to `target` through the outbox and waits for it to settle: the delivery
-    /// ids, comma-separated, or why it was not delivered.
+    /// ids, comma-separated, or why it was not delivered. How it settled is appended to `lane`.
     fn post<'a>(
         &'a self,
         target: &'a Target,
         text: &'a str,
+        lane: DeliveryLane,
     ) -> BoxFuture<'a, Result<String, String>>;
 
     /// Adds `text` to lane `into` (opened for runs from `origin`): to its active run at the

@@ -9,8 +9,10 @@ use super::turn::{Turned, take_turn};
 use super::{Job, JobEnd, Mode};
 use crate::agent::AgentDir;
 use crate::clock::Clock;
+use crate::outbox::DeliveryLane;
 use perch_core::alert::AlertKind;
 use perch_core::heartbeat::{HeartbeatEnv, SlotOutcome, Verdict};
+use perch_core::id::OperationId;
 use perch_core::name::TaskName;
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,13 +52,13 @@ async fn turn_and_verdict(host: &dyn Host, lane: &dyn HostLane, job: &Job) -> Jo
     if let Err(reason) = host.may_spend().await {
         return JobEnd::early(SlotOutcome::Skipped { reason });
     }
-    let (verdict, reply) = match take_turn(host, lane, job).await {
+    let (verdict, reply, op) = match take_turn(host, lane, job).await {
         Turned::Ended(end) => return end,
-        Turned::Verdict { verdict, reply } => (verdict, reply),
+        Turned::Verdict { verdict, reply, op } => (verdict, reply, op),
     };
     let outcome = match job.mode {
         Mode::DryRun => dry_outcome(job, verdict),
-        Mode::Scheduled | Mode::Manual => carry_out(host, job, verdict).await,
+        Mode::Scheduled | Mode::Manual => carry_out(host, job, verdict, op).await,
     };
     JobEnd {
         outcome,
@@ -66,8 +68,9 @@ async fn turn_and_verdict(host: &dyn Host, lane: &dyn HostLane, job: &Job) -> Jo
 }
 
 /// A verdict's effect: a message posted to the task's target (kept in the outcome only, when the
-/// task has none), a steer into its steer lane.
-async fn carry_out(host: &dyn Host, job: &Job, verdict: Verdict) -> SlotOutcome {
+/// task has none; its settlement goes to the task's lane as the reply of `op`, the run that gave
+/// the verdict), a steer into its steer lane.
+async fn carry_out(host: &dyn Host, job: &Job, verdict: Verdict, op: OperationId) -> SlotOutcome {
     match verdict {
         Verdict::Silence => SlotOutcome::Silent,
         Verdict::Message(text) => match &job.task.delivery {
@@ -76,7 +79,10 @@ async fn carry_out(host: &dyn Host, job: &Job, verdict: Verdict) -> SlotOutcome 
                 target: String::new(),
                 delivery: String::new(),
             },
-            Some(target) => match host.post(target, &text).await {
+            Some(target) => match host
+                .post(target, &text, DeliveryLane::new(job.lane(), Some(op)))
+                .await
+            {
                 Ok(delivery) => SlotOutcome::Message {
                     text,
                     target: target.to_string(),
@@ -315,6 +321,7 @@ mod tests {
             &'a self,
             target: &'a Target,
             text: &'a str,
+            _lane: DeliveryLane,
         ) -> BoxFuture<'a, Result<String, String>> {
             let posted = self.with(|recorded| {
                 recorded.posts.push((target.to_string(), text.to_owned()));

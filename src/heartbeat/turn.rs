@@ -8,6 +8,7 @@ use super::{Job, JobEnd};
 use crate::lane::Input;
 use crate::sandbox::{Command, End};
 use perch_core::heartbeat::{ModelFailure, SlotOutcome, Verdict, correction, judge, stops_task};
+use perch_core::id::OperationId;
 use perch_core::log::Outcome;
 use std::time::Duration;
 
@@ -53,6 +54,7 @@ enum Judged {
     Valid {
         verdict: Verdict,
         reply: String,
+        op: OperationId,
     },
     Invalid {
         reason: String,
@@ -106,6 +108,7 @@ async fn judged_turn(lane: &dyn HostLane, job: &Job) -> Judged {
                 return Judged::Valid {
                     verdict,
                     reply: finished.text,
+                    op: finished.op,
                 };
             }
             Err(invalid) if corrected => {
@@ -133,7 +136,12 @@ pub(super) enum Turned {
     /// Nothing to deliver or steer: skipped by its check, failed, or invalid.
     Ended(JobEnd),
     /// A valid verdict, for the caller to carry out.
-    Verdict { verdict: Verdict, reply: String },
+    /// `op` is the run that gave the verdict.
+    Verdict {
+        verdict: Verdict,
+        reply: String,
+        op: OperationId,
+    },
 }
 
 /// The task's check, then the judged turn in `lane`. A failure stops the task when the kind of
@@ -162,7 +170,7 @@ pub(super) async fn take_turn(host: &dyn Host, lane: &dyn HostLane, job: &Job) -
             reply,
             stop: None,
         }),
-        Judged::Valid { verdict, reply } => Turned::Verdict { verdict, reply },
+        Judged::Valid { verdict, reply, op } => Turned::Verdict { verdict, reply, op },
     }
 }
 

@@ -17,7 +17,7 @@ use perch_core::conversation::unanswered_calls;
 use perch_core::heartbeat::ModelFailure;
 use perch_core::id::EntryId;
 use perch_core::id::OperationId;
-use perch_core::log::{Entry, EntryBody, Line, Message, Outcome, Part, Resumption, Role};
+use perch_core::log::{Entry, EntryBody, Line, Message, Outcome, Part, Record, Resumption, Role};
 use perch_core::name::LaneName;
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
@@ -222,6 +222,10 @@ enum Request {
     Close {
         reply: oneshot::Sender<Result<(), LaneError>>,
     },
+    Record {
+        record: Record,
+        reply: oneshot::Sender<Result<(), LaneError>>,
+    },
 }
 
 /// A handle to a lane's task. Clones talk to the same task.
@@ -367,6 +371,15 @@ impl Lane {
     /// written, and its operation is closed as cancelled. Queued follow-ups still run.
     pub fn abort(&self) -> Result<(), LaneError> {
         self.request(Request::Abort)
+    }
+
+    /// Appends a record of something observed outside the lane's runs (a delivery's fate) now,
+    /// between the lines of any run in progress, through the lane's one writer. The log refuses
+    /// a record that needs an open operation it does not have.
+    pub async fn record(&self, record: Record) -> Result<(), LaneError> {
+        let (reply, answer) = oneshot::channel();
+        self.request(Request::Record { record, reply })?;
+        answer.await.map_err(|_| LaneError::Closed)?
     }
 
     /// Aborts the active run, waits for it to reconcile, and closes the log.
@@ -560,6 +573,10 @@ impl LaneTask {
                         let _ = reply.send(answer);
                     }
                     Request::Abort => self.cancel.cancel(),
+                    Request::Record { record, reply } => {
+                        let appended = self.shared.log.append(&Line::Record(record)).await;
+                        let _ = reply.send(appended.map(drop).map_err(LaneError::from));
+                    }
                     Request::Close { reply } => {
                         self.cancel.cancel();
                         for work in self.queue.drain(..) {

@@ -6,6 +6,7 @@ use super::{Channel, DRAIN_MARGIN, Service};
 use crate::channel::InboundEvent;
 use crate::inbox::PendingItem;
 use crate::lane::{Input, Lane, Said, Steered};
+use crate::outbox::DeliveryLane;
 use perch_core::config::{BusyPolicy, ChannelConfig};
 use perch_core::log::Outcome;
 use perch_core::name::LaneName;
@@ -350,8 +351,15 @@ impl Service {
                 outcome_name(&finished.outcome)
             );
         }
-        self.deliver_outcome(channel, &last.event, &finished.outcome, &finished.text)
-            .await?;
+        let lane = DeliveryLane::new(lane_name(&last.lane)?, Some(finished.op));
+        self.deliver_outcome(
+            channel,
+            &last.event,
+            &finished.outcome,
+            &finished.text,
+            lane,
+        )
+        .await?;
         let seqs = items
             .iter()
             .flat_map(|item| [item.event_seq, item.verdict_seq])
@@ -365,13 +373,14 @@ impl Service {
     /// Answers `to` with how its run ended: the reply (and its files) when it completed, a short
     /// apology when it failed or was interrupted (the reason is logged, never posted), nothing
     /// when cancelled. Returns once the reply is recorded in the outbox and handed to its
-    /// room's worker, not when it is sent.
+    /// room's worker, not when it is sent. How it settles is appended to `lane`.
     pub(super) async fn deliver_outcome(
         &self,
         channel: &Arc<Channel>,
         to: &InboundEvent,
         outcome: &Outcome,
         text: &str,
+        lane: DeliveryLane,
     ) -> Result<(), String> {
         let (reply, files) = match outcome {
             Outcome::Completed => {
@@ -398,6 +407,7 @@ impl Service {
             Some(&to.platform_id),
             reply,
             files,
+            Some(lane),
         )
         .await
         .map(drop)
@@ -452,7 +462,9 @@ impl Service {
     async fn overflow(&self, channel: &Arc<Channel>, item: PendingItem) -> Result<(), String> {
         let text = "I am still working on earlier messages in this conversation and cannot queue \
                     more right now. Please send this again in a moment.";
-        self.reply(channel, &item.event, text.to_owned()).await?;
+        let lane = DeliveryLane::new(lane_name(&item.lane)?, None);
+        self.reply(channel, &item.event, text.to_owned(), Some(lane))
+            .await?;
         self.inbox
             .consume(vec![item.event_seq, item.verdict_seq])
             .await
@@ -522,6 +534,11 @@ enum Woken {
     Retry,
     /// Nothing to do, and nothing arrived, for the idle grace.
     Idle,
+}
+
+/// An inbox item's lane, by name.
+pub(super) fn lane_name(lane: &str) -> Result<LaneName, String> {
+    LaneName::try_from(lane).map_err(|error| format!("lane {lane:?}: {error}"))
 }
 
 fn collect_window(busy: BusyPolicy) -> Option<Duration> {

@@ -7,15 +7,17 @@
 //! replies go out in the order their intents were recorded. The worker only carries out
 //! [`after_failure`], the retry policy.
 
+use super::lanes::LaneRecords;
 use super::{Channel, Service};
 use crate::alert::Alerts;
 use crate::channel::{Delivery, DeliveryError, InboundEvent, OutboundFile};
 use crate::metrics::{DeliveryOutcome, Metrics};
-use crate::outbox::{Outbox, OutboxRecord, Unsettled};
+use crate::outbox::{DeliveryLane, Outbox, OutboxRecord, Unsettled};
 use perch_core::alert::AlertKind;
 use perch_core::delivery::{
     AttemptFailure, Attempts, NotSentBecause, Retry, Unreceipted, after_failure, split_message,
 };
+use perch_core::log::{Record, Settled};
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, PoisonError};
@@ -31,6 +33,7 @@ impl Service {
         channel: &Arc<Channel>,
         to: &InboundEvent,
         text: String,
+        lane: Option<DeliveryLane>,
     ) -> Result<Posted, String> {
         self.post(
             channel,
@@ -38,12 +41,14 @@ impl Service {
             to.thread.as_deref(),
             Some(&to.platform_id),
             text,
+            lane,
         )
         .await
     }
 
     /// Formats, splits and records `text` to `room` in the outbox, the first piece as a reply
     /// to `reply_to`, and hands it to the room's worker; returns once every intent is fsynced.
+    /// How each piece settles is appended to `lane`'s session log.
     pub(super) async fn post(
         &self,
         channel: &Arc<Channel>,
@@ -51,13 +56,18 @@ impl Service {
         thread: Option<&str>,
         reply_to: Option<&str>,
         text: String,
+        lane: Option<DeliveryLane>,
     ) -> Result<Posted, String> {
-        self.post_files(channel, room, thread, reply_to, text, Vec::new())
+        self.post_files(channel, room, thread, reply_to, text, Vec::new(), lane)
             .await
     }
 
     /// [`Service::post`] with workspace files, attached to the last piece. If the platform
     /// refuses that piece with its files, the worker sends it again without them, saying so.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "a delivery's parts, each named where it is called"
+    )]
     pub(super) async fn post_files(
         &self,
         channel: &Arc<Channel>,
@@ -66,6 +76,7 @@ impl Service {
         reply_to: Option<&str>,
         text: String,
         files: Vec<OutboundFile>,
+        lane: Option<DeliveryLane>,
     ) -> Result<Posted, String> {
         let formatted = {
             let mut hooks = channel.hooks.lock().await;
@@ -100,7 +111,7 @@ impl Service {
                 },
             })
             .collect();
-        self.deliveries.hand(channel, deliveries).await
+        self.deliveries.hand(channel, deliveries, lane).await
     }
 
     /// After a restart: resend inside the platform's window (through the rooms' workers, so
@@ -118,8 +129,12 @@ impl Service {
             match self.outbox.decide(&delivery, window) {
                 Unreceipted::Resend => {
                     resent += 1;
-                    self.deliveries
-                        .queue(channel, vec![(delivery.seq, delivery.delivery)], None);
+                    self.deliveries.queue(
+                        channel,
+                        vec![(delivery.seq, delivery.delivery)],
+                        delivery.lane,
+                        None,
+                    );
                 }
                 Unreceipted::Unknown => {
                     unknown += 1;
@@ -142,31 +157,43 @@ impl Service {
                             delivery.delivery.id, delivery.channel, delivery.delivery.room
                         ),
                     );
+                    let record = OutboxRecord::Unknown {
+                        intent: delivery.seq,
+                        reason,
+                    };
+                    let settled = record.settled();
                     self.outbox
-                        .settle(
-                            delivery.seq,
-                            OutboxRecord::Unknown {
-                                intent: delivery.seq,
-                                reason,
-                            },
-                        )
+                        .settle(delivery.seq, record)
                         .await
                         .map_err(|error| error.to_string())?;
+                    self.deliveries.tell_lane(
+                        &delivery.channel,
+                        &delivery.delivery,
+                        delivery.lane,
+                        settled,
+                    );
                 }
                 Unreceipted::Expired => {
                     expired += 1;
                     self.metrics
                         .settled(&delivery.channel, DeliveryOutcome::Dropped);
+                    let reason = "older than the outbox's time to live".to_owned();
                     self.outbox
                         .settle(
                             delivery.seq,
                             OutboxRecord::Dropped {
                                 intent: delivery.seq,
-                                reason: "older than the outbox's time to live".into(),
+                                reason: reason.clone(),
                             },
                         )
                         .await
                         .map_err(|error| error.to_string())?;
+                    self.deliveries.tell_lane(
+                        &delivery.channel,
+                        &delivery.delivery,
+                        delivery.lane,
+                        Some(Settled::Dropped { reason }),
+                    );
                 }
             }
         }
@@ -207,6 +234,8 @@ type Recorded = (u64, Delivery);
 struct Handed {
     channel: Arc<Channel>,
     pieces: Vec<Recorded>,
+    /// The lane told how each piece settled.
+    lane: Option<DeliveryLane>,
     /// Told once every piece is settled; `None` for a resend after a restart.
     settled: Option<oneshot::Sender<Result<(), String>>>,
 }
@@ -230,6 +259,8 @@ struct Workers {
     alerts: Alerts,
     /// Where the files a delivery attaches are read from.
     workspace: PathBuf,
+    /// Where each settlement is told to the delivery's lane.
+    lanes: LaneRecords,
     /// Cuts a retry's wait short: the delivery is left unsettled for the next start.
     shutdown: CancellationToken,
     /// The service's tasks, which shutdown waits for: the workers are among them.
@@ -247,12 +278,14 @@ enum Unfinished {
 
 impl Deliveries {
     /// Workers that record in `outbox`, count in `metrics`, alert through `alerts`, read
-    /// attachments under `workspace`, and run as `tasks` until `shutdown`.
+    /// attachments under `workspace`, tell each delivery's lane how it settled through `lanes`,
+    /// and run as `tasks` until `shutdown`.
     pub(super) fn new(
         outbox: Outbox,
         metrics: Arc<Metrics>,
         alerts: Alerts,
         workspace: PathBuf,
+        lanes: LaneRecords,
         shutdown: CancellationToken,
         tasks: TaskTracker,
     ) -> Deliveries {
@@ -264,6 +297,7 @@ impl Deliveries {
                 metrics,
                 alerts,
                 workspace,
+                lanes,
                 shutdown,
                 tasks,
             }),
@@ -277,6 +311,7 @@ impl Deliveries {
         &self,
         channel: &Arc<Channel>,
         deliveries: Vec<Delivery>,
+        lane: Option<DeliveryLane>,
     ) -> Result<Posted, String> {
         let (told, settled) = oneshot::channel();
         let ids = deliveries
@@ -292,7 +327,12 @@ impl Deliveries {
         let mut pieces = Vec::with_capacity(deliveries.len());
         let mut failed = None;
         for delivery in deliveries {
-            match self.shared.outbox.intend(&name, &delivery).await {
+            match self
+                .shared
+                .outbox
+                .intend(&name, &delivery, lane.as_ref())
+                .await
+            {
                 Ok(intent) => pieces.push((intent, delivery)),
                 Err(error) => {
                     failed = Some(error.to_string());
@@ -302,7 +342,7 @@ impl Deliveries {
             crate::failpoint::hit("after:delivery_intent");
         }
         if !pieces.is_empty() {
-            self.queue(channel, pieces, Some(told));
+            self.queue(channel, pieces, lane, Some(told));
         }
         drop(recording);
         match failed {
@@ -317,6 +357,7 @@ impl Deliveries {
         &self,
         channel: &Arc<Channel>,
         pieces: Vec<Recorded>,
+        lane: Option<DeliveryLane>,
         settled: Option<oneshot::Sender<Result<(), String>>>,
     ) {
         let Some(room) = pieces.first().map(|(_, delivery)| delivery.room.clone()) else {
@@ -326,6 +367,7 @@ impl Deliveries {
         let handed = Handed {
             channel: Arc::clone(channel),
             pieces,
+            lane,
             settled,
         };
         if self.shared.rooms.push(&key, handed) {
@@ -335,7 +377,46 @@ impl Deliveries {
     }
 }
 
+impl Deliveries {
+    /// Tells `lane` how `delivery` settled (see [`Workers::tell_lane`]).
+    fn tell_lane(
+        &self,
+        channel: &str,
+        delivery: &Delivery,
+        lane: Option<DeliveryLane>,
+        settled: Option<Settled>,
+    ) {
+        self.shared.tell_lane(channel, delivery, lane, settled);
+    }
+}
+
 impl Workers {
+    /// Appends a `delivery_settled` record to the delivery's lane, once its settlement is in
+    /// the outbox, without waiting for it: a settlement is recorded there at most once, and the
+    /// lane's record is informational (a crash before it is written loses it).
+    fn tell_lane(
+        &self,
+        channel: &str,
+        delivery: &Delivery,
+        lane: Option<DeliveryLane>,
+        settled: Option<Settled>,
+    ) {
+        let (Some(lane), Some(settled)) = (lane, settled) else {
+            return;
+        };
+        self.lanes.append(
+            lane.lane,
+            Record::DeliverySettled {
+                delivery: delivery.id.clone(),
+                channel: channel.to_owned(),
+                op: lane.op,
+                answers: delivery.reply_to.clone(),
+                settled,
+                at: self.lanes.now(),
+            },
+        );
+    }
+
     /// One room's worker: delivers what its queue holds, in order, and ends (its entry removed)
     /// when the queue is empty.
     async fn work(self: Arc<Self>, key: RoomKey) {
@@ -346,9 +427,10 @@ impl Workers {
             let Handed {
                 channel,
                 pieces,
+                lane,
                 settled,
             } = next;
-            let result = match self.deliver(&channel, pieces).await {
+            let result = match self.deliver(&channel, pieces, lane.as_ref()).await {
                 Ok(()) => Ok(()),
                 Err(Unfinished::Write(error)) => {
                     tracing::error!(
@@ -389,11 +471,16 @@ impl Workers {
 
     /// Sends one reply's pieces in order and settles each. A piece the platform refused with
     /// its files goes again without them, saying so, before anything else in the room.
-    async fn deliver(&self, channel: &Channel, pieces: Vec<Recorded>) -> Result<(), Unfinished> {
+    async fn deliver(
+        &self,
+        channel: &Channel,
+        pieces: Vec<Recorded>,
+        lane: Option<&DeliveryLane>,
+    ) -> Result<(), Unfinished> {
         let name = channel.loaded.config.name.to_string();
         let mut queue = VecDeque::from(pieces);
         while let Some((intent, delivery)) = queue.pop_front() {
-            let reason = match self.send(channel, intent, &delivery).await {
+            let reason = match self.send(channel, intent, &delivery, lane).await {
                 Ok(None) => continue,
                 Ok(Some(reason)) => reason,
                 Err(Unfinished::Stopping { mut unsent }) => {
@@ -426,7 +513,7 @@ impl Workers {
                 };
                 let intent = self
                     .outbox
-                    .intend(&name, &again)
+                    .intend(&name, &again, lane)
                     .await
                     .map_err(|error| Unfinished::Write(error.to_string()))?;
                 queue.push_back((intent, again));
@@ -442,6 +529,7 @@ impl Workers {
         channel: &Channel,
         intent: u64,
         delivery: &Delivery,
+        lane: Option<&DeliveryLane>,
     ) -> Result<Option<String>, Unfinished> {
         let (uploads, notes) = if delivery.attachments.is_empty() {
             (Vec::new(), Vec::new())
@@ -536,10 +624,17 @@ impl Workers {
             }
         };
         let outcome = delivery_outcome(&record);
+        let settled = record.settled();
         self.outbox
             .settle(intent, record)
             .await
             .map_err(|error| Unfinished::Write(error.to_string()))?;
+        self.tell_lane(
+            &channel.loaded.config.name.to_string(),
+            delivery,
+            lane.cloned(),
+            settled,
+        );
         if let Some(outcome) = outcome {
             self.metrics
                 .delivered(&channel.loaded.config.name.to_string(), outcome);
@@ -552,12 +647,12 @@ impl Workers {
 /// long as its worker: [`RoomQueues::push`] creates it (and says a worker must start), and
 /// [`RoomQueues::next`] removes it, under the same lock, when it finds it empty, so nothing is
 /// ever queued to a room without a worker, and nothing per room outlives its use.
-struct RoomQueues<T> {
+pub(super) struct RoomQueues<T, K = RoomKey> {
     /// A std lock: held only to push, pop or remove, never across an await.
-    rooms: std::sync::Mutex<HashMap<RoomKey, VecDeque<T>>>,
+    rooms: std::sync::Mutex<HashMap<K, VecDeque<T>>>,
 }
 
-impl<T> Default for RoomQueues<T> {
+impl<T, K> Default for RoomQueues<T, K> {
     fn default() -> Self {
         RoomQueues {
             rooms: std::sync::Mutex::new(HashMap::new()),
@@ -565,10 +660,10 @@ impl<T> Default for RoomQueues<T> {
     }
 }
 
-impl<T> RoomQueues<T> {
+impl<T, K: Eq + std::hash::Hash + Clone> RoomQueues<T, K> {
     /// Queues `item` behind what `room` holds; `true` when the room had no worker, so the caller
     /// must start one (its entry exists from now on).
-    fn push(&self, room: &RoomKey, item: T) -> bool {
+    pub(super) fn push(&self, room: &K, item: T) -> bool {
         let mut rooms = self.rooms.lock().unwrap_or_else(PoisonError::into_inner);
         match rooms.get_mut(room) {
             Some(queue) => {
@@ -584,7 +679,7 @@ impl<T> RoomQueues<T> {
 
     /// The next item of `room`, for its worker. `None` once the queue is empty: the room's entry
     /// is gone with it, and the worker must end.
-    fn next(&self, room: &RoomKey) -> Option<T> {
+    pub(super) fn next(&self, room: &K) -> Option<T> {
         let mut rooms = self.rooms.lock().unwrap_or_else(PoisonError::into_inner);
         let next = rooms.get_mut(room).and_then(VecDeque::pop_front);
         if next.is_none() {
@@ -594,7 +689,7 @@ impl<T> RoomQueues<T> {
     }
 
     /// Removes `room` with everything still queued to it, for a worker that ends early.
-    fn abandon(&self, room: &RoomKey) -> VecDeque<T> {
+    fn abandon(&self, room: &K) -> VecDeque<T> {
         self.rooms
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -6,6 +6,7 @@ use super::Service;
 use crate::channel::BoxFuture;
 use crate::heartbeat::{self, Host, HostLane, Ledger, SchedulerSetup};
 use crate::lane::{Input, Steered};
+use crate::outbox::DeliveryLane;
 use crate::sandbox::{Command, Output, SandboxError};
 use perch_core::alert::AlertKind;
 use perch_core::heartbeat::{SlotOutcome, Target};
@@ -43,8 +44,13 @@ impl Service {
     }
 
     /// Delivers a heartbeat's message to its target room, through the outbox, and waits until
-    /// it is settled.
-    pub(super) async fn post_to(&self, target: &Target, text: &str) -> Result<String, String> {
+    /// it is settled; how it settled is appended to `lane` when there is one.
+    pub(super) async fn post_to(
+        &self,
+        target: &Target,
+        text: &str,
+        lane: Option<DeliveryLane>,
+    ) -> Result<String, String> {
         let channel = self
             .channels
             .get(target.channel.as_str())
@@ -63,6 +69,7 @@ impl Service {
                 target.thread.as_deref(),
                 None,
                 text.to_owned(),
+                lane,
             )
             .await?
             .settled()
@@ -157,8 +164,9 @@ impl Host for Service {
         &'a self,
         target: &'a Target,
         text: &'a str,
+        lane: DeliveryLane,
     ) -> BoxFuture<'a, Result<String, String>> {
-        Box::pin(self.post_to(target, text))
+        Box::pin(self.post_to(target, text, Some(lane)))
     }
 
     fn steer<'a>(

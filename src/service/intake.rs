@@ -8,6 +8,7 @@ use crate::channel::hooks::HookVerdict;
 use crate::channel::{Arrival, InboundEvent};
 use crate::control;
 use crate::inbox::{PendingItem, Recorded, Verdict};
+use crate::outbox::DeliveryLane;
 use perch_core::admission::{Admission, Arrived, admit};
 use perch_core::alert::AlertKind;
 use perch_core::chat::ChatCommand;
@@ -247,7 +248,11 @@ impl Service {
                 self.outbox.depth().await
             ),
         };
-        self.reply(channel, event, reply).await.map(drop)
+        let lane = self
+            .conversation_lane(&name, event)
+            .ok()
+            .map(|lane| DeliveryLane::new(lane, None));
+        self.reply(channel, event, reply, lane).await.map(drop)
     }
 
     /// Gives an unknown sender a code to pass to the owner (once while it is pending).
@@ -309,7 +314,7 @@ impl Service {
             }
             Issued::Pending | Issued::BusyTold => return Ok(()),
         };
-        self.reply(channel, event, text).await.map(drop)
+        self.reply(channel, event, text, None).await.map(drop)
     }
 
     /// Journals a verdict that needs no run, and consumes the event with it.

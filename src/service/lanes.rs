@@ -5,16 +5,22 @@
 //! for another lane (the least recently used goes first; `perch_core::lanes` decides which).
 //! A closed lane is reopened from disk, its history intact.
 
+use super::delivery::RoomQueues;
+use crate::clock::Clock;
 use crate::lane::Lane;
+use crate::log::LaneLog;
 use crate::metrics::Metrics;
 use perch_core::lanes::{OpenLane, Room, idle_past, make_room};
+use perch_core::log::{Line, Record};
 use perch_core::name::LaneName;
 use std::collections::HashMap;
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
 /// How many lanes may be open at once, and how long idle conversations and lanes last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +51,7 @@ pub(super) struct LanePool {
     /// Serialises opening and closing lanes, so a lane is never opened twice nor opened while
     /// its earlier self is still closing. A tokio lock: held across the awaits of opening and
     /// closing a lane's log.
-    changing: tokio::sync::Mutex<()>,
+    changing: Arc<tokio::sync::Mutex<()>>,
     /// One permit per held lane: a lane being held needs a slot, which a permit guarantees
     /// (fewer than `open_max` lanes held means one is free or idle). Waiters are served in order.
     holds: Arc<Semaphore>,
@@ -146,13 +152,33 @@ impl LanePool {
                 started: Instant::now(),
                 metrics,
             }),
-            changing: tokio::sync::Mutex::new(()),
+            changing: Arc::new(tokio::sync::Mutex::new(())),
             holds: Arc::new(Semaphore::new(limits.open_max)),
         }
     }
 
     pub(super) fn limits(&self) -> LaneLimits {
         self.limits
+    }
+
+    /// What appends records to this pool's lanes from outside their runs: lanes under
+    /// `sessions`, stamped by `clock`, written by tasks among `tasks`.
+    pub(super) fn records(
+        &self,
+        sessions: PathBuf,
+        clock: Clock,
+        tasks: TaskTracker,
+    ) -> LaneRecords {
+        LaneRecords {
+            inner: Arc::new(Recording {
+                open: Arc::clone(&self.shared),
+                changing: Arc::clone(&self.changing),
+                sessions,
+                clock,
+                waiting: RoomQueues::default(),
+                tasks,
+            }),
+        }
     }
 
     /// The lane `name` if it is open, without holding it (for `/stop`).
@@ -309,6 +335,76 @@ async fn close((name, slot): (LaneName, Slot)) -> bool {
             tracing::warn!(lane = %name, "lane {name} did not close cleanly: {error}");
             false
         }
+    }
+}
+
+/// Appends records to lanes from outside their runs (a delivery's fate), each lane's in the
+/// order given, without the caller waiting. Clones share it.
+#[derive(Clone)]
+pub(super) struct LaneRecords {
+    inner: Arc<Recording>,
+}
+
+/// What [`LaneRecords`]' clones and their writing tasks share.
+struct Recording {
+    open: Arc<Shared>,
+    /// The pool's: held while a record goes to a lane, so that the lane is neither opened nor
+    /// closed meanwhile and the record goes through its one writer.
+    changing: Arc<tokio::sync::Mutex<()>>,
+    sessions: PathBuf,
+    clock: Clock,
+    /// The records waiting for each lane; a lane with any has one task writing them.
+    waiting: RoomQueues<Record, LaneName>,
+    tasks: TaskTracker,
+}
+
+impl LaneRecords {
+    /// Queues `record` for the lane `name` and returns at once; a task appends it.
+    pub(super) fn append(&self, name: LaneName, record: Record) {
+        if self.inner.waiting.push(&name, record) {
+            let inner = Arc::clone(&self.inner);
+            self.inner.tasks.spawn(inner.write_all(name));
+        }
+    }
+
+    /// The time a record is stamped with.
+    pub(super) fn now(&self) -> perch_core::Timestamp {
+        self.inner.clock.now()
+    }
+}
+
+impl Recording {
+    /// Writes what waits for `name`, in order, until nothing does.
+    async fn write_all(self: Arc<Self>, name: LaneName) {
+        while let Some(record) = self.waiting.next(&name) {
+            if let Err(error) = self.write(&name, record).await {
+                tracing::warn!(lane = %name, "a record was not appended to lane {name}: {error}");
+            }
+        }
+    }
+
+    /// Appends `record` through the lane's one writer: the open lane's, or, when it is not open,
+    /// a writer opened for this append and closed after it. A lane that does not exist yet is
+    /// not made for it.
+    async fn write(&self, name: &LaneName, record: Record) -> Result<(), String> {
+        let _changing = self.changing.lock().await;
+        let open = self.open.lock().get(name).map(|slot| slot.lane.clone());
+        if let Some(lane) = open {
+            return lane.record(record).await.map_err(|error| error.to_string());
+        }
+        let sessions = self.sessions.clone();
+        if !sessions.join(name.as_str()).is_dir() {
+            return Ok(());
+        }
+        let (lane, clock) = (name.clone(), self.clock.clone());
+        let (log, _) = tokio::task::spawn_blocking(move || LaneLog::open(&sessions, &lane, clock))
+            .await
+            .map_err(|error| format!("opening the lane panicked: {error}"))?
+            .map_err(|error| error.to_string())?;
+        let appended = log.append(&Line::Record(record)).await;
+        let closed = log.close().await;
+        appended.map_err(|error| error.to_string())?;
+        closed.map_err(|error| error.to_string())
     }
 }
 

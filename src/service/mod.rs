@@ -227,16 +227,18 @@ pub async fn run(
         context.push(channel, &event.room, context_line(event), event.sent_at);
     }
     let tasks = TaskTracker::new();
+    let lanes = LanePool::new(setup.lanes, Arc::clone(&setup.metrics));
     let deliveries = delivery::Deliveries::new(
         outbox.clone(),
         Arc::clone(&setup.metrics),
         alerts.clone(),
         dir.workspace(),
+        lanes.records(dir.sessions_dir(), clock.clone(), tasks.clone()),
         shutdown.clone(),
         tasks.clone(),
     );
     let service = Arc::new(Service {
-        lanes: LanePool::new(setup.lanes, Arc::clone(&setup.metrics)),
+        lanes,
         pairing_path,
         runtime,
         inbox,

@@ -1,9 +1,11 @@
 //! Restart recovery: lanes a crash left with an operation open, and the inbox items still waiting.
 
+use super::conversation::lane_name;
 use super::intake::Reply;
 use super::{Service, tracing_note};
 use crate::inbox::{Backlog, Verdict, consumes_id};
 use crate::log::taken_run;
+use crate::outbox::DeliveryLane;
 use crate::starts;
 use perch_core::log::{ItemAnswer, answer_taken};
 use perch_core::name::LaneName;
@@ -87,10 +89,13 @@ impl Service {
                 match answer {
                     ItemAnswer::Note(note) => {
                         noted += 1;
-                        self.reply(channel, &item.event, note).await?;
+                        let lane = DeliveryLane::new(lane_name(&item.lane)?, None);
+                        self.reply(channel, &item.event, note, Some(lane)).await?;
                     }
                     ItemAnswer::Deliver | ItemAnswer::Resume(_) => {
-                        self.deliver_outcome(channel, &item.event, &run.outcome, &run.text)
+                        // The inbox's view of the run names no operation.
+                        let lane = DeliveryLane::new(lane_name(&item.lane)?, None);
+                        self.deliver_outcome(channel, &item.event, &run.outcome, &run.text, lane)
                             .await?;
                     }
                 }

@@ -45,7 +45,7 @@ impl Service {
         let post: crate::alert::PostAlert = Arc::new(move |text: String| {
             let service = Arc::clone(&service);
             let owner = owner.clone();
-            Box::pin(async move { service.post_to(&owner, &text).await.map(drop) })
+            Box::pin(async move { service.post_to(&owner, &text, None).await.map(drop) })
         });
         tokio::spawn(crate::alert::deliver(
             raised,

@@ -199,10 +199,13 @@ async fn a_run_calls_tools_in_the_sandbox_and_records_every_step() {
             "operation_started",
             "entry:user",
             "attempt_started",
+            "model_replied",
             "entry:assistant",
             "tool_started",
             "entry:tool",
+            "tool_finished",
             "attempt_started",
+            "model_replied",
             "entry:assistant",
             "operation_finished"
         ]
