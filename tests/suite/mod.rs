@@ -19,6 +19,7 @@ mod in_process;
 mod inbox;
 mod journal;
 mod lane;
+mod lane_records;
 mod log;
 mod matrix;
 mod metrics;

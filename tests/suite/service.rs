@@ -182,13 +182,13 @@ fn an_edit_on_telegram_is_journaled_and_not_answered() {
 
 /// A Telegram agent whose `perch run` died at `failpoint` while handling one message from Alice;
 /// the model answers it with `reply` if given.
-struct Crashed {
-    model: FakeModel,
-    telegram: FakeTelegram,
-    dir: tempfile::TempDir,
+pub(super) struct Crashed {
+    pub(super) model: FakeModel,
+    pub(super) telegram: FakeTelegram,
+    pub(super) dir: tempfile::TempDir,
 }
 
-fn crash_on_one_message(reply: Option<&str>, text: &str, failpoint: &str) -> Crashed {
+pub(super) fn crash_on_one_message(reply: Option<&str>, text: &str, failpoint: &str) -> Crashed {
     let model = FakeModel::start(Api::OpenAiCompletions);
     let telegram = FakeTelegram::start();
     let dir = telegram_agent(&model, &telegram);

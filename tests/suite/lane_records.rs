@@ -1,0 +1,224 @@
+//! What a lane's session log records for `perch log` besides the conversation: each model
+//! reply's usage and cost (`model_replied`), each tool call's end (`tool_finished`), and how
+//! each delivery of the lane settled (`delivery_settled`), through `perch run` with the fakes.
+
+use super::fake_model::{FakeModel, Reply, Script};
+use super::fake_telegram::{Chat, Failure, FakeTelegram, User};
+use super::service::{Crashed, crash_on_one_message, start, stop, telegram_agent, wait_until};
+use super::support::write;
+use perch_core::config::Api;
+use serde_json::{Value, json};
+use std::path::Path;
+
+/// Every line of the lane `tg-42`'s first segment, parsed.
+fn lane_lines(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join(".perch/sessions/tg-42/000001.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+fn records(lines: &[Value], kind: &str) -> Vec<Value> {
+    lines
+        .iter()
+        .filter(|line| line["kind"] == "record" && line["type"] == kind)
+        .cloned()
+        .collect()
+}
+
+fn wait_for_settlements(dir: &Path, count: usize) -> Vec<Value> {
+    wait_until("the deliveries' settlements in the lane", || {
+        records(&lane_lines(dir), "delivery_settled").len() >= count
+    });
+    records(&lane_lines(dir), "delivery_settled")
+}
+
+#[test]
+fn a_telegram_exchange_with_a_bash_call_records_usage_the_tool_and_the_delivery() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let priced = model.models_yml("fake", "m1").replace(
+        "reasoning: true",
+        "reasoning: true\n        price: { input: 1.25, output: 10 }",
+    );
+    write(dir.path(), "models.yml", &priced);
+    model.push(Script::Reply(
+        Reply::new()
+            .with_call("call-1", "bash", json!({ "command": "echo hi; exit 3" }))
+            .with_usage(1000, 200, 0),
+    ));
+    model.push(Script::text("It exited 3."));
+    let child = start(dir.path(), None);
+    let alice = User::human(42, "Alice");
+    let pushed = telegram.push_message(&Chat::private(&alice), &alice, "run it");
+    let settled = wait_for_settlements(dir.path(), 1);
+    stop(child);
+
+    let lines = lane_lines(dir.path());
+    let started = &records(&lines, "operation_started")[0];
+    let op = &started["op"];
+    let replied = records(&lines, "model_replied");
+    assert_eq!(replied.len(), 2, "{replied:?}");
+    assert_eq!(
+        (
+            &replied[0]["op"],
+            &replied[0]["attempt"],
+            &replied[0]["model"]
+        ),
+        (op, &json!(1), &json!("fake/m1"))
+    );
+    assert_eq!(
+        (
+            &replied[0]["input"],
+            &replied[0]["output"],
+            &replied[0]["cost"]
+        ),
+        (&json!(1000), &json!(200), &json!(3250)),
+        "1000 input tokens at 1.25 and 200 output at 10 per million: 3250 millionths"
+    );
+    assert!(replied[0].get("cached").is_none(), "{}", replied[0]);
+    assert_eq!(replied[1]["attempt"], 2);
+    assert_eq!(
+        (&replied[1]["input"], &replied[1]["output"]),
+        (&json!(20), &json!(10))
+    );
+
+    let tool_started = &records(&lines, "tool_started")[0];
+    let finished = records(&lines, "tool_finished");
+    assert_eq!(finished.len(), 1, "{finished:?}");
+    let finished = &finished[0];
+    assert_eq!(finished["op"], *op);
+    assert_eq!(finished["call_id"], "call-1");
+    assert_eq!(finished["result"], tool_started["result"]);
+    assert_eq!(finished["exit_code"], 3);
+    assert_eq!(finished["is_error"], false);
+    assert!(finished["duration_ms"].is_u64(), "{finished}");
+    let position = |wanted: &Value| lines.iter().position(|line| line == wanted).unwrap();
+    let result_entry = lines
+        .iter()
+        .position(|line| line["id"] == tool_started["result"])
+        .unwrap();
+    assert!(
+        position(finished) > result_entry,
+        "written after the result entry"
+    );
+    let first_assistant = lines
+        .iter()
+        .position(|line| line["body"]["role"] == "assistant")
+        .unwrap();
+    assert!(
+        position(&replied[0]) < first_assistant,
+        "written before the reply's entry"
+    );
+
+    let sent = telegram.sent();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(settled.len(), 1, "{settled:?}");
+    let settled = &settled[0];
+    assert_eq!(settled["channel"], "tg");
+    assert_eq!(settled["op"], *op);
+    assert_eq!(settled["answers"], pushed.platform_id());
+    assert_eq!(
+        settled["settled"],
+        json!({ "state": "sent", "platform_id": format!("42:{}", sent[0].message_id) })
+    );
+    assert!(
+        settled["delivery"]
+            .as_str()
+            .is_some_and(|id| !id.is_empty()),
+        "{settled}"
+    );
+    let finished_at = position(&records(&lines, "operation_finished")[0]);
+    assert!(
+        position(settled) > finished_at,
+        "settled after its run ended"
+    );
+
+    // The lane reopens with these records in it, and the next exchange is recorded the same way.
+    model.push(Script::text("again"));
+    let child = start(dir.path(), None);
+    telegram.push_message(&Chat::private(&alice), &alice, "once more");
+    let settled = wait_for_settlements(dir.path(), 2);
+    stop(child);
+    assert_eq!(telegram.sent().len(), 2);
+    assert_eq!(
+        settled[1]["answers"].as_str().unwrap().split(':').next(),
+        Some("42")
+    );
+    assert_eq!(records(&lane_lines(dir.path()), "model_replied").len(), 3);
+}
+
+#[test]
+fn a_delivery_the_platform_refuses_is_recorded_as_not_sent() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    model.push(Script::text("this will be refused"));
+    telegram.fail_next(
+        "sendMessage",
+        Failure::Api {
+            code: 400,
+            description: "Bad Request: chat not found".into(),
+        },
+    );
+    let child = start(dir.path(), None);
+    let alice = User::human(42, "Alice");
+    let pushed = telegram.push_message(&Chat::private(&alice), &alice, "hello");
+    let settled = wait_for_settlements(dir.path(), 1);
+    stop(child);
+    assert!(telegram.sent().is_empty());
+    assert_eq!(settled.len(), 1, "{settled:?}");
+    assert_eq!(settled[0]["answers"], pushed.platform_id());
+    assert_eq!(settled[0]["settled"]["state"], "not_sent", "{}", settled[0]);
+    assert!(
+        settled[0]["settled"]["reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("chat not found")),
+        "{}",
+        settled[0]
+    );
+}
+
+#[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
+fn a_delivery_of_unknown_fate_after_a_crash_is_recorded_as_unknown_once() {
+    let Crashed {
+        model: _model,
+        telegram,
+        dir,
+    } = crash_on_one_message(Some("maybe posted"), "hello", "after:delivery_intent");
+    assert!(records(&lane_lines(dir.path()), "delivery_settled").is_empty());
+    let op = records(&lane_lines(dir.path()), "operation_started")[0]["op"].clone();
+
+    let child = start(dir.path(), None);
+    let settled = wait_for_settlements(dir.path(), 1);
+    wait_until("the service", || {
+        super::service::status_json(dir.path())["running"] == true
+    });
+    stop(child);
+    assert!(telegram.sent().is_empty(), "never resent on Telegram");
+    assert_eq!(settled.len(), 1, "{settled:?}");
+    assert_eq!(settled[0]["op"], op);
+    assert_eq!(settled[0]["settled"]["state"], "unknown", "{}", settled[0]);
+    assert!(
+        settled[0]["answers"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("42:")),
+        "{}",
+        settled[0]
+    );
+
+    // Settled once: a further start records nothing more for it.
+    let child = start(dir.path(), None);
+    wait_until("the service, its outbox empty", || {
+        let status = super::service::status_json(dir.path());
+        status["running"] == true && status["outbox_pending"] == 0
+    });
+    stop(child);
+    assert_eq!(
+        records(&lane_lines(dir.path()), "delivery_settled").len(),
+        1
+    );
+}
