@@ -332,4 +332,35 @@ mod tests {
             assert_eq!(OutboxRecord::read(&item(line)).unwrap(), record);
         }
     }
+
+    #[test]
+    fn a_settlement_is_told_to_the_lane_as_sent_unknown_or_not_sent() {
+        let table = [
+            (
+                r#"{"type":"receipt","intent":1,"receipt":{"platform_id":"42:18"}}"#,
+                Some(Settled::Sent {
+                    platform_id: "42:18".into(),
+                }),
+            ),
+            (
+                r#"{"type":"unknown","intent":1,"reason":"failed: timeout"}"#,
+                Some(Settled::Unknown {
+                    reason: "failed: timeout".into(),
+                }),
+            ),
+            (
+                r#"{"type":"dropped","intent":1,"reason":"chat not found"}"#,
+                Some(Settled::NotSent {
+                    reason: "chat not found".into(),
+                }),
+            ),
+            (
+                r#"{"type":"unsent","intents":[1],"reason":"stopping"}"#,
+                None,
+            ),
+        ];
+        for (line, settled) in table {
+            assert_eq!(OutboxRecord::read(&item(line)).unwrap().settled(), settled);
+        }
+    }
 }

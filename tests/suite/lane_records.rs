@@ -222,3 +222,111 @@ fn a_delivery_of_unknown_fate_after_a_crash_is_recorded_as_unknown_once() {
         1
     );
 }
+
+#[test]
+fn a_heartbeat_message_is_recorded_as_settled_in_the_heartbeat_lane() {
+    use super::fake_discord::{FakeDiscord, TOKEN as DISCORD_TOKEN};
+    use super::service::{discord_agent, launch, perch_cli};
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let discord = FakeDiscord::start();
+    let dir = discord_agent(&model, &discord, "rooms = { standup = \"555\" }");
+    discord.guild_channel(555);
+    write(
+        dir.path(),
+        "workspace/HEARTBEAT.yml",
+        "tasks:\n  - name: digest\n    prompt: Post the stand-up digest.\n    every: 1h\n    delivery: dc:standup\n",
+    );
+    let child = launch(dir.path(), ("DISCORD_TOKEN", DISCORD_TOKEN), None);
+    wait_until("the gateway session", || discord.live_sessions() > 0);
+    model.push(Script::text("Message: All green today."));
+    let run = perch_cli(&["heartbeat", "run", "digest", dir.path().to_str().unwrap()]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let lane = dir
+        .path()
+        .join(".perch/sessions/heartbeat-digest/000001.jsonl");
+    let lines = || -> Vec<Value> {
+        std::fs::read_to_string(&lane)
+            .unwrap_or_default()
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect()
+    };
+    wait_until("the settlement in the heartbeat's lane", || {
+        !records(&lines(), "delivery_settled").is_empty()
+    });
+    stop(child);
+    assert_eq!(discord.posted().len(), 1);
+    let lines = lines();
+    let settled = records(&lines, "delivery_settled");
+    assert_eq!(settled.len(), 1, "{settled:?}");
+    let op = &records(&lines, "operation_started")[0]["op"];
+    assert_eq!(settled[0]["op"], *op, "the run that gave the verdict");
+    assert_eq!(settled[0]["channel"], "dc");
+    assert!(settled[0].get("answers").is_none(), "{}", settled[0]);
+    assert_eq!(settled[0]["settled"]["state"], "sent", "{}", settled[0]);
+    assert!(
+        settled[0]["settled"]["platform_id"]
+            .as_str()
+            .is_some_and(|id| !id.is_empty()),
+        "{}",
+        settled[0]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lua_tool_reports_the_exit_code_of_its_last_command_and_none_without_one() {
+    use perch::agent::{self, AgentDir};
+    use perch::sandbox::{self, Backend, MachineSetup};
+    use perch::tools::run_tool_coded;
+    use tokio_util::sync::CancellationToken;
+    let dir = super::support::new_agent();
+    write(
+        dir.path(),
+        "tools/codes.lua",
+        r#"
+tool("twice", {
+  description = "Runs two commands",
+  run = function(args, ctx)
+    ctx.sh("exit 4")
+    local out = ctx.sh("echo done; exit 5")
+    return out
+  end,
+})
+
+tool("plain", {
+  description = "Runs no command",
+  run = function(args, ctx)
+    return "nothing ran"
+  end,
+})
+"#,
+    );
+    let loaded = agent::load(&AgentDir::open(dir.path()).unwrap())
+        .unwrap_or_else(|problems| panic!("{problems}"));
+    let setup = MachineSetup {
+        backend: Backend::NamespaceDouble,
+        places: perch::doctor::Places::from_environment(),
+        idle: std::time::Duration::from_secs(30),
+    };
+    let machine = sandbox::machine_for(&loaded, &setup, |_| None).unwrap();
+    let no_arguments = json!({});
+    let call = |name: &'static str| {
+        run_tool_coded(
+            &loaded,
+            &machine,
+            name,
+            &no_arguments,
+            CancellationToken::new(),
+        )
+    };
+    let twice = call("twice").await;
+    assert_eq!(twice.result, Ok("done\n".to_owned()));
+    assert_eq!(twice.exit_code, Some(5));
+    let plain = call("plain").await;
+    assert_eq!(plain.result, Ok("nothing ran".to_owned()));
+    assert_eq!(plain.exit_code, None);
+}
