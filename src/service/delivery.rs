@@ -6,6 +6,9 @@
 //! rate limit never holds up another room, and within a room the pieces of a reply and the
 //! replies go out in the order their intents were recorded. The worker only carries out
 //! [`after_failure`], the retry policy.
+//!
+//! Once a settlement is in the outbox, the delivery's lane (its intent names it) is told with a
+//! `delivery_settled` record, appended by another task so that delivery never waits on a lane.
 
 use super::lanes::LaneRecords;
 use super::{Channel, Service};
@@ -643,7 +646,8 @@ impl Workers {
     }
 }
 
-/// FIFOs keyed by room, each drained by at most one worker. A room's entry exists exactly as
+/// FIFOs keyed by room (or by lane, for the records waiting for each), each drained by at most
+/// one worker. A room's entry exists exactly as
 /// long as its worker: [`RoomQueues::push`] creates it (and says a worker must start), and
 /// [`RoomQueues::next`] removes it, under the same lock, when it finds it empty, so nothing is
 /// ever queued to a room without a worker, and nothing per room outlives its use.

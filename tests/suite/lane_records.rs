@@ -330,3 +330,70 @@ tool("plain", {
     assert_eq!(plain.result, Ok("nothing ran".to_owned()));
     assert_eq!(plain.exit_code, None);
 }
+
+#[cfg(feature = "sandbox-double")]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delivery_too_old_to_send_at_a_restart_is_recorded_as_dropped() {
+    use super::in_process::InProcess;
+    use perch::channel::Delivery;
+    use perch::clock::Clock;
+    use perch::log::Journal;
+    use perch::outbox::{DeliveryLane, OutboxRecord};
+    use perch_core::name::LaneName;
+    use std::time::{Duration, Instant};
+    let service = InProcess::start(perch::service::LaneLimits::default(), |dir| {
+        // What a crash two hours ago left: the lane, and a reply in it recorded and never sent.
+        let lane = LaneName::try_from("tg-7").unwrap();
+        std::fs::create_dir_all(dir.join(".perch/sessions/tg-7")).unwrap();
+        let two_hours_ago = chrono::Utc::now() - chrono::Duration::hours(2);
+        let (mut outbox, _) = Journal::open(
+            &dir.join(".perch/outbox"),
+            8 << 20,
+            Clock::new(move || two_hours_ago),
+        )
+        .unwrap();
+        let intent = OutboxRecord::Intent {
+            channel: "tg".into(),
+            delivery: Delivery {
+                id: "d0123456789abcdef01234567".into(),
+                room: "7".into(),
+                thread: None,
+                reply_to: Some("7:1".into()),
+                text: "too late".into(),
+                attachments: Vec::new(),
+            },
+            lane: Some(DeliveryLane::new(lane, None)),
+        };
+        outbox
+            .append(&[serde_json::to_value(&intent).unwrap()])
+            .unwrap();
+    });
+    let lane = service.dir.path().join(".perch/sessions/tg-7/000001.jsonl");
+    let settled = || -> Vec<Value> {
+        let lines: Vec<Value> = std::fs::read_to_string(&lane)
+            .unwrap_or_default()
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect();
+        records(&lines, "delivery_settled")
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while settled().is_empty() {
+        assert!(Instant::now() < deadline, "no settlement in the lane");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(service.seen(|seen| seen.posted.is_empty()), "not sent late");
+    let _dir = service.stop().await;
+    assert_eq!(
+        settled(),
+        [json!({
+            "kind": "record",
+            "type": "delivery_settled",
+            "delivery": "d0123456789abcdef01234567",
+            "channel": "tg",
+            "answers": "7:1",
+            "settled": { "state": "dropped", "reason": "older than the outbox's time to live" },
+            "at": settled()[0]["at"],
+        })]
+    );
+}
