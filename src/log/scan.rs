@@ -178,6 +178,7 @@ fn find_runs(
         },
     };
     Ok(Some(ItemRuns {
+        op,
         outcome,
         text,
         resumed,

@@ -93,8 +93,7 @@ impl Service {
                         self.reply(channel, &item.event, note, Some(lane)).await?;
                     }
                     ItemAnswer::Deliver | ItemAnswer::Resume(_) => {
-                        // The inbox's view of the run names no operation.
-                        let lane = DeliveryLane::new(lane_name(&item.lane)?, None);
+                        let lane = DeliveryLane::new(lane_name(&item.lane)?, Some(run.op));
                         self.deliver_outcome(channel, &item.event, &run.outcome, &run.text, lane)
                             .await?;
                     }

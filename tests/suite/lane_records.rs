@@ -397,3 +397,27 @@ async fn a_delivery_too_old_to_send_at_a_restart_is_recorded_as_dropped() {
         })]
     );
 }
+
+#[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
+fn a_reply_delivered_after_a_restart_names_the_run_it_carries() {
+    let Crashed {
+        model: _model,
+        telegram,
+        dir,
+    } = crash_on_one_message(
+        Some("the answer, once"),
+        "what is it?",
+        "before:delivery_intent",
+    );
+    let op = records(&lane_lines(dir.path()), "operation_started")[0]["op"].clone();
+    let child = start(dir.path(), None);
+    let settled = wait_for_settlements(dir.path(), 1);
+    wait_until("the service", || {
+        super::service::status_json(dir.path())["running"] == true
+    });
+    stop(child);
+    assert_eq!(telegram.sent().len(), 1);
+    assert_eq!(settled[0]["op"], op, "{}", settled[0]);
+    assert_eq!(settled[0]["settled"]["state"], "sent");
+}

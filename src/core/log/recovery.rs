@@ -127,6 +127,8 @@ pub fn interrupted_result(tool: &PendingTool, parent: Option<EntryId>, at: Times
 /// recovery has closed them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ItemRuns {
+    /// The item's latest run.
+    pub op: OperationId,
     /// How the item's latest run ended.
     pub outcome: Outcome,
     /// That run's last assistant text.
@@ -283,6 +285,7 @@ mod tests {
             reason: "perch stopped".into(),
         };
         let runs = |outcome: &Outcome, resumed, user_entry, irreversible: &[&str]| ItemRuns {
+            op: OperationId::from_bytes([1; 16]),
             outcome: outcome.clone(),
             text: "hello".into(),
             resumed,
