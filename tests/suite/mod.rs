@@ -20,6 +20,7 @@ mod inbox;
 mod journal;
 mod lane;
 mod log;
+mod log_view;
 mod matrix;
 mod metrics;
 mod model;
