@@ -695,3 +695,100 @@ mod schema_check {
         Ok(())
     }
 }
+
+#[test]
+fn through_perch_run_a_message_and_its_answer_show_while_it_runs() {
+    use super::fake_model::{FakeModel, Reply};
+    use super::fake_telegram::{BOT_USERNAME, Chat, FakeTelegram, TOKEN, User};
+    use super::service::{agent_with, start, stop, wait_until};
+    let model = FakeModel::start(perch_core::config::Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = agent_with(
+        &model,
+        "channels/tg.lua",
+        &format!(
+            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {:?},\n  rooms = {{ team = \"-100\" }}, allow = {{ rooms = {{ \"team\" }} }} }}\n",
+            telegram.api_url()
+        ),
+    );
+    model.push(Reply::text("noted").with_reasoning("the user greets me"));
+    let child = start(dir.path(), None);
+    telegram.push_message(
+        &Chat::group(-100, "Team"),
+        &User::human(11, "Ana\u{202e}"),
+        &format!("@{BOT_USERNAME} hello, my token is {TOKEN}"),
+    );
+    wait_until("the answer", || telegram.sent().len() == 1);
+    let dir_arg = dir.path().to_str().unwrap();
+    let shown = |args: &[&str]| {
+        let mut all = vec!["log", dir_arg];
+        all.extend_from_slice(args);
+        ok(&perch(&all, &[("TELEGRAM_TOKEN", TOKEN)]))
+    };
+    let mut text = String::new();
+    wait_until("the run in the log", || {
+        text = shown(&["tg:team"]);
+        text.contains("reply     noted")
+    });
+    for expected in [
+        "tg:team  Ana (11)",
+        &format!("user      Ana: @{BOT_USERNAME} hello, my token is <redacted>"),
+        "[reasoning: 18 chars]",
+        "reply     noted",
+        "end       completed",
+    ] {
+        assert!(text.contains(expected), "{expected:?} in\n{text}");
+    }
+    assert!(!text.contains(TOKEN), "{text}");
+    assert!(!text.contains('\u{202e}'), "{text}");
+    stop(child);
+    assert_eq!(
+        shown(&["tg:team"]),
+        text,
+        "the same after the service stopped"
+    );
+    assert_eq!(shown(&["discord"]), "no turns to show\n");
+}
+
+#[test]
+fn follow_prints_the_last_turns_and_stops_on_sigterm() {
+    use std::io::Read;
+    let agent = agent_with_lanes();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_perch"))
+        .args(["log", agent.path().to_str().unwrap(), "--follow", "-n", "1"])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = std::thread::spawn({
+        let seen = std::sync::Arc::clone(&seen);
+        move || {
+            let mut buffer = [0u8; 4096];
+            while let Ok(read) = stdout.read(&mut buffer) {
+                if read == 0 {
+                    break;
+                }
+                seen.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buffer[..read]));
+            }
+        }
+    });
+    super::service::wait_until("the last turn", || {
+        seen.lock()
+            .unwrap()
+            .contains("lane heartbeat-digest: 1 turn shown")
+    });
+    super::service::terminate(&child);
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        !seen.lock().unwrap().contains("telegram-team"),
+        "only the last turn"
+    );
+}
