@@ -1528,7 +1528,7 @@ fn log_command(args: LogArgs) -> Result<ExitCode, String> {
     let text = if args.json {
         let mut out = String::new();
         for event in turns.iter().flat_map(|turn| &turn.events) {
-            out.push_str(&serde_json::to_string(event).map_err(|error| error.to_string())?);
+            out.push_str(&perch_core::transcript::json_line(event));
             out.push('\n');
         }
         out
@@ -1703,7 +1703,7 @@ fn follow_log(sessions: &Path, query: &perch::transcript::Query, json: bool) -> 
                     }
                     let mut out = String::new();
                     if json {
-                        out.push_str(&serde_json::to_string(&event).map_err(|error| error.to_string())?);
+                        out.push_str(&perch_core::transcript::json_line(&event));
                         out.push('\n');
                     } else {
                         if event.turn.as_ref() == Some(&event.position) {

@@ -224,7 +224,7 @@ impl SegmentFile {
                         self.damaged(
                             number,
                             format!(
-                                "torn: {} bytes without an end of line (a write cut short; perch run cuts it off when it next opens the lane)",
+                                "torn: {} bytes without an end of line (being written now, or cut short by a crash; perch run cuts it off when it next opens the lane)",
                                 rest.len()
                             ),
                         ),

@@ -709,3 +709,75 @@ fn every_delivery_state_and_damage_is_drawn() {
     assert_eq!(json["position"]["offset"], 99);
     assert_eq!(json["line"], 7);
 }
+
+#[test]
+fn json_lines_escape_what_a_terminal_would_act_on_and_still_decode() {
+    let said = "a\u{1b}[2J b\u{202e}c d\u{9b}e f\u{e0041}g 👍";
+    let turns = assemble(vec![started(1, false, 1), user(2, said, None, 1)]);
+    let line = json_line(&turns[0].events[1]);
+    assert!(
+        line.chars()
+            .all(|ch| !crate::terminal::is_unsafe_for_terminal(ch)),
+        "{line}"
+    );
+    assert!(
+        line.contains("\\u202e") && line.contains("\\udb40\\udc41"),
+        "{line}"
+    );
+    let back: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(back["messages"][0]["text"], said);
+}
+
+#[test]
+fn a_compaction_and_the_segment_it_starts_are_drawn_in_the_turn_before() {
+    let turns = assemble(vec![
+        started(1, false, 1),
+        user(2, "hi", None, 1),
+        finished(1, Outcome::Completed, 1),
+        Line::Record(Record::OperationStarted {
+            op: op(3),
+            intent: Intent::Compact,
+            consumes: vec![],
+            resumed: false,
+            at: at(2),
+        }),
+        Line::Entry(crate::conversation::summary_entry(
+            id(4),
+            "the summary",
+            Some(id(2)),
+            at(2),
+        )),
+        finished(3, Outcome::Completed, 2),
+        Line::Header(Header {
+            version: 1,
+            session: crate::id::SessionId::from_bytes([7; 16]),
+            lane: lane(),
+            segment: 2,
+            created: at(2),
+            previous: Some(Previous {
+                file: "000001.jsonl".into(),
+                leaf: Some(id(4)),
+            }),
+        }),
+    ]);
+    assert_eq!(turns.len(), 1);
+    let mut text = String::new();
+    render_turn(&turns[0], &mut text);
+    for expected in [
+        "compact   compaction started",
+        "compact   summary of 11 chars; the lane continues from it",
+        "end       compaction completed",
+        "log       segment 2, continuing 000001.jsonl",
+    ] {
+        assert!(text.contains(expected), "{expected:?} in\n{text}");
+    }
+    let summary = turns[0]
+        .events
+        .iter()
+        .find_map(|event| match &event.kind {
+            EventKind::CompactionSummary { replaces, .. } => Some(replaces.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(summary, Some(id(2).to_string()));
+}
