@@ -351,6 +351,8 @@ pub struct Assembler {
     /// Operations whose last request has had no reply yet.
     awaiting: HashMap<OperationId, bool>,
     tools: HashMap<String, String>,
+    /// The turn of each delivery a heartbeat outcome names.
+    deliveries: HashMap<String, usize>,
     /// The operation running now and whether its user entry was written.
     running: Option<(OperationId, bool)>,
     /// Turns whose last operation ended interrupted.
@@ -367,6 +369,7 @@ impl Assembler {
             intents: HashMap::new(),
             awaiting: HashMap::new(),
             tools: HashMap::new(),
+            deliveries: HashMap::new(),
             running: None,
             interrupted: Vec::new(),
         }
@@ -740,10 +743,21 @@ impl Assembler {
                 self.ops.insert(*op, index);
                 index
             }
-            EventKind::DeliverySettled { op: Some(op), .. } => match self.ops.get(op) {
-                Some(&index) => index,
-                None => self.current(),
-            },
+            EventKind::DeliverySettled { op, delivery, .. } => {
+                let by_op = op.as_ref().and_then(|op| self.ops.get(op));
+                match by_op.or_else(|| self.deliveries.get(delivery)) {
+                    Some(&index) => index,
+                    None => self.current(),
+                }
+            }
+            EventKind::HeartbeatOutcome {
+                delivery: Some(delivery),
+                ..
+            } => {
+                let index = self.current();
+                self.deliveries.insert(delivery.clone(), index);
+                index
+            }
             EventKind::CompactionStarted { op } => {
                 let index = self.current();
                 self.ops.insert(*op, index);
@@ -820,9 +834,14 @@ impl Assembler {
         };
         let into = index - 1;
         let start = self.turns[into].start.clone();
-        for op in self.ops.values_mut() {
-            if *op == index {
-                *op = into;
+        for turn in self
+            .ops
+            .values_mut()
+            .chain(self.deliveries.values_mut())
+            .chain(self.interrupted.iter_mut())
+        {
+            if *turn == index {
+                *turn = into;
             }
         }
         let target = &mut self.turns[into];

@@ -286,6 +286,51 @@ fn turns_begin_at_runs_and_gather_what_each_run_did() {
             ]],
         },
         Case {
+            name: "a heartbeat's delivery, settled after the next firing, joins its turn",
+            lines: vec![
+                started(1, false, 1),
+                user(
+                    2,
+                    "[heartbeat digest for 2026-12-02T09:00:00+00:00]",
+                    None,
+                    1,
+                ),
+                finished(1, Outcome::Completed, 1),
+                heartbeat_note(
+                    serde_json::json!({"outcome": "message", "text": "Hi.", "target": "ops:standup", "delivery": "d-9"}),
+                    1,
+                ),
+                started(3, false, 2),
+                user(
+                    4,
+                    "[heartbeat digest for 2026-12-02T10:00:00+00:00]",
+                    None,
+                    2,
+                ),
+                Line::Record(Record::DeliverySettled {
+                    delivery: "d-9".into(),
+                    channel: "ops".into(),
+                    op: None,
+                    answers: None,
+                    settled: Settled::Sent {
+                        platform_id: "77".into(),
+                    },
+                    at: at(2),
+                }),
+                finished(3, Outcome::Completed, 2),
+            ],
+            turns: vec![
+                vec![
+                    "run_started",
+                    "heartbeat_prompt",
+                    "operation_finished",
+                    "heartbeat_outcome",
+                    "delivery_settled",
+                ],
+                vec!["run_started", "heartbeat_prompt", "operation_finished"],
+            ],
+        },
+        Case {
             name: "a steer joins the run under way",
             lines: vec![
                 started(1, false, 1),
