@@ -1359,8 +1359,8 @@ pub fn render_event(event: &TranscriptEvent) -> Vec<String> {
             safe(slot)
         )),
         EventKind::HeartbeatCorrection { reason, .. } => lines.push(format!(
-            "  {:<10}the reply was not a verdict ({}); the model was asked again",
-            "again",
+            "  {:<10}asked again for a verdict, since {}",
+            "corrected",
             safe(reason)
         )),
         EventKind::AttemptStarted { attempt, .. } => lines.push(format!(
@@ -1396,7 +1396,7 @@ pub fn render_event(event: &TranscriptEvent) -> Vec<String> {
             if *reasoning_chars > 0 {
                 lines.push(format!(
                     "  {:<10}[reasoning: {reasoning_chars} chars]",
-                    ""
+                    "reasoning"
                 ));
             }
             if !text.is_empty() {

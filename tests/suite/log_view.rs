@@ -373,7 +373,7 @@ fn a_conversation_shows_its_turns_tools_deliveries_heartbeat_and_recovery() {
         "delivery  sent as message -100:44 on telegram (tg-delivery-2), answering -100:43",
         "heartbeat-digest  heartbeat digest (slot 2026-12-02T03:30:00+00:00)",
         "verdict   invalid: the reply is not a verdict",
-        "again     the reply was not a verdict (the reply is not a verdict",
+        "corrected asked again for a verdict, since the reply is not a verdict",
         "verdict   valid: message",
         "outcome   message (scheduled run of digest for slot 2026-12-02T03:30:00+00:00) to telegram:team as delivery tg-delivery-3",
         "lane telegram-team: 2 turns shown, 3600 tokens in, 130 out, cost 0.0038",
