@@ -16,16 +16,26 @@ use std::io::ErrorKind;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+/// What went wrong with a file, and what to do when it is a matter of permissions.
+fn problem(action: &str, path: &Path, error: &std::io::Error) -> String {
+    let fix = if error.kind() == ErrorKind::PermissionDenied {
+        "; run perch log as the user that runs the agent (for a service, `sudo -u perch perch log DIR`)"
+    } else {
+        ""
+    };
+    format!("cannot {action} {}: {error}{fix}", path.display())
+}
+
 /// The lanes under `sessions`, by name.
 pub fn lane_names(sessions: &Path) -> Result<Vec<LaneName>, String> {
     let listing = match fs::read_dir(sessions) {
         Ok(listing) => listing,
         Err(error) if error.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(error) => return Err(format!("cannot list {}: {error}", sessions.display())),
+        Err(error) => return Err(problem("list", sessions, &error)),
     };
     let mut names = Vec::new();
     for item in listing {
-        let item = item.map_err(|error| format!("cannot list {}: {error}", sessions.display()))?;
+        let item = item.map_err(|error| problem("list", sessions, &error))?;
         if !item.path().is_dir() {
             continue;
         }
@@ -48,8 +58,7 @@ fn index_file(dir: &Path, number: u32) -> PathBuf {
 }
 
 fn segment_numbers(dir: &Path) -> Result<Vec<u32>, String> {
-    let listing =
-        fs::read_dir(dir).map_err(|error| format!("cannot list {}: {error}", dir.display()))?;
+    let listing = fs::read_dir(dir).map_err(|error| problem("list", dir, &error))?;
     let mut numbers: Vec<u32> = listing
         .filter_map(Result::ok)
         .filter_map(|item| {
@@ -76,11 +85,10 @@ struct SegmentFile {
 impl SegmentFile {
     fn open(dir: &Path, number: u32) -> Result<SegmentFile, String> {
         let path = segment_file(dir, number);
-        let file = File::open(&path)
-            .map_err(|error| format!("cannot open {}: {error}", path.display()))?;
+        let file = File::open(&path).map_err(|error| problem("open", &path, &error))?;
         let len = file
             .metadata()
-            .map_err(|error| format!("cannot inspect {}: {error}", path.display()))?
+            .map_err(|error| problem("inspect", &path, &error))?
             .len();
         let mut segment = SegmentFile {
             number,
@@ -144,7 +152,7 @@ impl SegmentFile {
         let mut bytes = vec![0; usize::try_from(to.saturating_sub(from)).unwrap_or(0)];
         self.file
             .read_exact_at(&mut bytes, from)
-            .map_err(|error| format!("cannot read {}: {error}", self.path.display()))?;
+            .map_err(|error| problem("read", &self.path, &error))?;
         Ok(bytes)
     }
 
@@ -413,7 +421,7 @@ pub fn lane_stats(sessions: &Path) -> Result<Vec<LaneStats>, String> {
 fn one_lane_stats(sessions: &Path, lane: &LaneName) -> Result<LaneStats, String> {
     let dir = sessions.join(lane.as_str());
     let bytes = fs::read_dir(&dir)
-        .map_err(|error| format!("cannot list {}: {error}", dir.display()))?
+        .map_err(|error| problem("list", &dir, &error))?
         .filter_map(Result::ok)
         .filter_map(|item| item.metadata().ok())
         .filter(fs::Metadata::is_file)
