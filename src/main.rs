@@ -1536,8 +1536,7 @@ fn log_command(args: LogArgs) -> Result<ExitCode, String> {
         transcript_text(&turns)
     };
     if args.follow {
-        emit(&text)?;
-        follow_log(&sessions, &query, args.json)?;
+        follow_log(&sessions, &query, &text, args.json)?;
     } else {
         page(&text)?;
     }
@@ -1651,9 +1650,14 @@ fn page(text: &str) -> Result<(), String> {
     }
 }
 
-/// Streams every line appended from the ends `query` was read to, rendered as the tail was,
-/// until SIGINT or SIGTERM.
-fn follow_log(sessions: &Path, query: &perch::transcript::Query, json: bool) -> Result<(), String> {
+/// Prints `tail`, then streams every line appended from the ends `query` was read to, rendered
+/// as the tail was, until SIGINT or SIGTERM (listened for before the tail is printed).
+fn follow_log(
+    sessions: &Path,
+    query: &perch::transcript::Query,
+    tail: &str,
+    json: bool,
+) -> Result<(), String> {
     use perch_core::transcript::{Assembler, EventKind, footing, heading, render_event};
     let mut assemblers: std::collections::BTreeMap<LaneName, Assembler> =
         std::collections::BTreeMap::new();
@@ -1669,6 +1673,7 @@ fn follow_log(sessions: &Path, query: &perch::transcript::Query, json: bool) -> 
     let runtime = runtime()?;
     runtime.block_on(async {
         let mut signals = StopSignals::listen()?;
+        emit(tail)?;
         let stop = CancellationToken::new();
         let (sender, mut lines) = tokio::sync::mpsc::channel(1024);
         let following = tokio::spawn({

@@ -792,3 +792,44 @@ fn follow_prints_the_last_turns_and_stops_on_sigterm() {
         "only the last turn"
     );
 }
+
+#[test]
+fn the_tail_is_read_from_the_index_without_parsing_what_comes_before() {
+    let agent = agent_with_lanes();
+    let sessions = agent.path().join(".perch/sessions");
+    let lane = LaneName::try_from("telegram-team").unwrap();
+    let segment = sessions.join("telegram-team/000001.jsonl");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let needle = b"why is the build red";
+    let at = bytes
+        .windows(needle.len())
+        .position(|window| window == needle)
+        .unwrap();
+    bytes[at] = b'\x00';
+    std::fs::write(&segment, &bytes).unwrap();
+
+    let last = perch::transcript::read_lane(&sessions, &lane, Some(1), None).unwrap();
+    assert!(!last.from_start);
+    let first = &last.lines[0];
+    assert!(
+        matches!(
+            &first.1,
+            perch_core::log::ReadLine::Line(Line::Record(Record::OperationStarted { op: started, .. }))
+                if *started == op(8)
+        ),
+        "the read begins at the last run's start: {first:?}"
+    );
+    assert!(
+        last.lines
+            .iter()
+            .all(|(_, line)| !matches!(line, perch_core::log::ReadLine::Damaged { .. })),
+        "the damaged line before it is never read"
+    );
+    let whole = perch::transcript::read_lane(&sessions, &lane, None, None).unwrap();
+    assert!(whole.from_start);
+    assert_eq!(whole.lines.len(), 24);
+    assert!(matches!(
+        &whole.lines[2].1,
+        perch_core::log::ReadLine::Damaged { line: 3, .. }
+    ));
+}
