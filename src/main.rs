@@ -1504,14 +1504,22 @@ fn log_command(args: LogArgs) -> Result<ExitCode, String> {
             })
         })
         .transpose()?;
+    let (redaction, rooms) = log_context(&agent_dir);
+    let mut place = place.as_deref().map(Place::parse).transpose()?;
+    if let Some(place) = &mut place
+        && let Some((_, alias, _)) = rooms
+            .iter()
+            .find(|(channel, _, id)| channel == &place.channel && place.room.as_ref() == Some(id))
+    {
+        place.room = Some(alias.clone());
+    }
     let selection = Selection {
-        place: place.as_deref().map(Place::parse).transpose()?,
+        place,
         sender: args.sender.clone(),
         task: args.task.clone(),
         since: when(&args.since, "--since")?,
         until: when(&args.until, "--until")?,
     };
-    let redaction = log_redaction(&agent_dir);
     let ends = if args.follow {
         perch::log::follow::ends(&sessions).map_err(|error| error.to_string())?
     } else {
@@ -1576,11 +1584,27 @@ fn transcript_text(turns: &[perch_core::transcript::Turn]) -> String {
 }
 
 /// The values of the agent's secrets in this environment (sandbox secrets, provider keys,
-/// channel credentials), to be cut out of everything shown. When the agent's files do not
-/// check, every variable whose name says it holds a credential counts.
-fn log_redaction(agent_dir: &AgentDir) -> perch_core::transcript::Redaction {
+/// channel credentials), to be cut out of everything shown, and each channel's declared rooms
+/// as (channel, alias, platform id). When the agent's files do not check, every variable whose
+/// name says it holds a credential counts as a secret.
+fn log_context(
+    agent_dir: &AgentDir,
+) -> (
+    perch_core::transcript::Redaction,
+    Vec<(String, String, String)>,
+) {
+    let mut rooms = Vec::new();
     let names: Vec<String> = match agent::load(agent_dir) {
         Ok(loaded) => {
+            for channel in &loaded.channels {
+                for (alias, id) in &channel.config.rooms {
+                    rooms.push((
+                        channel.config.name.to_string(),
+                        alias.to_string(),
+                        id.clone(),
+                    ));
+                }
+            }
             let definition = &loaded.definition;
             definition
                 .sandbox
@@ -1616,7 +1640,10 @@ fn log_redaction(agent_dir: &AgentDir) -> perch_core::transcript::Redaction {
             })
             .collect(),
     };
-    perch_core::transcript::Redaction::new(names.iter().filter_map(|name| std::env::var(name).ok()))
+    let redaction = perch_core::transcript::Redaction::new(
+        names.iter().filter_map(|name| std::env::var(name).ok()),
+    );
+    (redaction, rooms)
 }
 
 /// `text` through `$PAGER` (default `less -FRX`) when standard output is a terminal.

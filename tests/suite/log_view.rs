@@ -748,6 +748,11 @@ fn through_perch_run_a_message_and_its_answer_show_while_it_runs() {
         "the same after the service stopped"
     );
     assert_eq!(shown(&["discord"]), "no turns to show\n");
+    assert_eq!(
+        shown(&["--channel", "tg:-100"]),
+        text,
+        "a declared room is found by its platform id too"
+    );
 }
 
 #[test]
