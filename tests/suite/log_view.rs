@@ -838,3 +838,67 @@ fn the_tail_is_read_from_the_index_without_parsing_what_comes_before() {
         perch_core::log::ReadLine::Damaged { line: 3, .. }
     ));
 }
+
+#[test]
+fn the_last_turns_reach_back_across_a_segment_roll() {
+    let agent = new_agent();
+    let sessions = agent.path().join(".perch/sessions");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let lane = LaneName::try_from("terminal").unwrap();
+        let (log, _) = LaneLog::open(&sessions, &lane, system_clock()).unwrap();
+        for n in 0..6u8 {
+            if n == 4 {
+                log.roll().await.unwrap();
+            }
+            let base = 10 * (n + 1);
+            for line in [
+                started(base, false, u32::from(n)),
+                entry(
+                    base + 1,
+                    None,
+                    Role::User,
+                    vec![text(&format!("question {n}"))],
+                    vec![],
+                    u32::from(n),
+                ),
+                entry(
+                    base + 2,
+                    Some(base + 1),
+                    Role::Assistant,
+                    vec![text(&format!("answer {n}"))],
+                    vec![],
+                    u32::from(n),
+                ),
+                finished(base, Outcome::Completed, u32::from(n)),
+            ] {
+                log.append(&line).await.unwrap();
+            }
+        }
+        log.close().await.unwrap();
+    });
+    let text = ok(&log(agent.path(), &["-n", "3"]));
+    let questions: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("  user      "))
+        .collect();
+    assert_eq!(
+        questions,
+        vec!["question 3", "question 4", "question 5"],
+        "{text}"
+    );
+    assert!(
+        text.contains("log       segment 2, continuing 000001.jsonl"),
+        "{text}"
+    );
+    let json = ok(&log(agent.path(), &["-n", "3", "--json"]));
+    let segments: std::collections::BTreeSet<u64> = json
+        .lines()
+        .map(|line| {
+            serde_json::from_str::<serde_json::Value>(line).unwrap()["position"]["segment"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(segments, [1, 2].into_iter().collect());
+}
