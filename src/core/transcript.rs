@@ -2,11 +2,12 @@
 //! predicates that select turns, and the text they are drawn as.
 //!
 //! A turn is one user entry or heartbeat firing and everything the run it started did, up to its
-//! delivery: it begins at an `operation_started` of a run. Three runs join the turn before them
-//! instead of beginning one: a run `resumed` after a crash interrupted the previous one, and the
-//! correction a heartbeat sends after an invalid verdict. Everything else (compactions, segment
-//! headers, notes, tail repairs, damaged lines) belongs to the turn it follows; a settled
-//! delivery belongs to the turn of the operation it names.
+//! delivery: it begins at an `operation_started` of a run. Two kinds of run join the turn before
+//! them instead of beginning one: a run `resumed` after a crash interrupted the previous one,
+//! and the correction a heartbeat sends after an invalid verdict. Everything else (compactions,
+//! segment headers, notes, tail repairs, damaged lines) belongs to the turn it follows; a
+//! settled delivery belongs to the turn of the operation it names (or of the heartbeat outcome
+//! that named the delivery).
 //!
 //! Every event is one line of the log, named by its [`LinePosition`], so `position` is its
 //! identity: stable across segment rolls and restarts. [`TranscriptEvent`] is both what
@@ -1052,8 +1053,8 @@ impl Place {
 }
 
 impl Selection {
-    /// Whether `turn` is selected. A turn without a time is selected by a time window only
-    /// when nothing else in it has a time either.
+    /// Whether `turn` is selected. A turn without a time (only damaged lines) passes any time
+    /// window.
     pub fn selects(&self, turn: &Turn) -> bool {
         let facts = &turn.facts;
         if let Some(place) = &self.place {
