@@ -35,5 +35,6 @@ pub mod spend;
 pub mod starts;
 pub mod toolbox;
 pub mod tools;
+pub mod transcript;
 pub mod trust;
 pub mod workspace;

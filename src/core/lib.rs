@@ -38,6 +38,7 @@ pub mod spend;
 pub mod sse;
 pub mod starts;
 pub mod terminal;
+pub mod transcript;
 pub mod tree;
 pub mod trust;
 pub mod yaml;

@@ -21,6 +21,7 @@ mod journal;
 mod lane;
 mod lane_records;
 mod log;
+mod log_view;
 mod matrix;
 mod metrics;
 mod model;

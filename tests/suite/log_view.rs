@@ -1,0 +1,904 @@
+//! `perch log`: the real binary reading lanes written through the real lane writer, with every
+//! kind of line a reader needs to see, damaged lines among them.
+
+use super::support::{new_agent, perch, stderr, stdout, tree};
+use chrono::{DateTime, TimeZone, Utc};
+use perch::clock::system_clock;
+use perch::log::LaneLog;
+use perch_core::config::Replay;
+use perch_core::id::{EntryId, OperationId};
+use perch_core::log::{
+    Entry, EntryBody, Intent, Line, Message, Outcome, Part, Record, Role, Settled,
+};
+use perch_core::name::{LaneName, ToolName};
+use perch_core::origin::{MessageOrigin, Person, Quoted};
+use perch_core::spend::Money;
+use std::path::Path;
+
+const SECRET: &str = "sk-log-view-7f3a9c1e55d0b2";
+
+fn at(minute: u32) -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 12, 2, 3, minute, 0).unwrap()
+}
+
+fn op(n: u8) -> OperationId {
+    OperationId::from_bytes([n; 16])
+}
+
+fn id(n: u8) -> EntryId {
+    EntryId::from_bytes([n; 16])
+}
+
+fn started(n: u8, resumed: bool, minute: u32) -> Line {
+    Line::Record(Record::OperationStarted {
+        op: op(n),
+        intent: Intent::Run,
+        consumes: vec![format!("inbox:{n}")],
+        resumed,
+        at: at(minute),
+    })
+}
+
+fn finished(n: u8, outcome: Outcome, minute: u32) -> Line {
+    Line::Record(Record::OperationFinished {
+        op: op(n),
+        outcome,
+        at: at(minute),
+    })
+}
+
+fn entry(
+    n: u8,
+    parent: Option<u8>,
+    role: Role,
+    parts: Vec<Part>,
+    origins: Vec<MessageOrigin>,
+    minute: u32,
+) -> Line {
+    Line::Entry(Entry {
+        id: id(n),
+        parent: parent.map(id),
+        at: at(minute),
+        body: EntryBody::Message(Message {
+            role,
+            parts,
+            origins,
+        }),
+    })
+}
+
+fn text(text: &str) -> Part {
+    Part::Text { text: text.into() }
+}
+
+fn from(id: &str, name: &str, minute: u32) -> MessageOrigin {
+    MessageOrigin {
+        sender: Person {
+            id: id.into(),
+            name: name.into(),
+        },
+        channel: "telegram".into(),
+        room: "team".into(),
+        thread: None,
+        sent_at: at(minute),
+        direct: false,
+        replying_to: None,
+        earlier: Vec::new(),
+    }
+}
+
+fn replied(n: u8, attempt: u32, input: u64, output: u64, micros: u64, minute: u32) -> Line {
+    Line::Record(Record::ModelReplied {
+        op: op(n),
+        attempt,
+        model: "openai/gpt-5-mini".into(),
+        input,
+        output,
+        cached: 0,
+        cost: Some(Money::from_micros(micros)),
+        at: at(minute),
+    })
+}
+
+fn attempt(n: u8, attempt: u32, minute: u32) -> Line {
+    Line::Record(Record::AttemptStarted {
+        op: op(n),
+        attempt,
+        at: at(minute),
+    })
+}
+
+/// Writes `lines` to `lane` through the lane writer, as `perch run` would.
+fn write_lane(agent: &Path, lane: &str, lines: &[Line]) {
+    let sessions = agent.join(".perch/sessions");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let lane = LaneName::try_from(lane).unwrap();
+        let (log, _) = LaneLog::open(&sessions, &lane, system_clock()).unwrap();
+        for line in lines {
+            log.append(line).await.unwrap();
+        }
+        log.close().await.unwrap();
+    });
+}
+
+/// The team's lane: a question answered with a tool call and a delivery of unknown fate; then
+/// a run a crash interrupted, resumed after the restart and delivered.
+fn team_lane() -> Vec<Line> {
+    let asked = MessageOrigin {
+        replying_to: Some(Quoted {
+            platform_id: "-100:41".into(),
+            author: Some(Person {
+                id: "2002".into(),
+                name: "Bo".into(),
+            }),
+            text: "the build broke".into(),
+        }),
+        ..from("1001", "Ana", 1)
+    };
+    vec![
+        started(1, false, 1),
+        entry(
+            2,
+            None,
+            Role::User,
+            vec![text("why is the build red? \u{1b}[31mhi")],
+            vec![asked],
+            1,
+        ),
+        attempt(1, 1, 1),
+        replied(1, 1, 1200, 80, 1500, 1),
+        entry(
+            3,
+            Some(2),
+            Role::Assistant,
+            vec![
+                Part::Reasoning {
+                    text: "r".repeat(312),
+                    signature: None,
+                },
+                Part::ToolCall {
+                    call_id: "call-1".into(),
+                    name: "bash".into(),
+                    arguments: serde_json::json!({ "command": "cargo test" }),
+                },
+            ],
+            vec![],
+            1,
+        ),
+        Line::Record(Record::ToolStarted {
+            op: op(1),
+            call_id: "call-1".into(),
+            tool: ToolName::try_from("bash").unwrap(),
+            arguments: serde_json::json!({ "command": "cargo test" }),
+            result: id(4),
+            replay: Replay::Never,
+            at: at(1),
+        }),
+        entry(
+            4,
+            Some(3),
+            Role::Tool,
+            vec![Part::ToolResult {
+                call_id: "call-1".into(),
+                output: format!(
+                    "running 3 tests\ntest a ... ok\ntest b ... FAILED\nkey {SECRET}\nline 5\nline 6\n"
+                ),
+                is_error: false,
+            }],
+            vec![],
+            2,
+        ),
+        Line::Record(Record::ToolFinished {
+            op: op(1),
+            call_id: "call-1".into(),
+            result: id(4),
+            duration_ms: 2300,
+            exit_code: Some(101),
+            is_error: false,
+            at: at(2),
+        }),
+        attempt(1, 2, 2),
+        replied(1, 2, 1500, 40, 1600, 2),
+        entry(
+            5,
+            Some(4),
+            Role::Assistant,
+            vec![text("test b fails: it expects UTC.")],
+            vec![],
+            2,
+        ),
+        finished(1, Outcome::Completed, 2),
+        Line::Record(Record::DeliverySettled {
+            delivery: "tg-delivery-1".into(),
+            channel: "telegram".into(),
+            op: Some(op(1)),
+            answers: Some("-100:42".into()),
+            settled: Settled::Unknown {
+                reason: "perch stopped while sending".into(),
+            },
+            at: at(3),
+        }),
+        started(6, false, 10),
+        entry(
+            7,
+            Some(5),
+            Role::User,
+            vec![text("deploy it")],
+            vec![from("2002", "Bo", 10)],
+            10,
+        ),
+        attempt(6, 1, 10),
+        finished(
+            6,
+            Outcome::Interrupted {
+                reason: "perch stopped during the run".into(),
+            },
+            12,
+        ),
+        started(8, true, 12),
+        attempt(8, 1, 12),
+        replied(8, 1, 900, 10, 700, 12),
+        entry(
+            9,
+            Some(7),
+            Role::Assistant,
+            vec![text("Deployed.")],
+            vec![],
+            12,
+        ),
+        finished(8, Outcome::Completed, 12),
+        Line::Record(Record::DeliverySettled {
+            delivery: "tg-delivery-2".into(),
+            channel: "telegram".into(),
+            op: Some(op(8)),
+            answers: Some("-100:43".into()),
+            settled: Settled::Sent {
+                platform_id: "-100:44".into(),
+            },
+            at: at(13),
+        }),
+    ]
+}
+
+/// A heartbeat whose first reply was not a verdict, corrected to a message.
+fn heartbeat_lane() -> Vec<Line> {
+    vec![
+        started(20, false, 30),
+        entry(
+            21,
+            None,
+            Role::User,
+            vec![text(
+                "[heartbeat digest for 2026-12-02T03:30:00+00:00]\n\nPost the digest.",
+            )],
+            vec![],
+            30,
+        ),
+        replied(20, 1, 400, 30, 100, 30),
+        entry(
+            22,
+            Some(21),
+            Role::Assistant,
+            vec![text("Sure, here it is.")],
+            vec![],
+            30,
+        ),
+        finished(20, Outcome::Completed, 30),
+        started(23, false, 31),
+        entry(
+            24,
+            Some(22),
+            Role::User,
+            vec![text(&perch_core::heartbeat::correction(
+                &perch_core::heartbeat::judge("Sure, here it is.").unwrap_err(),
+            ))],
+            vec![],
+            31,
+        ),
+        replied(23, 1, 450, 12, 100, 31),
+        entry(
+            25,
+            Some(24),
+            Role::Assistant,
+            vec![text("Message: Stand-up at ten.")],
+            vec![],
+            31,
+        ),
+        finished(23, Outcome::Completed, 31),
+        Line::Entry(Entry {
+            id: id(26),
+            parent: Some(id(25)),
+            at: at(31),
+            body: EntryBody::Data {
+                name: "heartbeat_outcome".into(),
+                value: serde_json::json!({
+                    "task": "digest",
+                    "slot": "2026-12-02T03:30:00+00:00",
+                    "run": "run-7",
+                    "mode": "scheduled",
+                    "outcome": {
+                        "outcome": "message",
+                        "text": "Stand-up at ten.",
+                        "target": "telegram:team",
+                        "delivery": "tg-delivery-3",
+                    },
+                }),
+            },
+        }),
+    ]
+}
+
+fn agent_with_lanes() -> tempfile::TempDir {
+    let agent = new_agent();
+    write_lane(agent.path(), "telegram-team", &team_lane());
+    write_lane(agent.path(), "heartbeat-digest", &heartbeat_lane());
+    agent
+}
+
+fn log(agent: &Path, args: &[&str]) -> std::process::Output {
+    let dir = agent.to_str().unwrap();
+    let mut all = vec!["log", dir];
+    all.extend_from_slice(args);
+    perch(&all, &[("OPENAI_API_KEY", SECRET)])
+}
+
+fn ok(output: &std::process::Output) -> String {
+    assert!(output.status.success(), "{}", stderr(output));
+    stdout(output)
+}
+
+#[test]
+fn a_conversation_shows_its_turns_tools_deliveries_heartbeat_and_recovery() {
+    let agent = agent_with_lanes();
+    let before = tree(agent.path());
+    let text = ok(&log(agent.path(), &[]));
+    for expected in [
+        "2026-12-02 03:01:00 UTC  telegram-team  telegram:team  Ana (1001)",
+        "user      Ana: why is the build red? \\u{1b}[31mhi",
+        "replying to -100:41 by Bo: \"the build broke\"",
+        "[reasoning: 312 chars]",
+        "tool      bash {\"command\":\"cargo test\"}",
+        "output    bash (6 lines)",
+        "│ running 3 tests",
+        "│ … 2 more",
+        "ended     exit 101, 2.3 s",
+        "reply     test b fails: it expects UTC.",
+        "delivery  unknown on telegram (tg-delivery-1), answering -100:42: perch stopped while sending",
+        "usage     2 model calls, 2700 tokens in, 120 out, cost 0.0031",
+        "user      Bo: deploy it",
+        "end       interrupted (closed on recovery): perch stopped during the run",
+        "recovery  resumed after a restart: the interrupted run continues",
+        "reply     Deployed.",
+        "delivery  sent as message -100:44 on telegram (tg-delivery-2), answering -100:43",
+        "heartbeat-digest  heartbeat digest (slot 2026-12-02T03:30:00+00:00)",
+        "verdict   invalid: the reply is not a verdict",
+        "corrected asked again for a verdict, since the reply is not a verdict",
+        "verdict   valid: message",
+        "outcome   message (scheduled run of digest for slot 2026-12-02T03:30:00+00:00) to telegram:team as delivery tg-delivery-3",
+        "lane telegram-team: 2 turns shown, 3600 tokens in, 130 out, cost 0.0038",
+        "lane heartbeat-digest: 1 turn shown, 850 tokens in, 42 out, cost 0.0002",
+    ] {
+        assert!(text.contains(expected), "{expected:?} in\n{text}");
+    }
+    assert!(
+        !text.contains(SECRET),
+        "the provider key is redacted:\n{text}"
+    );
+    assert!(text.contains("│ key <redacted>"), "{text}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "no raw escape reaches the terminal"
+    );
+    assert_eq!(
+        text.matches("resumed after a restart").count(),
+        1,
+        "the resumed run is in the interrupted run's turn"
+    );
+    assert_eq!(tree(agent.path()), before, "perch log writes nothing");
+}
+
+#[test]
+fn selection_by_place_sender_task_lane_window_and_count() {
+    let agent = agent_with_lanes();
+    let turns = |args: &[&str]| -> Vec<String> {
+        ok(&log(agent.path(), args))
+            .lines()
+            .filter(|line| line.starts_with("2026-"))
+            .map(|line| line.split("  ").nth(1).unwrap().to_owned() + &line[11..19])
+            .collect()
+    };
+    let team1 = "telegram-team03:01:00".to_owned();
+    let team2 = "telegram-team03:10:00".to_owned();
+    let digest = "heartbeat-digest03:30:00".to_owned();
+    let cases: Vec<(Vec<&str>, Vec<String>)> = vec![
+        (vec![], vec![team1.clone(), team2.clone(), digest.clone()]),
+        (vec!["telegram:team"], vec![team1.clone(), team2.clone()]),
+        (vec!["--channel", "telegram:other"], vec![]),
+        (vec!["--sender", "bo"], vec![team2.clone()]),
+        (vec!["--sender", "1001"], vec![team1.clone()]),
+        (vec!["--task", "digest"], vec![digest.clone()]),
+        (
+            vec!["--lane", "telegram-team"],
+            vec![team1.clone(), team2.clone()],
+        ),
+        (vec!["-n", "1"], vec![digest.clone()]),
+        (
+            vec!["--lane", "telegram-team", "--last", "1"],
+            vec![team2.clone()],
+        ),
+        (vec!["--since", "2026-12-02T03:05:00Z"], vec![team2, digest]),
+        (vec!["--until", "2026-12-02T03:05:00Z"], vec![team1]),
+    ];
+    for (args, expected) in cases {
+        assert_eq!(turns(&args), expected, "{args:?}");
+    }
+}
+
+#[test]
+fn lanes_are_listed_with_activity_size_lines_and_spend() {
+    let agent = agent_with_lanes();
+    let text = ok(&log(agent.path(), &["--lanes"]));
+    let team = text
+        .lines()
+        .find(|line| line.starts_with("telegram-team"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(team.contains("2026-12-02 03:13:00 UTC"), "{team}");
+    assert!(team.contains(" 24 "), "header and 23 lines: {team}");
+    assert!(team.contains("0.0038"), "{team}");
+    assert!(team.contains("KiB"), "{team}");
+    let json = ok(&log(agent.path(), &["--lanes", "--json"]));
+    let lanes: Vec<serde_json::Value> = json
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lanes.len(), 2);
+    let digest = &lanes[0];
+    assert_eq!(digest["lane"], "heartbeat-digest");
+    assert_eq!(digest["cost_micros"], 200);
+    assert_eq!(digest["lines"], 12);
+}
+
+#[test]
+fn json_output_follows_the_schema_file() {
+    let agent = agent_with_lanes();
+    let json = ok(&log(agent.path(), &["--json"]));
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/docs/perch-log.schema.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let mut kinds = std::collections::BTreeSet::new();
+    let mut positions = std::collections::BTreeSet::new();
+    for line in json.lines() {
+        let event: serde_json::Value = serde_json::from_str(line).unwrap();
+        if let Err(problem) = schema_check::event(&schema, &event) {
+            panic!("{problem}\nin {line}");
+        }
+        kinds.insert(event["kind"].as_str().unwrap().to_owned());
+        assert!(
+            positions.insert(event["position"].to_string()),
+            "each event has its own position: {line}"
+        );
+    }
+    for kind in [
+        "run_started",
+        "user_message",
+        "attempt_started",
+        "model_replied",
+        "assistant_message",
+        "tool_started",
+        "tool_result",
+        "tool_finished",
+        "delivery_settled",
+        "operation_finished",
+        "heartbeat_prompt",
+        "heartbeat_correction",
+        "heartbeat_outcome",
+    ] {
+        assert!(kinds.contains(kind), "{kind} in {kinds:?}");
+    }
+    assert!(!json.contains(SECRET));
+    let first: serde_json::Value = serde_json::from_str(json.lines().next().unwrap()).unwrap();
+    assert_eq!(first["kind"], "run_started");
+    assert_eq!(first["lane"], "telegram-team");
+    assert_eq!(first["position"]["segment"], 1);
+    assert_eq!(first["turn"], first["position"]);
+    let bad = serde_json::json!({"lane": "x", "position": {"lane": "x", "segment": 1, "offset": 0}, "turn": null, "at": null, "kind": "damaged", "file": "f", "line": "seven", "reason": "r"});
+    assert!(
+        schema_check::event(&schema, &bad).is_err(),
+        "the checker checks types"
+    );
+    let extra = serde_json::json!({"lane": "x", "position": {"lane": "x", "segment": 1, "offset": 0}, "turn": null, "at": null, "kind": "leaf_set", "leaf": "l", "surprise": 1});
+    assert!(
+        schema_check::event(&schema, &extra).is_err(),
+        "and undeclared fields"
+    );
+}
+
+#[test]
+fn damaged_and_torn_lines_are_shown_with_their_file_and_line_and_the_rest_renders() {
+    let agent = agent_with_lanes();
+    let segment = agent
+        .path()
+        .join(".perch/sessions/telegram-team/000001.jsonl");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let needle = b"deploy it";
+    let at = bytes
+        .windows(needle.len())
+        .position(|window| window == needle)
+        .unwrap();
+    bytes[at..at + needle.len()].copy_from_slice(b"\x00eploy it");
+    bytes.extend_from_slice(br#"{"kind":"record","type":"leaf_s"#);
+    std::fs::write(&segment, &bytes).unwrap();
+    let before = tree(agent.path());
+    let text = ok(&log(agent.path(), &[]));
+    let file = segment.canonicalize().unwrap();
+    let file = file.display();
+    for expected in [
+        format!("DAMAGED   {file}:16: its bytes changed after it was written (checksum mismatch)"),
+        format!("DAMAGED   {file}:25: torn: 31 bytes without an end of line"),
+        "reply     Deployed.".to_owned(),
+        "reply     test b fails: it expects UTC.".to_owned(),
+        "outcome   message (scheduled run".to_owned(),
+    ] {
+        assert!(text.contains(&expected), "{expected:?} in\n{text}");
+    }
+    assert_eq!(
+        std::fs::read(&segment).unwrap(),
+        bytes,
+        "nothing is repaired"
+    );
+    assert_eq!(tree(agent.path()), before);
+
+    std::fs::remove_file(
+        agent
+            .path()
+            .join(".perch/sessions/telegram-team/000001.idx"),
+    )
+    .unwrap();
+    let text = ok(&log(agent.path(), &["--lane", "telegram-team"]));
+    assert!(
+        text.contains(&format!("DAMAGED   {file}:16: not a log line")),
+        "without the index the line is parsed, and fails: {text}"
+    );
+    assert!(text.contains("reply     Deployed."), "{text}");
+    assert!(
+        text.contains(&format!("DAMAGED   {file}:25: torn")),
+        "{text}"
+    );
+}
+
+#[test]
+fn mistakes_name_what_to_do() {
+    let agent = agent_with_lanes();
+    let cases: &[(&[&str], &str)] = &[
+        (&["--lane", "nope"], "there is no lane nope in"),
+        (
+            &["--lane", "nope"],
+            "its lanes are: heartbeat-digest, telegram-team",
+        ),
+        (
+            &["--since", "yesterday"],
+            "--since: \"yesterday\" is not a time: write a duration",
+        ),
+        (&["--until", "3x"], "--until: \"3x\" is not a time"),
+        (
+            &["telegram:"],
+            "is not a place: write CHANNEL or CHANNEL:ROOM",
+        ),
+    ];
+    for (args, expected) in cases {
+        let output = log(agent.path(), args);
+        assert!(!output.status.success(), "{args:?}");
+        assert!(
+            stderr(&output).contains(expected),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+    }
+    let empty = new_agent();
+    let output = log(empty.path(), &[]);
+    assert_eq!(ok(&output), "no turns to show\n");
+}
+
+/// A checker of `--json` events against the schema file: the subset of JSON Schema the file
+/// uses (`type`, `required`, `properties`, `items`, `const`, `enum`, `additionalProperties`,
+/// and `oneOf` on `kind` with the top level's `unevaluatedProperties: false`).
+mod schema_check {
+    use serde_json::Value;
+
+    pub fn event(schema: &Value, event: &Value) -> Result<(), String> {
+        check(schema, event, "event")?;
+        let kind = event["kind"].as_str().ok_or("no kind")?;
+        let branch = schema["oneOf"]
+            .as_array()
+            .ok_or("no oneOf")?
+            .iter()
+            .find(|branch| branch["properties"]["kind"]["const"] == kind)
+            .ok_or_else(|| format!("no branch for kind {kind}"))?;
+        check(branch, event, kind)?;
+        let object = event.as_object().ok_or("not an object")?;
+        for key in object.keys() {
+            let declared =
+                schema["properties"].get(key).is_some() || branch["properties"].get(key).is_some();
+            if !declared {
+                return Err(format!("{kind}: {key} is not in the schema"));
+            }
+        }
+        Ok(())
+    }
+
+    fn type_matches(name: &str, value: &Value) -> bool {
+        match name {
+            "string" => value.is_string(),
+            "integer" => value.is_i64() || value.is_u64(),
+            "number" => value.is_number(),
+            "boolean" => value.is_boolean(),
+            "object" => value.is_object(),
+            "array" => value.is_array(),
+            "null" => value.is_null(),
+            _ => false,
+        }
+    }
+
+    fn check(schema: &Value, value: &Value, at: &str) -> Result<(), String> {
+        match &schema["type"] {
+            Value::String(name) if !type_matches(name, value) => {
+                return Err(format!("{at}: {value} is not {name}"));
+            }
+            Value::Array(names)
+                if !names
+                    .iter()
+                    .any(|name| name.as_str().is_some_and(|name| type_matches(name, value))) =>
+            {
+                return Err(format!("{at}: {value} is none of {names:?}"));
+            }
+            _ => {}
+        }
+        if let Some(constant) = schema.get("const")
+            && constant != value
+        {
+            return Err(format!("{at}: {value} is not {constant}"));
+        }
+        if let Some(allowed) = schema["enum"].as_array()
+            && !allowed.contains(value)
+        {
+            return Err(format!("{at}: {value} is not one of {allowed:?}"));
+        }
+        if let Some(object) = value.as_object() {
+            for key in schema["required"].as_array().into_iter().flatten() {
+                let key = key.as_str().unwrap_or_default();
+                if !object.contains_key(key) {
+                    return Err(format!("{at}: {key} is missing"));
+                }
+            }
+            let properties = schema["properties"].as_object();
+            for (key, item) in object {
+                match properties.and_then(|properties| properties.get(key)) {
+                    Some(property) => check(property, item, &format!("{at}.{key}"))?,
+                    None if schema["additionalProperties"] == Value::Bool(false) => {
+                        return Err(format!("{at}: {key} is not in the schema"));
+                    }
+                    None => {}
+                }
+            }
+        }
+        if let (Some(items), Some(values)) = (schema.get("items"), value.as_array()) {
+            for (index, item) in values.iter().enumerate() {
+                check(items, item, &format!("{at}[{index}]"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn through_perch_run_a_message_and_its_answer_show_while_it_runs() {
+    use super::fake_model::{FakeModel, Reply};
+    use super::fake_telegram::{BOT_USERNAME, Chat, FakeTelegram, TOKEN, User};
+    use super::service::{agent_with, start, stop, wait_until};
+    let model = FakeModel::start(perch_core::config::Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = agent_with(
+        &model,
+        "channels/tg.lua",
+        &format!(
+            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {:?},\n  rooms = {{ team = \"-100\" }}, allow = {{ rooms = {{ \"team\" }} }} }}\n",
+            telegram.api_url()
+        ),
+    );
+    model.push(Reply::text("noted").with_reasoning("the user greets me"));
+    let child = start(dir.path(), None);
+    telegram.push_message(
+        &Chat::group(-100, "Team"),
+        &User::human(11, "Ana\u{202e}"),
+        &format!("@{BOT_USERNAME} hello, my token is {TOKEN}"),
+    );
+    wait_until("the answer", || telegram.sent().len() == 1);
+    let dir_arg = dir.path().to_str().unwrap();
+    let shown = |args: &[&str]| {
+        let mut all = vec!["log", dir_arg];
+        all.extend_from_slice(args);
+        ok(&perch(&all, &[("TELEGRAM_TOKEN", TOKEN)]))
+    };
+    let mut text = String::new();
+    wait_until("the run in the log", || {
+        text = shown(&["tg:team"]);
+        text.contains("reply     noted")
+    });
+    for expected in [
+        "tg:team  Ana (11)",
+        &format!("user      Ana: @{BOT_USERNAME} hello, my token is <redacted>"),
+        "[reasoning: 18 chars]",
+        "reply     noted",
+        "end       completed",
+    ] {
+        assert!(text.contains(expected), "{expected:?} in\n{text}");
+    }
+    assert!(!text.contains(TOKEN), "{text}");
+    assert!(!text.contains('\u{202e}'), "{text}");
+    stop(child);
+    assert_eq!(
+        shown(&["tg:team"]),
+        text,
+        "the same after the service stopped"
+    );
+    assert_eq!(shown(&["discord"]), "no turns to show\n");
+    assert_eq!(
+        shown(&["--channel", "tg:-100"]),
+        text,
+        "a declared room is found by its platform id too"
+    );
+}
+
+#[test]
+fn follow_prints_the_last_turns_and_stops_on_sigterm() {
+    use std::io::Read;
+    let agent = agent_with_lanes();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_perch"))
+        .args(["log", agent.path().to_str().unwrap(), "--follow", "-n", "1"])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = std::thread::spawn({
+        let seen = std::sync::Arc::clone(&seen);
+        move || {
+            let mut buffer = [0u8; 4096];
+            while let Ok(read) = stdout.read(&mut buffer) {
+                if read == 0 {
+                    break;
+                }
+                seen.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buffer[..read]));
+            }
+        }
+    });
+    super::service::wait_until("the last turn", || {
+        seen.lock()
+            .unwrap()
+            .contains("lane heartbeat-digest: 1 turn shown")
+    });
+    super::service::terminate(&child);
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        !seen.lock().unwrap().contains("telegram-team"),
+        "only the last turn"
+    );
+}
+
+#[test]
+fn the_tail_is_read_from_the_index_without_parsing_what_comes_before() {
+    let agent = agent_with_lanes();
+    let sessions = agent.path().join(".perch/sessions");
+    let lane = LaneName::try_from("telegram-team").unwrap();
+    let segment = sessions.join("telegram-team/000001.jsonl");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let needle = b"why is the build red";
+    let at = bytes
+        .windows(needle.len())
+        .position(|window| window == needle)
+        .unwrap();
+    bytes[at] = b'\x00';
+    std::fs::write(&segment, &bytes).unwrap();
+
+    let last = perch::transcript::read_lane(&sessions, &lane, Some(1), None).unwrap();
+    assert!(!last.from_start);
+    let first = &last.lines[0];
+    assert!(
+        matches!(
+            &first.1,
+            perch_core::log::ReadLine::Line(Line::Record(Record::OperationStarted { op: started, .. }))
+                if *started == op(8)
+        ),
+        "the read begins at the last run's start: {first:?}"
+    );
+    assert!(
+        last.lines
+            .iter()
+            .all(|(_, line)| !matches!(line, perch_core::log::ReadLine::Damaged { .. })),
+        "the damaged line before it is never read"
+    );
+    let whole = perch::transcript::read_lane(&sessions, &lane, None, None).unwrap();
+    assert!(whole.from_start);
+    assert_eq!(whole.lines.len(), 24);
+    assert!(matches!(
+        &whole.lines[2].1,
+        perch_core::log::ReadLine::Damaged { line: 3, .. }
+    ));
+}
+
+#[test]
+fn the_last_turns_reach_back_across_a_segment_roll() {
+    let agent = new_agent();
+    let sessions = agent.path().join(".perch/sessions");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let lane = LaneName::try_from("terminal").unwrap();
+        let (log, _) = LaneLog::open(&sessions, &lane, system_clock()).unwrap();
+        for n in 0..6u8 {
+            if n == 4 {
+                log.roll().await.unwrap();
+            }
+            let base = 10 * (n + 1);
+            for line in [
+                started(base, false, u32::from(n)),
+                entry(
+                    base + 1,
+                    None,
+                    Role::User,
+                    vec![text(&format!("question {n}"))],
+                    vec![],
+                    u32::from(n),
+                ),
+                entry(
+                    base + 2,
+                    Some(base + 1),
+                    Role::Assistant,
+                    vec![text(&format!("answer {n}"))],
+                    vec![],
+                    u32::from(n),
+                ),
+                finished(base, Outcome::Completed, u32::from(n)),
+            ] {
+                log.append(&line).await.unwrap();
+            }
+        }
+        log.close().await.unwrap();
+    });
+    let text = ok(&log(agent.path(), &["-n", "3"]));
+    let questions: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("  user      "))
+        .collect();
+    assert_eq!(
+        questions,
+        vec!["question 3", "question 4", "question 5"],
+        "{text}"
+    );
+    assert!(
+        text.contains("log       segment 2, continuing 000001.jsonl"),
+        "{text}"
+    );
+    let json = ok(&log(agent.path(), &["-n", "3", "--json"]));
+    let segments: std::collections::BTreeSet<u64> = json
+        .lines()
+        .map(|line| {
+            serde_json::from_str::<serde_json::Value>(line).unwrap()["position"]["segment"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(segments, [1, 2].into_iter().collect());
+}
