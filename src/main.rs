@@ -157,7 +157,7 @@ enum Command {
         /// List the lanes instead: last activity, size on disk, lines and spend
         #[arg(long)]
         lanes: bool,
-        /// Print one JSON object per event (docs/perch-log.schema.json), one a line
+        /// Print one JSON object per event (src/core/transcript/perch-log.schema.json), one a line
         #[arg(long)]
         json: bool,
         /// After the last turns, keep printing new events as `perch run` writes them, until

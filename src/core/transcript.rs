@@ -12,7 +12,7 @@
 //! Every event is one line of the log, named by its [`LinePosition`], so `position` is its
 //! identity: stable across segment rolls and restarts. [`TranscriptEvent`] is both what
 //! `perch log --json` prints, one object a line, and what the text renderer draws. Its shape is
-//! a stable interface, described by `docs/perch-log.schema.json`: fields are only ever added.
+//! a stable interface, described by `src/core/transcript/perch-log.schema.json`: fields are only ever added.
 
 use crate::Timestamp;
 use crate::heartbeat::{SlotOutcome, Verdict, judge};
