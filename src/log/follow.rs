@@ -505,7 +505,8 @@ impl Follower {
             Ok(watch) => {
                 self.watches.insert(watch, lane.clone());
             }
-            Err(Errno::ENOENT) => return Ok(()),
+            // Gone again, or not a directory.
+            Err(Errno::ENOENT | Errno::ENOTDIR) => return Ok(()),
             Err(Errno::ENOSPC) => self.polled.push(lane.clone()),
             Err(errno) => return Err(LogError::io(&dir, "watch")(errno.into())),
         }
@@ -536,7 +537,8 @@ impl Follower {
                 self.sessions_watch = None;
                 return Ok(());
             }
-            if let Some(lane) = name.and_then(|name| LaneName::try_from(name).ok())
+            if event.mask.contains(AddWatchFlags::IN_ISDIR)
+                && let Some(lane) = name.and_then(|name| LaneName::try_from(name).ok())
                 && !self.lanes.contains_key(&lane)
             {
                 let dir = self.sessions.join(lane.as_str());
