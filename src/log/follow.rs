@@ -51,7 +51,9 @@ const CHUNK: usize = 64 << 10;
 /// How many bytes of one lane a pass reads before the other lanes get their turn.
 const PASS_BYTES: u64 = 1 << 20;
 
-/// Where each lane under `sessions` ends now: the position just past its last complete line.
+/// Where each lane under `sessions` ends now: the position just past its last complete line in
+/// its newest segment (a torn tail, or a last line that does not parse, is not a line yet). A
+/// lane directory without a segment is left out; [`follow`] reads such a lane from its start.
 pub fn ends(sessions: &Path) -> Result<BTreeMap<LaneName, LinePosition>, LogError> {
     let mut ends = BTreeMap::new();
     for (lane, dir) in lane_dirs(sessions)? {
@@ -83,8 +85,13 @@ pub fn ends(sessions: &Path) -> Result<BTreeMap<LaneName, LinePosition>, LogErro
 
 /// Sends every line appended under `sessions` after `from` (a lane missing from `from` is read
 /// from its first line, so lanes created while following are seen whole), in each lane's
-/// order, until `stop`. A line that cannot be read is sent as [`ReadLine::Damaged`] and
-/// following goes on.
+/// order, until `stop` or until nobody receives. A line that cannot be read is sent as
+/// [`ReadLine::Damaged`] and following goes on.
+///
+/// Each line is sent once: a lane's lines are read from its position to the end of the segment,
+/// then from the start of the next segment (its header first), and a line is sent only once it
+/// is one the writer keeps. New bytes are read as inotify reports them (see the module's
+/// documentation for the cost); the reads are small and made on the calling task.
 pub async fn follow(
     sessions: &Path,
     from: BTreeMap<LaneName, LinePosition>,
@@ -802,6 +809,35 @@ mod tests {
         }
         assert_eq!(work.ticks.load(Ordering::Relaxed), 0);
         assert!(received.try_recv().is_err());
+        stop.cancel();
+        task.await.unwrap().unwrap();
+    }
+
+    /// A lane inotify could not watch (the watch limit) is found by the timer instead.
+    #[tokio::test]
+    async fn a_lane_without_a_watch_is_polled() {
+        let dir = tempfile::tempdir().unwrap();
+        let main = LaneName::try_from("main").unwrap();
+        let (log, _) = LaneLog::open(dir.path(), &main, clock()).unwrap();
+        let mut follower =
+            Follower::start(dir.path(), ends(dir.path()).unwrap(), Arc::default()).unwrap();
+        while follower.drain_one().unwrap().is_some() {}
+        follower.watches.clear();
+        follower.polled.push(main.clone());
+        let work = Arc::clone(&follower.work);
+        let (sender, mut received) = mpsc::channel(4);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(follower.run(sender, stop.clone()));
+        log.append(&text(1, "polled")).await.unwrap();
+        let (position, line) = tokio::time::timeout(Duration::from_secs(10), received.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (position.lane, line),
+            (main, ReadLine::Line(text(1, "polled")))
+        );
+        assert!(work.ticks.load(Ordering::Relaxed) >= 1);
         stop.cancel();
         task.await.unwrap().unwrap();
     }
