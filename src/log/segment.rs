@@ -193,7 +193,7 @@ impl Segment {
     }
 }
 
-fn parse_line(bytes: &[u8]) -> Result<Line, String> {
+pub(crate) fn parse_line(bytes: &[u8]) -> Result<Line, String> {
     let body = bytes.strip_suffix(b"\n").unwrap_or(bytes);
     serde_json::from_slice(body).map_err(|error| format!("not a log line: {error}"))
 }

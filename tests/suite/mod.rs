@@ -11,6 +11,7 @@ mod fake_discord;
 mod fake_model;
 mod fake_telegram;
 mod figures;
+mod follow;
 mod heartbeat;
 mod hostile;
 mod image;
