@@ -35,3 +35,4 @@ cargo test --locked --release "${features[@]}" --test all -- --ignored --nocaptu
 
 # The inbox, per-turn overhead and exec figures.
 cargo bench --locked --bench bench "${features[@]}"
+cargo bench --locked --bench log_bench "${features[@]}"

@@ -1038,3 +1038,87 @@ fn through_perch_run_a_tool_call_unknown_delivery_corrected_heartbeat_and_recove
         "{states:?}"
     );
 }
+
+/// `--follow` beside `perch run`: a message answered while it follows shows once, across the
+/// segment roll its compaction makes.
+#[test]
+fn follow_shows_a_message_answered_while_it_runs_across_a_segment_roll() {
+    use super::fake_model::{FakeModel, Script};
+    use super::fake_telegram::{Chat, FakeTelegram, TOKEN, User};
+    use super::service::{start, stop, telegram_agent, terminate, wait_until};
+    use std::io::Read;
+    let model = FakeModel::start(perch_core::config::Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let small = model
+        .models_yml("fake", "m1")
+        .replace("contextWindow: 128000", "contextWindow: 2048")
+        .replace("maxTokens: 4096", "maxTokens: 512");
+    super::support::write(dir.path(), "models.yml", &small);
+    let child = start(dir.path(), None);
+    let alice = User::human(42, "Alice");
+    let chat = Chat::private(&alice);
+    model.push(Script::text("first answer"));
+    telegram.push_message(
+        &chat,
+        &alice,
+        &format!("hello {}", "long words ".repeat(700)),
+    );
+    wait_until("the first answer", || telegram.sent().len() == 1);
+
+    let mut follower = std::process::Command::new(env!("CARGO_BIN_EXE_perch"))
+        .args(["log", dir.path().to_str().unwrap(), "--follow", "-n", "5"])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("TELEGRAM_TOKEN", TOKEN)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = follower.stdout.take().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = std::thread::spawn({
+        let seen = std::sync::Arc::clone(&seen);
+        move || {
+            let mut buffer = [0u8; 4096];
+            while let Ok(read) = stdout.read(&mut buffer) {
+                if read == 0 {
+                    break;
+                }
+                seen.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buffer[..read]));
+            }
+        }
+    });
+    wait_until("the tail", || {
+        seen.lock().unwrap().contains("reply     first answer")
+    });
+
+    model.push(Script::text("SUMMARY-X"));
+    model.push(Script::text("second answer"));
+    telegram.push_message(&chat, &alice, "and again");
+    wait_until("the second answer, followed", || {
+        seen.lock().unwrap().contains("reply     second answer")
+    });
+    terminate(&follower);
+    let status = follower.wait().unwrap();
+    reader.join().unwrap();
+    stop(child);
+    assert!(status.success(), "{status:?}");
+    let seen = seen.lock().unwrap().clone();
+    let lane = dir.path().join(".perch/sessions/tg-42");
+    assert!(
+        lane.join("000002.jsonl").exists(),
+        "the compaction rolled the lane"
+    );
+    for (once, what) in [
+        ("reply     first answer", "the tail"),
+        ("user      Alice: and again", "the new message"),
+        ("reply     second answer", "its answer"),
+        ("log       segment 2", "the roll"),
+    ] {
+        assert_eq!(seen.matches(once).count(), 1, "{what} once:\n{seen}");
+    }
+    assert!(!seen.contains(TOKEN), "{seen}");
+}
