@@ -1,0 +1,401 @@
+//! `perch log`: the command around the reader ([`crate::transcript`]) and the renderings
+//! (`perch_core::transcript`): which directory and selection the arguments name, the pager,
+//! `--follow` and `--lanes`.
+
+use crate::agent::AgentDir;
+use crate::signals::StopSignals;
+use perch_core::name::LaneName;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use tokio_util::sync::CancellationToken;
+
+/// `perch log`'s arguments, as given.
+#[derive(Debug)]
+pub struct LogArgs {
+    pub targets: Vec<String>,
+    pub lane: Option<String>,
+    pub channel: Option<String>,
+    pub sender: Option<String>,
+    pub task: Option<String>,
+    pub since: Option<String>,
+    pub until: Option<String>,
+    pub last: usize,
+    pub lanes: bool,
+    pub json: bool,
+    pub follow: bool,
+}
+
+/// Runs `perch log`: prints the selected turns, the lanes, or follows them.
+pub fn run(args: LogArgs) -> Result<ExitCode, String> {
+    use perch_core::transcript::{Place, Selection, parse_when};
+    let mut dir = None;
+    let mut place = args.channel.clone();
+    for target in &args.targets {
+        if dir.is_none() && (Path::new(target).is_dir() || place.is_some()) {
+            dir = Some(PathBuf::from(target));
+        } else if place.is_none() {
+            place = Some(target.clone());
+        } else {
+            return Err(format!(
+                "{target:?} is neither a directory nor the only CHANNEL[:ROOM]; give one \
+                 directory and at most one CHANNEL[:ROOM]"
+            ));
+        }
+    }
+    let dir = dir.unwrap_or_else(|| PathBuf::from("."));
+    let agent_dir = AgentDir::open(&dir).map_err(|error| error.to_string())?;
+    let sessions = agent_dir.sessions_dir();
+    if args.lanes {
+        return list_lanes(&sessions, args.json);
+    }
+    let now = chrono::Utc::now();
+    let when = |text: &Option<String>, flag: &str| {
+        text.as_deref()
+            .map(|text| parse_when(text, now).map_err(|error| format!("{flag}: {error}")))
+            .transpose()
+    };
+    let lane = args
+        .lane
+        .as_deref()
+        .map(|name| {
+            LaneName::try_from(name).map_err(|error| {
+                format!("--lane {name:?}: {error}; `perch log --lanes` lists the lanes")
+            })
+        })
+        .transpose()?;
+    let (redaction, rooms) = log_context(&agent_dir);
+    let mut place = place.as_deref().map(Place::parse).transpose()?;
+    if let Some(place) = &mut place
+        && let Some((_, alias, _)) = rooms
+            .iter()
+            .find(|(channel, _, id)| channel == &place.channel && place.room.as_ref() == Some(id))
+    {
+        place.room = Some(alias.clone());
+    }
+    let selection = Selection {
+        place,
+        sender: args.sender.clone(),
+        task: args.task.clone(),
+        since: when(&args.since, "--since")?,
+        until: when(&args.until, "--until")?,
+    };
+    let ends = if args.follow {
+        crate::log::follow::ends(&sessions).map_err(|error| error.to_string())?
+    } else {
+        std::collections::BTreeMap::new()
+    };
+    let query = crate::transcript::Query {
+        lane,
+        selection,
+        last: args.last,
+        redaction,
+        ends,
+    };
+    let turns = crate::transcript::last_turns(&sessions, &query)?;
+    let text = if args.json {
+        let mut out = String::new();
+        for event in turns.iter().flat_map(|turn| &turn.events) {
+            out.push_str(&perch_core::transcript::json_line(event));
+            out.push('\n');
+        }
+        out
+    } else {
+        transcript_text(&turns)
+    };
+    if args.follow {
+        follow_log(&sessions, &query, &text, args.json)?;
+    } else {
+        page(&text)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The turns as text, then each lane's totals over them.
+fn transcript_text(turns: &[perch_core::transcript::Turn]) -> String {
+    use perch_core::transcript::{Totals, money, render_turn};
+    let mut out = String::new();
+    let mut totals: std::collections::BTreeMap<&LaneName, Totals> =
+        std::collections::BTreeMap::new();
+    for turn in turns {
+        render_turn(turn, &mut out);
+        if turn.start.is_some() {
+            totals.entry(&turn.lane).or_default().add(&turn.facts);
+        }
+    }
+    for (lane, total) in totals {
+        out.push_str(&format!(
+            "lane {lane}: {} turn{} shown, {} tokens in, {} out{}\n",
+            total.turns,
+            if total.turns == 1 { "" } else { "s" },
+            total.input_tokens,
+            total.output_tokens,
+            if total.priced {
+                format!(", cost {}", money(total.cost_micros))
+            } else {
+                String::new()
+            }
+        ));
+    }
+    if turns.is_empty() {
+        out.push_str("no turns to show\n");
+    }
+    out
+}
+
+/// The values of the agent's secrets in this environment (sandbox secrets, provider keys,
+/// channel credentials), to be cut out of everything shown, and each channel's declared rooms
+/// as (channel, alias, platform id). When the agent's files do not check, every variable whose
+/// name says it holds a credential counts as a secret.
+fn log_context(
+    agent_dir: &AgentDir,
+) -> (
+    perch_core::transcript::Redaction,
+    Vec<(String, String, String)>,
+) {
+    let mut rooms = Vec::new();
+    let names: Vec<String> = match crate::agent::load(agent_dir) {
+        Ok(loaded) => {
+            for channel in &loaded.channels {
+                for (alias, id) in &channel.config.rooms {
+                    rooms.push((
+                        channel.config.name.to_string(),
+                        alias.to_string(),
+                        id.clone(),
+                    ));
+                }
+            }
+            let definition = &loaded.definition;
+            definition
+                .sandbox
+                .secrets
+                .iter()
+                .map(|grant| grant.source.name().as_str().to_owned())
+                .chain(
+                    definition
+                        .models
+                        .providers
+                        .iter()
+                        .filter_map(|(_, provider)| provider.api_key.as_ref())
+                        .map(|key| key.name().as_str().to_owned()),
+                )
+                .chain(loaded.channels.iter().flat_map(|channel| {
+                    channel
+                        .config
+                        .platform
+                        .credentials()
+                        .into_iter()
+                        .map(|(_, reference)| reference.name().as_str().to_owned())
+                        .collect::<Vec<_>>()
+                }))
+                .collect()
+        }
+        Err(_) => std::env::vars()
+            .map(|(name, _)| name)
+            .filter(|name| {
+                let upper = name.to_ascii_uppercase();
+                ["TOKEN", "KEY", "SECRET", "PASSWORD", "PASSPHRASE"]
+                    .iter()
+                    .any(|word| upper.contains(word))
+            })
+            .collect(),
+    };
+    let redaction = perch_core::transcript::Redaction::new(
+        names.iter().filter_map(|name| std::env::var(name).ok()),
+    );
+    (redaction, rooms)
+}
+
+/// `text` through `$PAGER` (default `less -FRX`) when standard output is a terminal.
+fn page(text: &str) -> Result<(), String> {
+    if !std::io::stdout().is_terminal() {
+        return emit(text);
+    }
+    let pager = std::env::var("PAGER")
+        .ok()
+        .filter(|pager| !pager.trim().is_empty())
+        .unwrap_or_else(|| "less -FRX".to_owned());
+    let mut words = pager.split_whitespace();
+    let Some(program) = words.next() else {
+        return emit(text);
+    };
+    match std::process::Command::new(program)
+        .args(words)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+    {
+        Ok(mut child) => {
+            if let Some(mut stdin) = child.stdin.take() {
+                let _ = stdin.write_all(text.as_bytes());
+            }
+            child
+                .wait()
+                .map_err(|error| format!("the pager {program} failed: {error}"))?;
+            Ok(())
+        }
+        Err(_) => emit(text),
+    }
+}
+
+/// Prints `tail`, then streams every line appended from the ends `query` was read to, rendered
+/// as the tail was, until SIGINT or SIGTERM (listened for before the tail is printed).
+fn follow_log(
+    sessions: &Path,
+    query: &crate::transcript::Query,
+    tail: &str,
+    json: bool,
+) -> Result<(), String> {
+    use perch_core::transcript::{Assembler, EventKind, footing, heading, render_event};
+    let mut assemblers: std::collections::BTreeMap<LaneName, Assembler> =
+        std::collections::BTreeMap::new();
+    for (lane, end) in &query.ends {
+        let mut assembler = Assembler::new(lane.clone(), query.redaction.clone());
+        if let Ok(read) = crate::transcript::read_lane(sessions, lane, Some(2), Some(end)) {
+            for (position, line) in &read.lines {
+                assembler.push(position.clone(), line);
+            }
+        }
+        assemblers.insert(lane.clone(), assembler);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| format!("cannot start the async runtime: {error}"))?;
+    runtime.block_on(async {
+        let mut signals = StopSignals::listen()?;
+        emit(tail)?;
+        let stop = CancellationToken::new();
+        let (sender, mut lines) = tokio::sync::mpsc::channel(1024);
+        let following = tokio::spawn({
+            let sessions = sessions.to_owned();
+            let from = query.ends.clone();
+            let stop = stop.clone();
+            async move { crate::log::follow::follow(&sessions, from, sender, stop).await }
+        });
+        loop {
+            tokio::select! {
+                () = signals.next() => break,
+                received = lines.recv() => {
+                    let Some((position, line)) = received else { break };
+                    if query.lane.as_ref().is_some_and(|lane| lane != &position.lane) {
+                        continue;
+                    }
+                    let lane = position.lane.clone();
+                    let assembler = assemblers.entry(lane.clone()).or_insert_with(|| {
+                        Assembler::new(lane, query.redaction.clone())
+                    });
+                    let event = assembler.push(position, &line);
+                    let Some(turn) = assembler
+                        .turns()
+                        .iter()
+                        .rev()
+                        .find(|turn| turn.start == event.turn)
+                    else {
+                        continue;
+                    };
+                    if !query.selection.selects(turn) {
+                        continue;
+                    }
+                    let mut out = String::new();
+                    if json {
+                        out.push_str(&perch_core::transcript::json_line(&event));
+                        out.push('\n');
+                    } else {
+                        if event.turn.as_ref() == Some(&event.position) {
+                            out.push_str(&heading(turn));
+                            out.push('\n');
+                        }
+                        for line in render_event(&event) {
+                            out.push_str(&line);
+                            out.push('\n');
+                        }
+                        if let EventKind::OperationFinished { .. } = event.kind
+                            && let Some(line) = footing(&turn.facts)
+                        {
+                            out.push_str(&line);
+                            out.push('\n');
+                        }
+                    }
+                    emit(&out)?;
+                }
+            }
+        }
+        stop.cancel();
+        match following.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(error) => Err(format!("following the lanes stopped: {error}")),
+        }
+    })
+}
+
+/// `perch log --lanes`: each lane's last activity, size, lines and spend.
+fn list_lanes(sessions: &Path, json: bool) -> Result<ExitCode, String> {
+    use perch_core::transcript::money;
+    let stats = crate::transcript::lane_stats(sessions)?;
+    let mut out = String::new();
+    if json {
+        for lane in &stats {
+            out.push_str(&serde_json::to_string(lane).map_err(|error| error.to_string())?);
+            out.push('\n');
+        }
+        emit(&out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if stats.is_empty() {
+        emit(&format!("no lanes in {}\n", sessions.display()))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    out.push_str(&format!(
+        "{:<24} {:<24} {:>10} {:>8} {:>12} {:>10} {:>10}\n",
+        "LANE", "LAST ACTIVITY", "SIZE", "LINES", "TOKENS IN", "OUT", "COST"
+    ));
+    for lane in &stats {
+        out.push_str(&format!(
+            "{:<24} {:<24} {:>10} {:>8} {:>12} {:>10} {:>10}{}\n",
+            lane.lane.as_str(),
+            lane.last_activity.map_or_else(
+                || "-".to_owned(),
+                |at| at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+            ),
+            size(lane.bytes),
+            lane.lines,
+            lane.input_tokens,
+            lane.output_tokens,
+            money(lane.cost_micros),
+            if lane.damaged > 0 {
+                format!(
+                    "  ({} damaged line(s): perch log --lane {} shows them)",
+                    lane.damaged, lane.lane
+                )
+            } else {
+                String::new()
+            }
+        ));
+    }
+    page(&out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn size(bytes: u64) -> String {
+    #[expect(clippy::cast_precision_loss, reason = "a size for people to read")]
+    let bytes_f = bytes as f64;
+    if bytes < 1 << 10 {
+        format!("{bytes} B")
+    } else if bytes < 1 << 20 {
+        format!("{:.1} KiB", bytes_f / 1024.0)
+    } else {
+        format!("{:.1} MiB", bytes_f / (1024.0 * 1024.0))
+    }
+}
+
+/// Writes `text` to standard output; a reader that went away (a closed pager, `| head`) is not
+/// an error.
+fn emit(text: &str) -> Result<(), String> {
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(format!("cannot write output: {error}"))
+        }
+        _ => Ok(()),
+    }
+}
