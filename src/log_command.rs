@@ -11,18 +11,44 @@ use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
 
 /// `perch log`'s arguments, as given.
-#[derive(Debug)]
+#[derive(Debug, clap::Args)]
 pub struct LogArgs {
+    /// The agent directory, and/or CHANNEL[:ROOM] to show only turns from that channel
+    /// (and room: its alias, or the platform's room id), as in `telegram:team`
+    /// [default directory: the current directory]
+    #[arg(value_name = "DIR|CHANNEL[:ROOM]", num_args = 0..=2)]
     pub targets: Vec<String>,
+    /// Only this lane
+    #[arg(long, value_name = "NAME")]
     pub lane: Option<String>,
+    /// Only turns from CHANNEL[:ROOM]
+    #[arg(long, value_name = "CHANNEL[:ROOM]")]
     pub channel: Option<String>,
+    /// Only turns with a message from this sender (platform id, or display name in any case)
+    #[arg(long, value_name = "ID|NAME")]
     pub sender: Option<String>,
+    /// Only firings of this heartbeat task
+    #[arg(long, value_name = "NAME")]
     pub task: Option<String>,
+    /// Only turns that began at or after WHEN: a duration before now (30m, 2h, 3d, 1w) or
+    /// a time (2026-12-02T09:00:00Z; 2026-12-02 for midnight UTC)
+    #[arg(long, value_name = "WHEN")]
     pub since: Option<String>,
+    /// Only turns that began before WHEN (as --since)
+    #[arg(long, value_name = "WHEN")]
     pub until: Option<String>,
+    /// How many of the last selected turns to show
+    #[arg(short = 'n', long = "last", value_name = "N", default_value_t = 20)]
     pub last: usize,
+    /// List the lanes instead: last activity, size on disk, lines and spend
+    #[arg(long)]
     pub lanes: bool,
+    /// Print one JSON object per event (src/core/transcript/perch-log.schema.json), one a line
+    #[arg(long)]
     pub json: bool,
+    /// After the last turns, keep printing new events as `perch run` writes them, until
+    /// Ctrl-C or SIGTERM
+    #[arg(short, long)]
     pub follow: bool,
 }
 

@@ -127,45 +127,7 @@ enum Command {
     /// tokens and cost per turn and per lane. Read-only: takes no lock and repairs nothing; a
     /// damaged line is shown with its file and line. Paged through $PAGER (default `less -FRX`)
     /// when standard output is a terminal.
-    Log {
-        /// The agent directory, and/or CHANNEL[:ROOM] to show only turns from that channel
-        /// (and room: its alias, or the platform's room id), as in `telegram:team`
-        /// [default directory: the current directory]
-        #[arg(value_name = "DIR|CHANNEL[:ROOM]", num_args = 0..=2)]
-        targets: Vec<String>,
-        /// Only this lane
-        #[arg(long, value_name = "NAME")]
-        lane: Option<String>,
-        /// Only turns from CHANNEL[:ROOM]
-        #[arg(long, value_name = "CHANNEL[:ROOM]")]
-        channel: Option<String>,
-        /// Only turns with a message from this sender (platform id, or display name in any case)
-        #[arg(long, value_name = "ID|NAME")]
-        sender: Option<String>,
-        /// Only firings of this heartbeat task
-        #[arg(long, value_name = "NAME")]
-        task: Option<String>,
-        /// Only turns that began at or after WHEN: a duration before now (30m, 2h, 3d, 1w) or
-        /// a time (2026-12-02T09:00:00Z; 2026-12-02 for midnight UTC)
-        #[arg(long, value_name = "WHEN")]
-        since: Option<String>,
-        /// Only turns that began before WHEN (as --since)
-        #[arg(long, value_name = "WHEN")]
-        until: Option<String>,
-        /// How many of the last selected turns to show
-        #[arg(short = 'n', long = "last", value_name = "N", default_value_t = 20)]
-        last: usize,
-        /// List the lanes instead: last activity, size on disk, lines and spend
-        #[arg(long)]
-        lanes: bool,
-        /// Print one JSON object per event (src/core/transcript/perch-log.schema.json), one a line
-        #[arg(long)]
-        json: bool,
-        /// After the last turns, keep printing new events as `perch run` writes them, until
-        /// Ctrl-C or SIGTERM
-        #[arg(short, long)]
-        follow: bool,
-    },
+    Log(perch::log_command::LogArgs),
     /// Approve the sender who was given CODE, so they may talk to the agent in direct messages.
     /// Reaches a running `perch run` through .perch/control.sock; acts directly otherwise.
     Pair {
@@ -336,31 +298,7 @@ fn main() -> ExitCode {
             command: ImageCommand::Load,
         } => load_image(),
         Command::Status { dir, json } => status(dir.unwrap_or_else(|| PathBuf::from(".")), json),
-        Command::Log {
-            targets,
-            lane,
-            channel,
-            sender,
-            task,
-            since,
-            until,
-            last,
-            lanes,
-            json,
-            follow,
-        } => perch::log_command::run(perch::log_command::LogArgs {
-            targets,
-            lane,
-            channel,
-            sender,
-            task,
-            since,
-            until,
-            last,
-            lanes,
-            json,
-            follow,
-        }),
+        Command::Log(args) => perch::log_command::run(args),
         Command::Pair {
             command: PairCommand::Approve { code, dir },
         } => pair_approve(dir.unwrap_or_else(|| PathBuf::from(".")), &code),

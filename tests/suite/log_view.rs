@@ -755,47 +755,70 @@ fn through_perch_run_a_message_and_its_answer_show_while_it_runs() {
     );
 }
 
+/// `perch log DIR --follow` with `args`, its output gathered as it comes.
+struct Follower {
+    child: std::process::Child,
+    seen: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Follower {
+    fn start(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Follower {
+        use std::io::Read;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_perch"))
+            .args(["log", dir.to_str().unwrap(), "--follow"])
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .envs(env.iter().copied())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let reader = std::thread::spawn({
+            let seen = std::sync::Arc::clone(&seen);
+            move || {
+                let mut buffer = [0u8; 4096];
+                while let Ok(read) = stdout.read(&mut buffer) {
+                    if read == 0 {
+                        break;
+                    }
+                    seen.lock()
+                        .unwrap()
+                        .push_str(&String::from_utf8_lossy(&buffer[..read]));
+                }
+            }
+        });
+        Follower {
+            child,
+            seen,
+            reader,
+        }
+    }
+
+    fn wait_for(&self, what: &str, text: &str) {
+        super::service::wait_until(what, || self.seen.lock().unwrap().contains(text));
+    }
+
+    /// Stops it with SIGTERM; what it printed, once it exited cleanly.
+    fn stop(mut self) -> String {
+        super::service::terminate(&self.child);
+        let status = self.child.wait().unwrap();
+        self.reader.join().unwrap();
+        assert!(status.success(), "{status:?}");
+        self.seen.lock().unwrap().clone()
+    }
+}
+
 #[test]
 fn follow_prints_the_last_turns_and_stops_on_sigterm() {
-    use std::io::Read;
     let agent = agent_with_lanes();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_perch"))
-        .args(["log", agent.path().to_str().unwrap(), "--follow", "-n", "1"])
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let reader = std::thread::spawn({
-        let seen = std::sync::Arc::clone(&seen);
-        move || {
-            let mut buffer = [0u8; 4096];
-            while let Ok(read) = stdout.read(&mut buffer) {
-                if read == 0 {
-                    break;
-                }
-                seen.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buffer[..read]));
-            }
-        }
-    });
-    super::service::wait_until("the last turn", || {
-        seen.lock()
-            .unwrap()
-            .contains("lane heartbeat-digest: 1 turn shown")
-    });
-    super::service::terminate(&child);
-    let status = child.wait().unwrap();
-    reader.join().unwrap();
-    assert!(status.success(), "{status:?}");
-    assert!(
-        !seen.lock().unwrap().contains("telegram-team"),
-        "only the last turn"
-    );
+    let follower = Follower::start(agent.path(), &["-n", "1"], &[]);
+    follower.wait_for("the last turn", "lane heartbeat-digest: 1 turn shown");
+    let seen = follower.stop();
+    assert!(!seen.contains("telegram-team"), "only the last turn");
 }
 
 #[test]
@@ -1045,8 +1068,7 @@ fn through_perch_run_a_tool_call_unknown_delivery_corrected_heartbeat_and_recove
 fn follow_shows_a_message_answered_while_it_runs_across_a_segment_roll() {
     use super::fake_model::{FakeModel, Script};
     use super::fake_telegram::{Chat, FakeTelegram, TOKEN, User};
-    use super::service::{start, stop, telegram_agent, terminate, wait_until};
-    use std::io::Read;
+    use super::service::{start, stop, telegram_agent, wait_until};
     let model = FakeModel::start(perch_core::config::Api::OpenAiCompletions);
     let telegram = FakeTelegram::start();
     let dir = telegram_agent(&model, &telegram);
@@ -1066,47 +1088,15 @@ fn follow_shows_a_message_answered_while_it_runs_across_a_segment_roll() {
     );
     wait_until("the first answer", || telegram.sent().len() == 1);
 
-    let mut follower = std::process::Command::new(env!("CARGO_BIN_EXE_perch"))
-        .args(["log", dir.path().to_str().unwrap(), "--follow", "-n", "5"])
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("TELEGRAM_TOKEN", TOKEN)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = follower.stdout.take().unwrap();
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let reader = std::thread::spawn({
-        let seen = std::sync::Arc::clone(&seen);
-        move || {
-            let mut buffer = [0u8; 4096];
-            while let Ok(read) = stdout.read(&mut buffer) {
-                if read == 0 {
-                    break;
-                }
-                seen.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buffer[..read]));
-            }
-        }
-    });
-    wait_until("the tail", || {
-        seen.lock().unwrap().contains("reply     first answer")
-    });
+    let follower = Follower::start(dir.path(), &["-n", "5"], &[("TELEGRAM_TOKEN", TOKEN)]);
+    follower.wait_for("the tail", "reply     first answer");
 
     model.push(Script::text("SUMMARY-X"));
     model.push(Script::text("second answer"));
     telegram.push_message(&chat, &alice, "and again");
-    wait_until("the second answer, followed", || {
-        seen.lock().unwrap().contains("reply     second answer")
-    });
-    terminate(&follower);
-    let status = follower.wait().unwrap();
-    reader.join().unwrap();
+    follower.wait_for("the second answer, followed", "reply     second answer");
+    let seen = follower.stop();
     stop(child);
-    assert!(status.success(), "{status:?}");
-    let seen = seen.lock().unwrap().clone();
     let lane = dir.path().join(".perch/sessions/tg-42");
     assert!(
         lane.join("000002.jsonl").exists(),

@@ -2012,6 +2012,21 @@ fn a_heartbeat_run_without_a_service_delivers_through_the_outbox_and_fires_no_sl
     );
 }
 
+/// Once the service answers status, its first channel shows `connecting` and unhealthy at every
+/// look for `watched`.
+fn stays_connecting(dir: &Path, watched: Duration) {
+    wait_until("the service to answer status", || {
+        status_json(dir)["running"] == true
+    });
+    let watched_until = Instant::now() + watched;
+    while Instant::now() < watched_until {
+        let status = status_json(dir);
+        let channel = &status["channel_health"][0];
+        assert_eq!(channel["connection"], "connecting", "{status}");
+        assert_eq!(channel["healthy"], false, "{status}");
+    }
+}
+
 #[test]
 fn a_telegram_channel_whose_server_never_answers_stays_connecting_and_unhealthy() {
     let model = FakeModel::start(Api::OpenAiCompletions);
@@ -2024,16 +2039,7 @@ fn a_telegram_channel_whose_server_never_answers_stays_connecting_and_unhealthy(
         ),
     );
     let child = start(dir.path(), None);
-    wait_until("the service to answer status", || {
-        status_json(dir.path())["running"] == true
-    });
-    let watched_until = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < watched_until {
-        let status = status_json(dir.path());
-        let channel = &status["channel_health"][0];
-        assert_eq!(channel["connection"], "connecting", "{status}");
-        assert_eq!(channel["healthy"], false, "{status}");
-    }
+    stays_connecting(dir.path(), Duration::from_secs(3));
     let text =
         String::from_utf8_lossy(&perch_cli(&["status", dir.path().to_str().unwrap()]).stdout)
             .into_owned();
@@ -2063,16 +2069,7 @@ fn a_matrix_channel_whose_homeserver_never_answers_stays_connecting_through_logi
         None,
         &[("MATRIX_STORE_PASSPHRASE", "unused-passphrase")],
     );
-    wait_until("the service to answer status", || {
-        status_json(dir.path())["running"] == true
-    });
-    let watched_until = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < watched_until {
-        let status = status_json(dir.path());
-        let channel = &status["channel_health"][0];
-        assert_eq!(channel["connection"], "connecting", "{status}");
-        assert_eq!(channel["healthy"], false, "{status}");
-    }
+    stays_connecting(dir.path(), Duration::from_secs(3));
     stop(child);
     drop(silent);
 }
@@ -2158,16 +2155,7 @@ fn a_discord_channel_is_connecting_until_the_gateway_is_ready() {
     let dir = discord_agent(&model, &discord, "dm = \"allow\"");
     discord.freeze_gateway();
     let child = launch(dir.path(), ("DISCORD_TOKEN", DISCORD_TOKEN), None);
-    wait_until("the service to answer status", || {
-        status_json(dir.path())["running"] == true
-    });
-    let watched_until = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < watched_until {
-        let status = status_json(dir.path());
-        let channel = &status["channel_health"][0];
-        assert_eq!(channel["connection"], "connecting", "{status}");
-        assert_eq!(channel["healthy"], false, "{status}");
-    }
+    stays_connecting(dir.path(), Duration::from_secs(2));
     stop(child);
 }
 
