@@ -313,8 +313,10 @@ fn breakdown(pid: u32) -> Vec<(String, Resident)> {
 }
 
 /// One thread's scheduler counters.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct ThreadCounts {
+    /// The thread's name (`comm`).
+    name: String,
     on_cpu_ns: u64,
     voluntary: u64,
     involuntary: u64,
@@ -341,9 +343,10 @@ fn cpu_sample(pid: u32) -> CpuSample {
     let ticks = |field: usize| fields[field - 3].parse::<u64>().unwrap();
     let mut threads = BTreeMap::new();
     for tid in tasks(pid) {
-        let (Ok(schedstat), Ok(status)) = (
+        let (Ok(schedstat), Ok(status), Ok(name)) = (
             std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")),
             std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")),
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")),
         ) else {
             continue;
         };
@@ -356,6 +359,7 @@ fn cpu_sample(pid: u32) -> CpuSample {
         threads.insert(
             tid,
             ThreadCounts {
+                name: name.trim().to_owned(),
                 on_cpu_ns: schedstat
                     .split_whitespace()
                     .next()
@@ -391,6 +395,8 @@ struct IdleCpu {
     elapsed: Duration,
     cpu_ms: u64,
     on_cpu: ThreadCounts,
+    /// Context switches per thread name, most first.
+    switches_by_thread: Vec<(String, u64)>,
     threads_at_start: usize,
     threads_at_end: usize,
     ended: usize,
@@ -398,16 +404,23 @@ struct IdleCpu {
 
 fn idle_cpu(start: &CpuSample, end: &CpuSample) -> IdleCpu {
     let mut total = ThreadCounts::default();
+    let mut by_thread: BTreeMap<String, u64> = BTreeMap::new();
     for (tid, now) in &end.threads {
-        let before = start.threads.get(tid).copied().unwrap_or_default();
+        let before = start.threads.get(tid).cloned().unwrap_or_default();
+        let voluntary = now.voluntary.saturating_sub(before.voluntary);
+        let involuntary = now.involuntary.saturating_sub(before.involuntary);
         total.on_cpu_ns += now.on_cpu_ns.saturating_sub(before.on_cpu_ns);
-        total.voluntary += now.voluntary.saturating_sub(before.voluntary);
-        total.involuntary += now.involuntary.saturating_sub(before.involuntary);
+        total.voluntary += voluntary;
+        total.involuntary += involuntary;
+        *by_thread.entry(now.name.clone()).or_default() += voluntary + involuntary;
     }
+    let mut switches_by_thread: Vec<(String, u64)> = by_thread.into_iter().collect();
+    switches_by_thread.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     IdleCpu {
         elapsed: end.at - start.at,
         cpu_ms: (end.cpu_ticks - start.cpu_ticks) * 1000 / clock_ticks_per_second(),
         on_cpu: total,
+        switches_by_thread,
         threads_at_start: start.threads.len(),
         threads_at_end: end.threads.len(),
         ended: start
@@ -630,6 +643,15 @@ fn idle_figures(setup: &IdleSetup<'_>) {
         cpu.threads_at_start,
         cpu.threads_at_end,
         cpu.ended
+    );
+    let by_thread: Vec<String> = cpu
+        .switches_by_thread
+        .iter()
+        .map(|(name, switches)| format!("{name} {switches}"))
+        .collect();
+    println!(
+        "idle wakeups by thread, {short}, context switches over {seconds:.1} s: {}",
+        by_thread.join(", ")
     );
 }
 
