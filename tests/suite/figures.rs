@@ -1,26 +1,58 @@
-//! The published figures that need a running `perch run`: idle memory with three channels
-//! connected, and the time from process start to the first message answered. Ignored in normal
-//! runs; `tests/figures.sh` runs them in a release build and prints each figure beside its
-//! target. Figures are not gates: the test fails only if the service does not work.
+//! The published figures that need a running `perch run`: the time from process start to the
+//! first message answered; idle memory (RSS and PSS, resident memory by mapping, the heap) and
+//! idle CPU with three channels connected and with Telegram and Discord only; and memory per
+//! agent with 1, 10 and 50 agents on one host. Ignored in normal runs; `tests/figures.sh` runs
+//! them in a release build and prints each figure beside its target. Figures are not gates: a
+//! test fails only if the service does not work (a process died, a channel is not `receiving`).
+//!
+//! Idle is the platforms' own rhythm: the Telegram fake holds `getUpdates` for the timeout perch
+//! asks (Telegram allows up to 50 s), the Discord fake's HELLO announces Discord's 41,250 ms
+//! heartbeat, and Synapse holds `/sync` for the timeout perch asks. `PERCH_FIGURE_IDLE_SECS`
+//! shortens the idle minute (60 s by default) to try the figures quickly.
 #![allow(clippy::print_stdout)]
 
 use super::fake_discord::{FakeDiscord, TOKEN as DISCORD_TOKEN};
 use super::fake_model::{FakeModel, Script};
 use super::fake_telegram::{Chat, FakeTelegram, TOKEN as TELEGRAM_TOKEN, User};
+use super::service::status_json;
 use super::support::{new_agent, write};
 use super::synapse::Synapse;
 use perch::doctor::Places;
 use perch_core::config::Api;
+use serde_json::Value;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const PASSPHRASE: &str = "store-passphrase-for-figures";
+/// The heartbeat interval Discord's gateway announces in HELLO.
+const DISCORD_HEARTBEAT_MS: u64 = 41_250;
+/// How many groups of mappings the resident breakdown prints.
+const TOP_MAPPINGS: usize = 8;
+const MIB: f64 = 1024.0;
 
-fn launch(dir: &Path, matrix_password: Option<&str>) -> Child {
+/// The measured idle period: a minute, or `PERCH_FIGURE_IDLE_SECS` seconds.
+fn idle_period() -> Duration {
+    let secs = std::env::var("PERCH_FIGURE_IDLE_SECS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(60);
+    Duration::from_secs(secs)
+}
+
+/// Time for the tail of a start (key uploads, threads the runtime lets go) before the CPU
+/// window opens.
+fn settle_period() -> Duration {
+    idle_period().min(Duration::from_secs(10))
+}
+
+fn command(dir: &Path, matrix_password: Option<&str>, options: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_perch"));
     command
-        .args(["run", dir.to_str().unwrap()])
+        .arg("run")
+        .args(options)
+        .arg(dir)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("PERCH_SANDBOX", "namespace-double")
@@ -35,36 +67,417 @@ fn launch(dir: &Path, matrix_password: Option<&str>) -> Child {
             .env("MATRIX_PASSWORD", password)
             .env("MATRIX_STORE_PASSPHRASE", PASSPHRASE);
     }
-    command.spawn().unwrap()
+    command
 }
 
-fn stop(child: Child) {
+fn launch(dir: &Path, matrix_password: Option<&str>) -> Child {
+    command(dir, matrix_password, &[]).spawn().unwrap()
+}
+
+/// `perch run` serving `/metrics` on a free loopback port, its stderr (which names the port)
+/// written to `stderr`.
+fn launch_with_metrics(dir: &Path, matrix_password: Option<&str>, stderr: &Path) -> Child {
+    command(dir, matrix_password, &["--metrics=127.0.0.1:0"])
+        .stderr(std::fs::File::create(stderr).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+fn signal_stop(child: &Child) {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    assert!(child.wait_with_output().unwrap().status.success());
 }
 
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(1));
+fn stop(child: Child) {
+    stop_all(vec![child]);
+}
+
+/// Stops every child at once, then waits for each to exit cleanly.
+fn stop_all(children: Vec<Child>) {
+    for child in &children {
+        signal_stop(child);
+    }
+    for child in children {
+        assert!(child.wait_with_output().unwrap().status.success());
     }
 }
 
-/// Resident memory of a process, in MiB.
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: f64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|value| value.parse().ok())
-        .unwrap();
-    kib / 1024.0
+fn wait_until(what: &str, done: impl FnMut() -> bool) {
+    wait_until_polling(what, Duration::from_millis(1), done);
+}
+
+fn wait_until_polling(what: &str, every: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(every);
+    }
+}
+
+/// Whether `perch status` shows `expected` channels, every one `receiving`.
+fn channels_receiving(dir: &Path, expected: usize) -> bool {
+    let status = status_json(dir);
+    let channels = status["channel_health"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    channels.len() == expected
+        && channels
+            .iter()
+            .all(|channel| channel["connection"] == "receiving")
+}
+
+fn assert_alive(child: &mut Child) {
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "perch run {} exited during the figure",
+        child.id()
+    );
+}
+
+/// Resident memory of a process or a mapping, in KiB: `Rss` and `Pss` (shared pages divided
+/// among the processes that map them).
+#[derive(Debug, Clone, Copy, Default)]
+struct Resident {
+    rss_kib: u64,
+    pss_kib: u64,
+}
+
+impl Resident {
+    fn add(&mut self, other: Resident) {
+        self.rss_kib += other.rss_kib;
+        self.pss_kib += other.pss_kib;
+    }
+}
+
+fn kib_field(line: &str, name: &str) -> Option<u64> {
+    line.strip_prefix(name)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// A process's `Rss` and `Pss` from `/proc/PID/smaps_rollup`.
+fn resident(pid: u32) -> Resident {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|line| kib_field(line, name))
+            .unwrap_or_else(|| panic!("no {name} in smaps_rollup: {text}"))
+    };
+    Resident {
+        rss_kib: field("Rss:"),
+        pss_kib: field("Pss:"),
+    }
+}
+
+/// One mapping of `/proc/PID/smaps`.
+#[derive(Debug)]
+struct Mapping {
+    start: u64,
+    end: u64,
+    perms: String,
+    /// The file, `[heap]`-like name, or empty for anonymous memory.
+    path: String,
+    resident: Resident,
+}
+
+fn mappings(pid: u32) -> Vec<Mapping> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let mut mappings: Vec<Mapping> = Vec::new();
+    for line in text.lines() {
+        let mut fields = line.split_whitespace();
+        let range = fields
+            .next()
+            .unwrap_or_default()
+            .split_once('-')
+            .map(|(start, end)| (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16)));
+        if let Some((Ok(start), Ok(end))) = range {
+            let perms = fields.next().unwrap_or_default().to_owned();
+            let path = fields.skip(3).collect::<Vec<_>>().join(" ");
+            mappings.push(Mapping {
+                start,
+                end,
+                perms,
+                path,
+                resident: Resident::default(),
+            });
+        } else if let Some(mapping) = mappings.last_mut() {
+            if let Some(kib) = kib_field(line, "Rss:") {
+                mapping.resident.rss_kib = kib;
+            } else if let Some(kib) = kib_field(line, "Pss:") {
+                mapping.resident.pss_kib = kib;
+            }
+        }
+    }
+    mappings
+}
+
+fn tasks(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// The stack pointer of each thread not running now (`/proc/PID/task/TID/syscall` ends with
+/// the stack and program counters).
+fn stack_pointers(pid: u32) -> Vec<u64> {
+    tasks(pid)
+        .into_iter()
+        .filter_map(|tid| std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok())
+        .filter_map(|text| {
+            let fields: Vec<&str> = text.split_whitespace().collect();
+            let pointer = fields.len().checked_sub(2).filter(|_| fields.len() >= 3)?;
+            u64::from_str_radix(fields[pointer].trim_start_matches("0x"), 16).ok()
+        })
+        .collect()
+}
+
+const THREAD_STACKS: &str = "thread stacks";
+const THREAD_ARENAS: &str = "malloc arenas of threads";
+
+/// What a mapping holds, named for the breakdown. Anonymous mappings are told apart by their
+/// neighbours: glibc puts an inaccessible guard page below a thread's stack, and reserves the
+/// rest of a thread arena's 64 MiB, inaccessible, above the part in use.
+fn mapping_group(mappings: &[Mapping], index: usize, exe: &str, stack_pointers: &[u64]) -> String {
+    let mapping = &mappings[index];
+    let below = index
+        .checked_sub(1)
+        .map(|below| &mappings[below])
+        .filter(|below| below.end == mapping.start);
+    let above = mappings
+        .get(index + 1)
+        .filter(|above| above.start == mapping.end);
+    let reserved = |other: &Mapping| other.path.is_empty() && other.perms.starts_with("---");
+    if mapping.path == exe {
+        let section = if mapping.perms.contains('x') {
+            "text (r-x)"
+        } else if mapping.perms.contains('w') {
+            "data (rw-)"
+        } else {
+            "read-only data (r--)"
+        };
+        return format!("perch binary, {section}");
+    }
+    if mapping.path.starts_with('[') {
+        return mapping.path.clone();
+    }
+    if !mapping.path.is_empty() {
+        let name = Path::new(&mapping.path).file_name().map_or_else(
+            || mapping.path.clone(),
+            |name| name.to_string_lossy().into_owned(),
+        );
+        return format!("file {name}");
+    }
+    if below.is_some_and(|below| below.path == exe) {
+        return "perch binary, .bss".to_owned();
+    }
+    if stack_pointers
+        .iter()
+        .any(|pointer| (mapping.start..mapping.end).contains(pointer))
+    {
+        return THREAD_STACKS.to_owned();
+    }
+    if above.is_some_and(reserved) {
+        return THREAD_ARENAS.to_owned();
+    }
+    if below.is_some_and(reserved) {
+        return THREAD_STACKS.to_owned();
+    }
+    "anonymous, other (large allocations, runtime maps)".to_owned()
+}
+
+/// A process's resident memory by group of mappings, largest first.
+fn breakdown(pid: u32) -> Vec<(String, Resident)> {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let stack_pointers = stack_pointers(pid);
+    let mappings = mappings(pid);
+    let mut groups: BTreeMap<String, Resident> = BTreeMap::new();
+    for index in 0..mappings.len() {
+        groups
+            .entry(mapping_group(&mappings, index, &exe, &stack_pointers))
+            .or_default()
+            .add(mappings[index].resident);
+    }
+    let mut groups: Vec<(String, Resident)> = groups.into_iter().collect();
+    groups.sort_by(|a, b| b.1.rss_kib.cmp(&a.1.rss_kib).then_with(|| a.0.cmp(&b.0)));
+    groups
+}
+
+/// One thread's scheduler counters.
+#[derive(Debug, Clone, Default)]
+struct ThreadCounts {
+    /// The thread's name (`comm`).
+    name: String,
+    on_cpu_ns: u64,
+    voluntary: u64,
+    involuntary: u64,
+}
+
+/// A process's CPU time so far (`utime` + `stime`, dead threads included) and each live
+/// thread's counters.
+#[derive(Debug)]
+struct CpuSample {
+    at: Instant,
+    cpu_ticks: u64,
+    threads: BTreeMap<u32, ThreadCounts>,
+}
+
+fn cpu_sample(pid: u32) -> CpuSample {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name, which is in parentheses; `state` is the first.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks = |field: usize| fields[field - 3].parse::<u64>().unwrap();
+    let mut threads = BTreeMap::new();
+    for tid in tasks(pid) {
+        let (Ok(schedstat), Ok(status), Ok(name)) = (
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")),
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")),
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")),
+        ) else {
+            continue;
+        };
+        let counter = |name: &str| {
+            status
+                .lines()
+                .find_map(|line| kib_field(line, name))
+                .unwrap_or_default()
+        };
+        threads.insert(
+            tid,
+            ThreadCounts {
+                name: name.trim().to_owned(),
+                on_cpu_ns: schedstat
+                    .split_whitespace()
+                    .next()
+                    .and_then(|value| value.parse().ok())
+                    .unwrap_or_default(),
+                voluntary: counter("voluntary_ctxt_switches:"),
+                involuntary: counter("nonvoluntary_ctxt_switches:"),
+            },
+        );
+    }
+    CpuSample {
+        at: Instant::now(),
+        cpu_ticks: ticks(14) + ticks(15),
+        threads,
+    }
+}
+
+/// Clock ticks per second, the unit of `utime` and `stime`.
+fn clock_ticks_per_second() -> u64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|output| String::from_utf8_lossy(&output.stdout).trim().parse().ok())
+        .unwrap_or(100)
+}
+
+/// What a process did between two samples. Threads alive at both count their difference,
+/// threads started between count whole; the switches of threads that ended between are lost
+/// (`ended` says how many), their CPU time is not (`utime` and `stime` keep it).
+#[derive(Debug)]
+struct IdleCpu {
+    elapsed: Duration,
+    cpu_ms: u64,
+    on_cpu: ThreadCounts,
+    /// Context switches per thread name, most first.
+    switches_by_thread: Vec<(String, u64)>,
+    threads_at_start: usize,
+    threads_at_end: usize,
+    ended: usize,
+}
+
+fn idle_cpu(start: &CpuSample, end: &CpuSample) -> IdleCpu {
+    let mut total = ThreadCounts::default();
+    let mut by_thread: BTreeMap<String, u64> = BTreeMap::new();
+    for (tid, now) in &end.threads {
+        let before = start.threads.get(tid).cloned().unwrap_or_default();
+        let voluntary = now.voluntary.saturating_sub(before.voluntary);
+        let involuntary = now.involuntary.saturating_sub(before.involuntary);
+        total.on_cpu_ns += now.on_cpu_ns.saturating_sub(before.on_cpu_ns);
+        total.voluntary += voluntary;
+        total.involuntary += involuntary;
+        *by_thread.entry(now.name.clone()).or_default() += voluntary + involuntary;
+    }
+    let mut switches_by_thread: Vec<(String, u64)> = by_thread.into_iter().collect();
+    switches_by_thread.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    IdleCpu {
+        elapsed: end.at - start.at,
+        cpu_ms: (end.cpu_ticks - start.cpu_ticks) * 1000 / clock_ticks_per_second(),
+        on_cpu: total,
+        switches_by_thread,
+        threads_at_start: start.threads.len(),
+        threads_at_end: end.threads.len(),
+        ended: start
+            .threads
+            .keys()
+            .filter(|tid| !end.threads.contains_key(tid))
+            .count(),
+    }
+}
+
+/// Where `perch run --metrics` serves, once its stderr names it.
+fn metrics_address(stderr: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(stderr).ok()?;
+    let (_, rest) = text.split_once("metrics on http://")?;
+    let (address, _) = rest.split_once("/metrics")?;
+    Some(address.to_owned())
+}
+
+/// The value of the unlabelled metric `name`, scraped now.
+fn scrape_gauge(address: &str, name: &str) -> Option<u64> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: perch\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (_, body) = response.split_once("\r\n\r\n")?;
+    body.lines().find_map(|line| {
+        line.strip_prefix(name)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .map(|value| value as u64)
+    })
+}
+
+fn agent_with_model(model: &FakeModel) -> tempfile::TempDir {
+    let dir = new_agent();
+    write(dir.path(), "models.yml", &model.models_yml("fake", "m1"));
+    write(dir.path(), "agent.lua", "agent { model = \"fake/m1\" }\n");
+    dir
+}
+
+fn add_telegram(dir: &Path, telegram: &FakeTelegram) {
+    write(
+        dir,
+        "channels/tg.lua",
+        &format!(
+            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {:?}, dm = \"allow\" }}\n",
+            telegram.api_url()
+        ),
+    );
 }
 
 fn telegram_and_discord(
@@ -72,17 +485,8 @@ fn telegram_and_discord(
     telegram: &FakeTelegram,
     discord: &FakeDiscord,
 ) -> tempfile::TempDir {
-    let dir = new_agent();
-    write(dir.path(), "models.yml", &model.models_yml("fake", "m1"));
-    write(dir.path(), "agent.lua", "agent { model = \"fake/m1\" }\n");
-    write(
-        dir.path(),
-        "channels/tg.lua",
-        &format!(
-            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {:?}, dm = \"allow\" }}\n",
-            telegram.api_url()
-        ),
-    );
+    let dir = agent_with_model(model);
+    add_telegram(dir.path(), telegram);
     write(
         dir.path(),
         "channels/dc.lua",
@@ -121,14 +525,145 @@ fn figure_start_to_first_message_answered() {
     );
 }
 
+/// The channels of an idle figure: the fakes stay up for the whole measurement.
+struct IdleSetup<'a> {
+    dir: &'a Path,
+    matrix_password: Option<&'a str>,
+    telegram: &'a FakeTelegram,
+    discord: &'a FakeDiscord,
+    channels: usize,
+    /// How the figure names the channels, in full and short.
+    label: &'a str,
+    short: &'a str,
+    rss_target: &'a str,
+}
+
+/// Starts `perch run`, waits until every channel is `receiving` and the start has settled, then
+/// measures a period without traffic: CPU and context switches over it, memory at its end.
+fn idle_figures(setup: &IdleSetup<'_>) {
+    let stderr = tempfile::NamedTempFile::new().unwrap();
+    let mut child = launch_with_metrics(setup.dir, setup.matrix_password, stderr.path());
+    let pid = child.id();
+    wait_until("Telegram polling", || {
+        !setup.telegram.poll_offsets().is_empty()
+    });
+    wait_until("the Discord gateway", || setup.discord.live_sessions() > 0);
+    wait_until_polling("every channel receiving", Duration::from_millis(50), || {
+        channels_receiving(setup.dir, setup.channels)
+    });
+    let address = metrics_address(stderr.path()).expect("perch run names its metrics address");
+    let connected = Instant::now();
+    std::thread::sleep(settle_period());
+
+    let polls_before = setup.telegram.poll_offsets().len();
+    let heartbeats_before = setup.discord.heartbeats();
+    let start = cpu_sample(pid);
+    // The figure is what perch does during this period without traffic.
+    std::thread::sleep(idle_period());
+    let end = cpu_sample(pid);
+    let polls = setup.telegram.poll_offsets().len() - polls_before;
+    let heartbeats = setup.discord.heartbeats() - heartbeats_before;
+    assert_alive(&mut child);
+
+    let total = resident(pid);
+    let groups = breakdown(pid);
+    let allocated = scrape_gauge(&address, "perch_heap_allocated_bytes");
+    assert!(
+        channels_receiving(setup.dir, setup.channels),
+        "a channel stopped receiving during the idle period: {}",
+        status_json(setup.dir)["channel_health"]
+    );
+    let poll_timeout = setup
+        .telegram
+        .calls()
+        .iter()
+        .rev()
+        .find(|call| call.method.eq_ignore_ascii_case("getUpdates"))
+        .and_then(|call| call.body.get("timeout").and_then(Value::as_u64))
+        .unwrap_or(0);
+    stop(child);
+
+    let (label, short) = (setup.label, setup.short);
+    let mib = |kib: u64| kib as f64 / MIB;
+    println!(
+        "idle RSS and PSS of perch run, {label}, after {} s: RSS {:.1} MiB, PSS {:.1} MiB; target RSS {}",
+        connected.elapsed().as_secs(),
+        mib(total.rss_kib),
+        mib(total.pss_kib),
+        setup.rss_target
+    );
+    let mut attributed = 0;
+    for (rank, (name, group)) in groups.iter().take(TOP_MAPPINGS).enumerate() {
+        attributed += group.rss_kib;
+        println!(
+            "idle RSS by mapping, {short}: {}. {name}: RSS {:.1} MiB ({:.1}% of RSS), PSS {:.1} MiB",
+            rank + 1,
+            mib(group.rss_kib),
+            100.0 * group.rss_kib as f64 / total.rss_kib as f64,
+            mib(group.pss_kib)
+        );
+    }
+    println!(
+        "idle RSS by mapping, {short}: the top {} of {} groups hold {:.1}% of {:.1} MiB RSS",
+        groups.len().min(TOP_MAPPINGS),
+        groups.len(),
+        100.0 * attributed as f64 / total.rss_kib as f64,
+        mib(total.rss_kib)
+    );
+    let heap_rss: u64 = groups
+        .iter()
+        .filter(|(name, _)| name == "[heap]" || name == THREAD_ARENAS)
+        .map(|(_, group)| group.rss_kib)
+        .sum();
+    match allocated {
+        Some(bytes) => println!(
+            "idle heap, {short}: {:.1} MiB allocated (perch_heap_allocated_bytes) against {:.1} MiB resident in [heap] and {THREAD_ARENAS}",
+            bytes as f64 / MIB / MIB,
+            mib(heap_rss)
+        ),
+        None => println!(
+            "idle heap, {short}: allocated bytes not measured (no perch_heap_allocated_bytes); {:.1} MiB resident in [heap] and {THREAD_ARENAS}",
+            mib(heap_rss)
+        ),
+    }
+    let cpu = idle_cpu(&start, &end);
+    let seconds = cpu.elapsed.as_secs_f64();
+    let per_minute = |value: f64| value * 60.0 / seconds;
+    println!(
+        "idle CPU of perch run, {label}: {:.1} ms per minute (utime+stime {} ms over {seconds:.1} s; {:.1} ms on CPU by schedstat); target <= 50 ms per minute",
+        per_minute(cpu.cpu_ms as f64),
+        cpu.cpu_ms,
+        cpu.on_cpu.on_cpu_ns as f64 / 1e6
+    );
+    println!(
+        "idle wakeups of perch run, {short}: {:.0} context switches per minute ({} voluntary, {} involuntary over {seconds:.1} s; threads {} at start, {} at end, {} ended uncounted); in the window {polls} getUpdates (timeout {poll_timeout} s), {heartbeats} Discord heartbeats (interval {DISCORD_HEARTBEAT_MS} ms)",
+        per_minute((cpu.on_cpu.voluntary + cpu.on_cpu.involuntary) as f64),
+        cpu.on_cpu.voluntary,
+        cpu.on_cpu.involuntary,
+        cpu.threads_at_start,
+        cpu.threads_at_end,
+        cpu.ended
+    );
+    let by_thread: Vec<String> = cpu
+        .switches_by_thread
+        .iter()
+        .map(|(name, switches)| format!("{name} {switches}"))
+        .collect();
+    println!(
+        "idle wakeups by thread, {short}, context switches over {seconds:.1} s: {}",
+        by_thread.join(", ")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a published figure: run by tests/figures.sh in a release build, with Synapse"]
-async fn figure_idle_memory_with_three_channels_connected() {
+async fn figure_idle_with_three_channels_connected() {
     let synapse = Synapse::from_env();
     let bot = synapse.register("figures-bot").await;
     let model = FakeModel::start(Api::OpenAiCompletions);
     let telegram = FakeTelegram::start();
     let discord = FakeDiscord::start();
+    discord.set_heartbeat_interval(DISCORD_HEARTBEAT_MS);
     let dir = telegram_and_discord(&model, &telegram, &discord);
     write(
         dir.path(),
@@ -138,22 +673,93 @@ async fn figure_idle_memory_with_three_channels_connected() {
             bot.url, bot.user_id
         ),
     );
-    let child = launch(dir.path(), Some(&bot.password));
-    let session = dir.path().join(".perch/matrix/mx/session.json");
-    let pid = child.id();
     tokio::task::spawn_blocking(move || {
-        wait_until("Telegram polling", || !telegram.poll_offsets().is_empty());
-        wait_until("the Discord gateway", || discord.live_sessions() > 0);
-        wait_until("the Matrix login", || session.exists());
-        // The figure is defined as the memory after a minute without traffic.
-        std::thread::sleep(Duration::from_secs(60));
-        println!(
-            "idle RSS of perch run, three channels connected (Telegram and Discord fakes, Synapse), after 60 s: {:.1} MiB; target <= 20 MB",
-            rss_mib(pid)
-        );
-        (telegram, discord)
+        idle_figures(&IdleSetup {
+            dir: dir.path(),
+            matrix_password: Some(&bot.password),
+            telegram: &telegram,
+            discord: &discord,
+            channels: 3,
+            label: "three channels connected (Telegram and Discord fakes, Synapse)",
+            short: "three channels",
+            rss_target: "<= 20 MB (<= 35 MB with Matrix's encrypted stores open)",
+        });
+        drop(model);
     })
     .await
     .unwrap();
-    stop(child);
+}
+
+#[test]
+#[ignore = "a published figure: run by tests/figures.sh in a release build"]
+fn figure_idle_with_telegram_and_discord_connected() {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let discord = FakeDiscord::start();
+    discord.set_heartbeat_interval(DISCORD_HEARTBEAT_MS);
+    let dir = telegram_and_discord(&model, &telegram, &discord);
+    idle_figures(&IdleSetup {
+        dir: dir.path(),
+        matrix_password: None,
+        telegram: &telegram,
+        discord: &discord,
+        channels: 2,
+        label: "Telegram and Discord connected (fakes)",
+        short: "Telegram and Discord",
+        rss_target: "<= 20 MB",
+    });
+}
+
+/// `count` idle agents on one host, each its own `perch run` with one Telegram channel (each
+/// its own fake, so no two poll one bot), no VM booted: memory per agent once they have idled.
+fn agents_per_host(count: usize) {
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let fakes: Vec<FakeTelegram> = (0..count).map(|_| FakeTelegram::start()).collect();
+    let dirs: Vec<tempfile::TempDir> = fakes
+        .iter()
+        .map(|telegram| {
+            let dir = agent_with_model(&model);
+            add_telegram(dir.path(), telegram);
+            dir
+        })
+        .collect();
+    let mut children: Vec<Child> = dirs.iter().map(|dir| launch(dir.path(), None)).collect();
+    for (dir, telegram) in dirs.iter().zip(&fakes) {
+        wait_until_polling("Telegram polling", Duration::from_millis(20), || {
+            !telegram.poll_offsets().is_empty()
+        });
+        wait_until_polling("the channel receiving", Duration::from_millis(50), || {
+            channels_receiving(dir.path(), 1)
+        });
+    }
+    // The figure is the memory of agents that have idled for this period.
+    std::thread::sleep(idle_period());
+    let mut total = Resident::default();
+    for child in &mut children {
+        assert_alive(child);
+        total.add(resident(child.id()));
+    }
+    for dir in &dirs {
+        assert!(
+            channels_receiving(dir.path(), 1),
+            "an agent stopped receiving"
+        );
+    }
+    stop_all(children);
+    let per_agent = |kib: u64| kib as f64 / MIB / count as f64;
+    println!(
+        "agents per host: {count} idle perch run (one Telegram channel each, no VM booted), after {} s: PSS {:.1} MiB per agent, RSS {:.1} MiB per agent (PSS {:.1} MiB in all); target PSS <= 20 MB per agent at 50 agents",
+        idle_period().as_secs(),
+        per_agent(total.pss_kib),
+        per_agent(total.rss_kib),
+        total.pss_kib as f64 / MIB
+    );
+}
+
+#[test]
+#[ignore = "a published figure: run by tests/figures.sh in a release build"]
+fn figure_memory_per_agent_with_1_10_and_50_agents() {
+    for count in [1, 10, 50] {
+        agents_per_host(count);
+    }
 }
