@@ -264,6 +264,7 @@ enum ImageCommand {
 }
 
 fn main() -> ExitCode {
+    perch::metrics::tune_allocator();
     let cli = Cli::parse();
     perch::logging::init(match &cli.command {
         Command::Run { log_format, .. } => *log_format,
@@ -554,8 +555,20 @@ fn load_agent(dir: &Path) -> Result<Result<agent::LoadedAgent, ExitCode>, String
     }
 }
 
+/// The most async worker threads a process starts: an agent mostly waits on the network, its
+/// model and its VM, so more cores do not need more workers (each holds a stack and an arena).
+const WORKERS_MAX: usize = 2;
+
+/// The most threads for blocking work (file I/O, SQLite), and how long an idle one lingers.
+const BLOCKING_MAX: usize = 64;
+const BLOCKING_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores.min(WORKERS_MAX))
+        .max_blocking_threads(BLOCKING_MAX)
+        .thread_keep_alive(BLOCKING_KEEP_ALIVE)
         .enable_all()
         .build()
         .map_err(|error| format!("cannot start the async runtime: {error}"))

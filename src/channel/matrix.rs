@@ -345,7 +345,10 @@ impl MatrixConnector {
         }
         let client = Client::builder()
             .homeserver_url(&self.homeserver)
-            .sqlite_store(&self.store_dir, Some(self.store_passphrase.expose()))
+            .sqlite_store_with_config_and_cache_path(
+                store_config(&self.store_dir, self.store_passphrase.expose()),
+                None::<&Path>,
+            )
             .request_config(
                 RequestConfig::new()
                     .retry_limit(REQUEST_RETRIES)
@@ -1886,6 +1889,17 @@ async fn two_members(room: &Room) -> bool {
         count => count == 2,
     }
 }
+
+/// The SQLite stores sized for one account: a small page cache and journal, and two pooled
+/// connections per store (matrix-sdk's default is four per physical core).
+fn store_config(dir: &Path, passphrase: &str) -> matrix_sdk::SqliteStoreConfig {
+    matrix_sdk::SqliteStoreConfig::with_low_memory_config(dir)
+        .passphrase(Some(passphrase))
+        .pool_max_size(STORE_CONNECTIONS)
+}
+
+/// Pooled connections per SQLite store: one sync and one send at a time.
+const STORE_CONNECTIONS: usize = 2;
 
 #[cfg(test)]
 mod tests {

@@ -65,6 +65,9 @@ struct Shared {
     open: std::sync::Mutex<HashMap<LaneName, Slot>>,
     started: Instant,
     metrics: Arc<Metrics>,
+    /// Signalled when a lane's last holder lets go, so the idle sweep sleeps while every open
+    /// lane is held or none is open.
+    released: tokio::sync::Notify,
 }
 
 #[derive(Debug)]
@@ -101,6 +104,7 @@ impl Drop for LaneLease {
             slot.last_used = now;
             if slot.holders == 0 {
                 slot.permit = None;
+                self.shared.released.notify_one();
             }
         }
     }
@@ -151,6 +155,7 @@ impl LanePool {
                 open: std::sync::Mutex::new(HashMap::new()),
                 started: Instant::now(),
                 metrics,
+                released: tokio::sync::Notify::new(),
             }),
             changing: Arc::new(tokio::sync::Mutex::new(())),
             holds: Arc::new(Semaphore::new(limits.open_max)),
@@ -267,18 +272,22 @@ impl LanePool {
     /// Closes the lanes nobody has held for [`LaneLimits::lane_idle`].
     pub(super) async fn close_idle(&self) {
         let _changing = self.changing.lock().await;
-        let idle: Vec<(LaneName, Slot)> = {
+        let (idle, drained): (Vec<(LaneName, Slot)>, bool) = {
             let mut lanes = self.shared.lock();
             let (names, views) = views(&lanes);
-            let closing = idle_past(&views, self.shared.now(), self.limits.lane_idle)
+            let closing: Vec<_> = idle_past(&views, self.shared.now(), self.limits.lane_idle)
                 .into_iter()
                 .filter_map(|index| names.get(index).and_then(|name| lanes.remove_entry(name)))
                 .collect();
             self.shared.count(lanes.len());
-            closing
+            let drained = !closing.is_empty() && lanes.is_empty();
+            (closing, drained)
         };
         for closing in idle {
             close(closing).await;
+        }
+        if drained {
+            crate::metrics::release_free_memory();
         }
     }
 
@@ -299,15 +308,33 @@ impl LanePool {
         clean
     }
 
-    /// Closes idle lanes every quarter of the idle time until `shutdown`.
+    /// Closes each lane once it has been idle for [`LaneLimits::lane_idle`], until `shutdown`.
+    /// Sleeps until the earliest such moment, or, while no open lane is idle, until a lane is
+    /// let go.
     pub(super) async fn close_idle_until(&self, shutdown: tokio_util::sync::CancellationToken) {
-        let every = (self.limits.lane_idle / 4).max(Duration::from_millis(10));
         loop {
+            let wait = self.until_next_idle();
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(every) => self.close_idle().await,
+                () = self.shared.released.notified(), if wait.is_none() => {}
+                () = tokio::time::sleep(wait.unwrap_or_default()), if wait.is_some() => {
+                    self.close_idle().await;
+                }
             }
         }
+    }
+
+    /// How long until the first lane nobody holds has been idle for `lane_idle`; `None` while
+    /// no open lane is idle.
+    fn until_next_idle(&self) -> Option<Duration> {
+        let now = self.shared.now();
+        let lanes = self.shared.lock();
+        let (_, views) = views(&lanes);
+        views
+            .iter()
+            .filter(|lane| !lane.held)
+            .map(|lane| (lane.last_used + self.limits.lane_idle).saturating_sub(now))
+            .min()
     }
 }
 
