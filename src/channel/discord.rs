@@ -76,7 +76,9 @@ pub const FALLBACK_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 const PAGE: u8 = 100;
 const ATTACH_POLL: Duration = Duration::from_millis(5);
-const WATCH_TICK: Duration = Duration::from_millis(250);
+/// The longest wait between two liveness checks; a short liveness timeout is checked four times
+/// as often as it lasts.
+const WATCH_TICK_MAX: Duration = Duration::from_secs(5);
 const SHARD: ShardId = ShardId(0);
 const CLOSE_WAIT: Duration = Duration::from_secs(6);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -261,7 +263,8 @@ impl DiscordConnector {
         let mut events: Option<mpsc::UnboundedReceiver<GatewayItem>> = None;
         let mut last_latency = None;
         let mut alive = Instant::now();
-        let mut watch = tokio::time::interval(WATCH_TICK);
+        let tick = (self.liveness / 4).clamp(Duration::from_millis(10), WATCH_TICK_MAX);
+        let mut watch = tokio::time::interval(tick);
         watch.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut attach = tokio::time::interval(ATTACH_POLL);
         attach.set_missed_tick_behavior(MissedTickBehavior::Delay);
