@@ -283,10 +283,12 @@ async fn hook_failures_are_errors_that_name_the_file() {
         "channels/ops.lua: on_message must return a table with a string text (and optionally a \
          string lane), or nil to drop the message, but it returned a table with no text"
     );
+    let bad_lane = error(on_message(&mut hooks, channel, "bad lane").await);
     assert!(
-        error(on_message(&mut hooks, channel, "bad lane").await).starts_with(
+        bad_lane.starts_with(
             "channels/ops.lua: on_message returned the lane \"../etc\", which is not a lane name"
-        )
+        ),
+        "{bad_lane}"
     );
     assert_eq!(
         error(on_message(&mut hooks, channel, "boom").await),
