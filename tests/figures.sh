@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# The published figures: builds in release mode and prints each figure beside its target.
-# Targets are figures to beat, not gates. Never run by .ci/run (it takes a release build and a
-# minute of idling). Usage: tests/figures.sh
+# The published figures of the binary users install (the dist profile): its size and what it is
+# made of, then `perch run` idle with three channels and with two, and many agents on one host,
+# each figure beside its target. Targets are figures to beat, not gates. Never run by .ci/run
+# (it takes a dist build, about half an hour, and minutes of idling).
+#
+# Usage: tests/figures.sh [--bench]
+#   --bench  also runs the throughput benchmarks in a release build (another half hour)
+# PERCH_FIGURE_IDLE_SECS shortens each idle minute, to try the figures quickly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PERCH_CACHE="${PERCH_CACHE:-$HOME/.cache/perch}"
 features=(--features sandbox-double,failpoints,discord-rest-proxy)
+bench=false
+[[ "${1:-}" == --bench ]] && bench=true
 
-# Setup (runtime pair, rootfs, Synapse) with the usual target dir; the release builds below get
-# their own, so the debug one stays warm.
+# Setup (runtime pair, rootfs, Synapse) and the test harness with the usual target dir; the
+# dist build gets its own, so the debug one stays warm.
 ./.ci/setup
-export CARGO_TARGET_DIR="${PERCH_FIGURES_TARGET:-$PERCH_CACHE/target-release}"
+dist_target="${PERCH_FIGURES_TARGET:-$PERCH_CACHE/target-release}"
 
 synapse_dir="$(mktemp -d "${TMPDIR:-/tmp}/perch-synapse.XXXXXX")"
 trap './.ci/synapse stop "$synapse_dir"; rm -rf "$synapse_dir"' EXIT
@@ -18,23 +25,38 @@ PERCH_TEST_SYNAPSE_URL="$(./.ci/synapse start "$synapse_dir")"
 PERCH_TEST_SYNAPSE_SECRET="$(cat "$synapse_dir/shared-secret")"
 export PERCH_TEST_SYNAPSE_URL PERCH_TEST_SYNAPSE_SECRET
 
-echo "perch figures, $(date -u +%Y-%m-%d), $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+echo "perch figures, $(date -u +%Y-%m-%d), $(git rev-parse --short HEAD), $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
 
-# The binary users install: the dist profile (fat LTO, one codegen unit, stripped), without the
-# test-only features. Only this build is measured: a plain release build for comparison would
-# cost another half hour (109.0 MiB stripped on 2026-11-30).
-cargo build --locked --profile dist --bin perch
-size="$(stat -c %s "$CARGO_TARGET_DIR/dist/perch")"
+# The dist profile without the test-only features. It is built with its symbols
+# (CARGO_PROFILE_DIST_STRIP=false), so cargo-bloat can attribute them, and stripped here as the
+# profile strips it: one build gives both.
+export CARGO_PROFILE_DIST_STRIP=false
+CARGO_TARGET_DIR="$dist_target" cargo build --locked --profile dist --bin perch
+strip --strip-all -o "$dist_target/dist/perch.stripped" "$dist_target/dist/perch"
+binary="$dist_target/dist/perch.stripped"
+size="$(stat -c %s "$binary")"
 awk -v bytes="$size" 'BEGIN { printf "stripped dist binary: %.1f MiB (%d bytes); target <= 60 MB\n", bytes / 1048576, bytes }'
+size -A -d "$binary" | awk '$1 ~ /^\.(text|rodata|eh_frame|eh_frame_hdr|gcc_except_table|data\.rel\.ro|rela\.dyn|data|bss)$/ {
+  printf "stripped dist binary, section %s: %.1f MiB\n", $1, $2 / 1048576 }'
 
-# perch run against the fakes and Synapse, in a release build (the namespace double stands in
-# for the microVM, which these figures do not touch): start to first answer; idle RSS, PSS, the
-# resident breakdown by mapping, the heap, CPU and wakeups over a minute without traffic, with
-# three channels and with Telegram and Discord; memory per agent with 1, 10 and 50 agents.
-# PERCH_FIGURE_IDLE_SECS shortens the idle minute.
-cargo test --locked --release "${features[@]}" --test all -- --ignored --nocapture --test-threads 1 \
-  suite::figures:: 2>&1 | grep -oE '(start to first|idle (RSS|heap|CPU|wakeups)|agents per host).*'
+# Machine code by crate. cargo-bloat is installed under the cache on first use.
+if ! [[ -x "$PERCH_CACHE/tools/bin/cargo-bloat" ]]; then
+  cargo install --locked --root "$PERCH_CACHE/tools" cargo-bloat
+fi
+PATH="$PERCH_CACHE/tools/bin:$PATH" CARGO_TARGET_DIR="$dist_target" \
+  cargo bloat --locked --profile dist --bin perch --crates -n 25 2>/dev/null |
+  sed 's/^/machine code by crate (cargo bloat --crates): /'
 
-# The inbox, per-turn overhead and exec figures.
-cargo bench --locked --bench bench "${features[@]}"
-cargo bench --locked --bench log_bench "${features[@]}"
+# perch run against the fakes and Synapse (the stand-in runtime's home satisfies the start's
+# runtime check; no figure boots a machine): start to first answer; idle RSS, PSS, the resident
+# breakdown by mapping, the heap, CPU and wakeups over a minute without traffic, with three
+# channels and with Telegram and Discord; memory per agent with 1, 10 and 50 agents. The
+# harness is the ordinary test build; what it measures is the dist binary.
+PERCH_FIGURES_BIN="$binary" cargo test --locked "${features[@]}" --test all -- --ignored --nocapture \
+  --test-threads 1 suite::figures:: 2>&1 | grep -oE '(figures of|start to first|idle (RSS|heap|CPU|wakeups)|agents per host).*'
+
+# The inbox, per-turn overhead and exec figures, in a release build.
+if $bench; then
+  CARGO_TARGET_DIR="$dist_target" cargo bench --locked --bench bench "${features[@]}"
+  CARGO_TARGET_DIR="$dist_target" cargo bench --locked --bench log_bench "${features[@]}"
+fi

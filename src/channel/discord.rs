@@ -124,15 +124,18 @@ impl DiscordConnector {
     pub fn new(token: Secret, api_url: Option<String>) -> Self {
         let (notices, _) = broadcast::channel(64);
         let api_url = api_url.map(|url| url.trim_end_matches('/').to_owned());
-        let http = rest_http(&token, api_url.as_deref(), None, &notices);
+        // One client, so one TLS configuration and root store, for REST and attachment
+        // downloads: serenity's own default is this same client.
+        let downloads = reqwest012::Client::builder()
+            .use_rustls_tls()
+            .build()
+            .unwrap_or_default();
+        let http = rest_http(&token, api_url.as_deref(), Some(&downloads), &notices);
         DiscordConnector {
             token,
             api_url,
             client: None,
-            downloads: reqwest012::Client::builder()
-                .use_rustls_tls()
-                .build()
-                .unwrap_or_default(),
+            downloads,
             http: Arc::new(http),
             notices,
             liveness: DEFAULT_LIVENESS,

@@ -35,6 +35,7 @@ use perch_core::markdown::to_telegram_markdown_v2;
 use perch_core::secret::Secret;
 use std::fmt;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use teloxide::net::Download;
@@ -51,10 +52,13 @@ use teloxide::{ApiError, Bot, DownloadError, RequestError};
 use tokio::sync::{OnceCell, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-/// How long one `getUpdates` call waits for an update before it returns empty, in seconds.
-const POLL_TIMEOUT_SECS: u32 = 25;
-/// The HTTP timeout of every request: longer than a long poll, with room for a slow network.
-const HTTP_TIMEOUT: Duration = Duration::from_secs(40);
+/// How long one `getUpdates` call waits for an update before it returns empty, in seconds:
+/// Telegram's longest, so an idle bot asks 1.2 times a minute.
+const POLL_TIMEOUT_SECS: u32 = 50;
+/// The HTTP client's timeout, which bounds a long poll: the poll with room for a slow network.
+const POLL_HTTP_TIMEOUT: Duration = Duration::from_secs(65);
+/// How long any other request (`getMe`, a send, a download) may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(40);
 /// How long a typing indicator request may take before it is given up.
 const TYPING_TIMEOUT: Duration = Duration::from_secs(5);
 /// Telegram's limit on a message's text, in characters after entity parsing.
@@ -111,7 +115,7 @@ impl TelegramConnector {
     /// call; the bot's identity is fetched with `getMe` once and cached.
     pub fn new(token: Secret, api_url: Option<String>) -> Result<TelegramConnector, SetupError> {
         let client = teloxide::net::default_reqwest_settings()
-            .timeout(HTTP_TIMEOUT)
+            .timeout(POLL_HTTP_TIMEOUT)
             .build()
             .map_err(|error| SetupError {
                 message: format!("cannot build the HTTP client for Telegram: {error}"),
@@ -130,10 +134,7 @@ impl TelegramConnector {
     pub async fn identity(&self) -> Result<BotIdentity, ConnectorError> {
         self.identity
             .get_or_try_init(|| async {
-                let me = self
-                    .bot
-                    .get_me()
-                    .send()
+                let me = within_request_timeout(self.bot.get_me().send())
                     .await
                     .map_err(|error| self.connector_error(error))?;
                 Ok(BotIdentity {
@@ -300,7 +301,7 @@ impl TelegramConnector {
             if let Some(reply) = reply.clone() {
                 request = request.reply_parameters(reply);
             }
-            request.send()
+            within_request_timeout(request.send())
         };
         let formatted =
             caption.map(|text| (to_telegram_markdown_v2(text), Some(ParseMode::MarkdownV2)));
@@ -368,7 +369,7 @@ impl TelegramConnector {
         if let Some(reply) = reply {
             request = request.reply_parameters(reply);
         }
-        request.send().await
+        within_request_timeout(request.send()).await
     }
 
     /// Downloads the file `attachment` names: `getFile` for its path, then the file itself,
@@ -377,21 +378,19 @@ impl TelegramConnector {
         if let Some(size) = attachment.size.filter(|size| *size > limit) {
             return Err(FetchError::TooLarge { size: Some(size) });
         }
-        let file = self
-            .bot
-            .get_file(FileId(attachment.source.clone()))
-            .send()
-            .await
-            .map_err(|error| match error {
-                RequestError::Api(ApiError::Unknown(text)) if text.contains("too big") => {
-                    FetchError::Failed {
-                        message: "Telegram lets bots download files of up to 20 MB only".into(),
+        let file =
+            within_request_timeout(self.bot.get_file(FileId(attachment.source.clone())).send())
+                .await
+                .map_err(|error| match error {
+                    RequestError::Api(ApiError::Unknown(text)) if text.contains("too big") => {
+                        FetchError::Failed {
+                            message: "Telegram lets bots download files of up to 20 MB only".into(),
+                        }
                     }
-                }
-                other => FetchError::Failed {
-                    message: self.describe(&other),
-                },
-            })?;
+                    other => FetchError::Failed {
+                        message: self.describe(&other),
+                    },
+                })?;
         if u64::from(file.meta.size) > limit {
             return Err(FetchError::TooLarge {
                 size: Some(u64::from(file.meta.size)),
@@ -401,7 +400,7 @@ impl TelegramConnector {
             bytes: Vec::new(),
             limit,
         };
-        match self.bot.download_file(&file.path, &mut capped).await {
+        match within_request_timeout(self.bot.download_file(&file.path, &mut capped)).await {
             Ok(()) => Ok(capped.bytes),
             Err(DownloadError::Io(error)) if error.kind() == std::io::ErrorKind::FileTooLarge => {
                 Err(FetchError::TooLarge { size: None })
@@ -425,10 +424,7 @@ impl TelegramConnector {
 
     /// `getMe` with the token: Telegram answers with the bot's account only for a valid one.
     async fn check_token(&self) -> Result<Checked, CheckError> {
-        let me = self
-            .bot
-            .get_me()
-            .send()
+        let me = within_request_timeout(self.bot.get_me().send())
             .await
             .map_err(|error| self.check_error(error))?;
         let username = me
@@ -881,9 +877,56 @@ fn entity_text<'a>(text: &'a str, entity: &MessageEntity) -> Option<&'a str> {
     None
 }
 
+/// `request`, given up after [`REQUEST_TIMEOUT`] with an I/O error that says so. The client's
+/// own timeout is the long poll's, so every other request is bounded here.
+async fn within_request_timeout<T, E: From<Arc<std::io::Error>>>(
+    request: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    tokio::time::timeout(REQUEST_TIMEOUT, request)
+        .await
+        .unwrap_or_else(|_| {
+            Err(E::from(Arc::new(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "Telegram did not answer within {} s",
+                    REQUEST_TIMEOUT.as_secs()
+                ),
+            ))))
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_without_an_answer_fails_after_the_request_timeout_as_an_unknown_delivery() {
+        assert!(
+            POLL_HTTP_TIMEOUT > Duration::from_secs(u64::from(POLL_TIMEOUT_SECS)),
+            "the client's timeout must outlast a long poll"
+        );
+        let started = tokio::time::Instant::now();
+        let result: Result<(), RequestError> = within_request_timeout(std::future::pending()).await;
+        assert_eq!(started.elapsed(), REQUEST_TIMEOUT);
+        let Err(error) = result else {
+            panic!("a request without an answer succeeded");
+        };
+        assert!(
+            matches!(&error, RequestError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut)
+        );
+        let token = perch_core::secret::EnvRef::new(
+            perch_core::name::EnvName::try_from("TELEGRAM_TOKEN").unwrap(),
+        )
+        .resolve(|_| Some("123:abc".into()))
+        .unwrap();
+        let connector = TelegramConnector::new(token, None).unwrap();
+        match connector.delivery_error(error) {
+            DeliveryError::Failed { message } => {
+                assert!(message.contains("did not answer within 40 s"), "{message}");
+            }
+            other => panic!("a send without an answer may have been made: {other:?}"),
+        }
+    }
 
     fn entity(kind: MessageEntityKind, offset: usize, length: usize) -> MessageEntity {
         MessageEntity::new(kind, offset, length)

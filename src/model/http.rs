@@ -7,6 +7,7 @@
 
 use super::ModelErrorKind;
 use perch_core::secret::Secret;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// How the API key travels.
@@ -39,23 +40,34 @@ const ERROR_BODY_LIMIT: usize = 64 * 1024;
 
 /// The HTTP clients shared by every request an endpoint makes: one that honours the proxy
 /// settings in the environment, and one for servers on this machine, which no proxy can reach.
-#[derive(Debug)]
+/// Each is built on its first request: an agent that has not called its model yet holds no TLS
+/// configuration or root store, and one whose model is remote never builds the direct one.
+#[derive(Debug, Default)]
 pub(crate) struct Http {
-    client: Result<reqwest::Client, String>,
-    direct: Result<reqwest::Client, String>,
+    client: OnceLock<Result<reqwest::Client, String>>,
+    direct: OnceLock<Result<reqwest::Client, String>>,
 }
 
 impl Http {
     pub(crate) fn new() -> Http {
-        let build = |builder: reqwest::ClientBuilder| {
-            builder
+        Http::default()
+    }
+
+    fn client_for(&self, url: &str) -> Result<&reqwest::Client, ModelErrorKind> {
+        let (cell, builder): (_, fn() -> reqwest::ClientBuilder) = if is_loopback(url) {
+            (&self.direct, || reqwest::Client::builder().no_proxy())
+        } else {
+            (&self.client, reqwest::Client::builder)
+        };
+        cell.get_or_init(|| {
+            builder()
                 .build()
                 .map_err(|error| format!("cannot set up the HTTP client: {}", describe(&error)))
-        };
-        Http {
-            client: build(reqwest::Client::builder()),
-            direct: build(reqwest::Client::builder().no_proxy()),
-        }
+        })
+        .as_ref()
+        .map_err(|detail| ModelErrorKind::Disconnected {
+            detail: detail.clone(),
+        })
     }
 
     /// POSTs `body` (JSON) to `url` and returns the response body as a stream, once the status
@@ -66,17 +78,8 @@ impl Http {
         auth: Auth<'_>,
         body: Vec<u8>,
     ) -> Result<ByteStream, ModelErrorKind> {
-        let client = if is_loopback(url) {
-            &self.direct
-        } else {
-            &self.client
-        };
-        let client = client
-            .as_ref()
-            .map_err(|detail| ModelErrorKind::Disconnected {
-                detail: detail.clone(),
-            })?;
-        let request = client
+        let request = self
+            .client_for(url)?
             .post(url)
             .header("content-type", "application/json")
             .header("accept", "text/event-stream")
@@ -123,16 +126,7 @@ impl Http {
     /// GETs `url` and returns its body (at most [`ERROR_BODY_LIMIT`] bytes) once the status
     /// says it succeeded; an error status becomes the matching [`ModelErrorKind`].
     pub(crate) async fn get(&self, url: &str, auth: Auth<'_>) -> Result<String, ModelErrorKind> {
-        let client = if is_loopback(url) {
-            &self.direct
-        } else {
-            &self.client
-        };
-        let client = client
-            .as_ref()
-            .map_err(|detail| ModelErrorKind::Disconnected {
-                detail: detail.clone(),
-            })?;
+        let client = self.client_for(url)?;
         let request = authorize(client.get(url).header("accept", "application/json"), auth);
         let secret = auth.secret();
         let mut response = request

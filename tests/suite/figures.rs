@@ -2,7 +2,7 @@
 //! first message answered; idle memory (RSS and PSS, resident memory by mapping, the heap) and
 //! idle CPU with three channels connected and with Telegram and Discord only; and memory per
 //! agent with 1, 10 and 50 agents on one host. Ignored in normal runs; `tests/figures.sh` runs
-//! them in a release build and prints each figure beside its target. Figures are not gates: a
+//! them against the dist build (`PERCH_FIGURES_BIN`) and prints each figure beside its target. Figures are not gates: a
 //! test fails only if the service does not work (a process died, a channel is not `receiving`).
 //!
 //! Idle is the platforms' own rhythm: the Telegram fake holds `getUpdates` for the timeout perch
@@ -15,14 +15,16 @@ use super::fake_discord::{FakeDiscord, TOKEN as DISCORD_TOKEN};
 use super::fake_model::{FakeModel, Script};
 use super::fake_telegram::{Chat, FakeTelegram, TOKEN as TELEGRAM_TOKEN, User};
 use super::service::status_json;
+use super::standin_home::{Preparation, prepare};
 use super::support::{new_agent, write};
 use super::synapse::Synapse;
 use perch::doctor::Places;
 use perch_core::config::Api;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 const PASSPHRASE: &str = "store-passphrase-for-figures";
@@ -47,15 +49,65 @@ fn settle_period() -> Duration {
     idle_period().min(Duration::from_secs(10))
 }
 
+/// The `perch` these figures measure.
+enum Measured {
+    /// This test build's, with the namespace double standing in for the microVM.
+    TestBuild,
+    /// `PERCH_FIGURES_BIN`: the binary users install (tests/figures.sh names the dist build),
+    /// which has no test features, so it runs on the stand-in runtime's home. No figure boots a
+    /// machine; `perch run` only checks at start that the runtime is there.
+    Installed { binary: PathBuf, msb_home: PathBuf },
+}
+
+fn measured() -> &'static Measured {
+    static MEASURED: OnceLock<Measured> = OnceLock::new();
+    MEASURED.get_or_init(|| {
+        let Some(binary) = std::env::var_os("PERCH_FIGURES_BIN").map(PathBuf::from) else {
+            return Measured::TestBuild;
+        };
+        assert!(
+            binary.is_file(),
+            "PERCH_FIGURES_BIN {} is not a file",
+            binary.display()
+        );
+        // A thread of its own: the three-channel figure is a tokio test.
+        let places = std::thread::spawn(|| {
+            tokio::runtime::Runtime::new()
+                .unwrap()
+                .block_on(prepare(Preparation::Fresh))
+        })
+        .join()
+        .unwrap()
+        .unwrap_or_else(|reason| panic!("PERCH_FIGURES_BIN needs the stand-in runtime: {reason}"));
+        println!("figures of {}", binary.display());
+        Measured::Installed {
+            binary,
+            msb_home: places.msb_home,
+        }
+    })
+}
+
 fn command(dir: &Path, matrix_password: Option<&str>, options: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_perch"));
+    let mut command = match measured() {
+        Measured::TestBuild => {
+            let mut command = Command::new(env!("CARGO_BIN_EXE_perch"));
+            command.env_clear().env("PERCH_SANDBOX", "namespace-double");
+            command
+        }
+        Measured::Installed { binary, msb_home } => {
+            let mut command = Command::new(binary);
+            command
+                .env_clear()
+                .env("MSB_HOME", msb_home)
+                .env("PERCH_ASSUME_KVM", "1");
+            command
+        }
+    };
     command
         .arg("run")
         .args(options)
         .arg(dir)
-        .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("PERCH_SANDBOX", "namespace-double")
         .env("PERCH_CACHE", Places::from_environment().cache)
         .env("TELEGRAM_TOKEN", TELEGRAM_TOKEN)
         .env("DISCORD_TOKEN", DISCORD_TOKEN)
@@ -499,7 +551,7 @@ fn telegram_and_discord(
 }
 
 #[test]
-#[ignore = "a published figure: run by tests/figures.sh in a release build"]
+#[ignore = "a published figure: run by tests/figures.sh against the dist build"]
 fn figure_start_to_first_message_answered() {
     let mut timings = Vec::new();
     for round in 0..5 {
@@ -656,7 +708,7 @@ fn idle_figures(setup: &IdleSetup<'_>) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a published figure: run by tests/figures.sh in a release build, with Synapse"]
+#[ignore = "a published figure: run by tests/figures.sh against the dist build, with Synapse"]
 async fn figure_idle_with_three_channels_connected() {
     let synapse = Synapse::from_env();
     let bot = synapse.register("figures-bot").await;
@@ -691,7 +743,7 @@ async fn figure_idle_with_three_channels_connected() {
 }
 
 #[test]
-#[ignore = "a published figure: run by tests/figures.sh in a release build"]
+#[ignore = "a published figure: run by tests/figures.sh against the dist build"]
 fn figure_idle_with_telegram_and_discord_connected() {
     let model = FakeModel::start(Api::OpenAiCompletions);
     let telegram = FakeTelegram::start();
@@ -757,7 +809,7 @@ fn agents_per_host(count: usize) {
 }
 
 #[test]
-#[ignore = "a published figure: run by tests/figures.sh in a release build"]
+#[ignore = "a published figure: run by tests/figures.sh against the dist build"]
 fn figure_memory_per_agent_with_1_10_and_50_agents() {
     for count in [1, 10, 50] {
         agents_per_host(count);

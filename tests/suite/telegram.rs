@@ -485,7 +485,7 @@ async fn receive_hands_events_in_order_and_confirms_only_after_the_ack() {
         poll.body["allowed_updates"],
         json!(["message", "edited_message"])
     );
-    assert_eq!(poll.body["timeout"], json!(25));
+    assert_eq!(poll.body["timeout"], json!(50));
 }
 
 #[tokio::test]
