@@ -31,7 +31,11 @@ fn links_packed() -> bool {
     let Ok(mut child) = Command::new(compiler)
         .args(["-x", "c", "-", "-o"])
         .arg(&probe)
-        .args(["-pie", "-Wl,-z,pack-relative-relocs", "-Wl,--fatal-warnings"])
+        .args([
+            "-pie",
+            "-Wl,-z,pack-relative-relocs",
+            "-Wl,--fatal-warnings",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

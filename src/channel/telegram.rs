@@ -176,10 +176,18 @@ impl TelegramConnector {
             if let Some(offset) = offset {
                 request = request.offset(offset);
             }
+            // A long poll is bounded by the client's timeout; a short one, like any request.
+            let sent = async {
+                if answered {
+                    request.send().await
+                } else {
+                    within_request_timeout(request.send()).await
+                }
+            };
             let result = tokio::select! {
                 biased;
                 () = cancel.cancelled() => return Ok(()),
-                result = request.send() => result,
+                result = sent => result,
             };
             let updates = match result {
                 Ok(updates) => {
