@@ -53,7 +53,7 @@ PATH="$PERCH_CACHE/tools/bin:$PATH" CARGO_TARGET_DIR="$dist_target" \
 # channels and with Telegram and Discord; memory per agent with 1, 10 and 50 agents. The
 # harness is the ordinary test build; what it measures is the dist binary.
 PERCH_FIGURES_BIN="$binary" cargo test --locked "${features[@]}" --test all -- --ignored --nocapture \
-  --test-threads 1 suite::figures:: 2>&1 | grep -oE '(figures of|start to first|idle (RSS|heap|CPU|wakeups)|agents per host).*'
+  --test-threads 1 suite::figures:: 2>&1 | grep -oE '(figures of|start to first|idle (RSS|heap|CPU|wakeups|working set)|agents per host).*'
 
 # The inbox, per-turn overhead and exec figures, in a release build.
 if $bench; then

@@ -196,12 +196,16 @@ fn assert_alive(child: &mut Child) {
 struct Resident {
     rss_kib: u64,
     pss_kib: u64,
+    /// Resident pages accessed since the accessed bits were last cleared (`clear_refs`), or
+    /// since they were mapped.
+    referenced_kib: u64,
 }
 
 impl Resident {
     fn add(&mut self, other: Resident) {
         self.rss_kib += other.rss_kib;
         self.pss_kib += other.pss_kib;
+        self.referenced_kib += other.referenced_kib;
     }
 }
 
@@ -213,7 +217,7 @@ fn kib_field(line: &str, name: &str) -> Option<u64> {
         .ok()
 }
 
-/// A process's `Rss` and `Pss` from `/proc/PID/smaps_rollup`.
+/// A process's `Rss`, `Pss` and `Referenced` from `/proc/PID/smaps_rollup`.
 fn resident(pid: u32) -> Resident {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
     let field = |name: &str| {
@@ -224,7 +228,49 @@ fn resident(pid: u32) -> Resident {
     Resident {
         rss_kib: field("Rss:"),
         pss_kib: field("Pss:"),
+        referenced_kib: field("Referenced:"),
     }
+}
+
+/// Clears the accessed bits of every page a process maps, so that `Referenced` counts what it
+/// touches from now on: its working set over a period.
+fn clear_referenced(pid: u32) {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "1").unwrap();
+}
+
+/// Drops the page cache of the measured binary before a figure starts it, so the start reads it
+/// in as one after a boot does (page faults and the device's readahead) rather than finding the
+/// large folios of the write that just produced it, which a fault maps whole. Says what was done,
+/// with the device's readahead, which sets how much of the file a fault brings in.
+fn start_from_a_cold_page_cache() -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let Measured::Installed { binary, .. } = measured() else {
+        return None;
+    };
+    let file = std::fs::File::open(binary).unwrap();
+    nix::fcntl::posix_fadvise(
+        &file,
+        0,
+        0,
+        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+    )
+    .unwrap();
+    let device = file.metadata().unwrap().dev();
+    let block = format!(
+        "/sys/dev/block/{}:{}",
+        nix::sys::stat::major(device),
+        nix::sys::stat::minor(device)
+    );
+    let readahead = ["queue", "../queue"]
+        .iter()
+        .find_map(|queue| std::fs::read_to_string(format!("{block}/{queue}/read_ahead_kb")).ok())
+        .map_or_else(
+            || "its device's readahead unknown".to_owned(),
+            |kib| format!("its device's readahead {} KiB", kib.trim()),
+        );
+    Some(format!(
+        "the binary's page cache dropped before the start, as after a boot; {readahead}"
+    ))
 }
 
 /// One mapping of `/proc/PID/smaps`.
@@ -263,6 +309,8 @@ fn mappings(pid: u32) -> Vec<Mapping> {
                 mapping.resident.rss_kib = kib;
             } else if let Some(kib) = kib_field(line, "Pss:") {
                 mapping.resident.pss_kib = kib;
+            } else if let Some(kib) = kib_field(line, "Referenced:") {
+                mapping.resident.referenced_kib = kib;
             }
         }
     }
@@ -594,6 +642,7 @@ struct IdleSetup<'a> {
 /// measures a period without traffic: CPU and context switches over it, memory at its end.
 fn idle_figures(setup: &IdleSetup<'_>) {
     let stderr = tempfile::NamedTempFile::new().unwrap();
+    let cold_start = start_from_a_cold_page_cache();
     let mut child = launch_with_metrics(setup.dir, setup.matrix_password, stderr.path());
     let pid = child.id();
     wait_until("Telegram polling", || {
@@ -609,6 +658,7 @@ fn idle_figures(setup: &IdleSetup<'_>) {
 
     let polls_before = setup.telegram.poll_offsets().len();
     let heartbeats_before = setup.discord.heartbeats();
+    clear_referenced(pid);
     let start = cpu_sample(pid);
     // The figure is what perch does during this period without traffic.
     std::thread::sleep(idle_period());
@@ -643,6 +693,22 @@ fn idle_figures(setup: &IdleSetup<'_>) {
         mib(total.rss_kib),
         mib(total.pss_kib),
         setup.rss_target
+    );
+    if let Some(cold_start) = &cold_start {
+        println!("idle RSS and PSS of perch run, {short}: {cold_start}");
+    }
+    let text = groups
+        .iter()
+        .find(|(name, _)| name == "perch binary, text (r-x)")
+        .map(|(_, group)| *group)
+        .unwrap_or_default();
+    println!(
+        "idle working set, {short}: {:.1} MiB of the {:.1} MiB RSS referenced during the {} s without traffic (accessed bits cleared at its start), {:.1} MiB of it the binary's text ({:.1} MiB resident)",
+        mib(total.referenced_kib),
+        mib(total.rss_kib),
+        idle_period().as_secs(),
+        mib(text.referenced_kib),
+        mib(text.rss_kib)
     );
     let mut attributed = 0;
     for (rank, (name, group)) in groups.iter().take(TOP_MAPPINGS).enumerate() {
@@ -775,6 +841,7 @@ fn agents_per_host(count: usize) {
             dir
         })
         .collect();
+    let cold_start = start_from_a_cold_page_cache();
     let mut children: Vec<Child> = dirs.iter().map(|dir| launch(dir.path(), None)).collect();
     for (dir, telegram) in dirs.iter().zip(&fakes) {
         wait_until_polling("Telegram polling", Duration::from_millis(20), || {
@@ -806,6 +873,9 @@ fn agents_per_host(count: usize) {
         per_agent(total.rss_kib),
         total.pss_kib as f64 / MIB
     );
+    if let Some(cold_start) = cold_start {
+        println!("agents per host: {count} agents, {cold_start}");
+    }
 }
 
 #[test]
