@@ -10,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PERCH_CACHE="${PERCH_CACHE:-$HOME/.cache/perch}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PERCH_CACHE/target}"
 features=(--features sandbox-double,failpoints,discord-rest-proxy)
 bench=false
 [[ "${1:-}" == --bench ]] && bench=true
@@ -27,12 +28,12 @@ export PERCH_TEST_SYNAPSE_URL PERCH_TEST_SYNAPSE_SECRET
 
 echo "perch figures, $(date -u +%Y-%m-%d), $(git rev-parse --short HEAD), $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
 
-# The dist profile without the test-only features. It is built with its symbols
-# (CARGO_PROFILE_DIST_STRIP=false), so cargo-bloat can attribute them, and stripped here as the
-# profile strips it: one build gives both.
-export CARGO_PROFILE_DIST_STRIP=false
+# The dist profile without the test-only features. It keeps its symbols, which cargo-bloat
+# attributes and the symbol order names; the figures are of the binary stripped of them.
 CARGO_TARGET_DIR="$dist_target" cargo build --locked --profile dist --bin perch
 strip --strip-all -o "$dist_target/dist/perch.stripped" "$dist_target/dist/perch"
+ordered="$(grep -v '^#' src/symbol-order.txt | sort -u | comm -12 - <(nm --defined-only "$dist_target/dist/perch" | awk '{ print $3 }' | sort -u) | wc -l)"
+echo "symbol order: $ordered of $(grep -vc '^#' src/symbol-order.txt) names in src/symbol-order.txt are in this build (tests/symbol-order.sh writes them again)"
 binary="$dist_target/dist/perch.stripped"
 size="$(stat -c %s "$binary")"
 awk -v bytes="$size" 'BEGIN { printf "stripped dist binary: %.1f MiB (%d bytes); target <= 60 MB\n", bytes / 1048576, bytes }'
