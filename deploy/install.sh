@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs perch as a systemd service: the binary, the user perch, the perch@.service template,
 # the udev rule for /dev/kvm, the directories under /etc/perch and /var/lib/perch, the
-# microsandbox runtime pair and the default image. Idempotent: every step says what it did,
+# microsandbox runtime pair, the system's CA certificates (on Debian-like systems, when
+# missing) and the default image. Idempotent: every step says what it did,
 # and a second run says `unchanged` (or `skipped`) for each and `nothing changed` at the end.
 # Root never executes, follows or writes through a path the user perch can change: what root
 # runs and writes lives in root's directories, and the one step inside perch's own (loading the
@@ -283,7 +284,35 @@ else
 	case "$line" in *unchanged*) ;; *) changes=$((changes + 1)) ;; esac
 fi
 
-# 6. The default image: built with debootstrap as root in the cache (root's), then loaded into
+# 6. The system's CA certificates. perch verifies https:// model providers and Matrix
+# homeservers against the system trust store (a plain http:// model on this machine needs none);
+# minimal roots (debootstrap minbase, many container bases) ship without it.
+ca_bundles="/etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt /etc/ssl/cert.pem"
+ca_found=
+for bundle in $ca_bundles; do
+	if [ -s "$bundle" ]; then ca_found=$bundle; break; fi
+done
+ca_fix="install the distribution's CA certificates package (apt-get install ca-certificates), or perch cannot use an https:// model"
+if [ -n "$DESTDIR" ]; then
+	[ -n "$plan" ] || report skipped "CA certificates (DESTDIR is set)"
+elif [ -n "$ca_found" ]; then
+	[ -n "$plan" ] || report unchanged "CA certificates ($ca_found)"
+elif [ -n "$plan" ]; then
+	! command -v apt-get >/dev/null || planned root exec apt-get -
+elif command -v apt-get >/dev/null; then
+	echo "  installing apt-get install ca-certificates (no CA certificates in $ca_bundles)"
+	if DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ca-certificates >/dev/null ||
+		{ DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ca-certificates >/dev/null; }; then
+		report installed "CA certificates (the ca-certificates package)"
+	else
+		echo "  warning    the ca-certificates package was not installed: $ca_fix" >&2
+	fi
+else
+	echo "  warning    no CA certificates in $ca_bundles: $ca_fix" >&2
+fi
+
+# 7. The default image: built with debootstrap as root in the cache (root's), then loaded into
 # the microsandbox home by perch, whose home it is.
 runtime_env="MSB_PATH=$runtime/bin/msb MSB_LIBKRUNFW_PATH=$runtime/lib/$krunfw"
 if [ -n "$plan" ]; then
@@ -312,7 +341,7 @@ else
 	report built "image perch:default"
 fi
 
-# 7. systemd and udev.
+# 8. systemd and udev.
 if [ -n "$plan" ]; then
 	[ -n "$no_systemd" ] || planned root exec systemctl,udevadm -
 	exit 0

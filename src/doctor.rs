@@ -119,8 +119,74 @@ pub fn run(places: &Places, dir: Option<&Path>) -> Vec<Check> {
     ));
     if let Some(agent) = &agent {
         checks.extend(secrets(agent, places.env_file.as_deref()));
+        if let Ok(loaded) = agent::load(agent) {
+            checks.extend(trust_store(&loaded, model::check_trust_store()));
+        }
     }
     checks
+}
+
+/// Whether this machine can verify the `https://` servers the agent talks to with its own trust
+/// store: the model providers in `models.yml` and Matrix homeservers (Telegram's and Discord's
+/// clients carry their own roots). `found` is [`model::check_trust_store`]'s answer. No check
+/// when nothing the agent uses is `https://`; a failure only for the agent's own model or a
+/// homeserver, a warning when only another provider needs it.
+pub fn trust_store(
+    loaded: &agent::LoadedAgent,
+    found: Result<(), model::SetupProblem>,
+) -> Option<Check> {
+    let https = |url: &str| {
+        url.get(..8)
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"))
+    };
+    let definition = &loaded.definition;
+    let own = &definition.agent.model.provider;
+    let mut needed = Vec::new();
+    let mut wanted = Vec::new();
+    for (name, provider) in &definition.models.providers {
+        if https(&provider.base_url) {
+            let place = format!("models.yml providers.{name} ({})", provider.base_url);
+            if name == own {
+                needed.push(place)
+            } else {
+                wanted.push(place)
+            }
+        }
+    }
+    for channel in &loaded.channels {
+        if let perch_core::config::Platform::Matrix { homeserver, .. } = &channel.config.platform
+            && https(homeserver)
+        {
+            needed.push(format!("{} ({homeserver})", channel.file));
+        }
+    }
+    let users = needed
+        .iter()
+        .chain(&wanted)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if users.is_empty() {
+        return None;
+    }
+    Some(match found {
+        Ok(()) => check(
+            "trust",
+            true,
+            format!("CA certificates found, for {users}"),
+            "",
+        ),
+        Err(setup) => Check {
+            name: "trust",
+            status: if needed.is_empty() {
+                Status::Warn
+            } else {
+                Status::Fail
+            },
+            detail: format!("{}; needed by {users}", setup.problem),
+            fix: Some(setup.fix.to_owned()),
+        },
+    })
 }
 
 /// The checks every effect depends on: KVM, hardware virtualization, the runtime pair.
@@ -841,6 +907,9 @@ fn model_check(
             format!("unreachable: {detail}"),
             Some(unreachable.to_owned()),
         ),
+        Ok(Err(ModelErrorKind::Misconfigured(setup))) => {
+            (Status::Fail, setup.problem, Some(setup.fix.to_owned()))
+        }
         Ok(Err(ModelErrorKind::Timeout)) | Err(_) => (
             Status::Fail,
             format!("timeout: no answer within {} s", timeout.as_secs_f64()),
@@ -874,6 +943,7 @@ fn describe_model_error(kind: &ModelErrorKind) -> String {
         ModelErrorKind::Disconnected { detail } | ModelErrorKind::Garbage { detail } => {
             detail.clone()
         }
+        ModelErrorKind::Misconfigured(setup) => setup.problem.clone(),
         ModelErrorKind::Timeout => "timed out".to_owned(),
         ModelErrorKind::Cancelled => "cancelled".to_owned(),
     }

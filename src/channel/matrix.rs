@@ -94,6 +94,7 @@ use matrix_sdk::ruma::{
 use matrix_sdk::store::{RoomLoadSettings, StateStoreDataKey};
 use matrix_sdk::sync::SyncResponse;
 use matrix_sdk::{Client, Room, RoomState};
+use perch_core::redact::{REDACTED, redact_value};
 use perch_core::secret::Secret;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -142,7 +143,6 @@ const JOIN_RETRY: Duration = Duration::from_millis(500);
 const TYPING_TIMEOUT: Duration = Duration::from_secs(5);
 const UNDECRYPTABLE_KEPT: usize = 100;
 const OWN_EVENTS_KEPT: usize = 1000;
-const REDACTED: &str = "<redacted>";
 /// The longest error text passed on, in characters.
 const MESSAGE_LIMIT: usize = 400;
 
@@ -343,7 +343,11 @@ impl MatrixConnector {
                 ),
             });
         }
-        let client = Client::builder()
+        let mut builder = Client::builder();
+        if plain_http(&self.homeserver) {
+            builder = builder.disable_built_in_root_certificates();
+        }
+        let client = builder
             .homeserver_url(&self.homeserver)
             .sqlite_store_with_config_and_cache_path(
                 store_config(&self.store_dir, self.store_passphrase.expose()),
@@ -435,10 +439,8 @@ impl MatrixConnector {
     /// error quotes), cut to [`MESSAGE_LIMIT`] characters.
     fn redact(&self, text: &str) -> String {
         let mut text = text.trim().to_owned();
-        if let Some(token) = self.client.get().and_then(Client::access_token)
-            && !token.is_empty()
-        {
-            text = text.replace(&token, REDACTED);
+        if let Some(token) = self.client.get().and_then(Client::access_token) {
+            text = redact_value(&text, &token, REDACTED);
         }
         match text.char_indices().nth(MESSAGE_LIMIT) {
             Some((end, _)) => format!("{}…", &text[..end]),
@@ -450,7 +452,7 @@ impl MatrixConnector {
     /// with its access token. Never a login: a new login is a new device. The store directory
     /// is read, never changed, and matrix-sdk's stores are not opened.
     async fn check_account(&self) -> Result<Checked, CheckError> {
-        let http = matrix_sdk::reqwest::Client::builder()
+        let http = http_client(&self.homeserver)
             .build()
             .map_err(|error| CheckError::Failed {
                 message: format!("cannot set up the HTTP client: {error}"),
@@ -513,18 +515,18 @@ impl MatrixConnector {
         let token = session.tokens.access_token.as_str();
         let scrub = |error: CheckError| match error {
             CheckError::Unreachable { message } => CheckError::Unreachable {
-                message: message.replace(token, REDACTED),
+                message: redact_value(&message, token, REDACTED),
             },
             other => other,
         };
         let url = format!("{}/_matrix/client/v3/account/whoami", self.homeserver);
         let (status, whoami) = check_get(&http, &url, Some(token)).await.map_err(scrub)?;
         let text = |key: &str| {
-            whoami
+            let value = whoami
                 .get(key)
                 .and_then(serde_json::Value::as_str)
-                .unwrap_or_default()
-                .replace(token, REDACTED)
+                .unwrap_or_default();
+            redact_value(value, token, REDACTED)
         };
         match status {
             200..=299 if text("user_id") == self.user.as_str() => Ok(Checked {
@@ -1611,6 +1613,25 @@ fn contains_word(haystack: &str, needle: &str) -> bool {
     })
 }
 
+/// Whether `homeserver` is a plain `http://` URL, which needs no certificates: its clients load
+/// no trust store, so a homeserver on this machine works where the system has no CA
+/// certificates.
+fn plain_http(homeserver: &str) -> bool {
+    homeserver
+        .get(..7)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"))
+}
+
+/// A builder of perch's own requests to `homeserver` (the check, media downloads).
+fn http_client(homeserver: &str) -> matrix_sdk::reqwest::ClientBuilder {
+    let builder = matrix_sdk::reqwest::Client::builder();
+    if plain_http(homeserver) {
+        builder.tls_certs_only(Vec::new())
+    } else {
+        builder
+    }
+}
+
 /// GETs the media `uri` from `homeserver` (the authenticated endpoint, then the legacy one),
 /// refusing it when its declared length is over `limit` and aborting as soon as more than
 /// `limit` bytes arrive, so a file without an honest size is never held whole. Each read waits
@@ -1625,7 +1646,7 @@ async fn download_capped(
     let (server, media) = uri
         .parts()
         .map_err(|_| failed(format!("{uri} is not a media URI")))?;
-    let http = matrix_sdk::reqwest::Client::builder()
+    let http = http_client(homeserver.as_str())
         .connect_timeout(REQUEST_TIMEOUT)
         .read_timeout(REQUEST_TIMEOUT)
         .build()

@@ -1,9 +1,57 @@
-//! Removing a Telegram bot token from text that may quote it (an error echoing a request URL).
-//! An exact match is not enough: a token read with a stray space, tab or CR is sent and echoed
-//! differently from how it was read, so every token-shaped piece goes too.
+//! Removing secret values from text that may quote them (an error echoing a request, a
+//! server's message quoting a key).
+//!
+//! A value of [`WHOLE_TOKEN_BELOW`] characters or more is cut out wherever it occurs. A shorter
+//! one (a local server's dummy key such as `x` or `ollama`) would match inside ordinary words,
+//! so it is cut out only where it stands as a whole token; the words around it stay intact.
+//!
+//! A Telegram bot token gets more: an exact match is not enough, because a token read with a
+//! stray space, tab or CR is sent and echoed differently from how it was read, so every
+//! token-shaped piece goes too.
 
-/// What a removed token is replaced with.
+/// What a removed secret value is replaced with.
+pub const REDACTED: &str = "<redacted>";
+
+/// What a removed Telegram token is replaced with.
 pub const REDACTED_TOKEN: &str = "<token>";
+
+/// Secret values shorter than this many characters are removed only where they stand as a
+/// whole token (see [`redact_value`]).
+pub const WHOLE_TOKEN_BELOW: usize = 8;
+
+/// `text` with `value` replaced by `replacement`: everywhere when `value` has at least
+/// [`WHOLE_TOKEN_BELOW`] characters, otherwise only where neither neighbour is a letter, a
+/// digit, `_` or `-` (so the key `x` goes from `key: x.` but not from `unexpected` or
+/// `x-api-key`). An empty value changes nothing.
+pub fn redact_value(text: &str, value: &str, replacement: &str) -> String {
+    if value.is_empty() || !text.contains(value) {
+        return text.to_owned();
+    }
+    if value.chars().count() >= WHOLE_TOKEN_BELOW {
+        return text.replace(value, replacement);
+    }
+    let joins =
+        |ch: Option<char>| ch.is_some_and(|ch| ch.is_alphanumeric() || ch == '_' || ch == '-');
+    let mut out = String::with_capacity(text.len());
+    let mut rest = 0;
+    let mut from = 0;
+    while let Some(found) = text[from..].find(value) {
+        let start = from + found;
+        let end = start + value.len();
+        let before = text[..start].chars().next_back();
+        let after = text[end..].chars().next();
+        if joins(before) || joins(after) {
+            from = start + value.chars().next().map_or(1, char::len_utf8);
+            continue;
+        }
+        out.push_str(&text[rest..start]);
+        out.push_str(replacement);
+        rest = end;
+        from = end;
+    }
+    out.push_str(&text[rest..]);
+    out
+}
 
 /// `text` without `token` (as given and trimmed), without its secret part, without anything in
 /// the shape of a bot token (`<digits>:<20 or more of A-Z a-z 0-9 _ ->`), and without whatever
@@ -13,9 +61,7 @@ pub fn redact_telegram_token(text: &str, token: &str) -> String {
     let trimmed = token.trim();
     let secret = trimmed.split_once(':').map(|(_, secret)| secret.trim());
     for exact in [Some(token), Some(trimmed), secret].into_iter().flatten() {
-        if exact.len() >= 8 {
-            text = text.replace(exact, REDACTED_TOKEN);
-        }
+        text = redact_value(&text, exact, REDACTED_TOKEN);
     }
     redact_url_paths(&redact_token_shapes(&text))
 }
@@ -83,6 +129,49 @@ mod tests {
     use super::*;
 
     const TOKEN: &str = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw";
+
+    #[test]
+    fn a_long_value_goes_everywhere_and_a_short_one_only_as_a_whole_token() {
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "sk-0123456789",
+                "key sk-0123456789, again xsk-0123456789x",
+                "key <redacted>, again x<redacted>x",
+            ),
+            (
+                "x",
+                "builder error: unexpected error: bad key x.",
+                "builder error: unexpected error: bad key <redacted>.",
+            ),
+            ("x", "x-api-key: x", "x-api-key: <redacted>"),
+            ("x", "x", "<redacted>"),
+            ("x", "(x)\n\"x\"", "(<redacted>)\n\"<redacted>\""),
+            ("x", "xx x_y ẋ éx xé", "xx x_y ẋ éx xé"),
+            (
+                "ollama",
+                "Bearer ollama; the ollama server (ollamas)",
+                "Bearer <redacted>; the <redacted> server (ollamas)",
+            ),
+            ("é", "café é", "café <redacted>"),
+            ("", "nothing changes", "nothing changes"),
+            ("abc", "abcabc abc", "abcabc <redacted>"),
+        ];
+        for (value, text, expected) in cases {
+            assert_eq!(
+                redact_value(text, value, REDACTED),
+                *expected,
+                "{value:?} in {text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_short_telegram_token_leaves_words_alone() {
+        assert_eq!(
+            redact_telegram_token("an unexpected reply from 1:x", "1:x"),
+            "an unexpected reply from <token>"
+        );
+    }
 
     #[test]
     fn the_token_is_removed_however_it_was_mangled() {

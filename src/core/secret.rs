@@ -68,6 +68,12 @@ impl Secret {
     pub fn expose(&self) -> &str {
         &self.0
     }
+
+    /// `text` with this value replaced by `<redacted>` ([`crate::redact::redact_value`]: a short
+    /// value only where it stands as a whole token, so no ordinary word is cut).
+    pub fn redact(&self, text: &str) -> String {
+        crate::redact::redact_value(text, &self.0, crate::redact::REDACTED)
+    }
 }
 
 impl fmt::Debug for Secret {

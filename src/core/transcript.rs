@@ -30,8 +30,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-/// What replaces a secret value.
-pub const REDACTED: &str = "<redacted>";
+pub use crate::redact::REDACTED;
 
 /// How a heartbeat's prompt begins: `[heartbeat NAME for SLOT`.
 const HEARTBEAT_PROMPT: &str = "[heartbeat ";
@@ -263,9 +262,10 @@ pub struct Redaction {
 }
 
 impl Redaction {
-    /// Redacts `values` (empty and very short ones, which would match everywhere, are ignored).
+    /// Redacts `values`; a short one only where it stands as a whole token
+    /// ([`crate::redact::redact_value`]), an empty one nowhere.
     pub fn new(values: impl IntoIterator<Item = String>) -> Redaction {
-        let mut values: Vec<String> = values.into_iter().filter(|v| v.len() >= 4).collect();
+        let mut values: Vec<String> = values.into_iter().filter(|v| !v.is_empty()).collect();
         values.sort_by_key(|value| std::cmp::Reverse(value.len()));
         values.dedup();
         Redaction { values }
@@ -275,9 +275,7 @@ impl Redaction {
     pub fn apply(&self, text: &str) -> String {
         let mut out = text.to_owned();
         for value in &self.values {
-            if out.contains(value.as_str()) {
-                out = out.replace(value.as_str(), REDACTED);
-            }
+            out = crate::redact::redact_value(&out, value, REDACTED);
         }
         if out.contains(':') {
             out = redact_telegram_token(&out, "");

@@ -8,7 +8,8 @@ use super::http::{self, Auth, Http};
 use super::openai_completions::{self, CompletionsDecoder};
 use super::openai_responses::{self, ResponsesDecoder};
 use super::{
-    BoxFuture, Endpoint, Model, ModelError, ModelErrorKind, ModelReply, ModelRequest, StreamEvent,
+    BoxFuture, Endpoint, Model, ModelError, ModelErrorKind, ModelReply, ModelRequest, SetupProblem,
+    StreamEvent,
 };
 use crate::agent::LoadedAgent;
 use perch_core::config::{Api, Provider};
@@ -185,6 +186,10 @@ impl HttpModel {
             ModelErrorKind::Garbage { detail } => ModelErrorKind::Garbage {
                 detail: scrub(detail),
             },
+            ModelErrorKind::Misconfigured(setup) => ModelErrorKind::Misconfigured(SetupProblem {
+                problem: scrub(setup.problem),
+                fix: setup.fix,
+            }),
             kind @ (ModelErrorKind::RateLimited { .. }
             | ModelErrorKind::Timeout
             | ModelErrorKind::Cancelled) => kind,

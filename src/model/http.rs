@@ -5,7 +5,7 @@
 //! The API key is handed in as a [`Secret`] and exposed only into the one header it belongs in.
 //! Error text from the server is cut short and has the key removed before anything keeps it.
 
-use super::ModelErrorKind;
+use super::{ModelErrorKind, SetupProblem};
 use perch_core::secret::Secret;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -38,14 +38,16 @@ const MESSAGE_LIMIT: usize = 400;
 /// The most bytes of an error response body read.
 const ERROR_BODY_LIMIT: usize = 64 * 1024;
 
-/// The HTTP clients shared by every request an endpoint makes: one that honours the proxy
-/// settings in the environment, and one for servers on this machine, which no proxy can reach.
-/// Each is built on its first request: an agent that has not called its model yet holds no TLS
-/// configuration or root store, and one whose model is remote never builds the direct one.
+/// The HTTP clients shared by every request an endpoint makes, one per way of reaching a
+/// server: through the proxy settings in the environment or directly (a server on this machine,
+/// which no proxy can reach), and over TLS or plain `http://`. A plain client loads no trust
+/// store, so a model on `http://127.0.0.1` answers on a machine without CA certificates. Each is
+/// built on its first request: an agent that has not called its model yet holds no TLS
+/// configuration or root store. A client that cannot be built is not kept, so installing the
+/// missing certificates helps without a restart.
 #[derive(Debug, Default)]
 pub(crate) struct Http {
-    client: OnceLock<Result<reqwest::Client, String>>,
-    direct: OnceLock<Result<reqwest::Client, String>>,
+    clients: [OnceLock<reqwest::Client>; 4],
 }
 
 impl Http {
@@ -54,22 +56,15 @@ impl Http {
     }
 
     fn client_for(&self, url: &str) -> Result<&reqwest::Client, ModelErrorKind> {
-        let (cell, builder): (_, fn() -> reqwest::ClientBuilder) = if is_loopback(url) {
-            (&self.direct, || reqwest::Client::builder().no_proxy())
-        } else {
-            (&self.client, reqwest::Client::builder)
-        };
-        cell.get_or_init(|| {
-            builder()
-                .build()
-                .map_err(|error| format!("cannot set up the HTTP client: {}", describe(&error)))
-        })
-        .as_ref()
-        .map_err(|detail| ModelErrorKind::Disconnected {
-            detail: detail.clone(),
-        })
+        let direct = is_loopback(url);
+        let tls = !is_plain_http(url);
+        let cell = &self.clients[usize::from(direct) * 2 + usize::from(tls)];
+        if let Some(client) = cell.get() {
+            return Ok(client);
+        }
+        let client = build_client(direct, tls).map_err(ModelErrorKind::Misconfigured)?;
+        Ok(cell.get_or_init(|| client))
     }
-
     /// POSTs `body` (JSON) to `url` and returns the response body as a stream, once the status
     /// says it is a reply; an error status becomes the matching [`ModelErrorKind`].
     pub(crate) async fn post(
@@ -180,6 +175,51 @@ impl ByteStream {
             }),
         }
     }
+}
+
+fn build_client(direct: bool, tls: bool) -> Result<reqwest::Client, SetupProblem> {
+    let mut builder = reqwest::Client::builder();
+    if direct {
+        builder = builder.no_proxy();
+    }
+    if !tls {
+        builder = builder.tls_certs_only(Vec::new());
+    }
+    builder.build().map_err(|error| setup_problem(&error))
+}
+
+/// Whether this machine has a trust store perch's `https://` requests can use (for
+/// `perch doctor`).
+pub fn check_trust_store() -> Result<(), SetupProblem> {
+    build_client(true, true).map(drop)
+}
+
+/// What stops a client from being built, in words an operator can act on. The one cause seen in
+/// practice is a machine without CA certificates (a minimal image without the distribution's
+/// package), which the platform verifier reports only as text.
+fn setup_problem(error: &reqwest::Error) -> SetupProblem {
+    let detail = describe(error);
+    if detail.contains("No CA certificates") {
+        SetupProblem {
+            problem: format!(
+                "this machine has no CA certificates, so no https:// server can be verified \
+                 ({detail})"
+            ),
+            fix: "install the distribution's CA certificates package (Debian and Ubuntu: \
+                  apt-get install ca-certificates; Fedora: dnf install ca-certificates; Alpine: \
+                  apk add ca-certificates), or point SSL_CERT_FILE at a PEM bundle",
+        }
+    } else {
+        SetupProblem {
+            problem: format!("cannot set up the HTTP client: {detail}"),
+            fix: "check the TLS settings in the environment (SSL_CERT_FILE, SSL_CERT_DIR)",
+        }
+    }
+}
+
+fn is_plain_http(url: &str) -> bool {
+    url.get(..7)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"))
 }
 
 fn is_loopback(url: &str) -> bool {
@@ -322,11 +362,11 @@ pub(crate) fn excerpt(text: &str) -> String {
     }
 }
 
-/// `text` with every occurrence of the key replaced.
+/// `text` without the key ([`Secret::redact`]).
 pub(crate) fn redact(text: &str, secret: Option<&Secret>) -> String {
-    match secret.map(Secret::expose) {
-        Some(key) if !key.is_empty() => text.replace(key, "<redacted>"),
-        _ => text.to_owned(),
+    match secret {
+        Some(secret) => secret.redact(text),
+        None => text.to_owned(),
     }
 }
 

@@ -11,6 +11,7 @@ mod openai_responses;
 mod test_support;
 
 pub use client::{check_provider, connect, endpoint_for, endpoint_for_model};
+pub use http::check_trust_store;
 
 use perch_core::config::{Api, ModelSpec, Provider, Thinking};
 use perch_core::heartbeat::ModelFailure;
@@ -156,8 +157,19 @@ pub enum ModelErrorKind {
     /// The response is not what the API promises (unparseable JSON, events out of order, tool
     /// call arguments that are not JSON).
     Garbage { detail: String },
+    /// perch cannot make the request on this machine (its HTTP client cannot be built: no CA
+    /// certificates for an `https://` model). Nothing reached the provider; trying again does
+    /// not help until the machine is fixed.
+    Misconfigured(SetupProblem),
     /// The caller cancelled.
     Cancelled,
+}
+
+/// Why perch cannot make requests on this machine, and what fixes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetupProblem {
+    pub problem: String,
+    pub fix: &'static str,
 }
 
 impl ModelErrorKind {
@@ -174,6 +186,7 @@ impl ModelErrorKind {
             | ModelErrorKind::Timeout
             | ModelErrorKind::Cancelled => ModelFailure::Transient,
             ModelErrorKind::Garbage { .. } => ModelFailure::Unusable,
+            ModelErrorKind::Misconfigured(_) => ModelFailure::Misconfigured,
         }
     }
 
@@ -187,6 +200,7 @@ impl ModelErrorKind {
             ModelErrorKind::Rejected { .. }
             | ModelErrorKind::OutOfCredit { .. }
             | ModelErrorKind::Garbage { .. }
+            | ModelErrorKind::Misconfigured(_)
             | ModelErrorKind::Cancelled => None,
         }
     }
@@ -214,6 +228,13 @@ impl fmt::Display for ModelError {
                 write!(f, "out of quota or credit ({status}): {message}")
             }
             ModelErrorKind::Garbage { detail } => write!(f, "unusable response: {detail}"),
+            ModelErrorKind::Misconfigured(setup) => {
+                write!(
+                    f,
+                    "cannot make the request: {}; {}",
+                    setup.problem, setup.fix
+                )
+            }
             ModelErrorKind::Cancelled => write!(f, "cancelled"),
         }
     }

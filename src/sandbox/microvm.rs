@@ -319,9 +319,7 @@ impl Microvm {
         self.spec
             .secrets
             .iter()
-            .map(|secret| secret.value.expose())
-            .filter(|value| !value.is_empty())
-            .fold(text, |text, value| text.replace(value, "<redacted>"))
+            .fold(text, |text, secret| secret.value.redact(&text))
     }
 }
 

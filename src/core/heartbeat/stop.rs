@@ -14,6 +14,9 @@ pub enum ModelFailure {
     Transient,
     /// The reply was not what the API promises.
     Unusable,
+    /// perch could not make the request on this machine (no CA certificates for an `https://`
+    /// model): nothing reached the provider, and nothing is spent until the machine is fixed.
+    Misconfigured,
 }
 
 /// The kind of a provider's refusal (a 4xx that is not a rate limit), from its HTTP status.
@@ -65,6 +68,7 @@ mod tests {
             (Some(ModelFailure::RequestRejected), false),
             (Some(ModelFailure::Transient), false),
             (Some(ModelFailure::Unusable), false),
+            (Some(ModelFailure::Misconfigured), false),
         ];
         for (failure, stops) in table {
             assert_eq!(stops_task(failure), stops, "{failure:?}");
