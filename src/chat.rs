@@ -3,7 +3,7 @@
 
 use crate::lane::{Finished, Input, Lane, LaneEvent};
 use crate::model::StreamEvent;
-use perch_core::log::Outcome;
+use perch_core::log::{Outcome, Trigger};
 use std::io::Write;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 use tokio::sync::mpsc;
@@ -62,6 +62,7 @@ async fn turn<O: Write, N: Write>(
         consumes: Vec::new(),
         fresh: false,
         said: Vec::new(),
+        trigger: Trigger::Terminal,
     };
     let run = lane.send(input, Some(events));
     tokio::pin!(run);

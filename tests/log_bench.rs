@@ -36,6 +36,7 @@ fn entry(
             role,
             parts,
             origins,
+            relay: None,
         }),
     })
 }
@@ -89,6 +90,7 @@ fn turn(n: u64, parent: Option<EntryId>) -> (Vec<Line>, EntryId) {
             intent: Intent::Run,
             consumes: vec![format!("inbox:{n}")],
             resumed: false,
+            trigger: None,
             at: Utc::now(),
         }),
         entry(

@@ -7,6 +7,10 @@
 //! one. Names are cut to [`NAME_MAX_CHARS`] and lose control and bidi characters, so a name is
 //! only ever the value of its `sender` field.
 
+mod relay;
+
+pub use relay::{RELAY_PARAGRAPH, Relay, render_relay};
+
 use crate::Timestamp;
 use crate::terminal::is_unsafe_for_terminal;
 use serde::{Deserialize, Serialize};

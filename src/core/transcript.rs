@@ -4,7 +4,12 @@
 //! A turn is one user entry or heartbeat firing and everything the run it started did, up to its
 //! delivery: it begins at an `operation_started` of a run. Two kinds of run join the turn before
 //! them instead of beginning one: a run `resumed` after a crash interrupted the previous one,
-//! and the correction a heartbeat sends after an invalid verdict. Everything else (compactions,
+//! and the correction a heartbeat sends after an invalid verdict.
+//!
+//! What a user entry is (people's messages, a heartbeat's prompt, its correction, its steer) is
+//! read from what perch wrote: the trigger of the run it opens, and its origins and relay. Only
+//! an entry of a lane written before triggers were kept, with neither origins nor a trigger, is
+//! recognised by its text ([`user_entry`]). Everything else (compactions,
 //! segment headers, notes, tail repairs, damaged lines) belongs to the turn it follows; a
 //! settled delivery belongs to the turn of the operation it names (or of the heartbeat outcome
 //! that named the delivery).
@@ -18,28 +23,27 @@ use crate::Timestamp;
 use crate::heartbeat::{SlotOutcome, Verdict, judge};
 use crate::id::{EntryId, OperationId};
 use crate::log::{
-    Entry, EntryBody, Header, Intent, Line, LinePosition, Message, Outcome, Part, ReadLine, Record,
-    Role, Settled,
+    Entry, EntryBody, Header, HeartbeatNote, Intent, Line, LinePosition, Message, Note, Outcome,
+    Part, ReadLine, Record, Role, Settled, Trigger,
 };
 use crate::name::LaneName;
-use crate::origin::MessageOrigin;
+use crate::origin::{MessageOrigin, Relay};
 use crate::redact::redact_telegram_token;
 use crate::terminal::{escaped, for_terminal};
 use chrono::TimeDelta;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
 pub use crate::redact::REDACTED;
 
-/// How a heartbeat's prompt begins: `[heartbeat NAME for SLOT`.
+/// How a heartbeat's prompt begins: `[heartbeat NAME for SLOT`. Read only in entries of lanes
+/// written before triggers were kept.
 const HEARTBEAT_PROMPT: &str = "[heartbeat ";
 
 /// How the correction after an invalid verdict begins (see [`crate::heartbeat::correction`]).
+/// Read only in entries of lanes written before triggers were kept.
 const CORRECTION: &str = "That reply is not a valid verdict: ";
-
-/// The data entry a heartbeat run's outcome leaves in its lane.
-const HEARTBEAT_NOTE: &str = "heartbeat_outcome";
 
 /// How many lines of a tool's output the text shows.
 pub const OUTPUT_HEAD_LINES: usize = 4;
@@ -77,9 +81,15 @@ pub enum EventKind {
         op: OperationId,
         resumed: bool,
         consumes: Vec<String>,
+        /// What started it, as its record says; none in lanes written before triggers.
+        trigger: Option<Trigger>,
     },
     /// A compaction began.
-    CompactionStarted { op: OperationId },
+    CompactionStarted {
+        op: OperationId,
+        /// What started it; none in lanes written before triggers.
+        trigger: Option<Trigger>,
+    },
     /// A user entry: one or more chat messages (several when collected into one turn), or
     /// input without a chat origin. `steer` when it joined a run already under way.
     UserMessage {
@@ -98,6 +108,15 @@ pub enum EventKind {
     HeartbeatCorrection {
         entry: EntryId,
         reason: String,
+        text: String,
+    },
+    /// A heartbeat's `Steer:`, relayed into this lane. `steer` when it joined a run already
+    /// under way; otherwise it started a run of its own.
+    HeartbeatSteer {
+        entry: EntryId,
+        task: String,
+        slot: String,
+        steer: bool,
         text: String,
     },
     /// A request to the model. `retry` when the request before it got no reply.
@@ -308,6 +327,8 @@ pub struct TurnFacts {
     /// The heartbeat task it is a firing of.
     pub task: Option<String>,
     pub slot: Option<String>,
+    /// The heartbeat task and slot whose steer it holds.
+    pub steered_by: Option<(String, String)>,
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub cost_micros: u64,
@@ -352,10 +373,19 @@ pub struct Assembler {
     tools: HashMap<String, String>,
     /// The turn of each delivery a heartbeat outcome names.
     deliveries: HashMap<String, usize>,
-    /// The operation running now and whether its user entry was written.
-    running: Option<(OperationId, bool)>,
+    /// The operation running now.
+    running: Option<Running>,
     /// Turns whose last operation ended interrupted.
     interrupted: Vec<usize>,
+}
+
+/// The operation running now, as far as the lines read say.
+#[derive(Debug)]
+struct Running {
+    op: OperationId,
+    trigger: Option<Trigger>,
+    /// Whether its first user entry was read: a later one is a steer.
+    user_written: bool,
 }
 
 impl Assembler {
@@ -429,17 +459,24 @@ impl Assembler {
                 intent,
                 consumes,
                 resumed,
+                trigger,
                 at,
             } => {
                 self.intents.insert(*op, *intent);
-                self.running = Some((*op, false));
+                self.running = Some(Running {
+                    op: *op,
+                    trigger: trigger.clone(),
+                    user_written: false,
+                });
+                let trigger = trigger.as_ref().map(|trigger| redacted(trigger, r));
                 let kind = match intent {
                     Intent::Run => EventKind::RunStarted {
                         op: *op,
                         resumed: *resumed,
                         consumes: consumes.clone(),
+                        trigger,
                     },
-                    Intent::Compact => EventKind::CompactionStarted { op: *op },
+                    Intent::Compact => EventKind::CompactionStarted { op: *op, trigger },
                 };
                 (Some(*at), kind)
             }
@@ -474,7 +511,11 @@ impl Assembler {
                 )
             }
             Record::OperationFinished { op, outcome, at } => {
-                if self.running.is_some_and(|(running, _)| running == *op) {
+                if self
+                    .running
+                    .as_ref()
+                    .is_some_and(|running| running.op == *op)
+                {
                     self.running = None;
                 }
                 self.awaiting.remove(op);
@@ -581,34 +622,13 @@ impl Assembler {
     fn entry(&mut self, entry: &Entry) -> EventKind {
         let r = &self.redaction;
         match &entry.body {
-            EntryBody::Data { name, value } if name == crate::conversation::SUMMARY => {
-                let chars = value
-                    .get("text")
-                    .and_then(serde_json::Value::as_str)
-                    .or_else(|| value.as_str())
-                    .map_or(0, |text| text.chars().count());
-                let replaces = value
-                    .get("replaces")
-                    .or_else(|| value.get("summarised"))
-                    .and_then(serde_json::Value::as_str)
-                    .map(str::to_owned);
-                EventKind::CompactionSummary {
-                    entry: entry.id,
-                    chars,
-                    replaces,
-                }
-            }
-            EntryBody::Data { name, value } if name == HEARTBEAT_NOTE => {
-                match serde_json::from_value::<HeartbeatNote>(value.clone()) {
-                    Ok(note) => heartbeat_outcome(entry.id, note, r),
-                    Err(_) => EventKind::Note {
-                        entry: entry.id,
-                        name: r.apply(name),
-                        value: r.value(value),
-                    },
-                }
-            }
-            EntryBody::Data { name, value } => EventKind::Note {
+            EntryBody::Note(Note::Summary { text, replaces }) => EventKind::CompactionSummary {
+                entry: entry.id,
+                chars: text.chars().count(),
+                replaces: replaces.map(|leaf| leaf.to_string()),
+            },
+            EntryBody::Note(Note::HeartbeatOutcome(note)) => heartbeat_outcome(entry.id, note, r),
+            EntryBody::Note(Note::Hook { name, value }) => EventKind::Note {
                 entry: entry.id,
                 name: r.apply(name),
                 value: r.value(value),
@@ -622,27 +642,39 @@ impl Assembler {
         match message.role {
             Role::User => {
                 let text = plain_text(message);
-                let steer = match &mut self.running {
-                    Some((_, user_written)) => std::mem::replace(user_written, true),
-                    None => false,
+                let (steer, trigger) = match &mut self.running {
+                    Some(running) => (
+                        std::mem::replace(&mut running.user_written, true),
+                        running.trigger.as_ref(),
+                    ),
+                    None => (false, None),
                 };
-                if !steer && let Some((task, slot)) = heartbeat_prompt(&text) {
-                    return EventKind::HeartbeatPrompt {
-                        entry: id,
-                        task: r.apply(&task),
-                        slot: r.apply(&slot),
-                        text: r.apply(&text),
-                    };
-                }
-                if !steer && let Some(rest) = text.strip_prefix(CORRECTION) {
-                    let reason = rest
-                        .split_once(". Your whole reply")
-                        .map_or(rest, |(reason, _)| reason);
-                    return EventKind::HeartbeatCorrection {
-                        entry: id,
-                        reason: r.apply(reason),
-                        text: r.apply(&text),
-                    };
+                match user_entry(message, &text, !steer, trigger) {
+                    UserEntry::Said => {}
+                    UserEntry::HeartbeatPrompt { task, slot } => {
+                        return EventKind::HeartbeatPrompt {
+                            entry: id,
+                            task: r.apply(&task),
+                            slot: r.apply(&slot),
+                            text: r.apply(&text),
+                        };
+                    }
+                    UserEntry::Correction { reason } => {
+                        return EventKind::HeartbeatCorrection {
+                            entry: id,
+                            reason: r.apply(&reason),
+                            text: r.apply(&text),
+                        };
+                    }
+                    UserEntry::Steer { task, slot } => {
+                        return EventKind::HeartbeatSteer {
+                            entry: id,
+                            task: r.apply(&task),
+                            slot: r.apply(&slot),
+                            steer,
+                            text: r.apply(&text),
+                        };
+                    }
                 }
                 let texts: Vec<&str> = message
                     .parts
@@ -670,8 +702,8 @@ impl Assembler {
                 }
             }
             Role::Assistant => {
-                if let Some((op, _)) = self.running {
-                    self.awaiting.insert(op, false);
+                if let Some(running) = &self.running {
+                    self.awaiting.insert(running.op, false);
                 }
                 let mut reasoning_chars = 0;
                 let mut tool_calls = Vec::new();
@@ -757,7 +789,7 @@ impl Assembler {
                 self.deliveries.insert(delivery.clone(), index);
                 index
             }
-            EventKind::CompactionStarted { op } => {
+            EventKind::CompactionStarted { op, .. } => {
                 let index = self.current();
                 self.ops.insert(*op, index);
                 index
@@ -800,6 +832,11 @@ impl Assembler {
             EventKind::HeartbeatOutcome { task, slot, .. } => {
                 facts.task.get_or_insert_with(|| task.clone());
                 facts.slot.get_or_insert_with(|| slot.clone());
+            }
+            EventKind::HeartbeatSteer { task, slot, .. } => {
+                facts
+                    .steered_by
+                    .get_or_insert_with(|| (task.clone(), slot.clone()));
             }
             EventKind::ModelReplied {
                 input,
@@ -858,18 +895,93 @@ impl Assembler {
     }
 }
 
-#[derive(Deserialize)]
-struct HeartbeatNote {
-    task: String,
-    slot: String,
-    #[serde(default)]
-    run: String,
-    #[serde(default)]
-    mode: String,
-    outcome: SlotOutcome,
+/// What a user entry is, as `perch log` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum UserEntry {
+    /// What people said, or input without a chat origin.
+    Said,
+    HeartbeatPrompt {
+        task: String,
+        slot: String,
+    },
+    Correction {
+        reason: String,
+    },
+    Steer {
+        task: String,
+        slot: String,
+    },
 }
 
-fn heartbeat_outcome(entry: EntryId, note: HeartbeatNote, r: &Redaction) -> EventKind {
+/// What the user entry `message` (its text parts joined, `text`) is, from what perch wrote:
+/// its relay, its origins, and, when it is the first user entry of its run (`opening`), the
+/// `trigger` of that run. An entry with origins is always people's, whatever its text. Only an
+/// entry with neither origins nor a trigger (lanes written before triggers were kept) is read
+/// by its text, as it was then.
+fn user_entry(
+    message: &Message,
+    text: &str,
+    opening: bool,
+    trigger: Option<&Trigger>,
+) -> UserEntry {
+    if let Some(Relay::HeartbeatSteer { task, slot }) = &message.relay {
+        return UserEntry::Steer {
+            task: task.to_string(),
+            slot: slot.to_rfc3339(),
+        };
+    }
+    if !message.origins.is_empty() || !opening {
+        return UserEntry::Said;
+    }
+    match trigger {
+        Some(Trigger::Heartbeat { task, slot, .. }) => UserEntry::HeartbeatPrompt {
+            task: task.to_string(),
+            slot: slot.to_rfc3339(),
+        },
+        Some(Trigger::Correction { reason, .. }) => UserEntry::Correction {
+            reason: reason.clone(),
+        },
+        Some(Trigger::Steer { task, slot }) => UserEntry::Steer {
+            task: task.to_string(),
+            slot: slot.to_rfc3339(),
+        },
+        Some(
+            Trigger::Chat | Trigger::Terminal | Trigger::ContextFull | Trigger::CompactCommand,
+        ) => UserEntry::Said,
+        None => legacy_user_entry(text),
+    }
+}
+
+/// A user entry of a lane written before triggers were kept, without origins: a heartbeat's
+/// prompt and its correction are known by how their text begins.
+fn legacy_user_entry(text: &str) -> UserEntry {
+    if let Some((task, slot)) = heartbeat_prompt(text) {
+        return UserEntry::HeartbeatPrompt { task, slot };
+    }
+    if let Some(rest) = text.strip_prefix(CORRECTION) {
+        let reason = rest
+            .split_once(". Your whole reply")
+            .map_or(rest, |(reason, _)| reason);
+        return UserEntry::Correction {
+            reason: reason.to_owned(),
+        };
+    }
+    UserEntry::Said
+}
+
+/// `trigger` with the text it quotes (a correction's reason) redacted.
+fn redacted(trigger: &Trigger, r: &Redaction) -> Trigger {
+    match trigger {
+        Trigger::Correction { task, slot, reason } => Trigger::Correction {
+            task: task.clone(),
+            slot: *slot,
+            reason: r.apply(reason),
+        },
+        other => other.clone(),
+    }
+}
+
+fn heartbeat_outcome(entry: EntryId, note: &HeartbeatNote, r: &Redaction) -> EventKind {
     let mut text = None;
     let mut target = None;
     let mut delivery = None;
@@ -911,10 +1023,10 @@ fn heartbeat_outcome(entry: EntryId, note: HeartbeatNote, r: &Redaction) -> Even
     };
     EventKind::HeartbeatOutcome {
         entry,
-        task: r.apply(&note.task),
-        slot: r.apply(&note.slot),
+        task: r.apply(note.task.as_str()),
+        slot: note.slot.to_rfc3339(),
         run: r.apply(&note.run),
-        mode: r.apply(&note.mode),
+        mode: note.mode.map_or("", |mode| mode.as_str()).to_owned(),
         outcome: name.into(),
         text,
         target,
@@ -1209,6 +1321,14 @@ pub fn heading(turn: &Turn) -> String {
             let _ = write!(out, " (slot {})", safe(slot));
         }
     }
+    if let Some((task, slot)) = &facts.steered_by {
+        let _ = write!(
+            out,
+            "  steered by heartbeat {} (slot {})",
+            safe(task),
+            safe(slot)
+        );
+    }
     let mut places: Vec<String> = Vec::new();
     let mut senders: Vec<String> = Vec::new();
     for origin in &facts.origins {
@@ -1362,6 +1482,17 @@ pub fn render_event(event: &TranscriptEvent) -> Vec<String> {
             "corrected",
             safe(reason)
         )),
+        EventKind::HeartbeatSteer {
+            task, slot, text, ..
+        } => {
+            lines.push(format!(
+                "  {:<10}from heartbeat {} (slot {})",
+                "steer",
+                safe(task),
+                safe(slot)
+            ));
+            labelled("", text, &mut lines);
+        }
         EventKind::AttemptStarted { attempt, .. } => lines.push(format!(
             "  {:<10}request {attempt} after the last one got no reply",
             "retry"

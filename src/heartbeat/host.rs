@@ -9,7 +9,9 @@ use crate::outbox::DeliveryLane;
 use crate::sandbox::{Command, Output, SandboxError};
 use perch_core::alert::AlertKind;
 use perch_core::heartbeat::{SlotOutcome, Target};
+use perch_core::log::Note;
 use perch_core::name::{LaneName, ModelRef, TaskName};
+use perch_core::origin::Relay;
 use perch_core::prompt::Origin;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
@@ -39,13 +41,14 @@ pub trait Host: Send + Sync {
         lane: DeliveryLane,
     ) -> BoxFuture<'a, Result<String, String>>;
 
-    /// Adds `text` to lane `into` (opened for runs from `origin`): to its active run at the
-    /// next tool boundary, or, when it is idle, as a run of its own whose reply stays in the
-    /// lane.
+    /// Adds `text`, relayed from `relay`, to lane `into` (opened for runs from `origin`): to
+    /// its active run at the next tool boundary, or, when it is idle, as a run of its own whose
+    /// reply stays in the lane.
     fn steer<'a>(
         &'a self,
         into: &'a LaneName,
         origin: Origin,
+        relay: Relay,
         text: String,
     ) -> BoxFuture<'a, Result<(), String>>;
 
@@ -64,12 +67,8 @@ pub trait HostLane: Send + Sync {
     /// Runs `input` (after the runs before it) and says how it ended.
     fn send(&self, input: Input) -> BoxFuture<'_, Result<Finished, LaneError>>;
 
-    /// Appends a data entry to the conversation after its runs; never shown to the model.
-    fn note<'a>(
-        &'a self,
-        name: &'a str,
-        value: serde_json::Value,
-    ) -> BoxFuture<'a, Result<(), LaneError>>;
+    /// Appends `note` to the conversation after its runs; never shown to the model.
+    fn note(&self, note: Note) -> BoxFuture<'_, Result<(), LaneError>>;
 }
 
 impl HostLane for Lane {
@@ -77,11 +76,7 @@ impl HostLane for Lane {
         Box::pin(Lane::send(self, input, None))
     }
 
-    fn note<'a>(
-        &'a self,
-        name: &'a str,
-        value: serde_json::Value,
-    ) -> BoxFuture<'a, Result<(), LaneError>> {
-        Box::pin(Lane::note(self, name, value))
+    fn note(&self, note: Note) -> BoxFuture<'_, Result<(), LaneError>> {
+        Box::pin(Lane::note(self, note))
     }
 }

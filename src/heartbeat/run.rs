@@ -13,7 +13,9 @@ use crate::outbox::DeliveryLane;
 use perch_core::alert::AlertKind;
 use perch_core::heartbeat::{HeartbeatEnv, SlotOutcome, Verdict};
 use perch_core::id::OperationId;
+use perch_core::log::{HeartbeatNote, Note, RunMode};
 use perch_core::name::TaskName;
+use perch_core::origin::Relay;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,9 +33,7 @@ async fn run(host: &dyn Host, job: &Job) -> JobEnd {
         }),
     };
     if let Ok(lane) = &lane
-        && let Err(error) = lane
-            .note("heartbeat_outcome", outcome_note(job, &end))
-            .await
+        && let Err(error) = lane.note(outcome_note(job, &end)).await
     {
         tracing::warn!(
             task = %job.task.name,
@@ -95,8 +95,11 @@ async fn carry_out(host: &dyn Host, job: &Job, verdict: Verdict, op: OperationId
         },
         Verdict::Steer(text) => {
             let into = job.task.steer_lane();
-            let steer = format!("[steer from heartbeat {}]\n\n{text}", job.task.name);
-            match host.steer(&into, job.origin(), steer).await {
+            let relay = Relay::HeartbeatSteer {
+                task: job.task.name.clone(),
+                slot: job.slot,
+            };
+            match host.steer(&into, job.origin(), relay, text.clone()).await {
                 Ok(()) => SlotOutcome::Steer { text, lane: into },
                 Err(reason) => SlotOutcome::Failed { reason },
             }
@@ -125,18 +128,18 @@ fn dry_outcome(job: &Job, verdict: Verdict) -> SlotOutcome {
     }
 }
 
-/// The data entry a run's outcome leaves in the task's lane.
-fn outcome_note(job: &Job, end: &JobEnd) -> serde_json::Value {
-    serde_json::json!({
-        "task": job.task.name.to_string(),
-        "slot": job.slot.to_rfc3339(),
-        "run": job.run,
-        "mode": match job.mode {
-            Mode::Scheduled => "scheduled",
-            Mode::Manual => "manual",
-            Mode::DryRun => "dry_run",
-        },
-        "outcome": serde_json::to_value(&end.outcome).unwrap_or(serde_json::Value::Null),
+/// The note a run's outcome leaves in the task's lane.
+fn outcome_note(job: &Job, end: &JobEnd) -> Note {
+    Note::HeartbeatOutcome(HeartbeatNote {
+        task: job.task.name.clone(),
+        slot: job.slot,
+        run: job.run.clone(),
+        mode: Some(match job.mode {
+            Mode::Scheduled => RunMode::Scheduled,
+            Mode::Manual => RunMode::Manual,
+            Mode::DryRun => RunMode::DryRun,
+        }),
+        outcome: end.outcome.clone(),
     })
 }
 
@@ -195,7 +198,7 @@ mod tests {
         ModelFailure, Target, TargetSpec, VERDICT_RULE, parse_heartbeat_file,
     };
     use perch_core::id::OperationId;
-    use perch_core::log::Outcome;
+    use perch_core::log::{Outcome, Trigger};
     use perch_core::name::{ChannelName, LaneName, ModelRef, RoomAlias};
     use perch_core::prompt::Origin;
     use std::collections::VecDeque;
@@ -219,10 +222,10 @@ mod tests {
         post_refused: Option<String>,
         opened: Vec<(LaneName, Origin, Option<ModelRef>)>,
         sent: Vec<(LaneName, Input)>,
-        notes: Vec<(LaneName, String, serde_json::Value)>,
+        notes: Vec<(LaneName, Note)>,
         commands: usize,
         posts: Vec<(String, String)>,
-        steers: Vec<(LaneName, Origin, String)>,
+        steers: Vec<(LaneName, Origin, Relay, String)>,
         alerts: Vec<(AlertKind, String)>,
         counted: Vec<(String, SlotOutcome)>,
     }
@@ -261,16 +264,12 @@ mod tests {
             Box::pin(async move { reply })
         }
 
-        fn note<'a>(
-            &'a self,
-            name: &'a str,
-            value: serde_json::Value,
-        ) -> BoxFuture<'a, Result<(), LaneError>> {
+        fn note(&self, note: Note) -> BoxFuture<'_, Result<(), LaneError>> {
             self.recorded
                 .lock()
                 .unwrap()
                 .notes
-                .push((self.name.clone(), name.to_owned(), value));
+                .push((self.name.clone(), note));
             Box::pin(async { Ok(()) })
         }
     }
@@ -337,9 +336,10 @@ mod tests {
             &'a self,
             into: &'a LaneName,
             origin: Origin,
+            relay: Relay,
             text: String,
         ) -> BoxFuture<'a, Result<(), String>> {
-            self.with(|recorded| recorded.steers.push((into.clone(), origin, text)));
+            self.with(|recorded| recorded.steers.push((into.clone(), origin, relay, text)));
             Box::pin(async { Ok(()) })
         }
 
@@ -423,6 +423,14 @@ mod tests {
         LaneName::try_from(name).unwrap()
     }
 
+    /// The heartbeat note `note` is.
+    fn noted(note: &Note) -> &HeartbeatNote {
+        match note {
+            Note::HeartbeatOutcome(note) => note,
+            other => panic!("not a heartbeat outcome: {other:?}"),
+        }
+    }
+
     #[tokio::test]
     async fn a_message_verdict_is_posted_to_the_target_noted_and_counted() {
         let host = FakeHost::answering([completed("Message: Stand-up at ten.")]);
@@ -455,11 +463,26 @@ mod tests {
             assert!(input.fresh, "a run without continue: starts fresh");
             assert!(input.text.starts_with("[heartbeat digest for "));
             assert!(input.text.ends_with(VERDICT_RULE));
-            let (noted_in, name, value) = &recorded.notes[0];
+            assert_eq!(
+                input.trigger,
+                Trigger::Heartbeat {
+                    task: TaskName::try_from("digest").unwrap(),
+                    slot: job("digest", Mode::Scheduled).slot,
+                    coalesced: 0,
+                }
+            );
+            let (noted_in, note) = &recorded.notes[0];
             assert_eq!(noted_in, &lane("heartbeat-digest"));
-            assert_eq!(name, "heartbeat_outcome");
-            assert_eq!(value["mode"], "scheduled");
-            assert_eq!(value["outcome"], serde_json::to_value(&message).unwrap());
+            assert_eq!(
+                note,
+                &Note::HeartbeatOutcome(HeartbeatNote {
+                    task: TaskName::try_from("digest").unwrap(),
+                    slot: job("digest", Mode::Scheduled).slot,
+                    run: "run-1".into(),
+                    mode: Some(RunMode::Scheduled),
+                    outcome: message.clone(),
+                })
+            );
             assert_eq!(recorded.counted, vec![("digest".to_owned(), message)]);
             assert!(recorded.steers.is_empty());
         });
@@ -478,13 +501,20 @@ mod tests {
             }
         );
         host.with(|recorded| {
-            let (into, origin, text) = &recorded.steers[0];
+            let (into, origin, relay, text) = &recorded.steers[0];
             assert_eq!(recorded.steers.len(), 1);
             assert_eq!(into, &lane("ops-room"));
             assert_eq!(origin.room.as_deref(), Some("watch"));
             assert_eq!(
-                text,
-                "[steer from heartbeat watch]\n\nReview PR 7 before noon."
+                relay,
+                &Relay::HeartbeatSteer {
+                    task: TaskName::try_from("watch").unwrap(),
+                    slot: job("watch", Mode::Manual).slot,
+                }
+            );
+            assert_eq!(
+                text, "Review PR 7 before noon.",
+                "the text is the verdict's; where it comes from is the relay's to say"
             );
             assert!(recorded.posts.is_empty());
             // The turn itself ran in the task's own lane, not the one it steered.
@@ -513,10 +543,7 @@ mod tests {
                 recorded.counted,
                 vec![("digest".to_owned(), failed.clone())]
             );
-            assert_eq!(
-                recorded.notes[0].2["outcome"],
-                serde_json::to_value(&failed).unwrap()
-            );
+            assert_eq!(noted(&recorded.notes[0].1).outcome, failed);
         });
     }
 
@@ -616,7 +643,7 @@ mod tests {
             assert!(recorded.counted.is_empty());
             assert_eq!(recorded.opened[0].0, lane("heartbeat-digest-dry-run"));
             assert_eq!(recorded.notes[0].0, lane("heartbeat-digest-dry-run"));
-            assert_eq!(recorded.notes[0].2["mode"], "dry_run");
+            assert_eq!(noted(&recorded.notes[0].1).mode, Some(RunMode::DryRun));
         });
     }
 
@@ -686,6 +713,16 @@ mod tests {
             assert!(
                 !recorded.sent[1].1.fresh,
                 "the correction continues the run"
+            );
+            assert_eq!(
+                recorded.sent[1].1.trigger,
+                Trigger::Correction {
+                    task: TaskName::try_from("digest").unwrap(),
+                    slot: job("digest", Mode::Scheduled).slot,
+                    reason: perch_core::heartbeat::judge("Sure, here it is.")
+                        .unwrap_err()
+                        .reason,
+                }
             );
             assert!(recorded.posts.is_empty());
         });

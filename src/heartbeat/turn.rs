@@ -9,7 +9,7 @@ use crate::lane::Input;
 use crate::sandbox::{Command, End};
 use perch_core::heartbeat::{ModelFailure, SlotOutcome, Verdict, correction, judge, stops_task};
 use perch_core::id::OperationId;
-use perch_core::log::Outcome;
+use perch_core::log::{Outcome, Trigger};
 use std::time::Duration;
 
 /// How long a task's check may run before it counts as failed.
@@ -76,6 +76,11 @@ async fn judged_turn(lane: &dyn HostLane, job: &Job) -> Judged {
         consumes: Vec::new(),
         fresh,
         said: Vec::new(),
+        trigger: Trigger::Heartbeat {
+            task: job.task.name.clone(),
+            slot: job.slot,
+            coalesced: job.coalesced,
+        },
     };
     let mut corrected = false;
     loop {
@@ -124,6 +129,11 @@ async fn judged_turn(lane: &dyn HostLane, job: &Job) -> Judged {
                     consumes: Vec::new(),
                     fresh: false,
                     said: Vec::new(),
+                    trigger: Trigger::Correction {
+                        task: job.task.name.clone(),
+                        slot: job.slot,
+                        reason: invalid.reason,
+                    },
                 };
             }
         }

@@ -17,8 +17,11 @@ use perch_core::conversation::unanswered_calls;
 use perch_core::heartbeat::ModelFailure;
 use perch_core::id::EntryId;
 use perch_core::id::OperationId;
-use perch_core::log::{Entry, EntryBody, Line, Message, Outcome, Part, Record, Resumption, Role};
+use perch_core::log::{
+    Entry, EntryBody, Line, Message, Note, Outcome, Part, Record, Resumption, Role, Trigger,
+};
 use perch_core::name::LaneName;
+use perch_core::origin::{MessageOrigin, Relay};
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
 use std::future::Future;
@@ -117,13 +120,23 @@ pub struct Input {
     /// user entry holds one text part per message with its origin (and `text`, their texts
     /// joined, only sizes the input); when there are none, it holds `text` alone.
     pub said: Vec<Said>,
+    /// What started it, written in the run's `operation_started`. A steer's also marks the user
+    /// entry as relayed from its heartbeat task.
+    pub trigger: Trigger,
 }
 
 /// One chat message of an [`Input`]: its text as the agent reads it, and where it came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Said {
-    pub origin: perch_core::origin::MessageOrigin,
+    pub origin: MessageOrigin,
     pub text: String,
+}
+
+/// Who a steering message is from: a person in a chat, or a part of perch relaying it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum SteerFrom {
+    Person(Box<MessageOrigin>),
+    Relay(Relay),
 }
 
 /// What a run shows while it works, for display.
@@ -209,13 +222,12 @@ enum Request {
         reply: Reply,
     },
     Note {
-        name: String,
-        value: serde_json::Value,
+        note: Note,
         reply: oneshot::Sender<Result<(), LaneError>>,
     },
     Steer {
         text: String,
-        origin: Option<Box<perch_core::origin::MessageOrigin>>,
+        from: SteerFrom,
         reply: oneshot::Sender<Steered>,
     },
     Abort,
@@ -325,45 +337,39 @@ impl Lane {
         answer.await.map_err(|_| LaneError::Closed)?
     }
 
-    /// Summarises the conversation into one entry and moves the leaf to it.
+    /// Summarises the conversation into one entry and moves the leaf to it, as `perch compact`
+    /// asks.
     pub async fn compact(&self, events: Events) -> Result<Finished, LaneError> {
         let (reply, answer) = oneshot::channel();
         self.request(Request::Compact { events, reply })?;
         answer.await.map_err(|_| LaneError::Closed)?
     }
 
-    /// Appends a data entry (`name`, `value`) to the conversation after the active and queued
-    /// runs: kept in the lane's tree, never shown to the model.
-    pub async fn note(&self, name: &str, value: serde_json::Value) -> Result<(), LaneError> {
+    /// Appends `note` to the conversation after the active and queued runs: kept in the lane's
+    /// tree, never shown to the model.
+    pub async fn note(&self, note: Note) -> Result<(), LaneError> {
         let (reply, answer) = oneshot::channel();
-        self.request(Request::Note {
-            name: name.to_owned(),
-            value,
-            reply,
-        })?;
+        self.request(Request::Note { note, reply })?;
         answer.await.map_err(|_| LaneError::Closed)?
     }
 
-    /// Adds `text` to the active run at its next tool boundary; tool calls of the current
-    /// reply not yet started are skipped, with a result saying so.
-    pub async fn steer(&self, text: String) -> Result<Steered, LaneError> {
-        let (reply, answer) = oneshot::channel();
-        self.request(Request::Steer {
-            text,
-            origin: None,
-            reply,
-        })?;
-        answer.await.map_err(|_| LaneError::Closed)
+    /// Adds a chat message to the active run at its next tool boundary, its entry keeping where
+    /// it came from; tool calls of the current reply not yet started are skipped, with a result
+    /// saying so.
+    pub async fn steer_said(&self, said: Said) -> Result<Steered, LaneError> {
+        self.steer(said.text, SteerFrom::Person(Box::new(said.origin)))
+            .await
     }
 
-    /// [`Lane::steer`] with a chat message, whose entry keeps where it came from.
-    pub async fn steer_said(&self, said: Said) -> Result<Steered, LaneError> {
+    /// [`Lane::steer_said`] with a text perch relays (a heartbeat's `Steer:`): its entry says
+    /// where it was relayed from, and has no sender.
+    pub async fn steer_relayed(&self, relay: Relay, text: String) -> Result<Steered, LaneError> {
+        self.steer(text, SteerFrom::Relay(relay)).await
+    }
+
+    async fn steer(&self, text: String, from: SteerFrom) -> Result<Steered, LaneError> {
         let (reply, answer) = oneshot::channel();
-        self.request(Request::Steer {
-            text: said.text,
-            origin: Some(Box::new(said.origin)),
-            reply,
-        })?;
+        self.request(Request::Steer { text, from, reply })?;
         answer.await.map_err(|_| LaneError::Closed)
     }
 
@@ -425,6 +431,7 @@ async fn answer_calls_that_never_started(log: &LaneLog, clock: &Clock) -> Result
                     is_error: true,
                 }],
                 origins: Vec::new(),
+                relay: None,
             }),
         };
         log.append(&Line::Entry(entry)).await?;
@@ -438,11 +445,11 @@ struct Shared {
     log: LaneLog,
     setup: LaneSetup,
     /// Steering messages for the active run, taken at its next tool boundary.
-    steering: Mutex<VecDeque<(String, Option<perch_core::origin::MessageOrigin>)>>,
+    steering: Mutex<VecDeque<(String, SteerFrom)>>,
 }
 
 impl Shared {
-    fn take_steering(&self) -> Vec<(String, Option<perch_core::origin::MessageOrigin>)> {
+    fn take_steering(&self) -> Vec<(String, SteerFrom)> {
         self.steering
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -471,8 +478,7 @@ enum Work {
         reply: Reply,
     },
     Note {
-        name: String,
-        value: serde_json::Value,
+        note: Note,
         reply: oneshot::Sender<Result<(), LaneError>>,
     },
 }
@@ -552,20 +558,16 @@ impl LaneTask {
                     Request::Compact { events, reply } => {
                         self.queue.push_back(Work::Compact { events, reply });
                     }
-                    Request::Note { name, value, reply } => {
-                        self.queue.push_back(Work::Note { name, value, reply });
+                    Request::Note { note, reply } => {
+                        self.queue.push_back(Work::Note { note, reply });
                     }
-                    Request::Steer {
-                        text,
-                        origin,
-                        reply,
-                    } => {
+                    Request::Steer { text, from, reply } => {
                         let answer = if active.is_some() {
                             self.shared
                                 .steering
                                 .lock()
                                 .unwrap_or_else(PoisonError::into_inner)
-                                .push_back((text, origin.map(|origin| *origin)));
+                                .push_back((text, from));
                             Steered::Delivered
                         } else {
                             Steered::Idle
@@ -619,11 +621,11 @@ impl LaneTask {
                     let _ = reply.send(result);
                 }
                 Work::Compact { events, reply } => {
-                    let result = runner.compact(&events).await;
+                    let result = runner.compact(Trigger::CompactCommand, &events).await;
                     let _ = reply.send(result);
                 }
-                Work::Note { name, value, reply } => {
-                    let _ = reply.send(runner.note(name, value).await);
+                Work::Note { note, reply } => {
+                    let _ = reply.send(runner.note(note).await);
                 }
             }
             drop(permit);

@@ -1,7 +1,7 @@
 //! One run, as it goes to disk:
 //!
-//! 1. `operation_started` (the run's id, its intent, the inbox items it consumes, whether it
-//!    resumes an interrupted run of them);
+//! 1. `operation_started` (the run's id, its intent, what started it, the inbox items it
+//!    consumes, whether it resumes an interrupted run of them);
 //! 2. the user entry (not for a resumption whose interrupted run wrote it already);
 //! 3. for every model turn: `attempt_started` for each request, `model_replied` (the tokens
 //!    and their cost) for the one answered, then the assistant entry;
@@ -14,16 +14,17 @@
 //! the same reconciliation done live: the running command is killed, every promised result is
 //! still written, and the operation is closed as cancelled.
 
-use super::{Events, Finished, Input, LaneError, LaneEvent, Shared};
+use super::{Events, Finished, Input, LaneError, LaneEvent, Said, Shared, SteerFrom};
 use crate::failpoint;
 use crate::model::{ModelError, ModelErrorKind, ModelReply, ModelRequest, StreamEvent};
 use perch_core::conversation::{self, estimate_tokens, summary_entry, text_of, tool_calls};
 use perch_core::heartbeat::ModelFailure;
 use perch_core::id::{EntryId, OperationId};
 use perch_core::log::{
-    Entry, EntryBody, Intent, Line, Message, Outcome, Part, Record, Resumption, Role,
+    Entry, EntryBody, Intent, Line, Message, Note, Outcome, Part, Record, Resumption, Role, Trigger,
 };
 use perch_core::name::ToolName;
+use perch_core::origin::Relay;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -77,23 +78,26 @@ impl Runner<'_> {
         if input.fresh && !resuming {
             self.branch.clear();
         } else if !resuming && self.needs_compaction(&input.text) {
-            let compacted = self.compact(events).await?;
+            let compacted = self.compact(Trigger::ContextFull, events).await?;
             if compacted.outcome == Outcome::Completed {
                 emit(events, LaneEvent::Compacted);
             }
         }
         let op = OperationId::from_uuid(uuid::Uuid::now_v7());
+        let relay = input.trigger.relay();
         self.record(Record::OperationStarted {
             op,
             intent: Intent::Run,
             consumes: input.consumes,
             resumed: resume.is_some(),
+            trigger: Some(input.trigger),
             at: self.now(),
         })
         .await?;
         failpoint::hit("after:operation_started");
         if resume != Some(Resumption::FromLeaf) {
-            self.entry(user_message(input.text, input.said)).await?;
+            self.entry(user_message(input.text, input.said, relay))
+                .await?;
             failpoint::hit("after:user_entry");
         }
         let end = self.turns(op, events).await?;
@@ -107,13 +111,19 @@ impl Runner<'_> {
         })
     }
 
-    pub(super) async fn compact(&mut self, events: &Events) -> Result<Finished, LaneError> {
+    /// A compaction, started by `trigger`.
+    pub(super) async fn compact(
+        &mut self,
+        trigger: Trigger,
+        events: &Events,
+    ) -> Result<Finished, LaneError> {
         let op = OperationId::from_uuid(uuid::Uuid::now_v7());
         self.record(Record::OperationStarted {
             op,
             intent: Intent::Compact,
             consumes: Vec::new(),
             resumed: false,
+            trigger: Some(trigger),
             at: self.now(),
         })
         .await?;
@@ -253,15 +263,18 @@ impl Runner<'_> {
                     model_failure: None,
                 });
             }
-            for (text, origin) in self.shared.take_steering() {
-                let said = origin
-                    .map(|origin| super::Said {
-                        origin,
-                        text: text.clone(),
-                    })
-                    .into_iter()
-                    .collect();
-                self.entry(user_message(text, said)).await?;
+            for (text, from) in self.shared.take_steering() {
+                let message = match from {
+                    SteerFrom::Person(origin) => {
+                        let said = vec![Said {
+                            origin: *origin,
+                            text: text.clone(),
+                        }];
+                        user_message(text, said, None)
+                    }
+                    SteerFrom::Relay(relay) => user_message(text, Vec::new(), Some(relay)),
+                };
+                self.entry(message).await?;
                 emit(events, LaneEvent::Steered);
             }
         }
@@ -472,16 +485,12 @@ impl Runner<'_> {
         self.append_entry(entry).await
     }
 
-    pub(super) async fn note(
-        &mut self,
-        name: String,
-        value: serde_json::Value,
-    ) -> Result<(), LaneError> {
+    pub(super) async fn note(&mut self, note: Note) -> Result<(), LaneError> {
         let entry = Entry {
             id: self.new_id(),
             parent: self.leaf(),
             at: self.now(),
-            body: EntryBody::Data { name, value },
+            body: EntryBody::Note(note),
         };
         self.append_entry(entry).await
     }
@@ -538,13 +547,18 @@ fn message(role: Role, parts: Vec<Part>) -> Message {
         role,
         parts,
         origins: Vec::new(),
+        relay: None,
     }
 }
 
-/// The user entry of a run: `text` alone, or each chat message as a text part with its origin.
-fn user_message(text: String, said: Vec<super::Said>) -> Message {
+/// A user entry: each chat message as a text part with its origin, or `text` alone, relayed
+/// from `relay` when perch relays it.
+fn user_message(text: String, said: Vec<Said>, relay: Option<Relay>) -> Message {
     if said.is_empty() {
-        return message(Role::User, vec![Part::Text { text }]);
+        return Message {
+            relay,
+            ..message(Role::User, vec![Part::Text { text }])
+        };
     }
     let (origins, parts) = said
         .into_iter()
@@ -554,6 +568,7 @@ fn user_message(text: String, said: Vec<super::Said>) -> Message {
         role: Role::User,
         parts,
         origins,
+        relay: None,
     }
 }
 

@@ -662,6 +662,7 @@ mod tests {
                 role: Role::User,
                 parts: vec![Part::Text { text: words.into() }],
                 origins: Vec::new(),
+                relay: None,
             }),
         })
     }

@@ -46,6 +46,7 @@ pub(crate) fn history() -> Vec<Message> {
             role: Role::User,
             parts: vec![text("list files")],
             origins: Vec::new(),
+            relay: None,
         },
         Message {
             role: Role::Assistant,
@@ -67,6 +68,7 @@ pub(crate) fn history() -> Vec<Message> {
                 },
             ],
             origins: Vec::new(),
+            relay: None,
         },
         Message {
             role: Role::Tool,
@@ -83,6 +85,7 @@ pub(crate) fn history() -> Vec<Message> {
                 },
             ],
             origins: Vec::new(),
+            relay: None,
         },
         Message {
             role: Role::Assistant,
@@ -94,11 +97,13 @@ pub(crate) fn history() -> Vec<Message> {
                 text("Done."),
             ],
             origins: Vec::new(),
+            relay: None,
         },
         Message {
             role: Role::User,
             parts: vec![text("thanks")],
             origins: Vec::new(),
+            relay: None,
         },
     ]
 }

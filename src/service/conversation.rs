@@ -8,7 +8,7 @@ use crate::inbox::PendingItem;
 use crate::lane::{Input, Lane, Said, Steered};
 use crate::outbox::DeliveryLane;
 use perch_core::config::{BusyPolicy, ChannelConfig};
-use perch_core::log::Outcome;
+use perch_core::log::{Outcome, Trigger};
 use perch_core::name::LaneName;
 use perch_core::origin::{MessageOrigin, Person, Quoted};
 use perch_core::prompt::Origin;
@@ -332,6 +332,7 @@ impl Service {
             consumes,
             fresh: false,
             said,
+            trigger: Trigger::Chat,
         };
         let finished = match (items.as_slice(), last.resume) {
             ([_], Some(resumption)) => lane.resume(input, resumption, None).await,

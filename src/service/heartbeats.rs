@@ -10,7 +10,9 @@ use crate::outbox::DeliveryLane;
 use crate::sandbox::{Command, Output, SandboxError};
 use perch_core::alert::AlertKind;
 use perch_core::heartbeat::{SlotOutcome, Target};
+use perch_core::log::Trigger;
 use perch_core::name::{LaneName, ModelRef, TaskName};
+use perch_core::origin::Relay;
 use perch_core::prompt::Origin;
 use perch_core::spend::RunKind;
 use std::sync::Arc;
@@ -77,17 +79,18 @@ impl Service {
         Ok(ids.join(","))
     }
 
-    /// Adds a heartbeat's steer to `into`: to its active run at the next tool boundary, or, when
-    /// the lane is idle, as a run of its own. That run's reply stays in the lane: a heartbeat
-    /// reaches a chat only through `Message:`.
+    /// Adds a heartbeat's steer, relayed from `relay`, to `into`: to its active run at the next
+    /// tool boundary, or, when the lane is idle, as a run of its own. That run's reply stays in
+    /// the lane: a heartbeat reaches a chat only through `Message:`.
     async fn steer_from_heartbeat(
         &self,
         into: &LaneName,
         origin: Origin,
+        relay: Relay,
         text: String,
     ) -> Result<(), String> {
         let lane = self.lane(into, origin, None).await?;
-        match lane.steer(text.clone()).await {
+        match lane.steer_relayed(relay.clone(), text.clone()).await {
             Ok(Steered::Delivered) => Ok(()),
             Ok(Steered::Idle) => {
                 let into = into.clone();
@@ -99,6 +102,7 @@ impl Service {
                         consumes: Vec::new(),
                         fresh: false,
                         said: Vec::new(),
+                        trigger: Trigger::relayed(&relay),
                     };
                     let run = crate::lane::Lane::send(&lane, input, None);
                     tokio::pin!(run);
@@ -173,9 +177,10 @@ impl Host for Service {
         &'a self,
         into: &'a LaneName,
         origin: Origin,
+        relay: Relay,
         text: String,
     ) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(self.steer_from_heartbeat(into, origin, text))
+        Box::pin(self.steer_from_heartbeat(into, origin, relay, text))
     }
 
     fn alert(&self, kind: AlertKind, text: String) {

@@ -444,11 +444,10 @@ impl crate::heartbeat::HostLane for LaneLease {
         crate::heartbeat::HostLane::send(&self.lane, input)
     }
 
-    fn note<'a>(
-        &'a self,
-        name: &'a str,
-        value: serde_json::Value,
-    ) -> crate::channel::BoxFuture<'a, Result<(), crate::lane::LaneError>> {
-        crate::heartbeat::HostLane::note(&self.lane, name, value)
+    fn note(
+        &self,
+        note: perch_core::log::Note,
+    ) -> crate::channel::BoxFuture<'_, Result<(), crate::lane::LaneError>> {
+        crate::heartbeat::HostLane::note(&self.lane, note)
     }
 }

@@ -183,6 +183,7 @@ mod double {
                     consumes: Vec::new(),
                     fresh: false,
                     said: Vec::new(),
+                    trigger: perch_core::log::Trigger::Terminal,
                 },
                 None,
             )

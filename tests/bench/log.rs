@@ -31,6 +31,7 @@ fn message(id: EntryId, parent: Option<EntryId>, role: Role, parts: Vec<Part>) -
             role,
             parts,
             origins: Vec::new(),
+            relay: None,
         }),
     })
 }
@@ -62,6 +63,7 @@ pub async fn group_commit(smoke: bool) {
                         intent: Intent::Run,
                         consumes: vec![],
                         resumed: false,
+                        trigger: None,
                         at: Utc::now(),
                     });
                     log.append(&start).await.expect("append");
@@ -152,6 +154,7 @@ async fn write_realistic_lane(dir: &Path, lines: u64) -> u64 {
             intent: Intent::Run,
             consumes: vec!["telegram:1234".into()],
             resumed: false,
+            trigger: None,
             at: Utc::now(),
         }));
         let user = new_entry_id();
@@ -243,6 +246,7 @@ async fn write_realistic_lane(dir: &Path, lines: u64) -> u64 {
             intent: Intent::Run,
             consumes: vec![],
             resumed: false,
+            trigger: None,
             at: Utc::now(),
         }),
         message(

@@ -49,6 +49,7 @@ fn message(n: u8) -> Line {
                 text: format!("m{n}"),
             }],
             origins: Vec::new(),
+            relay: None,
         }),
     })
 }

@@ -13,7 +13,7 @@ use perch::model;
 use perch::runtime::Runtime;
 use perch::sandbox::{Backend, MachineSetup};
 use perch_core::config::Api;
-use perch_core::log::{Entry, EntryBody, Outcome, Part, Role};
+use perch_core::log::{Entry, EntryBody, Note, Outcome, Part, Role, Trigger};
 use perch_core::name::LaneName;
 use perch_core::prompt::Origin;
 use serde_json::json;
@@ -74,11 +74,22 @@ async fn say(lane: &Lane, text: &str) -> Finished {
             consumes: vec![format!("test:{text}")],
             fresh: false,
             said: Vec::new(),
+            trigger: Trigger::Terminal,
         },
         None,
     )
     .await
     .unwrap()
+}
+
+/// Where a heartbeat's steer comes from.
+fn steer_relay() -> perch_core::origin::Relay {
+    perch_core::origin::Relay::HeartbeatSteer {
+        task: perch_core::name::TaskName::try_from("watch").unwrap(),
+        slot: chrono::DateTime::parse_from_rfc3339("2026-12-03T09:00:00Z")
+            .unwrap()
+            .to_utc(),
+    }
 }
 
 fn bash(call: &str, command: &str) -> Reply {
@@ -101,7 +112,7 @@ fn results(branch: &[Entry]) -> Vec<(String, String, bool)> {
         .iter()
         .filter_map(|entry| match &entry.body {
             EntryBody::Message(message) => Some(message.parts.clone()),
-            EntryBody::Data { .. } => None,
+            EntryBody::Note(_) => None,
         })
         .flatten()
         .filter_map(|part| match part {
@@ -330,6 +341,7 @@ async fn chat_messages_and_their_steers_keep_who_said_them() {
                     consumes: vec!["test:collected".into()],
                     fresh: false,
                     said,
+                    trigger: Trigger::Chat,
                 },
                 None,
             )
@@ -403,7 +415,9 @@ async fn steering_arrives_at_the_next_tool_boundary_and_abort_reconciles() {
     );
     fake.push(Script::text("ok, stopping"));
     assert_eq!(
-        lane.steer("nothing is running".into()).await.unwrap(),
+        lane.steer_relayed(steer_relay(), "nothing is running".into())
+            .await
+            .unwrap(),
         Steered::Idle
     );
     let running = {
@@ -412,7 +426,9 @@ async fn steering_arrives_at_the_next_tool_boundary_and_abort_reconciles() {
     };
     wait_for(&workspace.join("started"));
     assert_eq!(
-        lane.steer("stop after this one".into()).await.unwrap(),
+        lane.steer_relayed(steer_relay(), "stop after this one".into())
+            .await
+            .unwrap(),
         Steered::Delivered
     );
     std::fs::write(workspace.join("go"), "").unwrap();
@@ -421,7 +437,12 @@ async fn steering_arrives_at_the_next_tool_boundary_and_abort_reconciles() {
     assert!(!workspace.join("never.txt").exists());
     let body = fake.last_request().body.to_string();
     assert!(body.contains("skipped: new message"), "{body}");
-    assert!(body.contains("stop after this one"), "{body}");
+    assert!(
+        body.contains(
+            r#"<origin channel=\"heartbeat\" task=\"watch\" slot=\"2026-12-03T09:00:00Z\" relay=\"steer\"/>\nstop after this one"#
+        ),
+        "the steer comes under perch's header naming its task: {body}"
+    );
 
     std::fs::remove_file(workspace.join("started")).unwrap();
     fake.push(bash("slow", "touch started; sleep 302.5"));
@@ -474,7 +495,13 @@ async fn compaction_moves_the_leaf_to_a_summary_and_continues_in_a_new_segment()
     );
     let (branch, open) = on_disk(dir.path(), "test");
     assert_eq!(open, 0);
-    assert!(matches!(&branch[0].body, EntryBody::Data { name, .. } if name == "summary"));
+    assert!(matches!(
+        &branch[0].body,
+        EntryBody::Note(Note::Summary {
+            replaces: Some(_),
+            ..
+        })
+    ));
     let first =
         std::fs::read_to_string(dir.path().join(".perch/sessions/test/000001.jsonl")).unwrap();
     assert!(first.contains("first answer"), "history is kept");
@@ -787,6 +814,7 @@ async fn a_lane_near_its_context_window_is_compacted_before_the_next_run() {
                 consumes: Vec::new(),
                 fresh: false,
                 said: Vec::new(),
+                trigger: Trigger::Terminal,
             },
             Some(events),
         )

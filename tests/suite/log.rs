@@ -33,6 +33,7 @@ fn text(id_: EntryId, parent: Option<EntryId>, role: Role, text: &str) -> Line {
             role,
             parts: vec![Part::Text { text: text.into() }],
             origins: Vec::new(),
+            relay: None,
         }),
     })
 }
@@ -46,7 +47,7 @@ fn texts(entries: &[Entry]) -> Vec<String> {
                 Part::ToolResult { output, .. } => output.clone(),
                 other => format!("{other:?}"),
             },
-            EntryBody::Data { name, .. } => name.clone(),
+            EntryBody::Note(note) => note.name().to_owned(),
         })
         .collect()
 }
@@ -291,6 +292,7 @@ fn started(n: u8) -> Line {
         intent: Intent::Run,
         consumes: vec!["inbox:7".into()],
         resumed: false,
+        trigger: None,
         at: clock().now(),
     })
 }

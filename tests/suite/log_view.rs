@@ -35,6 +35,7 @@ fn started(n: u8, resumed: bool, minute: u32) -> Line {
         intent: Intent::Run,
         consumes: vec![format!("inbox:{n}")],
         resumed,
+        trigger: None,
         at: at(minute),
     })
 }
@@ -63,6 +64,7 @@ fn entry(
             role,
             parts,
             origins,
+            relay: None,
         }),
     })
 }
@@ -310,9 +312,9 @@ fn heartbeat_lane() -> Vec<Line> {
             id: id(26),
             parent: Some(id(25)),
             at: at(31),
-            body: EntryBody::Data {
-                name: "heartbeat_outcome".into(),
-                value: serde_json::json!({
+            body: EntryBody::Note(perch_core::log::Note::from_data(
+                "heartbeat_outcome".into(),
+                serde_json::json!({
                     "task": "digest",
                     "slot": "2026-12-02T03:30:00+00:00",
                     "run": "run-7",
@@ -324,7 +326,7 @@ fn heartbeat_lane() -> Vec<Line> {
                         "delivery": "tg-delivery-3",
                     },
                 }),
-            },
+            )),
         }),
     ]
 }

@@ -56,6 +56,7 @@ fn ask(text: &str) -> ModelRequest {
             role: Role::User,
             parts: vec![Part::Text { text: text.into() }],
             origins: Vec::new(),
+            relay: None,
         }],
         tools: Vec::new(),
         thinking: Thinking::Off,
@@ -269,6 +270,7 @@ fn tool_request() -> ModelRequest {
                     text: "what is here?".into(),
                 }],
                 origins: Vec::new(),
+                relay: None,
             },
             Message {
                 role: Role::Assistant,
@@ -289,6 +291,7 @@ fn tool_request() -> ModelRequest {
                     },
                 ],
                 origins: Vec::new(),
+                relay: None,
             },
             Message {
                 role: Role::Tool,
@@ -305,6 +308,7 @@ fn tool_request() -> ModelRequest {
                     },
                 ],
                 origins: Vec::new(),
+                relay: None,
             },
         ],
         tools: vec![ToolSpec {

@@ -2,9 +2,12 @@ use crate::Timestamp;
 use crate::config::Replay;
 use crate::id::{EntryId, OperationId, SessionId};
 use crate::name::{LaneName, ToolName};
-use crate::origin::MessageOrigin;
+use crate::origin::{MessageOrigin, Relay};
 use crate::spend::Money;
 use serde::{Deserialize, Serialize};
+
+use super::note::Note;
+use super::trigger::Trigger;
 
 /// The version written in every header. A log of another version is refused, not guessed at.
 pub const FORMAT_VERSION: u32 = 1;
@@ -54,6 +57,9 @@ pub enum Record {
         /// restart's one attempt to finish it, never made twice for an item.
         #[serde(default, skip_serializing_if = "is_false")]
         resumed: bool,
+        /// What started it; none in lanes written before triggers were kept.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        trigger: Option<Trigger>,
         at: Timestamp,
     },
     AttemptStarted {
@@ -180,11 +186,10 @@ pub struct Entry {
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum EntryBody {
     Message(Message),
-    /// Custom data kept in the tree (summaries, notes from hooks).
-    Data {
-        name: String,
-        value: serde_json::Value,
-    },
+    /// A note kept in the tree: a summary, a heartbeat's outcome, what a hook keeps. On disk a
+    /// `data` entry.
+    #[serde(rename = "data")]
+    Note(Note),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -197,6 +202,10 @@ pub struct Message {
     /// for input without a chat origin, and in lanes written before origins were kept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub origins: Vec<MessageOrigin>,
+    /// Where a user message perch relays came from (a heartbeat's steer): it has no origins,
+    /// and its text is not a person's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<Relay>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -277,6 +286,7 @@ impl Line {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::log::{HeartbeatNote, RunMode};
     use chrono::TimeZone;
 
     fn at() -> Timestamp {
@@ -308,6 +318,7 @@ mod tests {
                 role: Role::User,
                 parts: vec![Part::Text { text: "hi".into() }],
                 origins: Vec::new(),
+                relay: None,
             }),
         });
         let text = serde_json::to_string(&entry).unwrap();
@@ -350,6 +361,7 @@ mod tests {
                 }),
                 earlier: vec!["- Carol (id 9): hi".into()],
             }],
+            relay: None,
         };
         let text = serde_json::to_string(&message).unwrap();
         assert_eq!(
@@ -400,6 +412,7 @@ mod tests {
                 intent: Intent::Run,
                 consumes: vec!["inbox:7".into()],
                 resumed,
+                trigger: None,
                 at: at(),
             })
         };
@@ -577,5 +590,298 @@ mod tests {
             let line: Line = serde_json::from_str(text).unwrap();
             assert_eq!(serde_json::to_string(&line).unwrap(), text);
         }
+    }
+
+    #[test]
+    fn every_trigger_is_pinned_in_its_operation_started_line() {
+        use crate::name::TaskName;
+        let task = || TaskName::try_from("daily").unwrap();
+        let slot = chrono::Utc.with_ymd_and_hms(2026, 12, 3, 9, 0, 0).unwrap();
+        let started = |intent, trigger| {
+            Line::Record(Record::OperationStarted {
+                op: OperationId::from_bytes([1; 16]),
+                intent,
+                consumes: Vec::new(),
+                resumed: false,
+                trigger: Some(trigger),
+                at: at(),
+            })
+        };
+        let line = |trigger: &str, intent: &str| {
+            format!(
+                r#"{{"kind":"record","type":"operation_started","op":"01010101-0101-0101-0101-010101010101","intent":"{intent}","trigger":{trigger},"at":"2026-11-30T06:00:00Z"}}"#
+            )
+        };
+        let table = [
+            (Intent::Run, Trigger::Chat, r#"{"kind":"chat"}"#),
+            (Intent::Run, Trigger::Terminal, r#"{"kind":"terminal"}"#),
+            (
+                Intent::Run,
+                Trigger::Heartbeat {
+                    task: task(),
+                    slot,
+                    coalesced: 0,
+                },
+                r#"{"kind":"heartbeat","task":"daily","slot":"2026-12-03T09:00:00Z"}"#,
+            ),
+            (
+                Intent::Run,
+                Trigger::Heartbeat {
+                    task: task(),
+                    slot,
+                    coalesced: 3,
+                },
+                r#"{"kind":"heartbeat","task":"daily","slot":"2026-12-03T09:00:00Z","coalesced":3}"#,
+            ),
+            (
+                Intent::Run,
+                Trigger::Correction {
+                    task: task(),
+                    slot,
+                    reason: "the reply is empty".into(),
+                },
+                r#"{"kind":"correction","task":"daily","slot":"2026-12-03T09:00:00Z","reason":"the reply is empty"}"#,
+            ),
+            (
+                Intent::Run,
+                Trigger::Steer { task: task(), slot },
+                r#"{"kind":"steer","task":"daily","slot":"2026-12-03T09:00:00Z"}"#,
+            ),
+            (
+                Intent::Compact,
+                Trigger::ContextFull,
+                r#"{"kind":"context_full"}"#,
+            ),
+            (
+                Intent::Compact,
+                Trigger::CompactCommand,
+                r#"{"kind":"compact_command"}"#,
+            ),
+        ];
+        for (intent, trigger, text) in table {
+            let intent_text = match intent {
+                Intent::Run => "run",
+                Intent::Compact => "compact",
+            };
+            pinned(&started(intent, trigger), &line(text, intent_text));
+        }
+        let unknown = line(
+            r#"{"kind":"heartbeat","task":"daily","slot":"2026-12-03T09:00:00Z","sender":"1"}"#,
+            "run",
+        );
+        assert!(
+            serde_json::from_str::<Line>(&unknown).is_err(),
+            "a trigger is perch's own: an unknown field in one is corruption"
+        );
+        let old = r#"{"kind":"record","type":"operation_started","op":"01010101-0101-0101-0101-010101010101","intent":"run","at":"2026-11-30T06:00:00Z"}"#;
+        assert!(matches!(
+            serde_json::from_str::<Line>(old).unwrap(),
+            Line::Record(Record::OperationStarted { trigger: None, .. })
+        ));
+    }
+
+    #[test]
+    fn only_a_steer_relays_its_user_entry() {
+        use crate::name::TaskName;
+        let slot = chrono::Utc.with_ymd_and_hms(2026, 12, 3, 9, 0, 0).unwrap();
+        let task = TaskName::try_from("watch").unwrap();
+        assert_eq!(
+            Trigger::Steer {
+                task: task.clone(),
+                slot
+            }
+            .relay(),
+            Some(Relay::HeartbeatSteer {
+                task: task.clone(),
+                slot
+            })
+        );
+        for trigger in [
+            Trigger::Chat,
+            Trigger::Terminal,
+            Trigger::Heartbeat {
+                task: task.clone(),
+                slot,
+                coalesced: 0,
+            },
+            Trigger::Correction {
+                task,
+                slot,
+                reason: "empty".into(),
+            },
+            Trigger::ContextFull,
+            Trigger::CompactCommand,
+        ] {
+            assert_eq!(trigger.relay(), None, "{trigger:?}");
+        }
+    }
+
+    #[test]
+    fn a_relayed_message_says_where_it_came_from() {
+        use crate::name::TaskName;
+        let entry = Line::Entry(Entry {
+            id: EntryId::from_bytes([2; 16]),
+            parent: None,
+            at: at(),
+            body: EntryBody::Message(Message {
+                role: Role::User,
+                parts: vec![Part::Text {
+                    text: "Review PR 7.".into(),
+                }],
+                origins: Vec::new(),
+                relay: Some(Relay::HeartbeatSteer {
+                    task: TaskName::try_from("watch").unwrap(),
+                    slot: chrono::Utc.with_ymd_and_hms(2026, 12, 3, 9, 0, 0).unwrap(),
+                }),
+            }),
+        });
+        pinned(
+            &entry,
+            r#"{"kind":"entry","id":"02020202-0202-0202-0202-020202020202","parent":null,"at":"2026-11-30T06:00:00Z","body":{"type":"message","role":"user","parts":[{"type":"text","text":"Review PR 7."}],"relay":{"kind":"heartbeat_steer","task":"watch","slot":"2026-12-03T09:00:00Z"}}}"#,
+        );
+    }
+
+    fn note_line(note: Note) -> Line {
+        Line::Entry(Entry {
+            id: EntryId::from_bytes([2; 16]),
+            parent: None,
+            at: at(),
+            body: EntryBody::Note(note),
+        })
+    }
+
+    fn data_line(body: &str) -> String {
+        format!(
+            r#"{{"kind":"entry","id":"02020202-0202-0202-0202-020202020202","parent":null,"at":"2026-11-30T06:00:00Z","body":{{"type":"data",{body}}}}}"#
+        )
+    }
+
+    fn heartbeat_note(mode: Option<RunMode>) -> Note {
+        use crate::heartbeat::SlotOutcome;
+        use crate::name::TaskName;
+        Note::HeartbeatOutcome(HeartbeatNote {
+            task: TaskName::try_from("digest").unwrap(),
+            slot: chrono::Utc.with_ymd_and_hms(2026, 12, 2, 3, 30, 0).unwrap(),
+            run: "run-7".into(),
+            mode,
+            outcome: SlotOutcome::Message {
+                text: "Stand-up at ten.".into(),
+                target: "tg:team".into(),
+                delivery: "d-3".into(),
+            },
+        })
+    }
+
+    #[test]
+    fn every_note_is_pinned_as_a_data_entry() {
+        let table = [
+            (
+                Note::Summary {
+                    text: "we talked".into(),
+                    replaces: Some(EntryId::from_bytes([9; 16])),
+                },
+                r#""name":"summary","value":{"summarised":"09090909-0909-0909-0909-090909090909","text":"we talked"}"#,
+            ),
+            (
+                Note::Summary {
+                    text: "we talked".into(),
+                    replaces: None,
+                },
+                r#""name":"summary","value":{"summarised":null,"text":"we talked"}"#,
+            ),
+            (
+                heartbeat_note(Some(RunMode::Scheduled)),
+                r#""name":"heartbeat_outcome","value":{"mode":"scheduled","outcome":{"delivery":"d-3","outcome":"message","target":"tg:team","text":"Stand-up at ten."},"run":"run-7","slot":"2026-12-02T03:30:00Z","task":"digest"}"#,
+            ),
+            (
+                heartbeat_note(Some(RunMode::Manual)),
+                r#""name":"heartbeat_outcome","value":{"mode":"manual","outcome":{"delivery":"d-3","outcome":"message","target":"tg:team","text":"Stand-up at ten."},"run":"run-7","slot":"2026-12-02T03:30:00Z","task":"digest"}"#,
+            ),
+            (
+                heartbeat_note(Some(RunMode::DryRun)),
+                r#""name":"heartbeat_outcome","value":{"mode":"dry_run","outcome":{"delivery":"d-3","outcome":"message","target":"tg:team","text":"Stand-up at ten."},"run":"run-7","slot":"2026-12-02T03:30:00Z","task":"digest"}"#,
+            ),
+            (
+                Note::Hook {
+                    name: "seen".into(),
+                    value: serde_json::json!({"count": 2}),
+                },
+                r#""name":"seen","value":{"count":2}"#,
+            ),
+        ];
+        for (note, body) in table {
+            pinned(&note_line(note), &data_line(body));
+        }
+    }
+
+    #[test]
+    fn notes_written_before_they_were_typed_still_read() {
+        use crate::heartbeat::SlotOutcome;
+        use crate::name::TaskName;
+        let replaced = Some(EntryId::from_bytes([9; 16]));
+        let summary = |replaces| Note::Summary {
+            text: "we talked".into(),
+            replaces,
+        };
+        let table = [
+            (
+                r#""name":"summary","value":{"text":"we talked","summarised":"09090909-0909-0909-0909-090909090909"}"#,
+                summary(replaced),
+            ),
+            (
+                r#""name":"summary","value":{"text":"we talked","replaces":"09090909-0909-0909-0909-090909090909"}"#,
+                summary(replaced),
+            ),
+            (r#""name":"summary","value":"we talked""#, summary(None)),
+            (
+                r#""name":"heartbeat_outcome","value":{"task":"digest","slot":"2026-12-02T03:30:00+00:00","run":"run-7","mode":"scheduled","outcome":{"outcome":"message","text":"Stand-up at ten.","target":"tg:team","delivery":"d-3"}}"#,
+                heartbeat_note(Some(RunMode::Scheduled)),
+            ),
+            (
+                r#""name":"heartbeat_outcome","value":{"task":"digest","slot":"2026-12-02T03:30:00+00:00","outcome":{"outcome":"silent"}}"#,
+                Note::HeartbeatOutcome(HeartbeatNote {
+                    task: TaskName::try_from("digest").unwrap(),
+                    slot: chrono::Utc.with_ymd_and_hms(2026, 12, 2, 3, 30, 0).unwrap(),
+                    run: String::new(),
+                    mode: None,
+                    outcome: SlotOutcome::Silent,
+                }),
+            ),
+            (
+                r#""name":"heartbeat_outcome","value":{"task":"digest","outcome":"exploded"}"#,
+                Note::Hook {
+                    name: "heartbeat_outcome".into(),
+                    value: serde_json::json!({"task": "digest", "outcome": "exploded"}),
+                },
+            ),
+            (
+                r#""name":"summary","value":{"words":3}"#,
+                Note::Hook {
+                    name: "summary".into(),
+                    value: serde_json::json!({"words": 3}),
+                },
+            ),
+            (
+                r#""name":"hook_store","value":[1,"two"]"#,
+                Note::Hook {
+                    name: "hook_store".into(),
+                    value: serde_json::json!([1, "two"]),
+                },
+            ),
+        ];
+        for (body, note) in table {
+            let text = data_line(body);
+            let read: Line = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+            assert_eq!(read, note_line(note.clone()), "{text}");
+            let again: Line = serde_json::from_str(&serde_json::to_string(&read).unwrap()).unwrap();
+            assert_eq!(
+                again, read,
+                "a note written again reads as the same note: {text}"
+            );
+        }
+        assert!(
+            serde_json::from_str::<Line>(&data_line(r#""name":"x","value":1,"extra":2"#)).is_err(),
+            "an unknown field beside name and value is corruption"
+        );
     }
 }

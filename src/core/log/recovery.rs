@@ -104,6 +104,7 @@ pub fn tool_result(
                 is_error,
             }],
             origins: Vec::new(),
+            relay: None,
         }),
     }
 }
