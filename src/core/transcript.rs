@@ -1434,9 +1434,16 @@ pub fn render_event(event: &TranscriptEvent) -> Vec<String> {
         EventKind::RunStarted { .. }
         | EventKind::LeafSet { .. }
         | EventKind::AttemptStarted { retry: false, .. } => {}
-        EventKind::CompactionStarted { .. } => {
-            lines.push(format!("  {:<10}compaction started", "compact"));
-        }
+        EventKind::CompactionStarted { trigger, .. } => lines.push(format!(
+            "  {:<10}compaction started{}",
+            "compact",
+            match trigger {
+                Some(Trigger::ContextFull) =>
+                    ", since the conversation neared the model's context window",
+                Some(Trigger::CompactCommand) => ", asked for with perch compact",
+                _ => "",
+            }
+        )),
         EventKind::UserMessage {
             steer, messages, ..
         } => {

@@ -812,7 +812,7 @@ fn a_compaction_and_the_segment_it_starts_are_drawn_in_the_turn_before() {
     let mut text = String::new();
     render_turn(&turns[0], &mut text);
     for expected in [
-        "compact   compaction started",
+        "compact   compaction started, since the conversation neared the model's context window",
         "compact   summary of 11 chars; the lane continues from it",
         "end       compaction completed",
         "log       segment 2, continuing 000001.jsonl",
