@@ -219,3 +219,40 @@ fn a_spend_journal_that_cannot_be_read_is_an_error_in_status_json_and_no_line_in
     assert!(!text.contains("spend today"), "{text}");
     assert!(!text.contains("last start"), "{text}");
 }
+
+#[test]
+fn a_refused_token_shows_as_stopped_and_unhealthy_and_is_told_once() {
+    use super::fake_model::FakeModel;
+    use super::fake_telegram::FakeTelegram;
+    use super::service::{launch, status_json, stop, telegram_agent, wait_until};
+    let model = FakeModel::start(perch_core::config::Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let dir = telegram_agent(&model, &telegram);
+    let child = launch(dir.path(), ("TELEGRAM_TOKEN", "1:not-the-token"), None);
+    let connection = || {
+        status_json(dir.path())["channel_health"][0]["connection"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    wait_until("the refusal to show", || {
+        connection().starts_with("stopped: ")
+    });
+    let report = status_json(dir.path());
+    assert_eq!(report["channel_health"][0]["healthy"], false, "{report}");
+    let text = stdout(&perch(&["status", dir.path().to_str().unwrap()], &[]));
+    let line = format!(
+        "  tg               {}; UNHEALTHY: not receiving\n",
+        connection()
+    );
+    assert!(text.contains(&line), "{line:?} in:\n{text}");
+    let stderr = stop(child);
+    assert_eq!(
+        stderr
+            .matches("alert (channel): channel tg is stopped: ")
+            .count(),
+        1,
+        "{stderr}"
+    );
+    assert!(!stderr.contains("not-the-token"), "{stderr}");
+}
