@@ -14,8 +14,8 @@ use crate::clock::Clock;
 use crate::log::{
     DedupKeys, Journal, JournalEntry, JournalItem, JournalWriter, Journaled, LogError,
 };
-use perch_core::chat::{Admitted, BotTurns};
-use serde::{Deserialize, Serialize};
+use perch_core::chat::BotTurns;
+pub use perch_core::journal::inbox::{InboxRecord, Verdict, admitted};
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
@@ -24,46 +24,6 @@ use std::time::Duration;
 pub const DEDUP_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 const MAX_SEGMENT_BYTES: u64 = 8 << 20;
-
-/// One journal item of the inbox.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum InboxRecord {
-    /// A raw event, as the connector handed it over.
-    Event {
-        channel: String,
-        event: Box<InboundEvent>,
-    },
-    /// What became of the event journaled as `event`.
-    Verdict { event: u64, verdict: Verdict },
-    /// The channel's `hook` (its file) started deciding the event journaled as `event`. A
-    /// mark without a verdict after it means perch stopped during the hook: at restart the
-    /// event is rejected rather than handed to the hook again. Journals written before this
-    /// record existed simply have none.
-    Deciding { event: u64, hook: String },
-}
-
-/// What perch decided about one event.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "verdict", rename_all = "snake_case")]
-pub enum Verdict {
-    /// A message for `lane`, as the hook left it.
-    Item { lane: String, text: String },
-    /// A group message that did not address the agent: kept as context, starts no run.
-    Context,
-    /// Older than the channel's `max_age` when it arrived: not answered.
-    Stale,
-    /// The hook returned nothing.
-    Dropped,
-    /// The sender may not talk to the agent.
-    Refused { reason: String },
-    /// The hook failed on this event.
-    Error { reason: String },
-    /// A chat command (`/stop`, `/new`, `/status`), answered by perch itself.
-    Command { command: String },
-    /// An edit of an earlier message ([`InboundEvent::edit_of`]): kept, never answered.
-    Edited,
-}
 
 /// Where an inbox starts: what the journal holds that still needs work, and the cursors the
 /// connectors resume from.
@@ -158,7 +118,7 @@ impl Inbox {
         all.sort_by_key(|item| item.seq);
         let mut journaled: BTreeMap<u64, (String, InboundEvent)> = BTreeMap::new();
         for item in &all {
-            match InboxRecord::read(item) {
+            match InboxRecord::read(&item.body) {
                 Ok(InboxRecord::Event { channel, event }) => {
                     note_event(&mut backlog, &channel, &event);
                     seen.note(dedup_key(&channel, &event), item.at);
@@ -191,7 +151,7 @@ impl Inbox {
         let mut verdicts: Vec<(u64, u64, Verdict)> = Vec::new();
         let mut marks: Vec<(u64, u64, String)> = Vec::new();
         for item in &contents.pending {
-            match InboxRecord::read(item) {
+            match InboxRecord::read(&item.body) {
                 Ok(InboxRecord::Event { channel, event }) => {
                     events.insert(item.seq, (channel, *event));
                 }
@@ -296,28 +256,8 @@ impl Inbox {
     }
 }
 
-/// What the bot-loop guard counts of a verdict: the hook ran on it (a turn), it was kept as
-/// context, or it was not admitted.
-pub fn admitted(verdict: &Verdict) -> Admitted {
-    match verdict {
-        Verdict::Item { .. }
-        | Verdict::Dropped
-        | Verdict::Error { .. }
-        | Verdict::Command { .. } => Admitted::Answered,
-        Verdict::Context => Admitted::Context,
-        Verdict::Stale | Verdict::Refused { .. } | Verdict::Edited => Admitted::No,
-    }
-}
-
 fn dedup_key(channel: &str, event: &InboundEvent) -> String {
     format!("{channel}\u{0}{}", event.platform_id)
-}
-
-impl InboxRecord {
-    /// Reads the record a journal item holds: the one reader of the inbox's lines.
-    pub fn read(item: &JournalItem) -> Result<InboxRecord, serde_json::Error> {
-        InboxRecord::deserialize(&item.body)
-    }
 }
 
 fn note_event(backlog: &mut Backlog, channel: &str, event: &InboundEvent) {
@@ -335,120 +275,4 @@ fn encode(record: &InboxRecord) -> serde_json::Value {
     serde_json::to_value(record).unwrap_or_else(
         |error| serde_json::json!({ "type": "unencodable", "reason": error.to_string() }),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::channel::Sender;
-    use chrono::TimeZone;
-
-    fn item(body: &str) -> JournalItem {
-        JournalItem {
-            seq: 1,
-            at: chrono::Utc.with_ymd_and_hms(2026, 12, 2, 6, 0, 0).unwrap(),
-            body: serde_json::from_str(body).unwrap(),
-        }
-    }
-
-    #[test]
-    fn an_event_record_golden() {
-        let record = InboxRecord::Event {
-            channel: "tg".into(),
-            event: Box::new(InboundEvent {
-                platform_id: "42:17".into(),
-                cursor: Some("1001".into()),
-                room: "42".into(),
-                thread: None,
-                sender: Sender {
-                    id: "42".into(),
-                    name: "Ada".into(),
-                    is_bot: false,
-                },
-                direct: true,
-                addressed: true,
-                text: "hello".into(),
-                sent_at: chrono::Utc
-                    .with_ymd_and_hms(2026, 12, 2, 5, 59, 58)
-                    .unwrap(),
-                attachments: Vec::new(),
-                replying_to: None,
-                edit_of: None,
-            }),
-        };
-        let line = concat!(
-            r#"{"type":"event","channel":"tg","event":{"platform_id":"42:17","cursor":"1001","#,
-            r#""room":"42","thread":null,"sender":{"id":"42","name":"Ada","is_bot":false},"#,
-            r#""direct":true,"addressed":true,"text":"hello","sent_at":"2026-12-02T05:59:58Z"}}"#
-        );
-        assert_eq!(serde_json::to_string(&record).unwrap(), line);
-        assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
-    }
-
-    #[test]
-    fn a_verdict_record_golden() {
-        let record = InboxRecord::Verdict {
-            event: 3,
-            verdict: Verdict::Item {
-                lane: "tg-42".into(),
-                text: "hello".into(),
-            },
-        };
-        let line = r#"{"type":"verdict","event":3,"verdict":{"verdict":"item","lane":"tg-42","text":"hello"}}"#;
-        assert_eq!(serde_json::to_string(&record).unwrap(), line);
-        assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
-    }
-
-    #[test]
-    fn an_edit_and_its_verdict_golden() {
-        let event = InboundEvent {
-            platform_id: "42:17:edited:1796104800".into(),
-            cursor: Some("1002".into()),
-            room: "42".into(),
-            thread: None,
-            sender: Sender {
-                id: "42".into(),
-                name: "Ada".into(),
-                is_bot: false,
-            },
-            direct: true,
-            addressed: false,
-            text: "hello again".into(),
-            sent_at: chrono::Utc
-                .with_ymd_and_hms(2026, 12, 2, 5, 59, 58)
-                .unwrap(),
-            attachments: Vec::new(),
-            replying_to: Some(Box::new(crate::channel::Quote {
-                platform_id: "42:16".into(),
-                author: Some(Sender {
-                    id: "7".into(),
-                    name: "perch".into(),
-                    is_bot: true,
-                }),
-                text: "hi".into(),
-            })),
-            edit_of: Some("42:17".into()),
-        };
-        let record = InboxRecord::Event {
-            channel: "tg".into(),
-            event: Box::new(event),
-        };
-        let line = concat!(
-            r#"{"type":"event","channel":"tg","event":{"platform_id":"42:17:edited:1796104800","#,
-            r#""cursor":"1002","room":"42","thread":null,"sender":{"id":"42","name":"Ada","#,
-            r#""is_bot":false},"direct":true,"addressed":false,"text":"hello again","#,
-            r#""sent_at":"2026-12-02T05:59:58Z","replying_to":{"platform_id":"42:16","#,
-            r#""author":{"id":"7","name":"perch","is_bot":true},"text":"hi"},"edit_of":"42:17"}}"#
-        );
-        assert_eq!(serde_json::to_string(&record).unwrap(), line);
-        assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
-        let verdict = InboxRecord::Verdict {
-            event: 4,
-            verdict: Verdict::Edited,
-        };
-        let line = r#"{"type":"verdict","event":4,"verdict":{"verdict":"edited"}}"#;
-        assert_eq!(serde_json::to_string(&verdict).unwrap(), line);
-        assert_eq!(InboxRecord::read(&item(line)).unwrap(), verdict);
-        assert_eq!(admitted(&Verdict::Edited), Admitted::No);
-    }
 }

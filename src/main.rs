@@ -1086,7 +1086,7 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
         .consumed
         .iter()
         .chain(&outbox.pending)
-        .filter_map(|item| match OutboxRecord::read(item) {
+        .filter_map(|item| match OutboxRecord::read(&item.body) {
             Ok(OutboxRecord::Unknown { intent, reason }) => {
                 Some(UnknownDelivery::Unknown { intent, reason })
             }
@@ -1124,7 +1124,7 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
     };
     let mut last_events = std::collections::BTreeMap::new();
     for item in inbox.consumed.iter().chain(&inbox.pending) {
-        if let Ok(InboxRecord::Event { channel, event }) = InboxRecord::read(item) {
+        if let Ok(InboxRecord::Event { channel, event }) = InboxRecord::read(&item.body) {
             last_events.insert(
                 channel,
                 LastEvent {
