@@ -1,5 +1,5 @@
 //! The ordered durable inbox: every inbound chat event is journaled (fsynced, with group commit)
-//! before its platform is told it arrived; its verdict (an item for a lane, context, stale,
+//! before its platform is told it arrived; its disposition (an item for a lane, context, stale,
 //! dropped, refused, an error) is journaled under the event's sequence number; an item stays
 //! pending until the run that answers it is done. One writer thread owns the journal
 //! ([`JournalWriter`]).
@@ -15,7 +15,7 @@ use crate::log::{
     DedupKeys, Journal, JournalEntry, JournalItem, JournalWriter, Journaled, LogError,
 };
 use perch_core::chat::BotTurns;
-pub use perch_core::journal::inbox::{InboxRecord, Verdict, admitted};
+pub use perch_core::journal::inbox::{Disposition, InboxRecord};
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
@@ -29,7 +29,7 @@ const MAX_SEGMENT_BYTES: u64 = 8 << 20;
 /// connectors resume from.
 #[derive(Debug, Clone, Default)]
 pub struct Backlog {
-    /// Events journaled without a verdict yet, in order: `(seq, channel, event)`.
+    /// Events journaled without a disposition yet, in order: `(seq, channel, event)`.
     pub undecided: Vec<(u64, String, InboundEvent)>,
     /// Events a hook was deciding when perch stopped, in order, with the deciding mark's
     /// sequence number and the hook's file; they are not in `undecided`.
@@ -42,11 +42,11 @@ pub struct Backlog {
     pub cursors: BTreeMap<String, String>,
     /// The newest `platform_id` journaled per channel and room, for back-fill.
     pub last_seen: BTreeMap<String, BTreeMap<String, String>>,
-    /// Group messages kept as context (verdict `context`) since the last message answered in
+    /// Group messages kept as context (disposition `context`) since the last message answered in
     /// their room, oldest first: `(channel, event)`. The journal keeps consumed items for its
     /// retention window, so the context a restart would otherwise forget is rebuilt from it.
     pub context: Vec<(String, InboundEvent)>,
-    /// The bot-loop guard's count per room, rebuilt from the verdicts still on disk, so a
+    /// The bot-loop guard's count per room, rebuilt from the dispositions still on disk, so a
     /// restart does not start a bot loop's count from zero.
     pub bot_turns: BotTurns,
 }
@@ -66,7 +66,7 @@ pub struct Interrupted {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PendingItem {
     pub event_seq: u64,
-    pub verdict_seq: u64,
+    pub disposition_seq: u64,
     pub channel: String,
     pub event: InboundEvent,
     pub lane: String,
@@ -124,22 +124,24 @@ impl Inbox {
                     seen.note(dedup_key(&channel, &event), item.at);
                     journaled.insert(item.seq, (channel, *event));
                 }
-                Ok(InboxRecord::Verdict { event, verdict }) => {
+                Ok(InboxRecord::Disposition { event, disposition }) => {
                     if let Some((channel, event)) = journaled.get(&event) {
                         backlog.bot_turns.note(
                             channel,
                             &event.room,
                             event.sender.is_bot,
-                            admitted(&verdict),
+                            disposition.admitted(),
                         );
                         let same_room = |(kept_channel, kept): &(String, InboundEvent)| {
                             kept_channel == channel && kept.room == event.room
                         };
-                        match verdict {
-                            Verdict::Context => {
+                        match disposition {
+                            Disposition::Context => {
                                 backlog.context.push((channel.clone(), event.clone()));
                             }
-                            Verdict::Item { .. } => backlog.context.retain(|kept| !same_room(kept)),
+                            Disposition::Item { .. } => {
+                                backlog.context.retain(|kept| !same_room(kept))
+                            }
                             _ => {}
                         }
                     }
@@ -148,29 +150,29 @@ impl Inbox {
             }
         }
         let mut events: BTreeMap<u64, (String, InboundEvent)> = BTreeMap::new();
-        let mut verdicts: Vec<(u64, u64, Verdict)> = Vec::new();
+        let mut dispositions: Vec<(u64, u64, Disposition)> = Vec::new();
         let mut marks: Vec<(u64, u64, String)> = Vec::new();
         for item in &contents.pending {
             match InboxRecord::read(&item.body) {
                 Ok(InboxRecord::Event { channel, event }) => {
                     events.insert(item.seq, (channel, *event));
                 }
-                Ok(InboxRecord::Verdict { event, verdict }) => {
-                    verdicts.push((item.seq, event, verdict));
+                Ok(InboxRecord::Disposition { event, disposition }) => {
+                    dispositions.push((item.seq, event, disposition));
                 }
                 Ok(InboxRecord::Deciding { event, hook }) => marks.push((item.seq, event, hook)),
                 Err(_) => {}
             }
         }
         let mut decided = HashSet::new();
-        for (verdict_seq, event_seq, verdict) in verdicts {
+        for (disposition_seq, event_seq, disposition) in dispositions {
             decided.insert(event_seq);
-            if let (Verdict::Item { lane, text }, Some((channel, event))) =
-                (verdict, events.get(&event_seq))
+            if let (Disposition::Item { lane, text }, Some((channel, event))) =
+                (disposition, events.get(&event_seq))
             {
                 backlog.pending.push(PendingItem {
                     event_seq,
-                    verdict_seq,
+                    disposition_seq,
                     channel: channel.clone(),
                     event: event.clone(),
                     lane,
@@ -228,15 +230,22 @@ impl Inbox {
         })
     }
 
-    /// Journals the verdict on the event journaled as `event`; returns its sequence number.
-    pub async fn record_verdict(&self, event: u64, verdict: Verdict) -> Result<u64, LogError> {
+    /// Journals the disposition of the event journaled as `event`; returns its sequence number.
+    pub async fn record_disposition(
+        &self,
+        event: u64,
+        disposition: Disposition,
+    ) -> Result<u64, LogError> {
         self.writer
-            .append_record(&InboxRecord::Verdict { event, verdict }, "a verdict")
+            .append_record(
+                &InboxRecord::Disposition { event, disposition },
+                "a disposition",
+            )
             .await
     }
 
     /// Journals that `hook` (its file) starts deciding the event journaled as `event`;
-    /// returns the mark's sequence number, to consume once the verdict is journaled.
+    /// returns the mark's sequence number, to consume once the disposition is journaled.
     pub async fn record_deciding(&self, event: u64, hook: &str) -> Result<u64, LogError> {
         let mark = InboxRecord::Deciding {
             event,

@@ -3,7 +3,7 @@
 use super::conversation::lane_name;
 use super::intake::Reply;
 use super::{Service, tracing_note};
-use crate::inbox::{Backlog, Verdict, consumes_id};
+use crate::inbox::{Backlog, Disposition, consumes_id};
 use crate::log::taken_run;
 use crate::outbox::DeliveryLane;
 use crate::starts;
@@ -55,9 +55,9 @@ impl Service {
     /// finished is answered with its reply, unless a reply was recorded; an interrupted chat run
     /// that started no tool declared `replay = "never"` and was not resumed before is resumed
     /// once, continuing from the lane's leaf; any other interrupted run gets a note saying what
-    /// was interrupted. The other items are queued again, in order; events without a verdict are
-    /// decided again, without carrying out a command or offering pairing again when a reply to
-    /// the event was recorded before the crash.
+    /// was interrupted. The other items are queued again, in order; events without a disposition
+    /// are decided again, without carrying out a command or offering pairing again when a reply
+    /// to the event was recorded before the crash.
     pub(super) async fn resume_inbox(
         self: &Arc<Self>,
         backlog: Backlog,
@@ -102,7 +102,7 @@ impl Service {
                 }
             }
             self.inbox
-                .consume(vec![item.event_seq, item.verdict_seq])
+                .consume(vec![item.event_seq, item.disposition_seq])
                 .await
                 .map_err(|error| error.to_string())?;
         }
@@ -123,7 +123,7 @@ impl Service {
             if let Some(channel) = self.channels.get(&interrupted.channel) {
                 channel.hook_result(Some(&reason));
             }
-            self.settle(interrupted.event_seq, Verdict::Error { reason })
+            self.settle(interrupted.event_seq, Disposition::Error { reason })
                 .await?;
             self.consume_marks([interrupted.mark_seq]).await?;
         }

@@ -13,19 +13,25 @@ pub enum InboxRecord {
         channel: String,
         event: Box<InboundEvent>,
     },
-    /// What became of the event journaled as `event`.
-    Verdict { event: u64, verdict: Verdict },
+    /// What became of the event journaled as `event` (on disk, a `verdict` record).
+    #[serde(rename = "verdict")]
+    Disposition {
+        event: u64,
+        #[serde(rename = "verdict")]
+        disposition: Disposition,
+    },
     /// The channel's `hook` (its file) started deciding the event journaled as `event`. A
-    /// mark without a verdict after it means perch stopped during the hook: at restart the
+    /// mark without a disposition after it means perch stopped during the hook: at restart the
     /// event is rejected rather than handed to the hook again. Journals written before this
     /// record existed simply have none.
     Deciding { event: u64, hook: String },
 }
 
-/// What perch decided about one event.
+/// What perch decided about one event (admission, then the hook): its disposition. On disk its
+/// tag is `verdict`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "verdict", rename_all = "snake_case")]
-pub enum Verdict {
+pub enum Disposition {
     /// A message for `lane`, as the hook left it.
     Item { lane: String, text: String },
     /// A group message that did not address the agent: kept as context, starts no run.
@@ -44,16 +50,18 @@ pub enum Verdict {
     Edited,
 }
 
-/// What the bot-loop guard counts of a verdict: the hook ran on it (a turn), it was kept as
-/// context, or it was not admitted.
-pub fn admitted(verdict: &Verdict) -> Admitted {
-    match verdict {
-        Verdict::Item { .. }
-        | Verdict::Dropped
-        | Verdict::Error { .. }
-        | Verdict::Command { .. } => Admitted::Answered,
-        Verdict::Context => Admitted::Context,
-        Verdict::Stale | Verdict::Refused { .. } | Verdict::Edited => Admitted::No,
+impl Disposition {
+    /// What the bot-loop guard counts of it: the hook ran on the event (a turn), the event was
+    /// kept as context, or it was not admitted.
+    pub fn admitted(&self) -> Admitted {
+        match self {
+            Disposition::Item { .. }
+            | Disposition::Dropped
+            | Disposition::Error { .. }
+            | Disposition::Command { .. } => Admitted::Answered,
+            Disposition::Context => Admitted::Context,
+            Disposition::Stale | Disposition::Refused { .. } | Disposition::Edited => Admitted::No,
+        }
     }
 }
 
@@ -109,10 +117,10 @@ mod tests {
     }
 
     #[test]
-    fn a_verdict_record_golden() {
-        let record = InboxRecord::Verdict {
+    fn a_disposition_record_golden() {
+        let record = InboxRecord::Disposition {
             event: 3,
-            verdict: Verdict::Item {
+            disposition: Disposition::Item {
                 lane: "tg-42".into(),
                 text: "hello".into(),
             },
@@ -123,7 +131,7 @@ mod tests {
     }
 
     #[test]
-    fn an_edit_and_its_verdict_golden() {
+    fn an_edit_and_its_disposition_golden() {
         let event = InboundEvent {
             platform_id: "42:17:edited:1796104800".into(),
             cursor: Some("1002".into()),
@@ -165,52 +173,55 @@ mod tests {
         );
         assert_eq!(serde_json::to_string(&record).unwrap(), line);
         assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
-        let verdict = InboxRecord::Verdict {
+        let disposition = InboxRecord::Disposition {
             event: 4,
-            verdict: Verdict::Edited,
+            disposition: Disposition::Edited,
         };
         let line = r#"{"type":"verdict","event":4,"verdict":{"verdict":"edited"}}"#;
-        assert_eq!(serde_json::to_string(&verdict).unwrap(), line);
-        assert_eq!(InboxRecord::read(&item(line)).unwrap(), verdict);
-        assert_eq!(admitted(&Verdict::Edited), Admitted::No);
+        assert_eq!(serde_json::to_string(&disposition).unwrap(), line);
+        assert_eq!(InboxRecord::read(&item(line)).unwrap(), disposition);
+        assert_eq!(Disposition::Edited.admitted(), Admitted::No);
     }
 
     #[test]
-    fn every_verdict_and_the_deciding_mark_golden() {
+    fn every_disposition_and_the_deciding_mark_golden() {
         let table = [
             (
-                Verdict::Context,
+                Disposition::Context,
                 r#"{"type":"verdict","event":3,"verdict":{"verdict":"context"}}"#,
             ),
             (
-                Verdict::Stale,
+                Disposition::Stale,
                 r#"{"type":"verdict","event":3,"verdict":{"verdict":"stale"}}"#,
             ),
             (
-                Verdict::Dropped,
+                Disposition::Dropped,
                 r#"{"type":"verdict","event":3,"verdict":{"verdict":"dropped"}}"#,
             ),
             (
-                Verdict::Refused {
+                Disposition::Refused {
                     reason: "not on the allowlist".into(),
                 },
                 r#"{"type":"verdict","event":3,"verdict":{"verdict":"refused","reason":"not on the allowlist"}}"#,
             ),
             (
-                Verdict::Error {
+                Disposition::Error {
                     reason: "channels/tg.lua:3: boom".into(),
                 },
                 r#"{"type":"verdict","event":3,"verdict":{"verdict":"error","reason":"channels/tg.lua:3: boom"}}"#,
             ),
             (
-                Verdict::Command {
+                Disposition::Command {
                     command: "/new".into(),
                 },
                 r#"{"type":"verdict","event":3,"verdict":{"verdict":"command","command":"/new"}}"#,
             ),
         ];
-        for (verdict, line) in table {
-            let record = InboxRecord::Verdict { event: 3, verdict };
+        for (disposition, line) in table {
+            let record = InboxRecord::Disposition {
+                event: 3,
+                disposition,
+            };
             assert_eq!(serde_json::to_string(&record).unwrap(), line);
             assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
         }
