@@ -31,7 +31,7 @@ pub fn write_starts(path: &Path, starts: &[Start]) -> Result<(), String> {
 }
 
 /// Writes `value` to `path` whole and durably ([`crate::atomic_file`]).
-pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), String> {
+fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), String> {
     crate::atomic_file::write_json(path, value)
 }
 
