@@ -1,5 +1,5 @@
 //! The ordered durable inbox: every inbound chat event is journaled (fsynced, with group commit)
-//! before its platform is told it arrived; its verdict (an item for a lane, context, stale,
+//! before its platform is told it arrived; its disposition (an item for a lane, context, stale,
 //! dropped, refused, an error) is journaled under the event's sequence number; an item stays
 //! pending until the run that answers it is done. One writer thread owns the journal
 //! ([`JournalWriter`]).
@@ -14,8 +14,8 @@ use crate::clock::Clock;
 use crate::log::{
     DedupKeys, Journal, JournalEntry, JournalItem, JournalWriter, Journaled, LogError,
 };
-use perch_core::chat::{Admitted, BotTurns};
-use serde::{Deserialize, Serialize};
+use perch_core::chat::BotTurns;
+pub use perch_core::journal::inbox::{Disposition, InboxRecord};
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
@@ -25,51 +25,11 @@ pub const DEDUP_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 const MAX_SEGMENT_BYTES: u64 = 8 << 20;
 
-/// One journal item of the inbox.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum InboxRecord {
-    /// A raw event, as the connector handed it over.
-    Event {
-        channel: String,
-        event: Box<InboundEvent>,
-    },
-    /// What became of the event journaled as `event`.
-    Verdict { event: u64, verdict: Verdict },
-    /// The channel's `hook` (its file) started deciding the event journaled as `event`. A
-    /// mark without a verdict after it means perch stopped during the hook: at restart the
-    /// event is rejected rather than handed to the hook again. Journals written before this
-    /// record existed simply have none.
-    Deciding { event: u64, hook: String },
-}
-
-/// What perch decided about one event.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "verdict", rename_all = "snake_case")]
-pub enum Verdict {
-    /// A message for `lane`, as the hook left it.
-    Item { lane: String, text: String },
-    /// A group message that did not address the agent: kept as context, starts no run.
-    Context,
-    /// Older than the channel's `max_age` when it arrived: not answered.
-    Stale,
-    /// The hook returned nothing.
-    Dropped,
-    /// The sender may not talk to the agent.
-    Refused { reason: String },
-    /// The hook failed on this event.
-    Error { reason: String },
-    /// A chat command (`/stop`, `/new`, `/status`), answered by perch itself.
-    Command { command: String },
-    /// An edit of an earlier message ([`InboundEvent::edit_of`]): kept, never answered.
-    Edited,
-}
-
 /// Where an inbox starts: what the journal holds that still needs work, and the cursors the
 /// connectors resume from.
 #[derive(Debug, Clone, Default)]
 pub struct Backlog {
-    /// Events journaled without a verdict yet, in order: `(seq, channel, event)`.
+    /// Events journaled without a disposition yet, in order: `(seq, channel, event)`.
     pub undecided: Vec<(u64, String, InboundEvent)>,
     /// Events a hook was deciding when perch stopped, in order, with the deciding mark's
     /// sequence number and the hook's file; they are not in `undecided`.
@@ -82,11 +42,11 @@ pub struct Backlog {
     pub cursors: BTreeMap<String, String>,
     /// The newest `platform_id` journaled per channel and room, for back-fill.
     pub last_seen: BTreeMap<String, BTreeMap<String, String>>,
-    /// Group messages kept as context (verdict `context`) since the last message answered in
+    /// Group messages kept as context (disposition `context`) since the last message answered in
     /// their room, oldest first: `(channel, event)`. The journal keeps consumed items for its
     /// retention window, so the context a restart would otherwise forget is rebuilt from it.
     pub context: Vec<(String, InboundEvent)>,
-    /// The bot-loop guard's count per room, rebuilt from the verdicts still on disk, so a
+    /// The bot-loop guard's count per room, rebuilt from the dispositions still on disk, so a
     /// restart does not start a bot loop's count from zero.
     pub bot_turns: BotTurns,
 }
@@ -106,7 +66,7 @@ pub struct Interrupted {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PendingItem {
     pub event_seq: u64,
-    pub verdict_seq: u64,
+    pub disposition_seq: u64,
     pub channel: String,
     pub event: InboundEvent,
     pub lane: String,
@@ -158,28 +118,30 @@ impl Inbox {
         all.sort_by_key(|item| item.seq);
         let mut journaled: BTreeMap<u64, (String, InboundEvent)> = BTreeMap::new();
         for item in &all {
-            match InboxRecord::read(item) {
+            match InboxRecord::read(&item.body) {
                 Ok(InboxRecord::Event { channel, event }) => {
                     note_event(&mut backlog, &channel, &event);
                     seen.note(dedup_key(&channel, &event), item.at);
                     journaled.insert(item.seq, (channel, *event));
                 }
-                Ok(InboxRecord::Verdict { event, verdict }) => {
+                Ok(InboxRecord::Disposition { event, disposition }) => {
                     if let Some((channel, event)) = journaled.get(&event) {
                         backlog.bot_turns.note(
                             channel,
                             &event.room,
                             event.sender.is_bot,
-                            admitted(&verdict),
+                            disposition.admitted(),
                         );
                         let same_room = |(kept_channel, kept): &(String, InboundEvent)| {
                             kept_channel == channel && kept.room == event.room
                         };
-                        match verdict {
-                            Verdict::Context => {
+                        match disposition {
+                            Disposition::Context => {
                                 backlog.context.push((channel.clone(), event.clone()));
                             }
-                            Verdict::Item { .. } => backlog.context.retain(|kept| !same_room(kept)),
+                            Disposition::Item { .. } => {
+                                backlog.context.retain(|kept| !same_room(kept))
+                            }
                             _ => {}
                         }
                     }
@@ -188,29 +150,29 @@ impl Inbox {
             }
         }
         let mut events: BTreeMap<u64, (String, InboundEvent)> = BTreeMap::new();
-        let mut verdicts: Vec<(u64, u64, Verdict)> = Vec::new();
+        let mut dispositions: Vec<(u64, u64, Disposition)> = Vec::new();
         let mut marks: Vec<(u64, u64, String)> = Vec::new();
         for item in &contents.pending {
-            match InboxRecord::read(item) {
+            match InboxRecord::read(&item.body) {
                 Ok(InboxRecord::Event { channel, event }) => {
                     events.insert(item.seq, (channel, *event));
                 }
-                Ok(InboxRecord::Verdict { event, verdict }) => {
-                    verdicts.push((item.seq, event, verdict));
+                Ok(InboxRecord::Disposition { event, disposition }) => {
+                    dispositions.push((item.seq, event, disposition));
                 }
                 Ok(InboxRecord::Deciding { event, hook }) => marks.push((item.seq, event, hook)),
                 Err(_) => {}
             }
         }
         let mut decided = HashSet::new();
-        for (verdict_seq, event_seq, verdict) in verdicts {
+        for (disposition_seq, event_seq, disposition) in dispositions {
             decided.insert(event_seq);
-            if let (Verdict::Item { lane, text }, Some((channel, event))) =
-                (verdict, events.get(&event_seq))
+            if let (Disposition::Item { lane, text }, Some((channel, event))) =
+                (disposition, events.get(&event_seq))
             {
                 backlog.pending.push(PendingItem {
                     event_seq,
-                    verdict_seq,
+                    disposition_seq,
                     channel: channel.clone(),
                     event: event.clone(),
                     lane,
@@ -268,15 +230,22 @@ impl Inbox {
         })
     }
 
-    /// Journals the verdict on the event journaled as `event`; returns its sequence number.
-    pub async fn record_verdict(&self, event: u64, verdict: Verdict) -> Result<u64, LogError> {
+    /// Journals the disposition of the event journaled as `event`; returns its sequence number.
+    pub async fn record_disposition(
+        &self,
+        event: u64,
+        disposition: Disposition,
+    ) -> Result<u64, LogError> {
         self.writer
-            .append_record(&InboxRecord::Verdict { event, verdict }, "a verdict")
+            .append_record(
+                &InboxRecord::Disposition { event, disposition },
+                "a disposition",
+            )
             .await
     }
 
     /// Journals that `hook` (its file) starts deciding the event journaled as `event`;
-    /// returns the mark's sequence number, to consume once the verdict is journaled.
+    /// returns the mark's sequence number, to consume once the disposition is journaled.
     pub async fn record_deciding(&self, event: u64, hook: &str) -> Result<u64, LogError> {
         let mark = InboxRecord::Deciding {
             event,
@@ -296,28 +265,8 @@ impl Inbox {
     }
 }
 
-/// What the bot-loop guard counts of a verdict: the hook ran on it (a turn), it was kept as
-/// context, or it was not admitted.
-pub fn admitted(verdict: &Verdict) -> Admitted {
-    match verdict {
-        Verdict::Item { .. }
-        | Verdict::Dropped
-        | Verdict::Error { .. }
-        | Verdict::Command { .. } => Admitted::Answered,
-        Verdict::Context => Admitted::Context,
-        Verdict::Stale | Verdict::Refused { .. } | Verdict::Edited => Admitted::No,
-    }
-}
-
 fn dedup_key(channel: &str, event: &InboundEvent) -> String {
     format!("{channel}\u{0}{}", event.platform_id)
-}
-
-impl InboxRecord {
-    /// Reads the record a journal item holds: the one reader of the inbox's lines.
-    pub fn read(item: &JournalItem) -> Result<InboxRecord, serde_json::Error> {
-        InboxRecord::deserialize(&item.body)
-    }
 }
 
 fn note_event(backlog: &mut Backlog, channel: &str, event: &InboundEvent) {
@@ -335,120 +284,4 @@ fn encode(record: &InboxRecord) -> serde_json::Value {
     serde_json::to_value(record).unwrap_or_else(
         |error| serde_json::json!({ "type": "unencodable", "reason": error.to_string() }),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::channel::Sender;
-    use chrono::TimeZone;
-
-    fn item(body: &str) -> JournalItem {
-        JournalItem {
-            seq: 1,
-            at: chrono::Utc.with_ymd_and_hms(2026, 12, 2, 6, 0, 0).unwrap(),
-            body: serde_json::from_str(body).unwrap(),
-        }
-    }
-
-    #[test]
-    fn an_event_record_golden() {
-        let record = InboxRecord::Event {
-            channel: "tg".into(),
-            event: Box::new(InboundEvent {
-                platform_id: "42:17".into(),
-                cursor: Some("1001".into()),
-                room: "42".into(),
-                thread: None,
-                sender: Sender {
-                    id: "42".into(),
-                    name: "Ada".into(),
-                    is_bot: false,
-                },
-                direct: true,
-                addressed: true,
-                text: "hello".into(),
-                sent_at: chrono::Utc
-                    .with_ymd_and_hms(2026, 12, 2, 5, 59, 58)
-                    .unwrap(),
-                attachments: Vec::new(),
-                replying_to: None,
-                edit_of: None,
-            }),
-        };
-        let line = concat!(
-            r#"{"type":"event","channel":"tg","event":{"platform_id":"42:17","cursor":"1001","#,
-            r#""room":"42","thread":null,"sender":{"id":"42","name":"Ada","is_bot":false},"#,
-            r#""direct":true,"addressed":true,"text":"hello","sent_at":"2026-12-02T05:59:58Z"}}"#
-        );
-        assert_eq!(serde_json::to_string(&record).unwrap(), line);
-        assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
-    }
-
-    #[test]
-    fn a_verdict_record_golden() {
-        let record = InboxRecord::Verdict {
-            event: 3,
-            verdict: Verdict::Item {
-                lane: "tg-42".into(),
-                text: "hello".into(),
-            },
-        };
-        let line = r#"{"type":"verdict","event":3,"verdict":{"verdict":"item","lane":"tg-42","text":"hello"}}"#;
-        assert_eq!(serde_json::to_string(&record).unwrap(), line);
-        assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
-    }
-
-    #[test]
-    fn an_edit_and_its_verdict_golden() {
-        let event = InboundEvent {
-            platform_id: "42:17:edited:1796104800".into(),
-            cursor: Some("1002".into()),
-            room: "42".into(),
-            thread: None,
-            sender: Sender {
-                id: "42".into(),
-                name: "Ada".into(),
-                is_bot: false,
-            },
-            direct: true,
-            addressed: false,
-            text: "hello again".into(),
-            sent_at: chrono::Utc
-                .with_ymd_and_hms(2026, 12, 2, 5, 59, 58)
-                .unwrap(),
-            attachments: Vec::new(),
-            replying_to: Some(Box::new(crate::channel::Quote {
-                platform_id: "42:16".into(),
-                author: Some(Sender {
-                    id: "7".into(),
-                    name: "perch".into(),
-                    is_bot: true,
-                }),
-                text: "hi".into(),
-            })),
-            edit_of: Some("42:17".into()),
-        };
-        let record = InboxRecord::Event {
-            channel: "tg".into(),
-            event: Box::new(event),
-        };
-        let line = concat!(
-            r#"{"type":"event","channel":"tg","event":{"platform_id":"42:17:edited:1796104800","#,
-            r#""cursor":"1002","room":"42","thread":null,"sender":{"id":"42","name":"Ada","#,
-            r#""is_bot":false},"direct":true,"addressed":false,"text":"hello again","#,
-            r#""sent_at":"2026-12-02T05:59:58Z","replying_to":{"platform_id":"42:16","#,
-            r#""author":{"id":"7","name":"perch","is_bot":true},"text":"hi"},"edit_of":"42:17"}}"#
-        );
-        assert_eq!(serde_json::to_string(&record).unwrap(), line);
-        assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
-        let verdict = InboxRecord::Verdict {
-            event: 4,
-            verdict: Verdict::Edited,
-        };
-        let line = r#"{"type":"verdict","event":4,"verdict":{"verdict":"edited"}}"#;
-        assert_eq!(serde_json::to_string(&verdict).unwrap(), line);
-        assert_eq!(InboxRecord::read(&item(line)).unwrap(), verdict);
-        assert_eq!(admitted(&Verdict::Edited), Admitted::No);
-    }
 }

@@ -22,7 +22,7 @@ use perch::{doctor, image, info};
 use perch_core::config::{ChannelKind, Platform};
 use perch_core::control::{
     Approved, HeartbeatList, HeartbeatListed, HeartbeatRan, Heartbeats, LastEvent, LiveStatus,
-    PendingPairing, Resumed, RunEnd, StatusReport, UnknownDelivery,
+    PendingPairing, Resumed, RunEnd, SpendStatus, StatusReport, UnknownDelivery,
 };
 use perch_core::image::Flavour;
 use perch_core::log::Outcome;
@@ -1086,7 +1086,7 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
         .consumed
         .iter()
         .chain(&outbox.pending)
-        .filter_map(|item| match OutboxRecord::read(item) {
+        .filter_map(|item| match OutboxRecord::read(&item.body) {
             Ok(OutboxRecord::Unknown { intent, reason }) => {
                 Some(UnknownDelivery::Unknown { intent, reason })
             }
@@ -1124,7 +1124,7 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
     };
     let mut last_events = std::collections::BTreeMap::new();
     for item in inbox.consumed.iter().chain(&inbox.pending) {
-        if let Ok(InboxRecord::Event { channel, event }) = InboxRecord::read(item) {
+        if let Ok(InboxRecord::Event { channel, event }) = InboxRecord::read(&item.body) {
             last_events.insert(
                 channel,
                 LastEvent {
@@ -1186,8 +1186,10 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
             .map(|live| live.restart_needed.clone())
             .unwrap_or_default(),
         last_start: perch::starts::read_last_start(&agent_dir),
-        spend_today: perch::spend::peek_today(&agent_dir, chrono::Utc::now())
-            .unwrap_or_else(|error| serde_json::json!({ "error": error })),
+        spend_today: match perch::spend::peek_today(&agent_dir, chrono::Utc::now()) {
+            Ok(today) => SpendStatus::Known(today),
+            Err(error) => SpendStatus::Unknown { error },
+        },
     };
     if json {
         emit(&format!("{}\n", printed(&report)?))?;
@@ -1290,31 +1292,11 @@ fn status_text(
             report.restart_needed.join(", ")
         ));
     }
-    if let Some(last) = report.last_start.as_ref().and_then(|last| last.as_object()) {
-        out.push_str(&format!(
-            "last start         {}: {} lane(s) recovered, outbox {}, inbox {}\n",
-            last.get("started")
-                .and_then(|v| v.as_str())
-                .unwrap_or_default(),
-            last.get("lanes_recovered")
-                .and_then(|v| v.as_object())
-                .map_or(0, serde_json::Map::len),
-            last.get("outbox").cloned().unwrap_or_default(),
-            last.get("inbox").cloned().unwrap_or_default(),
-        ));
+    if let Some(last) = &report.last_start {
+        out.push_str(&format!("last start         {last}\n"));
     }
-    let spend = &report.spend_today;
-    if let Some(tokens) = spend["tokens"].as_u64() {
-        out.push_str(&format!(
-            "spend today        {tokens} tokens, cost {} (UTC day {}){}\n",
-            spend["cost"].as_str().unwrap_or_default(),
-            spend["day"].as_str().unwrap_or_default(),
-            match spend["told"].as_str() {
-                Some("all") => "; a cap was reached today",
-                Some("heartbeats") => "; 80% of a cap was reached today",
-                _ => "",
-            }
-        ));
+    if let SpendStatus::Known(today) = &report.spend_today {
+        out.push_str(&format!("spend today        {}\n", today.summary()));
     }
     out.push_str(&format!(
         "outbox pending     {}{}\n",

@@ -9,15 +9,14 @@ use crate::clock::Clock;
 use crate::log::{Journal, JournalEntry, JournalWriter, Journaled, LogError};
 use perch_core::alert::AlertKind;
 use perch_core::spend::{
-    Level, Money, Price, RunKind, SpendDay, SpendPolicy, SpendRecord, TokenUsage,
+    Level, Money, Price, RunKind, SpendDay, SpendPolicy, SpendRecord, SpendToday, TokenUsage,
 };
 use std::sync::{Arc, Mutex, PoisonError};
 
 const SEGMENT_BYTES: u64 = 1 << 20;
 
-/// The day's spend as `perch status` shows it, read without taking the journal: tokens, cost
-/// (in `models.yml`'s currency) and the level the owner was told about, if any.
-pub fn peek_today(dir: &AgentDir, now: perch_core::Timestamp) -> Result<serde_json::Value, String> {
+/// The day's spend as `perch status` shows it, read without taking the journal.
+pub fn peek_today(dir: &AgentDir, now: perch_core::Timestamp) -> Result<SpendToday, String> {
     let contents = crate::log::peek_journal(&dir.spend_dir()).map_err(|error| error.to_string())?;
     let records = contents.pending.into_iter().filter_map(|item| {
         serde_json::from_value::<SpendRecord>(item.body)
@@ -25,12 +24,7 @@ pub fn peek_today(dir: &AgentDir, now: perch_core::Timestamp) -> Result<serde_js
             .map(|record| (item.seq, record))
     });
     let (today, _) = SpendDay::fold(records, now);
-    Ok(serde_json::json!({
-        "day": today.day.to_string(),
-        "tokens": today.tokens,
-        "cost": today.cost.to_string(),
-        "told": today.told,
-    }))
+    Ok(SpendToday::from(&today))
 }
 
 /// The guard of one agent directory. Clones share it; its owner holds the directory's lock, so

@@ -3,7 +3,7 @@
 //! which of the agent's files changed since it started (they need a restart to apply).
 
 use crate::agent::AgentDir;
-use perch_core::starts::Start;
+use perch_core::starts::{LastStart, Start};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -31,14 +31,22 @@ pub fn write_starts(path: &Path, starts: &[Start]) -> Result<(), String> {
 }
 
 /// Writes `value` to `path` whole and durably ([`crate::atomic_file`]).
-pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), String> {
+fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), String> {
     crate::atomic_file::write_json(path, value)
 }
 
-/// What `perch status` shows of the last start, when there is one.
-pub fn read_last_start(dir: &AgentDir) -> Option<serde_json::Value> {
+/// What `perch status` shows of the last start, when there is one and it reads.
+pub fn read_last_start(dir: &AgentDir) -> Option<LastStart> {
     let text = std::fs::read_to_string(dir.last_start_file()).ok()?;
-    serde_json::from_str(&text).ok()
+    LastStart::read(&text).ok()
+}
+
+/// Writes `.perch/last-start.json` whole and durably.
+pub fn write_last_start(dir: &AgentDir, last: &LastStart) -> Result<(), String> {
+    write_json(
+        &dir.last_start_file(),
+        &serde_json::to_value(last).map_err(|e| e.to_string())?,
+    )
 }
 
 /// The files whose edits take effect only at the next start: everything `perch run` loads

@@ -7,6 +7,8 @@
 
 use crate::Timestamp;
 use crate::heartbeat::SlotOutcome;
+use crate::spend::SpendToday;
+use crate::starts::LastStart;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -156,10 +158,11 @@ pub struct LiveStatus {
 pub struct ChannelHealth {
     pub name: String,
     pub kind: String,
-    /// `connecting` until the platform first answered in the current receive attempt (Telegram's
-    /// `getMe` or first `getUpdates`, Discord's gateway READY, Matrix's first sync), then
-    /// `receiving`; `reconnecting: <why>` during the backoff after a drop, `stopped: <why>` after
-    /// the credentials were refused, `paused until <when>` while the crash-loop breaker holds.
+    /// The channel's [`Connection`](crate::connection::Connection) as one line: `connecting`
+    /// until the platform first answered in the current receive attempt (Telegram's `getMe` or
+    /// first `getUpdates`, Discord's gateway READY, Matrix's first sync), then `receiving`;
+    /// `reconnecting: <why>` during the backoff after a drop, `stopped: <why>` after the
+    /// credentials were refused, `paused until <when>` while the crash-loop breaker holds.
     pub connection: String,
     /// The channel is `receiving` and its hooks work.
     pub healthy: bool,
@@ -201,10 +204,10 @@ pub struct StatusReport {
     pub vm: String,
     pub channels_paused: Option<String>,
     pub restart_needed: Vec<String>,
-    /// `.perch/last-start.json` as it is on disk, when it is there.
-    pub last_start: Option<serde_json::Value>,
+    /// `.perch/last-start.json`, when it is there and reads.
+    pub last_start: Option<LastStart>,
     /// The UTC day's spend (`day`, `tokens`, `cost`, `told`), or `{"error": ...}`.
-    pub spend_today: serde_json::Value,
+    pub spend_today: SpendStatus,
 }
 
 impl StatusReport {
@@ -245,6 +248,14 @@ pub struct PendingPairing {
 pub enum Heartbeats {
     Listed(HeartbeatList),
     Unlisted { error: String },
+}
+
+/// The UTC day's spend, or why the usage journal could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SpendStatus {
+    Known(SpendToday),
+    Unknown { error: String },
 }
 
 /// A channel's newest event in the inbox.
@@ -455,7 +466,9 @@ mod tests {
             channels_paused: None,
             restart_needed: Vec::new(),
             last_start: None,
-            spend_today: serde_json::json!({"error": "no spend journal"}),
+            spend_today: SpendStatus::Unknown {
+                error: "no spend journal".into(),
+            },
         };
         let golden = r#"{
   "approved_senders": 1,
@@ -532,6 +545,28 @@ mod tests {
 }"#;
         assert_eq!(printed(&report), golden);
         assert_eq!(StatusReport::read(golden).unwrap(), report);
+    }
+
+    #[test]
+    fn the_spend_is_the_day_s_or_why_it_is_not_known() {
+        let known = SpendStatus::Known(SpendToday {
+            day: chrono::NaiveDate::from_ymd_opt(2026, 12, 2).unwrap(),
+            tokens: 150,
+            cost: crate::spend::Money::from_micros(1_250_000),
+            told: None,
+        });
+        let text = serde_json::to_string(&known).unwrap();
+        assert_eq!(
+            text,
+            r#"{"day":"2026-12-02","tokens":150,"cost":"1.25","told":null}"#
+        );
+        assert_eq!(serde_json::from_str::<SpendStatus>(&text).unwrap(), known);
+        let unknown = SpendStatus::Unknown {
+            error: "could not list .perch/spend".into(),
+        };
+        let text = serde_json::to_string(&unknown).unwrap();
+        assert_eq!(text, r#"{"error":"could not list .perch/spend"}"#);
+        assert_eq!(serde_json::from_str::<SpendStatus>(&text).unwrap(), unknown);
     }
 
     #[test]

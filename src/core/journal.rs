@@ -1,8 +1,14 @@
-//! Journal lines: an ordered, durable queue (the inbox) split into segment files.
+//! Journal lines: an ordered, durable queue (the inbox, the outbox) split into segment files.
 //!
 //! Items are numbered in arrival order. Consuming an item writes a record naming it; a segment
 //! whose items are all consumed is deleted once every older segment is gone, so the records that
-//! prove consumption always outlive the items they speak for.
+//! prove consumption always outlive the items they speak for. An item's body is one record of
+//! its journal: [`inbox::InboxRecord`] (with the [`event::InboundEvent`] it journals) or
+//! [`outbox::OutboxRecord`].
+
+pub mod event;
+pub mod inbox;
+pub mod outbox;
 
 use crate::Timestamp;
 use crate::log::Commit;

@@ -12,6 +12,7 @@ pub mod builtin;
 pub mod chat;
 pub mod clock;
 pub mod config;
+pub mod connection;
 pub mod control;
 pub mod conversation;
 pub mod delivery;

@@ -56,6 +56,22 @@ impl Money {
     pub fn saturating_add(self, other: Money) -> Money {
         Money(self.0.saturating_add(other.0))
     }
+
+    /// Money as [`Display`](fmt::Display) shows it (`20`, `1.25`, `0.000125`): whole units and
+    /// up to six decimals, read exactly.
+    pub fn parse_units(text: &str) -> Option<Money> {
+        let (units, fraction) = text.split_once('.').unwrap_or((text, ""));
+        let digits = |part: &str| part.bytes().all(|byte| byte.is_ascii_digit());
+        if units.is_empty() || !digits(units) || !digits(fraction) || fraction.len() > 6 {
+            return None;
+        }
+        if text.contains('.') && fraction.is_empty() {
+            return None;
+        }
+        let units: u64 = units.parse().ok()?;
+        let micros: u64 = format!("{fraction:0<6}").parse().ok()?;
+        units.checked_mul(1_000_000)?.checked_add(micros).map(Money)
+    }
 }
 
 impl fmt::Display for Money {
@@ -376,6 +392,59 @@ impl SpendDay {
     }
 }
 
+/// The UTC day's spend as `perch status` shows it (its JSON is `spend_today` in `perch status
+/// --json`): tokens, cost in `models.yml`'s currency, and the highest level the owner was told
+/// about, if any.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpendToday {
+    pub day: NaiveDate,
+    pub tokens: u64,
+    /// Whole units, as [`Money`] shows them (`1.25`).
+    #[serde(serialize_with = "money_units", deserialize_with = "from_money_units")]
+    pub cost: Money,
+    pub told: Option<Level>,
+}
+
+impl From<&SpendDay> for SpendToday {
+    fn from(day: &SpendDay) -> SpendToday {
+        SpendToday {
+            day: day.day,
+            tokens: day.tokens,
+            cost: day.cost,
+            told: day.told,
+        }
+    }
+}
+
+impl SpendToday {
+    /// `perch status`'s line: `<n> tokens, cost <c> (UTC day <day>)`, and the level reached.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} tokens, cost {} (UTC day {}){}",
+            self.tokens,
+            self.cost,
+            self.day,
+            match self.told {
+                Some(Level::All) => "; a cap was reached today".to_owned(),
+                Some(Level::Heartbeats) => {
+                    format!("; {HEARTBEAT_PAUSE_PERCENT}% of a cap was reached today")
+                }
+                None => String::new(),
+            }
+        )
+    }
+}
+
+fn money_units<S: serde::Serializer>(money: &Money, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(money)
+}
+
+fn from_money_units<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Money, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    Money::parse_units(&text)
+        .ok_or_else(|| serde::de::Error::custom(format!("not an amount of money: {text:?}")))
+}
+
 /// A cap, and how much of it is spent, in words.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Reached {
@@ -422,6 +491,75 @@ mod tests {
         assert_eq!(Money::from_units(-1.0), None);
         assert_eq!(Money::from_units(f64::NAN), None);
         assert_eq!(Money::from_units(2.0e9), None);
+    }
+
+    #[test]
+    fn money_reads_back_exactly_as_it_shows() {
+        for micros in [
+            0,
+            1,
+            125,
+            1_250_000,
+            1_250_125,
+            20_000_000,
+            999_999_999_999_999,
+        ] {
+            let money = Money::from_micros(micros);
+            assert_eq!(Money::parse_units(&money.to_string()), Some(money));
+        }
+        assert_eq!(
+            Money::parse_units("0.10"),
+            Some(Money::from_micros(100_000))
+        );
+        for bad in [
+            "",
+            ".5",
+            "1.",
+            "-1",
+            "1.2345678",
+            "1e3",
+            " 1",
+            "1,5",
+            "18446744073709551615",
+        ] {
+            assert_eq!(Money::parse_units(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn spend_today_golden() {
+        let today = SpendToday {
+            day: NaiveDate::from_ymd_opt(2026, 12, 2).unwrap(),
+            tokens: 150,
+            cost: Money::from_micros(1_250_125),
+            told: Some(Level::All),
+        };
+        let line = r#"{"day":"2026-12-02","tokens":150,"cost":"1.250125","told":"all"}"#;
+        assert_eq!(serde_json::to_string(&today).unwrap(), line);
+        assert_eq!(serde_json::from_str::<SpendToday>(line).unwrap(), today);
+        assert_eq!(
+            today.summary(),
+            "150 tokens, cost 1.250125 (UTC day 2026-12-02); a cap was reached today"
+        );
+        let quiet = SpendToday {
+            told: None,
+            cost: Money::ZERO,
+            ..today
+        };
+        assert_eq!(
+            serde_json::to_string(&quiet).unwrap(),
+            r#"{"day":"2026-12-02","tokens":150,"cost":"0","told":null}"#
+        );
+        assert_eq!(quiet.summary(), "150 tokens, cost 0 (UTC day 2026-12-02)");
+        let heartbeats = SpendToday {
+            told: Some(Level::Heartbeats),
+            ..today
+        };
+        assert!(
+            heartbeats
+                .summary()
+                .ends_with("; 80% of a cap was reached today")
+        );
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! The crash-loop breaker: from the record of recent starts, whether this start should keep its
-//! channels paused instead of hammering the platforms again.
+//! channels paused instead of hammering the platforms again. And what the last start recovered
+//! (`.perch/last-start.json`).
 
 use crate::Timestamp;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::collections::BTreeMap;
+use std::fmt;
 use std::time::Duration;
 
 /// Unclean starts in a row, within [`WINDOW`], after which channels start paused.
@@ -110,6 +113,140 @@ pub fn lanes_need_recovery(earlier: &[Start]) -> bool {
         .is_none_or(|last| last.stopped.is_none() || !last.lanes_closed)
 }
 
+/// `.perch/last-start.json`: what the last start of `perch run` recovered, for `perch status`.
+/// Written whole at each start; its JSON is the `last_start` of `perch status --json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastStart {
+    /// When it started, written as RFC 3339 with `+00:00`.
+    #[serde(serialize_with = "rfc3339", deserialize_with = "from_rfc3339")]
+    pub started: Timestamp,
+    /// What recovery did in each lane a crash had left with an operation open.
+    pub lanes_recovered: BTreeMap<String, LaneRecovered>,
+    pub outbox: OutboxRecovered,
+    pub inbox: InboxRecovered,
+    /// Why the channels started paused (the crash-loop breaker), when they did.
+    pub channels_paused: Option<String>,
+}
+
+/// What recovery did in one lane.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LaneRecovered {
+    pub operations_closed: usize,
+    pub tools_rerun: usize,
+    pub tools_interrupted: usize,
+}
+
+/// What became of the deliveries recorded and not settled when perch stopped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OutboxRecovered {
+    /// Sent again, inside the platform's deduplication window.
+    pub resent: usize,
+    /// Marked unknown: perhaps posted, never sent again.
+    pub unknown: usize,
+    /// Dropped: older than the outbox's time to live.
+    pub expired: usize,
+}
+
+/// What became of the inbox items still waiting when perch stopped. Counts a file written
+/// before one of them existed lacks read as 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct InboxRecovered {
+    /// Items whose run had been recorded: answered or noted, not run again.
+    pub already_answered: usize,
+    /// Of those, the ones whose reply is posted only now.
+    pub replied_after_restart: usize,
+    /// Interrupted chat runs continued from their lane's leaf.
+    pub resumed: usize,
+    /// Interrupted runs answered with a note saying what was interrupted.
+    pub noted_as_interrupted: usize,
+    /// Items never taken, queued again.
+    pub queued_again: usize,
+    /// Events without a verdict, decided again.
+    pub decided_again: usize,
+    /// Events a hook was deciding when perch stopped, rejected.
+    pub rejected_as_interrupted: usize,
+}
+
+impl LastStart {
+    /// Reads `.perch/last-start.json`.
+    pub fn read(text: &str) -> Result<LastStart, String> {
+        serde_json::from_str(text).map_err(|error| format!("not a last start: {error}"))
+    }
+}
+
+impl fmt::Display for LastStart {
+    /// `perch status`'s line: `<started>: <n> lane(s) recovered, outbox {..}, inbox {..}`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} lane(s) recovered, outbox {}, inbox {}",
+            self.started.to_rfc3339(),
+            self.lanes_recovered.len(),
+            self.outbox,
+            self.inbox
+        )
+    }
+}
+
+impl fmt::Display for OutboxRecovered {
+    /// As compact JSON, keys sorted.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let OutboxRecovered {
+            resent,
+            unknown,
+            expired,
+        } = self;
+        write!(
+            f,
+            r#"{{"expired":{expired},"resent":{resent},"unknown":{unknown}}}"#
+        )
+    }
+}
+
+impl fmt::Display for InboxRecovered {
+    /// As compact JSON, keys sorted.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let InboxRecovered {
+            already_answered,
+            replied_after_restart,
+            resumed,
+            noted_as_interrupted,
+            queued_again,
+            decided_again,
+            rejected_as_interrupted,
+        } = self;
+        write!(
+            f,
+            concat!(
+                r#"{{"already_answered":{},"decided_again":{},"noted_as_interrupted":{},"#,
+                r#""queued_again":{},"rejected_as_interrupted":{},"replied_after_restart":{},"#,
+                r#""resumed":{}}}"#
+            ),
+            already_answered,
+            decided_again,
+            noted_as_interrupted,
+            queued_again,
+            rejected_as_interrupted,
+            replied_after_restart,
+            resumed
+        )
+    }
+}
+
+fn rfc3339<S: Serializer>(at: &Timestamp, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&at.to_rfc3339())
+}
+
+fn from_rfc3339<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Timestamp, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    chrono::DateTime::parse_from_rfc3339(&text)
+        .map(|at| at.with_timezone(&chrono::Utc))
+        .map_err(serde::de::Error::custom)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,5 +337,90 @@ mod tests {
                 .iter()
                 .all(|start| start.stopped.is_none())
         );
+    }
+
+    fn last_start() -> LastStart {
+        LastStart {
+            started: chrono::Utc
+                .with_ymd_and_hms(2026, 12, 2, 6, 0, 0)
+                .unwrap()
+                .checked_add_signed(chrono::Duration::nanoseconds(123_456_789))
+                .unwrap(),
+            lanes_recovered: BTreeMap::from([(
+                "tg-42".to_owned(),
+                LaneRecovered {
+                    operations_closed: 1,
+                    tools_rerun: 1,
+                    tools_interrupted: 0,
+                },
+            )]),
+            outbox: OutboxRecovered {
+                resent: 1,
+                unknown: 1,
+                expired: 0,
+            },
+            inbox: InboxRecovered {
+                already_answered: 1,
+                replied_after_restart: 1,
+                resumed: 1,
+                noted_as_interrupted: 0,
+                queued_again: 2,
+                decided_again: 0,
+                rejected_as_interrupted: 0,
+            },
+            channels_paused: Some("paused".into()),
+        }
+    }
+
+    #[test]
+    fn last_start_golden() {
+        let golden = concat!(
+            r#"{"channels_paused":"paused","inbox":{"already_answered":1,"decided_again":0,"#,
+            r#""noted_as_interrupted":0,"queued_again":2,"rejected_as_interrupted":0,"#,
+            r#""replied_after_restart":1,"resumed":1},"lanes_recovered":{"tg-42":"#,
+            r#"{"operations_closed":1,"tools_interrupted":0,"tools_rerun":1}},"#,
+            r#""outbox":{"expired":0,"resent":1,"unknown":1},"#,
+            r#""started":"2026-12-02T06:00:00.123456789+00:00"}"#
+        );
+        let tree = serde_json::to_value(last_start()).unwrap();
+        assert_eq!(tree.to_string(), golden);
+        assert_eq!(LastStart::read(golden).unwrap(), last_start());
+        assert_eq!(
+            last_start().to_string(),
+            concat!(
+                r#"2026-12-02T06:00:00.123456789+00:00: 1 lane(s) recovered, "#,
+                r#"outbox {"expired":0,"resent":1,"unknown":1}, inbox {"already_answered":1,"#,
+                r#""decided_again":0,"noted_as_interrupted":0,"queued_again":2,"#,
+                r#""rejected_as_interrupted":0,"replied_after_restart":1,"resumed":1}"#
+            ),
+            "the text is the counts' JSON"
+        );
+        assert_eq!(
+            format!("{}", last_start().inbox),
+            serde_json::to_value(last_start().inbox)
+                .unwrap()
+                .to_string()
+        );
+    }
+
+    #[test]
+    fn a_last_start_from_before_some_inbox_counts_existed_reads_them_as_zero() {
+        let old = concat!(
+            r#"{"channels_paused":null,"inbox":{"already_answered":1,"decided_again":0,"#,
+            r#""queued_again":2},"lanes_recovered":{},"#,
+            r#""outbox":{"expired":0,"resent":0,"unknown":0},"#,
+            r#""started":"2026-12-02T06:00:00+00:00"}"#
+        );
+        let read = LastStart::read(old).unwrap();
+        assert_eq!(
+            read.inbox,
+            InboxRecovered {
+                already_answered: 1,
+                queued_again: 2,
+                ..InboxRecovered::default()
+            }
+        );
+        assert_eq!(read.channels_paused, None);
+        assert!(LastStart::read(r#"{"started":5}"#).is_err());
     }
 }

@@ -5,6 +5,7 @@ use crate::alert::Alerts;
 use crate::channel::Connector;
 use crate::channel::hooks::ChannelHooks;
 use perch_core::alert::AlertKind;
+use perch_core::connection::Connection;
 use perch_core::control::ChannelHealth;
 use std::sync::Arc;
 use tokio::sync::Mutex;
@@ -25,31 +26,38 @@ pub(super) struct Channel {
 }
 
 /// How a channel is doing, for `perch status`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(super) struct Health {
-    /// `connecting`, `receiving`, `reconnecting: <why>`, `stopped: <why>` or
-    /// `paused until <when>`; see [`ChannelHealth::connection`].
-    pub(super) connection: String,
+    pub(super) connection: Connection,
     /// `on_message` failures in a row; from [`UNHEALTHY_AFTER`] on, the channel is reported
     /// unhealthy.
     pub(super) hook_failures: u32,
     pub(super) last_hook_error: Option<String>,
 }
 
+impl Default for Health {
+    fn default() -> Health {
+        Health {
+            connection: Connection::Connecting,
+            hook_failures: 0,
+            last_hook_error: None,
+        }
+    }
+}
+
 /// Hook failures in a row after which a channel is reported unhealthy.
 const UNHEALTHY_AFTER: u32 = 5;
 
 impl Channel {
-    pub(super) fn set_connection(&self, connection: String) {
-        let stopped = connection.starts_with("stopped");
-        let was_stopped = {
+    pub(super) fn set_connection(&self, connection: Connection) {
+        let previous = {
             let mut health = self
                 .health
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            std::mem::replace(&mut health.connection, connection.clone()).starts_with("stopped")
+            std::mem::replace(&mut health.connection, connection.clone())
         };
-        if stopped && !was_stopped {
+        if connection.alerts_after(&previous) {
             self.alerts.alert(
                 AlertKind::ChannelUnhealthy,
                 format!(
@@ -102,8 +110,8 @@ impl Channel {
             kind: self.loaded.config.kind().as_str().to_owned(),
             healthy: health.hook_failures < UNHEALTHY_AFTER
                 && hook_calls_running < crate::channel::hooks::MAX_ABANDONED
-                && health.connection == "receiving",
-            connection: health.connection,
+                && health.connection.is_receiving(),
+            connection: health.connection.to_string(),
             hook_calls_running,
             hook_failures_in_a_row: health.hook_failures,
             last_hook_error: health.last_hook_error,

@@ -273,7 +273,7 @@ impl Service {
                     };
                     if matches!(lane.steer_said(said).await, Ok(Steered::Delivered)) {
                         self.inbox
-                            .consume(vec![item.event_seq, item.verdict_seq])
+                            .consume(vec![item.event_seq, item.disposition_seq])
                             .await
                             .map_err(|error| error.to_string())?;
                     } else {
@@ -363,7 +363,7 @@ impl Service {
         .await?;
         let seqs = items
             .iter()
-            .flat_map(|item| [item.event_seq, item.verdict_seq])
+            .flat_map(|item| [item.event_seq, item.disposition_seq])
             .collect();
         self.inbox
             .consume(seqs)
@@ -467,7 +467,7 @@ impl Service {
         self.reply(channel, &item.event, text.to_owned(), Some(lane))
             .await?;
         self.inbox
-            .consume(vec![item.event_seq, item.verdict_seq])
+            .consume(vec![item.event_seq, item.disposition_seq])
             .await
             .map_err(|error| error.to_string())
     }

@@ -21,6 +21,7 @@ use perch_core::delivery::{
     AttemptFailure, Attempts, NotSentBecause, Retry, Unreceipted, after_failure, split_message,
 };
 use perch_core::log::{Record, Settled};
+use perch_core::starts::OutboxRecovered;
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, PoisonError};
@@ -122,7 +123,7 @@ impl Service {
     pub(super) async fn settle_outbox(
         &self,
         unsettled: Vec<Unsettled>,
-    ) -> Result<serde_json::Value, String> {
+    ) -> Result<OutboxRecovered, String> {
         let (mut resent, mut unknown, mut expired) = (0, 0, 0);
         for delivery in unsettled {
             let Some(channel) = self.channels.get(&delivery.channel) else {
@@ -200,7 +201,11 @@ impl Service {
                 }
             }
         }
-        Ok(serde_json::json!({ "resent": resent, "unknown": unknown, "expired": expired }))
+        Ok(OutboxRecovered {
+            resent,
+            unknown,
+            expired,
+        })
     }
 }
 

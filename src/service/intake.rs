@@ -7,7 +7,7 @@ use super::{Channel, Service, generations, locked};
 use crate::channel::hooks::HookVerdict;
 use crate::channel::{Arrival, InboundEvent};
 use crate::control;
-use crate::inbox::{PendingItem, Recorded, Verdict};
+use crate::inbox::{Disposition, PendingItem, Recorded};
 use crate::outbox::DeliveryLane;
 use perch_core::admission::{Admission, Arrived, admit};
 use perch_core::alert::AlertKind;
@@ -61,14 +61,14 @@ impl Service {
             return self
                 .settle(
                     seq,
-                    Verdict::Refused {
+                    Disposition::Refused {
                         reason: format!("no channel {channel}"),
                     },
                 )
                 .await;
         };
         if event.edit_of.is_some() {
-            return self.settle(seq, Verdict::Edited).await;
+            return self.settle(seq, Disposition::Edited).await;
         }
         let config = &connected.loaded.config;
         let arrived = Arrived {
@@ -92,12 +92,12 @@ impl Service {
         };
         let mut deciding = None;
         let command = perch_core::chat::command_for_me(&event.text, event.addressed);
-        let verdict = match (admission, command) {
+        let disposition = match (admission, command) {
             (Admission::Answer, Some(command)) => {
                 if reply == Reply::Due {
                     self.command(&connected, &event, command).await?;
                 }
-                Verdict::Command {
+                Disposition::Command {
                     command: command.as_str().to_owned(),
                 }
             }
@@ -127,15 +127,15 @@ impl Service {
                             None => self.conversation_lane(channel, &event),
                         };
                         match lane {
-                            Ok(lane) => Verdict::Item {
+                            Ok(lane) => Disposition::Item {
                                 lane: lane.to_string(),
                                 text: item.text,
                             },
-                            Err(reason) => Verdict::Error { reason },
+                            Err(reason) => Disposition::Error { reason },
                         }
                     }
-                    HookVerdict::Drop => Verdict::Dropped,
-                    HookVerdict::Error(reason) => Verdict::Error { reason },
+                    HookVerdict::Drop => Disposition::Dropped,
+                    HookVerdict::Error(reason) => Disposition::Error { reason },
                 }
             }
             (Admission::Context, _) => {
@@ -145,14 +145,14 @@ impl Service {
                     context_line(&event),
                     self.clock.now(),
                 );
-                Verdict::Context
+                Disposition::Context
             }
-            (Admission::Stale, _) => Verdict::Stale,
-            (Admission::Pair, _) if reply == Reply::Recorded => Verdict::Refused {
+            (Admission::Stale, _) => Disposition::Stale,
+            (Admission::Pair, _) if reply == Reply::Recorded => Disposition::Refused {
                 reason: "unknown sender in a direct message; pairing offered".into(),
             },
             (Admission::Pair, _) => match self.offer_pairing(&connected, &event).await {
-                Ok(()) => Verdict::Refused {
+                Ok(()) => Disposition::Refused {
                     reason: "unknown sender in a direct message; pairing offered".into(),
                 },
                 Err(error) => {
@@ -163,35 +163,35 @@ impl Service {
                             terminal::shown(&event.sender.id)
                         ),
                     );
-                    Verdict::Refused {
+                    Disposition::Refused {
                         reason: format!(
                             "unknown sender in a direct message; pairing could not be offered: {error}"
                         ),
                     }
                 }
             },
-            (Admission::Refused { reason }, _) => Verdict::Refused { reason },
+            (Admission::Refused { reason }, _) => Disposition::Refused { reason },
         };
         locked(&self.state.bot_turns).note(
             channel,
             &event.room,
             event.sender.is_bot,
-            crate::inbox::admitted(&verdict),
+            disposition.admitted(),
         );
-        let Verdict::Item { lane, text } = verdict.clone() else {
-            self.settle(seq, verdict).await?;
+        let Disposition::Item { lane, text } = disposition.clone() else {
+            self.settle(seq, disposition).await?;
             return self.consume_marks(deciding).await;
         };
         let earlier = locked(&self.state.context).take(channel, &event.room, self.clock.now());
-        let verdict_seq = self
+        let disposition_seq = self
             .inbox
-            .record_verdict(seq, verdict)
+            .record_disposition(seq, disposition)
             .await
             .map_err(|error| error.to_string())?;
         self.consume_marks(deciding).await?;
         self.dispatch(PendingItem {
             event_seq: seq,
-            verdict_seq,
+            disposition_seq,
             channel: channel.to_owned(),
             event,
             lane,
@@ -317,20 +317,20 @@ impl Service {
         self.reply(channel, event, text, None).await.map(drop)
     }
 
-    /// Journals a verdict that needs no run, and consumes the event with it.
-    pub(super) async fn settle(&self, seq: u64, verdict: Verdict) -> Result<(), String> {
-        let verdict_seq = self
+    /// Journals a disposition that needs no run, and consumes the event with it.
+    pub(super) async fn settle(&self, seq: u64, disposition: Disposition) -> Result<(), String> {
+        let disposition_seq = self
             .inbox
-            .record_verdict(seq, verdict)
+            .record_disposition(seq, disposition)
             .await
             .map_err(|error| error.to_string())?;
         self.inbox
-            .consume(vec![seq, verdict_seq])
+            .consume(vec![seq, disposition_seq])
             .await
             .map_err(|error| error.to_string())
     }
 
-    /// Consumes deciding marks once their event's verdict is journaled.
+    /// Consumes deciding marks once their event's disposition is journaled.
     pub(super) async fn consume_marks(
         &self,
         marks: impl IntoIterator<Item = u64>,

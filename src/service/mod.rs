@@ -48,10 +48,12 @@ use crate::sandbox::MachineSetup;
 use crate::starts;
 use perch_core::alert::AlertKind;
 use perch_core::chat::BotTurns;
+use perch_core::connection::Connection;
 use perch_core::group_context::GroupContext;
 use perch_core::name::LaneName;
 use perch_core::pairing::Pairing;
-use std::collections::HashMap;
+use perch_core::starts::LastStart;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Mutex, mpsc};
@@ -285,7 +287,7 @@ pub async fn run(
     let lanes = if perch_core::starts::lanes_need_recovery(&earlier_starts) {
         service.recover_lanes().await?
     } else {
-        serde_json::json!({})
+        BTreeMap::new()
     };
     {
         let service = Arc::clone(&service);
@@ -297,15 +299,15 @@ pub async fn run(
         .resume_inbox(backlog.clone(), &unsettled.replied_to)
         .await?;
     service.start_heartbeats(setup.heartbeat_reload, setup.once.is_none())?;
-    starts::write_json(
-        &dir.last_start_file(),
-        &serde_json::json!({
-            "started": started_at.to_rfc3339(),
-            "lanes_recovered": lanes,
-            "outbox": outbox_recovered,
-            "inbox": inbox_recovered,
-            "channels_paused": breaker.as_ref().map(|tripped| tripped.reason.clone()),
-        }),
+    starts::write_last_start(
+        &dir,
+        &LastStart {
+            started: started_at,
+            lanes_recovered: lanes,
+            outbox: outbox_recovered,
+            inbox: inbox_recovered,
+            channels_paused: breaker.as_ref().map(|tripped| tripped.reason.clone()),
+        },
     )?;
     if let Some(tripped) = &breaker {
         tracing_note(&format!("channels paused: {}", tripped.reason));
@@ -323,7 +325,7 @@ pub async fn run(
     let mut first_attempts = Vec::new();
     for (name, channel) in &service.channels {
         if once.is_some() {
-            channel.set_connection("not receiving: this process serves one heartbeat run".into());
+            channel.set_connection(Connection::OneHeartbeatRun);
             continue;
         }
         let resume = backlog.cursors.get(name).cloned();
@@ -355,11 +357,13 @@ pub async fn run(
         );
         match &breaker {
             None => {
-                channel.set_connection("connecting".into());
+                channel.set_connection(Connection::Connecting);
                 tokio::spawn(receiving);
             }
             Some(tripped) => {
-                channel.set_connection(format!("paused until {}", tripped.until.to_rfc3339()));
+                channel.set_connection(Connection::Paused {
+                    until: tripped.until,
+                });
                 let wait = (tripped.until - service.clock.now())
                     .to_std()
                     .unwrap_or_default();

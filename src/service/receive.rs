@@ -2,6 +2,7 @@
 
 use super::Channel;
 use crate::channel::{Arrival, AttemptUp};
+use perch_core::connection::Connection;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -30,6 +31,7 @@ pub(super) async fn receive_forever(
         since,
     } = from;
     let mut wait = first_wait;
+    let mut failed_in_a_row: u32 = 0;
     loop {
         let (events, mut received) = mpsc::channel::<Arrival>(64);
         let forward = {
@@ -46,7 +48,7 @@ pub(super) async fn receive_forever(
                 last_cursor
             })
         };
-        channel.set_connection("connecting".into());
+        channel.set_connection(Connection::Connecting);
         let (up, mut came_up) = AttemptUp::pair();
         let receiving =
             channel
@@ -57,7 +59,7 @@ pub(super) async fn receive_forever(
         let result = tokio::select! {
             result = &mut receiving => result,
             () = came_up.wait() => {
-                channel.set_connection("receiving".into());
+                channel.set_connection(Connection::Receiving);
                 if let Some(over) = first_attempt.take() {
                     let _ = over.send(());
                 }
@@ -80,19 +82,27 @@ pub(super) async fn receive_forever(
                     "channel {name}: {message}; trying again in {} minutes",
                     REFUSED_RETRY.as_secs() / 60
                 );
-                channel.set_connection(format!("stopped: {message}"));
+                channel.set_connection(Connection::Refused { reason: message });
                 tokio::select! {
                     () = tokio::time::sleep(REFUSED_RETRY) => {}
                     () = shutdown.cancelled() => return,
                 }
                 wait = first_wait;
+                failed_in_a_row = 0;
                 continue;
             }
             Err(error) => {
                 tracing::warn!(channel = %name, "channel {name}: {error}; reconnecting");
-                channel.set_connection(format!("reconnecting: {error}"));
+                failed_in_a_row = failed_in_a_row.saturating_add(1);
+                channel.set_connection(Connection::Reconnecting {
+                    reason: error.to_string(),
+                    attempt: failed_in_a_row,
+                });
             }
-            Ok(()) => wait = first_wait,
+            Ok(()) => {
+                wait = first_wait;
+                failed_in_a_row = 0;
+            }
         }
         tokio::select! {
             () = tokio::time::sleep(wait) => {}

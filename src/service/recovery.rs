@@ -3,21 +3,23 @@
 use super::conversation::lane_name;
 use super::intake::Reply;
 use super::{Service, tracing_note};
-use crate::inbox::{Backlog, Verdict, consumes_id};
+use crate::inbox::{Backlog, Disposition, consumes_id};
 use crate::log::taken_run;
 use crate::outbox::DeliveryLane;
 use crate::starts;
 use perch_core::log::{ItemAnswer, answer_taken};
 use perch_core::name::LaneName;
 use perch_core::prompt::Origin;
+use perch_core::starts::{InboxRecovered, LaneRecovered};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 impl Service {
     /// Opens every lane a crash left with an operation open, so recovery closes it now rather
     /// than at the lane's next message; returns what recovery did, per lane.
-    pub(super) async fn recover_lanes(&self) -> Result<serde_json::Value, String> {
+    pub(super) async fn recover_lanes(&self) -> Result<BTreeMap<String, LaneRecovered>, String> {
         let sessions = self.runtime.agent().dir.sessions_dir();
-        let mut recovered = serde_json::Map::new();
+        let mut recovered = BTreeMap::new();
         for (lane, _) in starts::open_operations(&sessions) {
             let Ok(name) = LaneName::try_from(lane.as_str()) else {
                 continue;
@@ -38,14 +40,14 @@ impl Service {
             ));
             recovered.insert(
                 lane,
-                serde_json::json!({
-                    "operations_closed": report.operations_closed,
-                    "tools_rerun": report.tools_rerun,
-                    "tools_interrupted": report.tools_interrupted,
-                }),
+                LaneRecovered {
+                    operations_closed: report.operations_closed,
+                    tools_rerun: report.tools_rerun,
+                    tools_interrupted: report.tools_interrupted,
+                },
             );
         }
-        Ok(serde_json::Value::Object(recovered))
+        Ok(recovered)
     }
 
     /// After a restart: an item whose run was already recorded (an `operation_started` names it)
@@ -53,14 +55,14 @@ impl Service {
     /// finished is answered with its reply, unless a reply was recorded; an interrupted chat run
     /// that started no tool declared `replay = "never"` and was not resumed before is resumed
     /// once, continuing from the lane's leaf; any other interrupted run gets a note saying what
-    /// was interrupted. The other items are queued again, in order; events without a verdict are
-    /// decided again, without carrying out a command or offering pairing again when a reply to
-    /// the event was recorded before the crash.
+    /// was interrupted. The other items are queued again, in order; events without a disposition
+    /// are decided again, without carrying out a command or offering pairing again when a reply
+    /// to the event was recorded before the crash.
     pub(super) async fn resume_inbox(
         self: &Arc<Self>,
         backlog: Backlog,
         replied_to: &std::collections::HashSet<(String, String)>,
-    ) -> Result<serde_json::Value, String> {
+    ) -> Result<InboxRecovered, String> {
         let sessions = self.runtime.agent().dir.sessions_dir();
         let (mut answered, mut queued, undecided) = (0, 0, backlog.undecided.len());
         let (mut replied_after_restart, mut resumed, mut noted) = (0, 0, 0);
@@ -100,7 +102,7 @@ impl Service {
                 }
             }
             self.inbox
-                .consume(vec![item.event_seq, item.verdict_seq])
+                .consume(vec![item.event_seq, item.disposition_seq])
                 .await
                 .map_err(|error| error.to_string())?;
         }
@@ -121,7 +123,7 @@ impl Service {
             if let Some(channel) = self.channels.get(&interrupted.channel) {
                 channel.hook_result(Some(&reason));
             }
-            self.settle(interrupted.event_seq, Verdict::Error { reason })
+            self.settle(interrupted.event_seq, Disposition::Error { reason })
                 .await?;
             self.consume_marks([interrupted.mark_seq]).await?;
         }
@@ -133,14 +135,14 @@ impl Service {
             };
             self.decide(seq, &channel, event, reply).await?;
         }
-        Ok(serde_json::json!({
-            "already_answered": answered,
-            "replied_after_restart": replied_after_restart,
-            "resumed": resumed,
-            "noted_as_interrupted": noted,
-            "queued_again": queued,
-            "decided_again": undecided,
-            "rejected_as_interrupted": rejected,
-        }))
+        Ok(InboxRecovered {
+            already_answered: answered,
+            replied_after_restart,
+            resumed,
+            noted_as_interrupted: noted,
+            queued_again: queued,
+            decided_again: undecided,
+            rejected_as_interrupted: rejected,
+        })
     }
 }

@@ -4,7 +4,7 @@
 use chrono::TimeZone;
 use perch::channel::{InboundEvent, Sender};
 use perch::clock::Clock;
-use perch::inbox::{Inbox, Recorded, Verdict};
+use perch::inbox::{Disposition, Inbox, Recorded};
 use perch::log::Journal;
 use perch_core::Timestamp;
 
@@ -64,9 +64,9 @@ async fn items_stay_pending_until_consumed_and_duplicates_are_recognised_after_a
         panic!("another message is new");
     };
     let verdict = inbox
-        .record_verdict(
+        .record_disposition(
             first,
-            Verdict::Item {
+            Disposition::Item {
                 lane: "tg-1".into(),
                 text: "message 1:1".into(),
             },
@@ -88,7 +88,10 @@ async fn items_stay_pending_until_consumed_and_duplicates_are_recognised_after_a
     assert_eq!(backlog.cursors["tg"], "101");
     assert_eq!(backlog.last_seen["tg"]["1"], "1:2");
     inbox.consume(vec![first, verdict]).await.unwrap();
-    let stale = inbox.record_verdict(second, Verdict::Stale).await.unwrap();
+    let stale = inbox
+        .record_disposition(second, Disposition::Stale)
+        .await
+        .unwrap();
     inbox.consume(vec![second, stale]).await.unwrap();
     assert_eq!(inbox.depth().await, 0);
     drop(inbox);

@@ -35,6 +35,7 @@ mod service;
 mod spend;
 mod standin;
 mod standin_home;
+mod status;
 mod support;
 mod synapse;
 mod telegram;

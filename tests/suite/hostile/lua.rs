@@ -9,7 +9,7 @@ use super::{exits_within, perch_on_the_double, stop_within};
 use chrono::TimeZone;
 use perch::channel::{InboundEvent, Sender};
 use perch::clock::Clock;
-use perch::inbox::{Inbox, Recorded, Verdict};
+use perch::inbox::{Disposition, Inbox, Recorded};
 use perch_core::config::Api;
 use std::path::Path;
 use std::process::Child;
@@ -256,7 +256,7 @@ async fn a_deciding_mark_without_a_verdict_is_interrupted_and_old_journals_still
         .await
         .unwrap();
     inbox
-        .record_verdict(seqs[1], Verdict::Dropped)
+        .record_disposition(seqs[1], Disposition::Dropped)
         .await
         .unwrap();
     let interrupted_mark = inbox
