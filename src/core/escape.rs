@@ -19,6 +19,7 @@
 //! byte order mark are kept as they are. Group context is split on every line break
 //! ([`lines`]).
 
+use std::sync::OnceLock;
 use unicode_normalization::char::{decompose_compatible, is_combining_mark};
 
 /// What replaces the first character of a recognised opener.
@@ -27,8 +28,12 @@ pub const ESCAPED_OPEN: &str = "&lt;";
 /// The tag names perch writes and no other text may open or close.
 const TAGS: [&str; 2] = ["origin", "context"];
 
-/// The confusable skeletons of angle brackets that do not reduce to `<` itself (`〈`, `⟨` and
-/// `〈` reduce to `❬`), taken as `<` too.
+/// How many non-ASCII characters [`Folder`] remembers the answer for, each in the slot its
+/// code point picks.
+const OPENS_REMEMBERED: usize = 256;
+
+/// The confusable skeletons of angle brackets that do not reduce to `<` itself (U+2329, U+27E8
+/// and U+3008 reduce to `❬`), taken as `<` too.
 const ANGLE_SKELETONS: [char; 10] = ['❬', '⧼', '《', '⟪', '≺', '᚜', '⦑', '⦉', '⟬', '⊰'];
 
 /// `text` with the first character of every opener and closer of `<origin` and `<context`
@@ -181,42 +186,32 @@ fn is_open_bracket(folded: char) -> bool {
     folded == '<' || ANGLE_SKELETONS.contains(&folded)
 }
 
-/// Folds characters as a reader compares them ([`fold`]), remembering the answers for ASCII
-/// and, in a small table, whether recent non-ASCII characters could be read as `<`.
-#[derive(Debug)]
+/// Folds characters as a reader compares them ([`fold`]), with the folds of ASCII made once
+/// and, in a small table made on first use, whether recent non-ASCII characters could be read
+/// as `<`.
+#[derive(Debug, Default)]
 struct Folder {
-    ascii: Vec<Vec<char>>,
-    opens: Box<[(char, bool); 256]>,
+    opens: Vec<(char, bool)>,
     folded: Vec<char>,
     /// How many characters were folded, to bound the work in tests.
     folds: usize,
-}
-
-impl Default for Folder {
-    fn default() -> Folder {
-        Folder {
-            ascii: Vec::new(),
-            opens: Box::new([('\0', false); 256]),
-            folded: Vec::new(),
-            folds: 0,
-        }
-    }
 }
 
 impl Folder {
     fn fold(&mut self, ch: char) -> &[char] {
         self.folds += 1;
         if ch.is_ascii() {
-            if self.ascii.is_empty() {
-                self.ascii = (0..128_u8)
+            static ASCII: OnceLock<Vec<Vec<char>>> = OnceLock::new();
+            let ascii = ASCII.get_or_init(|| {
+                (0..128_u8)
                     .map(|byte| {
                         let mut folded = Vec::new();
                         fold(char::from(byte), &mut folded);
                         folded
                     })
-                    .collect();
-            }
-            return &self.ascii[usize::from(ch as u8)];
+                    .collect()
+            });
+            return &ascii[ch as usize];
         }
         fold(ch, &mut self.folded);
         &self.folded
@@ -227,7 +222,10 @@ impl Folder {
         if ch.is_ascii() {
             return ch == '<';
         }
-        let slot = u32::from(ch) as usize % self.opens.len();
+        if self.opens.is_empty() {
+            self.opens = vec![('\0', false); OPENS_REMEMBERED];
+        }
+        let slot = u32::from(ch) as usize % OPENS_REMEMBERED;
         if self.opens[slot].0 == ch {
             return self.opens[slot].1;
         }
