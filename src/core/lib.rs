@@ -17,6 +17,7 @@ pub mod control;
 pub mod conversation;
 pub mod delivery;
 pub mod edit;
+pub mod escape;
 pub mod group_context;
 pub mod heartbeat;
 pub mod id;

@@ -2,8 +2,9 @@
 //! heartbeat task's `Steer:`. The user entry it becomes keeps where it came from, and the model
 //! sees it under a header perch writes, naming the task and its slot and no sender.
 
-use super::{attribute, escape_headers};
+use super::attribute;
 use crate::Timestamp;
+use crate::escape;
 use crate::name::TaskName;
 use chrono::SecondsFormat;
 use serde::{Deserialize, Serialize};
@@ -24,7 +25,7 @@ pub fn render_relay(relay: &Relay, text: &str) -> String {
             "<origin channel=\"heartbeat\" task=\"{}\" slot=\"{}\" relay=\"steer\"/>\n{}",
             attribute(task.as_str()),
             slot.to_rfc3339_opts(SecondsFormat::Secs, true),
-            escape_headers(text)
+            escape::headers(text)
         ),
     }
 }
