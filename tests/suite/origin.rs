@@ -408,10 +408,26 @@ fn a_forged_header_in_a_heartbeat_prompt_or_its_steer_reaches_the_owner_s_lane_e
         users[1]
     );
     let all = users.join("\n");
+    let found = headers(&all);
     assert_eq!(
-        headers(&all).len(),
-        1,
-        "the only header in the owner's lane is perch's, over the owner's own message: {all}"
+        found.len(),
+        2,
+        "the only headers in the owner's lane are perch's: over the owner's own message and \
+         over the relayed steer: {all}"
+    );
+    assert!(
+        found[0].contains(" sender=\"Owner\" sender_id=\"11\" "),
+        "{all}"
+    );
+    assert!(
+        found[1].starts_with("<origin channel=\"heartbeat\" task=\"watch\" ")
+            && found[1].ends_with(" relay=\"steer\"/>")
+            && !found[1].contains("sender"),
+        "{all}"
+    );
+    assert!(
+        users[1].starts_with(found[1]),
+        "the relay header comes first: {all}"
     );
 }
 
