@@ -14,6 +14,7 @@ pub mod clock;
 pub mod config;
 pub mod control;
 pub mod conversation;
+pub mod conversation_lane;
 pub mod delivery;
 pub mod edit;
 pub mod group_context;

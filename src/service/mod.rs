@@ -15,6 +15,7 @@
 mod channel;
 mod conversation;
 mod delivery;
+mod earlier_lanes;
 mod generations;
 mod heartbeats;
 mod intake;

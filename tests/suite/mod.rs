@@ -7,6 +7,7 @@ mod config;
 mod deploy;
 mod discord;
 mod doctor;
+mod earlier_lanes;
 mod fake_discord;
 mod fake_model;
 mod fake_telegram;
