@@ -14,6 +14,7 @@ pub mod matrix;
 pub mod telegram;
 
 use perch_core::Timestamp;
+pub use perch_core::admission::Gate;
 pub use perch_core::attachment::{Attachment, OutboundFile};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -63,6 +64,13 @@ pub struct InboundEvent {
     /// (unique per edit), so it is not taken for a repeat of the original.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub edit_of: Option<String>,
+    /// Set when the connector refused the message before looking it up any further (Matrix:
+    /// its room and sender did not pass [`Connector::gate`]'s pre-check, or it edits a message
+    /// someone else sent): why. It is journaled with only what the connector knew without
+    /// asking (no quote, no display name, not checked for being direct) and refused with this
+    /// reason, after a restart too. Absent otherwise, and in journals written before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// A message another one replies to: who wrote it and what it said, shortened.
@@ -352,6 +360,12 @@ pub trait Connector: Send + Sync + fmt::Debug {
     fn typing<'a>(&'a self, room: &'a str, thread: Option<&'a str>) -> BoxFuture<'a, ()>;
 
     fn limits(&self) -> PlatformLimits;
+
+    /// Gives the connector the part of admission it applies itself before it asks its platform
+    /// anything more about a message (see [`Gate`]): called when the service starts and
+    /// whenever pairing approves a sender. Connectors whose platforms deliver everything with
+    /// the message (Telegram, Discord) have no use for it.
+    fn gate(&self, _gate: Gate) {}
 
     /// Checks that the platform answers and accepts the credentials, with one authenticated
     /// read and nothing else: no receiving, no posting, no new login (`perch doctor --online`).

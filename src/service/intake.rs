@@ -9,7 +9,7 @@ use crate::channel::{Arrival, InboundEvent};
 use crate::control;
 use crate::inbox::{PendingItem, Recorded, Verdict};
 use crate::outbox::DeliveryLane;
-use perch_core::admission::{Admission, Arrived, admit};
+use perch_core::admission::{Admission, Arrived, Gate, admit};
 use perch_core::alert::AlertKind;
 use perch_core::chat::ChatCommand;
 use perch_core::config::ChannelConfig;
@@ -78,6 +78,7 @@ impl Service {
             addressed: event.addressed,
             room: &event.room,
             sent_at: event.sent_at,
+            refused: event.refused.as_deref(),
         };
         let bot_turns = locked(&self.state.bot_turns).in_room(channel, &event.room);
         let admission = {
@@ -264,6 +265,31 @@ impl Service {
             .ok()
             .map(|lane| DeliveryLane::new(lane, None));
         self.reply(channel, event, reply, lane).await.map(drop)
+    }
+
+    /// Hands each channel's connector its [`Gate`]: the channel's allowlists and the senders
+    /// pairing approved on it. At start, and after every approval.
+    pub(super) fn update_gates(&self) {
+        let gates: Vec<(Arc<Channel>, Gate)> = {
+            let pairing = locked(&self.state.pairing);
+            self.channels
+                .iter()
+                .map(|(name, channel)| {
+                    let approved = pairing
+                        .approved
+                        .iter()
+                        .filter(|approved| &approved.channel == name)
+                        .map(|approved| approved.sender.clone());
+                    (
+                        Arc::clone(channel),
+                        Gate::new(&channel.loaded.config, approved),
+                    )
+                })
+                .collect()
+        };
+        for (channel, gate) in gates {
+            channel.connector.gate(gate);
+        }
     }
 
     /// Gives an unknown sender a code to pass to the owner (once while it is pending).

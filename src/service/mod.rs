@@ -264,6 +264,7 @@ pub async fn run(
         },
     });
     service.start_alerts(raised);
+    service.update_gates();
     {
         let service = Arc::clone(&service);
         let shutdown = shutdown.clone();

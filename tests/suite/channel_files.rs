@@ -216,6 +216,7 @@ fn event(text: &str) -> InboundEvent {
         attachments: Vec::new(),
         replying_to: None,
         edit_of: None,
+        refused: None,
     }
 }
 

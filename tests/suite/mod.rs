@@ -4,6 +4,7 @@ mod builtin;
 mod catalog;
 mod channel_files;
 mod config;
+mod counting_proxy;
 mod deploy;
 mod discord;
 mod doctor;
