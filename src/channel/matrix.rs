@@ -49,9 +49,9 @@
 //!
 //! A message is `direct` in a room marked as a DM or with two joined members (counted from the
 //! room summary or the stored members; asked of the homeserver only when neither knows), and
-//! `addressed` when it
-//! mentions the account (`m.mentions`, its user id, or its display name as a word) or replies
-//! to one of its events; an `m.notice` counts as sent by a bot, and perch posts `m.notice`s.
+//! `addressed` when it mentions the account (`m.mentions`, its user id, or its display name as a
+//! word) or replies to one of its events; an `m.notice` counts as sent by a bot, and perch posts
+//! `m.notice`s.
 //!
 //! Encryption. matrix-sdk decrypts timeline events with the keys in the crypto store. An event
 //! it cannot decrypt is not dropped: it is logged, kept in a report
