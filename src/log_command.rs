@@ -372,13 +372,19 @@ fn list_lanes(sessions: &Path, json: bool) -> Result<ExitCode, String> {
         emit(&format!("no lanes in {}\n", sessions.display()))?;
         return Ok(ExitCode::SUCCESS);
     }
+    let width = stats
+        .iter()
+        .map(|lane| lane.lane.as_str().len())
+        .max()
+        .unwrap_or(0)
+        .max(24);
     out.push_str(&format!(
-        "{:<24} {:<24} {:>10} {:>8} {:>12} {:>10} {:>10}\n",
+        "{:<width$} {:<24} {:>10} {:>8} {:>12} {:>10} {:>10}\n",
         "LANE", "LAST ACTIVITY", "SIZE", "LINES", "TOKENS IN", "OUT", "COST"
     ));
     for lane in &stats {
         out.push_str(&format!(
-            "{:<24} {:<24} {:>10} {:>8} {:>12} {:>10} {:>10}{}\n",
+            "{:<width$} {:<24} {:>10} {:>8} {:>12} {:>10} {:>10}{}\n",
             lane.lane.as_str(),
             lane.last_activity.map_or_else(
                 || "-".to_owned(),

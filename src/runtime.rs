@@ -144,7 +144,7 @@ impl Runtime {
     ) -> LaneSpend {
         LaneSpend {
             guard: self.spend.clone(),
-            kind: perch_core::spend::RunKind::of_lane(name.as_str()),
+            kind: perch_core::spend::RunKind::of_lane(name),
             lane: name.to_string(),
             model: model.to_string(),
             price,

@@ -117,6 +117,18 @@ impl AgentDir {
         self.generations_dir().join(base.as_str())
     }
 
+    /// `.perch/earlier-lanes/`: one file per conversation that met a lane an earlier version
+    /// of perch named for it, saying whether it kept that lane.
+    pub fn earlier_lanes_dir(&self) -> PathBuf {
+        self.state_dir().join("earlier-lanes")
+    }
+
+    /// `.perch/earlier-lanes/<lane>.json`: the decision about the earlier lane of the
+    /// conversation whose own first lane is `own`.
+    pub fn earlier_lane_file(&self, own: &perch_core::name::LaneName) -> PathBuf {
+        self.earlier_lanes_dir().join(format!("{own}.json"))
+    }
+
     /// `.perch/pairing.json`: pending pairing codes and the people they approved.
     pub fn pairing_file(&self) -> PathBuf {
         self.state_dir().join("pairing.json")
@@ -193,6 +205,11 @@ mod tests {
             (
                 dir.generation_file(&perch_core::name::LaneName::try_from("tg-1").unwrap()),
                 ".perch/generations/tg-1",
+            ),
+            (dir.earlier_lanes_dir(), ".perch/earlier-lanes"),
+            (
+                dir.earlier_lane_file(&perch_core::name::LaneName::try_from("tg-1-ab").unwrap()),
+                ".perch/earlier-lanes/tg-1-ab.json",
             ),
             (dir.pairing_file(), ".perch/pairing.json"),
             (dir.control_socket(), ".perch/control.sock"),

@@ -708,6 +708,7 @@ fn inbound_event(message: &Message, me: UserId, direct: bool) -> Option<InboundE
             ))
         }),
         edit_of: None,
+        refused: None,
     })
 }
 
@@ -743,6 +744,7 @@ fn edit_event(update: &MessageUpdateEvent, me: UserId) -> Option<InboundEvent> {
         attachments: Vec::new(),
         replying_to: None,
         edit_of: Some(update.id.to_string()),
+        refused: None,
     })
 }
 

@@ -13,7 +13,7 @@ use super::InboundEvent;
 use crate::agent::{AgentDir, LoadedChannel};
 use crate::lua::HookStore;
 use perch_core::config::ChannelConfig;
-use perch_core::name::LaneName;
+use perch_core::name::{LaneKind, LaneName};
 use perch_core::tree::FunctionId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -282,12 +282,19 @@ impl ChannelHooks {
         let lane = match fields.get("lane") {
             None | Some(serde_json::Value::Null) => None,
             Some(serde_json::Value::String(lane)) => {
-                Some(LaneName::try_from(lane.as_str()).map_err(|_| {
+                let lane = LaneName::try_from(lane.as_str()).map_err(|_| {
                     format!(
                         "{file}: on_message returned the lane {lane:?}, which is not a lane name: {}",
                         LaneName::RULE
                     )
-                })?)
+                })?;
+                if let LaneKind::Heartbeat(task) | LaneKind::DryRun(task) = lane.kind() {
+                    return Err(format!(
+                        "{file}: on_message returned the lane {lane}, which belongs to the heartbeat \
+                         task {task}; a message can go only to a conversation's lane"
+                    ));
+                }
+                Some(lane)
             }
             Some(other) => {
                 return Err(format!(

@@ -11,10 +11,20 @@
 //! Inbound. `receive` drives `sync_once` in its own loop (`Client::sync` sleeps up to a second
 //! between syncs) and reads each response's timelines in order; messages (`m.room.message`, not
 //! the account's own) are handed to perch one at a time, each waiting until perch has journaled
-//! it. An edit (`m.replace`) is handed on with its new content and `edit_of` naming the event it
-//! replaces; perch journals it and does not answer it. A reply (`m.in_reply_to`) has its plain
-//! reply fallback stripped and quotes the event it replies to, fetched within 3 seconds (its id
-//! alone when the fetch fails or the event is over 64 KiB).
+//! it. Before anything about a message is asked of the homeserver, the channel's [`Gate`] (its
+//! allowlists and the senders pairing approved, which the service hands over at start and after
+//! each approval) pre-checks its room and sender: a message that admission would refuse whatever
+//! a lookup found is handed on at once, with the reason in `refused` and only what the event
+//! itself holds (no quote, the sender's localpart for a name, not direct), and perch journals it
+//! refused. Only a message that may be admitted has the event it replies to fetched, its
+//! sender's display name and its room's members looked up (an unknown sender's message in a room
+//! that is not allowed is looked at only if the room turns out to be direct, for pairing). An
+//! edit (`m.replace`) by the sender of the message it replaces (fetched, bounded like a quote) is
+//! handed on with its new content and `edit_of` naming that message; perch journals it and does
+//! not answer it; an edit by anyone else is refused, not recorded as an edit. A reply
+//! (`m.in_reply_to`) has its plain reply fallback stripped and quotes the event it replies to,
+//! fetched within 3 seconds (its id alone when the fetch fails or the event is over 64 KiB); the
+//! quote is journaled with the message, so perch never fetches it again.
 //!
 //! matrix-sdk stores its sync token before the events are read, so a crash can leave events
 //! behind that token which perch never journaled. Two things cover that: each
@@ -37,9 +47,11 @@
 //! [`Connector::fetch`] fetches the event again, reads the file's key from it, downloads the
 //! file (capped at the limit as it arrives: a declared size is not trusted) and decrypts it.
 //!
-//! A message is `direct` in a room marked as a DM or with two members, and `addressed` when it
-//! mentions the account (`m.mentions`, its user id, or its display name as a word) or replies
-//! to one of its events; an `m.notice` counts as sent by a bot, and perch posts `m.notice`s.
+//! A message is `direct` in a room marked as a DM or with two joined members (counted from the
+//! room summary or the stored members; asked of the homeserver only when neither knows), and
+//! `addressed` when it mentions the account (`m.mentions`, its user id, or its display name as a
+//! word) or replies to one of its events; an `m.notice` counts as sent by a bot, and perch posts
+//! `m.notice`s.
 //!
 //! Encryption. matrix-sdk decrypts timeline events with the keys in the crypto store. An event
 //! it cannot decrypt is not dropped: it is logged, kept in a report
@@ -66,7 +78,7 @@
 
 use super::{
     Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
-    DeliveryError, FetchError, InboundEvent, PlatformLimits, Quote, Receipt, Sender, Upload,
+    DeliveryError, FetchError, Gate, InboundEvent, PlatformLimits, Quote, Receipt, Sender, Upload,
 };
 use chrono::{DateTime, Utc};
 use matrix_sdk::authentication::matrix::MatrixSession;
@@ -94,6 +106,7 @@ use matrix_sdk::ruma::{
 use matrix_sdk::store::{RoomLoadSettings, StateStoreDataKey};
 use matrix_sdk::sync::SyncResponse;
 use matrix_sdk::{Client, Room, RoomState};
+use perch_core::admission::Precheck;
 use perch_core::redact::{REDACTED, redact_value};
 use perch_core::secret::Secret;
 use serde::{Deserialize, Serialize};
@@ -227,6 +240,9 @@ struct Shared {
     report: UndecryptableReport,
     noted_invites: HashSet<OwnedRoomId>,
     marks: HashMap<OwnedRoomId, OwnedEventId>,
+    /// The part of admission applied before a message is looked up; until the service gives
+    /// one, every message is looked up.
+    gate: Option<Gate>,
 }
 
 impl Shared {
@@ -704,6 +720,13 @@ impl MatrixConnector {
         }
     }
 
+    /// The gate's pre-check of a message from `sender` in `room`; with no gate yet, look.
+    fn precheck(&self, sender: &UserId, sender_is_bot: bool, room: &RoomId) -> Precheck {
+        self.shared().gate.as_ref().map_or(Precheck::Look, |gate| {
+            gate.precheck(sender.as_str(), sender_is_bot, room.as_str())
+        })
+    }
+
     fn report_undecryptable(&self, entry: Undecryptable) {
         let (report, added) = {
             let mut shared = self.shared();
@@ -1014,6 +1037,10 @@ impl Connector for MatrixConnector {
             max_chars: MAX_CHARS,
             resend_window: Some(RESEND_WINDOW),
         }
+    }
+
+    fn gate(&self, gate: Gate) {
+        self.shared().gate = Some(gate);
     }
 
     fn check(&self) -> BoxFuture<'_, Result<Checked, CheckError>> {
@@ -1355,6 +1382,11 @@ impl Session<'_> {
         Ok(Step::Go)
     }
 
+    /// The message as perch journals it. What the event holds is read first; then the gate's
+    /// pre-check: only a message that may be admitted has the event it replies to fetched, its
+    /// sender's display name looked up, whether its room is direct decided (unless that alone
+    /// decides it) and, for an edit, the edited message's sender checked. One that is refused is
+    /// handed on with the reason and nothing looked up.
     async fn inbound_event(
         &self,
         room: &Room,
@@ -1364,7 +1396,7 @@ impl Session<'_> {
         let (msgtype, edit_of) = match &content.relates_to {
             Some(Relation::Replacement(replacement)) => (
                 &replacement.new_content.msgtype,
-                Some(replacement.event_id.to_string()),
+                Some(&replacement.event_id),
             ),
             _ => (&content.msgtype, None),
         };
@@ -1403,65 +1435,99 @@ impl Session<'_> {
             .is_some_and(|mentions| mentions.user_ids.contains(&self.me.id))
             || mentions_user(body, &self.me)
             || formatted.is_some_and(|formatted| mentions_user(&formatted.body, &self.me));
-        let original = match replied {
-            Some(original) => Some((original, self.replied_to(room, original).await)),
-            None => None,
-        };
-        let addressed = mentioned
-            || original.as_ref().is_some_and(|(id, found)| {
-                self.connector.shared().own_set.contains(*id)
-                    || found
-                        .as_ref()
-                        .is_some_and(|found| found.sender == self.me.id)
-            });
-        let replying_to = original.map(|(id, found)| {
-            Box::new(match found {
-                Some(found) => Quote::bounded(
-                    id.as_str(),
-                    Some(Sender {
-                        id: found.sender.to_string(),
-                        name: found.name,
-                        is_bot: found.is_notice,
-                    }),
-                    &found.text,
-                ),
-                None => Quote::bounded(id.as_str(), None, ""),
-            })
-        });
-        let member = room
-            .get_member_no_sync(&message.sender)
-            .await
-            .ok()
-            .flatten();
-        let name = member.as_ref().map_or_else(
-            || message.sender.localpart().to_owned(),
-            |member| member.name().to_owned(),
-        );
-        let direct = room.is_direct().await.unwrap_or(false) || two_members(room).await;
-        Some(InboundEvent {
+        let replies_to_me = |id: &OwnedEventId| self.connector.shared().own_set.contains(id);
+        let mut event = InboundEvent {
             platform_id: message.event_id.to_string(),
             cursor: self.cursor.clone(),
             room: room.room_id().to_string(),
             thread,
             sender: Sender {
                 id: message.sender.to_string(),
-                name,
+                name: message.sender.localpart().to_owned(),
                 is_bot: is_notice,
             },
-            direct,
-            addressed,
+            direct: false,
+            addressed: mentioned || replied.is_some_and(replies_to_me),
             text,
             sent_at: sent_at(message.origin_server_ts),
             attachments,
-            replying_to,
-            edit_of,
-        })
+            replying_to: replied.map(|id| Box::new(Quote::bounded(id.as_str(), None, ""))),
+            edit_of: None,
+            refused: None,
+        };
+        let precheck = self
+            .connector
+            .precheck(&message.sender, is_notice, room.room_id());
+        let refused = match precheck {
+            Precheck::Look => None,
+            Precheck::LookIfDirect { otherwise } => {
+                event.direct = is_direct(room).await;
+                (!event.direct).then_some(otherwise)
+            }
+            Precheck::Refuse { reason } => Some(reason),
+        };
+        if let Some(reason) = refused {
+            event.refused = Some(reason);
+            return Some(event);
+        }
+        if let Some(original) = replied {
+            let found = self.replied_to(room, original).await;
+            event.addressed |= found
+                .as_ref()
+                .is_some_and(|found| found.sender == self.me.id);
+            if let Some(found) = found {
+                event.replying_to = Some(Box::new(Quote::bounded(
+                    original.as_str(),
+                    Some(Sender {
+                        id: found.sender.to_string(),
+                        name: found.name,
+                        is_bot: found.is_notice,
+                    }),
+                    &found.text,
+                )));
+            }
+        }
+        if let Ok(Some(member)) = room.get_member_no_sync(&message.sender).await {
+            event.sender.name = member.name().to_owned();
+        }
+        if !event.direct {
+            event.direct = is_direct(room).await;
+        }
+        if let Some(original) = edit_of {
+            match self.sender_of(room, original).await {
+                Some(sender) if sender == message.sender => {
+                    event.edit_of = Some(original.to_string());
+                }
+                Some(_) => {
+                    event.refused = Some(format!(
+                        "an edit of {original}, which someone else sent; not recorded as an edit"
+                    ));
+                }
+                None => {
+                    event.refused = Some(format!(
+                        "an edit of {original}, whose sender could not be had to check it is the \
+                         editor; not recorded as an edit"
+                    ));
+                }
+            }
+        }
+        Some(event)
     }
 
-    /// The event `event_id` a message replies to, fetched from the homeserver within
-    /// [`QUOTE_FETCH_TIMEOUT`]; `None` when it cannot be had in time, is larger than
-    /// [`QUOTE_EVENT_MAX_BYTES`], or cannot be read.
-    async fn replied_to(&self, room: &Room, event_id: &EventId) -> Option<RepliedTo> {
+    /// The sender of `event_id` in `room`, fetched from the homeserver within
+    /// [`QUOTE_FETCH_TIMEOUT`]; `None` when it cannot be had in time or is larger than
+    /// [`QUOTE_EVENT_MAX_BYTES`].
+    async fn sender_of(&self, room: &Room, event_id: &EventId) -> Option<OwnedUserId> {
+        if self.connector.shared().own_set.contains(event_id) {
+            return Some(self.me.id.clone());
+        }
+        let event = self.fetch_bounded(room, event_id).await?;
+        event.sender()
+    }
+
+    /// The event `event_id` of `room` from the homeserver, within [`QUOTE_FETCH_TIMEOUT`] and
+    /// [`QUOTE_EVENT_MAX_BYTES`].
+    async fn fetch_bounded(&self, room: &Room, event_id: &EventId) -> Option<TimelineEvent> {
         let config = RequestConfig::default()
             .timeout(QUOTE_FETCH_TIMEOUT)
             .retry_limit(0);
@@ -1469,9 +1535,14 @@ impl Session<'_> {
             .await
             .ok()?
             .ok()?;
-        if event.raw().json().get().len() > QUOTE_EVENT_MAX_BYTES {
-            return None;
-        }
+        (event.raw().json().get().len() <= QUOTE_EVENT_MAX_BYTES).then_some(event)
+    }
+
+    /// The event `event_id` a message replies to, fetched from the homeserver within
+    /// [`QUOTE_FETCH_TIMEOUT`]; `None` when it cannot be had in time, is larger than
+    /// [`QUOTE_EVENT_MAX_BYTES`], or cannot be read.
+    async fn replied_to(&self, room: &Room, event_id: &EventId) -> Option<RepliedTo> {
+        let event = self.fetch_bounded(room, event_id).await?;
         let sender = event.sender()?;
         let (text, is_notice) = match event.raw().deserialize() {
             Ok(AnySyncTimelineEvent::MessageLike(AnySyncMessageLikeEvent::RoomMessage(
@@ -1898,15 +1969,26 @@ fn restrict_files(dir: &Path) {
     }
 }
 
-/// Whether the room has exactly two joined members. The count comes from the room summary,
-/// which can still be unknown (zero) right after a start, when a message that waited during
-/// the downtime arrives in the first sync; then the member list is asked for.
-async fn two_members(room: &Room) -> bool {
+/// Whether the room is a direct message: marked as one (`m.direct`), or with exactly two joined
+/// members. The count comes from the room summary, else from the members the store holds (perch
+/// does not lazy-load members, so every sync brings them); only when neither knows (right after
+/// a start, when a message that waited during the downtime arrives in the first sync) is the
+/// member list asked of the homeserver.
+async fn is_direct(room: &Room) -> bool {
+    if room.is_direct().await.unwrap_or(false) {
+        return true;
+    }
     match room.joined_members_count() {
-        0 => room
-            .members(matrix_sdk::RoomMemberships::JOIN)
+        0 => match room
+            .members_no_sync(matrix_sdk::RoomMemberships::JOIN)
             .await
-            .is_ok_and(|members| members.len() == 2),
+        {
+            Ok(members) if !members.is_empty() => members.len() == 2,
+            _ => room
+                .members(matrix_sdk::RoomMemberships::JOIN)
+                .await
+                .is_ok_and(|members| members.len() == 2),
+        },
         count => count == 2,
     }
 }

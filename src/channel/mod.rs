@@ -13,6 +13,7 @@ pub mod hooks;
 pub mod matrix;
 pub mod telegram;
 
+pub use perch_core::admission::Gate;
 pub use perch_core::attachment::{Attachment, OutboundFile};
 pub use perch_core::journal::event::{
     InboundEvent, QUOTE_MAX_CHARS, QUOTE_NAME_MAX_CHARS, Quote, Sender, shortened,
@@ -235,6 +236,12 @@ pub trait Connector: Send + Sync + fmt::Debug {
     fn typing<'a>(&'a self, room: &'a str, thread: Option<&'a str>) -> BoxFuture<'a, ()>;
 
     fn limits(&self) -> PlatformLimits;
+
+    /// Gives the connector the part of admission it applies itself before it asks its platform
+    /// anything more about a message (see [`Gate`]): called when the service starts and
+    /// whenever pairing approves a sender. Connectors whose platforms deliver everything with
+    /// the message (Telegram, Discord) have no use for it.
+    fn gate(&self, _gate: Gate) {}
 
     /// Checks that the platform answers and accepts the credentials, with one authenticated
     /// read and nothing else: no receiving, no posting, no new login (`perch doctor --online`).

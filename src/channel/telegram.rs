@@ -736,6 +736,7 @@ fn message_event(update: &Update, me: &BotIdentity) -> Option<InboundEvent> {
         attachments,
         replying_to: quote(message, thread).map(Box::new),
         edit_of,
+        refused: None,
     })
 }
 

@@ -1,9 +1,8 @@
 //! Pure decisions for chat delivery: delivery ids, splitting a reply to a platform's limit,
 //! whether a failed attempt is tried again, what to do with a delivery that has no receipt after
-//! a restart, and which lane a conversation belongs to.
+//! a restart.
 
 use crate::Timestamp;
-use crate::name::LaneName;
 use std::time::Duration;
 
 /// The longest delivery id: Discord's nonce limit.
@@ -287,37 +286,6 @@ fn cut_long(block: &str, max_chars: usize) -> Vec<String> {
     pieces
 }
 
-/// The lane of a conversation: `<channel>-<room>[-<thread>]` when that is a valid lane name,
-/// otherwise a cleaned prefix and a hash of the whole, so every (channel, room, thread) has its
-/// own lane. `None` only if even that is not a valid name, which a channel name rules out.
-pub fn lane_for(channel: &str, room: &str, thread: Option<&str>) -> Option<LaneName> {
-    let raw = match thread {
-        Some(thread) => format!("{channel}-{room}-{thread}"),
-        None => format!("{channel}-{room}"),
-    };
-    let cleaned: String = raw
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let trimmed = cleaned.trim_start_matches(['-', '_']);
-    if trimmed == raw
-        && let Ok(name) = LaneName::try_from(trimmed)
-    {
-        return Some(name);
-    }
-    let hash = crc32fast::hash(raw.as_bytes());
-    let prefix: String = trimmed.chars().take(48).collect();
-    LaneName::try_from(format!("{prefix}-{hash:08x}").as_str())
-        .or_else(|_| LaneName::try_from(format!("lane-{hash:08x}")))
-        .ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -500,18 +468,5 @@ mod tests {
             );
             assert!(piece.chars().count() <= 60, "{piece:?}");
         }
-    }
-
-    #[test]
-    fn every_conversation_has_a_valid_lane() {
-        assert_eq!(lane_for("ops", "123", None).unwrap().as_str(), "ops-123");
-        let odd = lane_for("ops", "!room:example.org", Some("$thread")).unwrap();
-        assert!(odd.as_str().starts_with("ops-"), "{odd}");
-        assert_ne!(
-            Some(odd),
-            lane_for("ops", "!room:example.org", Some("$other"))
-        );
-        let negative = lane_for("tg", "-100123", None).unwrap();
-        assert_eq!(negative.as_str(), "tg--100123");
     }
 }

@@ -15,6 +15,7 @@ pub mod config;
 pub mod connection;
 pub mod control;
 pub mod conversation;
+pub mod conversation_lane;
 pub mod delivery;
 pub mod edit;
 pub mod escape;

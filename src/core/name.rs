@@ -100,14 +100,64 @@ validated_name!(
 );
 
 impl TaskName {
-    /// The lane the task's runs use unless it names another: `heartbeat-<name>`.
+    /// The lane the task's runs use: `heartbeat-<name>`.
     pub fn own_lane(&self) -> LaneName {
-        LaneName(format!("heartbeat-{}", self.0))
+        LaneName(format!("{HEARTBEAT_LANE_PREFIX}{}", self.0))
     }
 
     /// The lane of the task's dry runs: `heartbeat-<name>-dry-run`.
     pub fn dry_run_lane(&self) -> LaneName {
-        LaneName(format!("heartbeat-{}-dry-run", self.0))
+        LaneName(format!(
+            "{HEARTBEAT_LANE_PREFIX}{}{DRY_RUN_LANE_SUFFIX}",
+            self.0
+        ))
+    }
+
+    /// Whether the name ends in `-dry-run`, which `HEARTBEAT.yml` refuses: the task's own lane
+    /// would be the dry-run lane of the task named without it.
+    pub fn is_dry_run_shaped(&self) -> bool {
+        self.0.ends_with(DRY_RUN_LANE_SUFFIX)
+    }
+}
+
+const HEARTBEAT_LANE_PREFIX: &str = "heartbeat-";
+const DRY_RUN_LANE_SUFFIX: &str = "-dry-run";
+
+/// What a lane holds, read from its name alone: `heartbeat-<task>` is a heartbeat task's own
+/// lane, `heartbeat-<task>-dry-run` the lane of its dry runs (a task name never ends in
+/// `-dry-run`), where `<task>` is a [`TaskName`]; every other lane holds a conversation (chat,
+/// `perch chat`'s `terminal`, a lane a hook or `HEARTBEAT.yml` names). A conversation lane perch
+/// names itself is never one of the first two shapes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum LaneKind {
+    Conversation,
+    Heartbeat(TaskName),
+    DryRun(TaskName),
+}
+
+impl LaneKind {
+    /// A heartbeat task's own lane or its dry-run lane.
+    pub fn is_heartbeat(&self) -> bool {
+        matches!(self, LaneKind::Heartbeat(_) | LaneKind::DryRun(_))
+    }
+}
+
+impl LaneName {
+    /// What the lane holds; see [`LaneKind`].
+    pub fn kind(&self) -> LaneKind {
+        let Some(rest) = self.0.strip_prefix(HEARTBEAT_LANE_PREFIX) else {
+            return LaneKind::Conversation;
+        };
+        if let Some(task) = rest
+            .strip_suffix(DRY_RUN_LANE_SUFFIX)
+            .and_then(|task| TaskName::try_from(task).ok())
+        {
+            return LaneKind::DryRun(task);
+        }
+        match TaskName::try_from(rest) {
+            Ok(task) => LaneKind::Heartbeat(task),
+            Err(_) => LaneKind::Conversation,
+        }
     }
 }
 
@@ -245,6 +295,45 @@ mod tests {
         assert!(TaskName::try_from("standup_2-a").is_ok());
         assert!(TaskName::try_from("Standup").is_err());
         assert!(TaskName::try_from("a".repeat(41)).is_err());
+    }
+
+    #[test]
+    fn a_lanes_kind_is_read_from_its_name() {
+        let task = |name: &str| TaskName::try_from(name).unwrap();
+        let table = [
+            ("heartbeat-digest", LaneKind::Heartbeat(task("digest"))),
+            ("heartbeat-digest-dry-run", LaneKind::DryRun(task("digest"))),
+            ("heartbeat-a_b-2", LaneKind::Heartbeat(task("a_b-2"))),
+            ("heartbeat-dry-run", LaneKind::Heartbeat(task("dry-run"))),
+            ("heartbeat--dry-run", LaneKind::Heartbeat(task("-dry-run"))),
+            ("heartbeat-Digest", LaneKind::Conversation),
+            ("heartbeat-", LaneKind::Conversation),
+            ("heartbeat", LaneKind::Conversation),
+            ("Heartbeat-digest", LaneKind::Conversation),
+            (
+                "heartbeat-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+                LaneKind::Conversation,
+            ),
+            ("tg-4242", LaneKind::Conversation),
+            ("terminal", LaneKind::Conversation),
+            ("main", LaneKind::Conversation),
+            (
+                "chat-heartbeat-foo-0123456789abcdef",
+                LaneKind::Conversation,
+            ),
+        ];
+        for (name, kind) in table {
+            assert_eq!(LaneName::try_from(name).unwrap().kind(), kind, "{name}");
+        }
+        for name in ["digest", "a", "standup_2-a", &"z".repeat(40)] {
+            let task = task(name);
+            assert_eq!(task.own_lane().kind(), LaneKind::Heartbeat(task.clone()));
+            assert_eq!(task.dry_run_lane().kind(), LaneKind::DryRun(task.clone()));
+            assert!(task.own_lane().kind().is_heartbeat());
+            assert!(!task.is_dry_run_shaped());
+        }
+        assert!(task("x-dry-run").is_dry_run_shaped());
+        assert!(!LaneKind::Conversation.is_heartbeat());
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! once per level per day, and a new day starts from zero.
 
 use crate::Timestamp;
+use crate::name::{LaneKind, LaneName};
 use chrono::{Days, NaiveDate};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -188,13 +189,12 @@ pub enum RunKind {
 }
 
 impl RunKind {
-    /// A run in a lane named `heartbeat-...` (a task's own lane or its dry-run lane) is a
-    /// heartbeat's; every other lane holds conversations.
-    pub fn of_lane(lane: &str) -> RunKind {
-        if lane.starts_with("heartbeat-") {
-            RunKind::Heartbeat
-        } else {
-            RunKind::Conversation
+    /// A run in a heartbeat task's own lane or its dry-run lane is a heartbeat's; every other
+    /// lane holds conversations (see [`LaneKind`]).
+    pub fn of_lane(lane: &LaneName) -> RunKind {
+        match lane.kind() {
+            LaneKind::Heartbeat(_) | LaneKind::DryRun(_) => RunKind::Heartbeat,
+            LaneKind::Conversation => RunKind::Conversation,
         }
     }
 }
@@ -750,14 +750,17 @@ mod tests {
     }
 
     #[test]
-    fn heartbeat_lanes_are_told_apart_by_name() {
-        assert_eq!(RunKind::of_lane("heartbeat-prs"), RunKind::Heartbeat);
+    fn heartbeat_lanes_are_told_apart_by_their_kind() {
+        let of = |name: &str| RunKind::of_lane(&LaneName::try_from(name).unwrap());
+        assert_eq!(of("heartbeat-prs"), RunKind::Heartbeat);
+        assert_eq!(of("heartbeat-prs-dry-run"), RunKind::Heartbeat);
+        assert_eq!(of("tg-42"), RunKind::Conversation);
+        assert_eq!(of("terminal"), RunKind::Conversation);
+        assert_eq!(of("heartbeat-Team-1"), RunKind::Conversation);
         assert_eq!(
-            RunKind::of_lane("heartbeat-prs-dry-run"),
-            RunKind::Heartbeat
+            of("chat-heartbeat-foo-0123456789abcdef"),
+            RunKind::Conversation
         );
-        assert_eq!(RunKind::of_lane("tg-42"), RunKind::Conversation);
-        assert_eq!(RunKind::of_lane("terminal"), RunKind::Conversation);
     }
 
     #[test]

@@ -3,16 +3,16 @@
 //! platform: a reply is recorded in the outbox and handed to its room's delivery worker, and
 //! the event is consumed once that record is fsynced.
 
-use super::{Channel, Service, generations, locked};
+use super::{Channel, Service, earlier_lanes, generations, locked};
 use crate::channel::hooks::HookVerdict;
 use crate::channel::{Arrival, InboundEvent};
 use crate::control;
 use crate::inbox::{Disposition, PendingItem, Recorded};
 use crate::outbox::DeliveryLane;
-use perch_core::admission::{Admission, Arrived, admit};
+use perch_core::admission::{Admission, Arrived, Gate, admit};
 use perch_core::alert::AlertKind;
 use perch_core::chat::ChatCommand;
-use perch_core::delivery::lane_for;
+use perch_core::config::ChannelConfig;
 use perch_core::name::LaneName;
 use perch_core::pairing::{Issued, pairing_code};
 use perch_core::terminal;
@@ -78,6 +78,7 @@ impl Service {
             addressed: event.addressed,
             room: &event.room,
             sent_at: event.sent_at,
+            refused: event.refused.as_deref(),
         };
         let bot_turns = locked(&self.state.bot_turns).in_room(channel, &event.room);
         let admission = {
@@ -124,7 +125,7 @@ impl Service {
                     HookVerdict::Item(item) => {
                         let lane = match item.lane {
                             Some(lane) => Ok(lane),
-                            None => self.conversation_lane(channel, &event),
+                            None => self.conversation_lane(config, &event),
                         };
                         match lane {
                             Ok(lane) => Disposition::Item {
@@ -204,11 +205,24 @@ impl Service {
 
     /// The lane of the conversation `event` belongs to, in its current generation (`/new`
     /// starts the next one).
-    fn conversation_lane(&self, channel: &str, event: &InboundEvent) -> Result<LaneName, String> {
-        let base = lane_for(channel, &event.room, event.thread.as_deref())
-            .ok_or("no lane name could be made for this conversation")?;
+    fn conversation_lane(
+        &self,
+        config: &ChannelConfig,
+        event: &InboundEvent,
+    ) -> Result<LaneName, String> {
+        let base = self.first_lane(config, event)?;
         let generation = generations::current(&self.runtime.agent().dir, &base)?;
         generations::lane(base, generation)
+    }
+
+    /// The first lane of the conversation `event` belongs to (before any `/new`).
+    fn first_lane(&self, config: &ChannelConfig, event: &InboundEvent) -> Result<LaneName, String> {
+        earlier_lanes::first_lane(
+            &self.runtime.agent().dir,
+            config,
+            &event.room,
+            event.thread.as_deref(),
+        )
     }
 
     /// `/stop` aborts this conversation's run, `/new` starts a fresh conversation, `/status` says
@@ -219,10 +233,10 @@ impl Service {
         event: &InboundEvent,
         command: ChatCommand,
     ) -> Result<(), String> {
-        let name = channel.loaded.config.name.to_string();
+        let config = &channel.loaded.config;
         let reply = match command {
             ChatCommand::Stop => {
-                let lane = self.conversation_lane(&name, event).ok();
+                let lane = self.conversation_lane(config, event).ok();
                 let stopped = lane
                     .and_then(|lane| self.lanes.open_lane(&lane))
                     .is_some_and(|lane| lane.abort().is_ok());
@@ -234,9 +248,7 @@ impl Service {
                 .to_owned()
             }
             ChatCommand::New => {
-                let Some(base) = lane_for(&name, &event.room, event.thread.as_deref()) else {
-                    return Ok(());
-                };
+                let base = self.first_lane(config, event)?;
                 generations::advance(&self.runtime.agent().dir, &base)?;
                 "Starting a new conversation: I will not see the earlier messages here.".to_owned()
             }
@@ -249,10 +261,35 @@ impl Service {
             ),
         };
         let lane = self
-            .conversation_lane(&name, event)
+            .conversation_lane(config, event)
             .ok()
             .map(|lane| DeliveryLane::new(lane, None));
         self.reply(channel, event, reply, lane).await.map(drop)
+    }
+
+    /// Hands each channel's connector its [`Gate`]: the channel's allowlists and the senders
+    /// pairing approved on it. At start, and after every approval.
+    pub(super) fn update_gates(&self) {
+        let gates: Vec<(Arc<Channel>, Gate)> = {
+            let pairing = locked(&self.state.pairing);
+            self.channels
+                .iter()
+                .map(|(name, channel)| {
+                    let approved = pairing
+                        .approved
+                        .iter()
+                        .filter(|approved| &approved.channel == name)
+                        .map(|approved| approved.sender.clone());
+                    (
+                        Arc::clone(channel),
+                        Gate::new(&channel.loaded.config, approved),
+                    )
+                })
+                .collect()
+        };
+        for (channel, gate) in gates {
+            channel.connector.gate(gate);
+        }
     }
 
     /// Gives an unknown sender a code to pass to the owner (once while it is pending).

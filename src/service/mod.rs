@@ -15,6 +15,7 @@
 mod channel;
 mod conversation;
 mod delivery;
+mod earlier_lanes;
 mod generations;
 mod heartbeats;
 mod intake;
@@ -265,6 +266,7 @@ pub async fn run(
         },
     });
     service.start_alerts(raised);
+    service.update_gates();
     {
         let service = Arc::clone(&service);
         let shutdown = shutdown.clone();

@@ -76,13 +76,16 @@ impl Service {
         };
         match request {
             ControlRequest::PairApprove { code } => {
-                let mut pairing = locked(&self.state.pairing);
-                let reply = match pairing.approve(&code, self.clock.now()) {
-                    Approval::Approved(approved) => {
-                        control::write_pairing(&self.pairing_path, &pairing).map(|()| approved)
+                let reply = {
+                    let mut pairing = locked(&self.state.pairing);
+                    match pairing.approve(&code, self.clock.now()) {
+                        Approval::Approved(approved) => {
+                            control::write_pairing(&self.pairing_path, &pairing).map(|()| approved)
+                        }
+                        Approval::Unknown => Err(control::no_pending_pairing(&code)),
                     }
-                    Approval::Unknown => Err(control::no_pending_pairing(&code)),
                 };
+                self.update_gates();
                 encode_reply(&reply)
             }
             ControlRequest::HeartbeatRun { task, dry_run } => {

@@ -27,6 +27,7 @@ pub(crate) fn event(producer: usize, n: usize) -> InboundEvent {
         attachments: Vec::new(),
         replying_to: None,
         edit_of: None,
+        refused: None,
     }
 }
 

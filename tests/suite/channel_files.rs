@@ -163,7 +163,7 @@ channel {
     if msg.text == "drop" then return nil end
     if msg.text == "number" then return 42 end
     if msg.text == "untexted" then return { lane = "x" } end
-    if msg.text == "bad lane" then return { text = "x", lane = "../etc" } end
+    if msg.text == "bad lane" then return { text = "x", lane = "../etc" } elseif msg.text == "heartbeat lane" then return { text = "x", lane = "heartbeat-digest" } end
     if msg.text == "boom" then
       error("boom")
     end
@@ -216,6 +216,7 @@ fn event(text: &str) -> InboundEvent {
         attachments: Vec::new(),
         replying_to: None,
         edit_of: None,
+        refused: None,
     }
 }
 
@@ -289,6 +290,11 @@ async fn hook_failures_are_errors_that_name_the_file() {
             "channels/ops.lua: on_message returned the lane \"../etc\", which is not a lane name"
         ),
         "{bad_lane}"
+    );
+    assert_eq!(
+        error(on_message(&mut hooks, channel, "heartbeat lane").await),
+        "channels/ops.lua: on_message returned the lane heartbeat-digest, which belongs to the \
+         heartbeat task digest; a message can go only to a conversation's lane"
     );
     assert_eq!(
         error(on_message(&mut hooks, channel, "boom").await),

@@ -128,6 +128,7 @@ impl InProcess {
             attachments: Vec::new(),
             replying_to: None,
             edit_of: None,
+            refused: None,
         };
         self.push.send(event).expect("the connector takes events");
     }

@@ -34,6 +34,7 @@ fn event(id: &str, room: &str, cursor: Option<&str>) -> InboundEvent {
         attachments: Vec::new(),
         replying_to: None,
         edit_of: None,
+        refused: None,
     }
 }
 

@@ -10,9 +10,9 @@ use perch_core::config::Api;
 use serde_json::{Value, json};
 use std::path::Path;
 
-/// Every line of the lane `tg-42`'s first segment, parsed.
+/// Every line of the lane `tg-42-a69b25403314d72a`'s (Telegram chat 42's) first segment, parsed.
 fn lane_lines(dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(dir.join(".perch/sessions/tg-42/000001.jsonl"))
+    std::fs::read_to_string(dir.join(".perch/sessions/tg-42-a69b25403314d72a/000001.jsonl"))
         .unwrap_or_default()
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())

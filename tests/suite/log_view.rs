@@ -462,6 +462,24 @@ fn lanes_are_listed_with_activity_size_lines_and_spend() {
 }
 
 #[test]
+fn the_lane_column_is_as_wide_as_the_longest_lane_name() {
+    let agent = agent_with_lanes();
+    let long = "mx-_hideout_example_org-_threadroot-bbb0601229ef0391";
+    write_lane(agent.path(), long, &heartbeat_lane());
+    let text = ok(&log(agent.path(), &["--lanes"]));
+    let column = |line: &str, what: &str| {
+        line.find(what)
+            .unwrap_or_else(|| panic!("{what} in {line}\n{text}"))
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let activity = column(lines[0], "LAST ACTIVITY");
+    assert_eq!(activity, long.len() + 1, "{text}");
+    for line in &lines[1..] {
+        assert_eq!(column(line, "2026-12-02"), activity, "{text}");
+    }
+}
+
+#[test]
 fn json_output_follows_the_schema_file() {
     let agent = agent_with_lanes();
     let json = ok(&log(agent.path(), &["--json"]));
@@ -1099,7 +1117,7 @@ fn follow_shows_a_message_answered_while_it_runs_across_a_segment_roll() {
     follower.wait_for("the second answer, followed", "reply     second answer");
     let seen = follower.stop();
     stop(child);
-    let lane = dir.path().join(".perch/sessions/tg-42");
+    let lane = dir.path().join(".perch/sessions/tg-42-a69b25403314d72a");
     assert!(
         lane.join("000002.jsonl").exists(),
         "the compaction rolled the lane"

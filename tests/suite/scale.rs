@@ -96,7 +96,7 @@ async fn an_item_whose_lane_cannot_open_waits_and_is_answered_once_it_can() {
     let mut service = InProcess::start(small_pool(), |dir| {
         let sessions = AgentDir::open(dir).unwrap().sessions_dir();
         std::fs::create_dir_all(&sessions).unwrap();
-        let path = sessions.join("tg-13");
+        let path = sessions.join("tg-13-bfe80dcee2c179a2");
         std::fs::write(&path, "not a lane directory").unwrap();
         blocked = Some(path);
     });

@@ -270,7 +270,7 @@ fn a_crash_after_a_command_reply_is_recorded_neither_repeats_the_command_nor_sen
         telegram,
         dir,
     } = crash_on_one_message(None, "/new", "after:delivery_intent");
-    let generation = dir.path().join(".perch/generations/tg-42");
+    let generation = dir.path().join(".perch/generations/tg-42-a69b25403314d72a");
     assert_eq!(std::fs::read_to_string(&generation).unwrap(), "1");
 
     let child = start(dir.path(), None);
@@ -1404,7 +1404,7 @@ fn status_shows_what_a_crash_left_and_what_the_next_start_recovered() {
     assert!(status["inbox_oldest_waiting"].is_string());
     assert_eq!(
         status["lanes_with_open_operations"],
-        serde_json::json!({ "tg-42": 1 })
+        serde_json::json!({ "tg-42-a69b25403314d72a": 1 })
     );
     assert!(status["last_events"]["tg"]["at"].is_string());
     assert_eq!(status["vm"], "stopped (no perch run holds it)");
@@ -1416,7 +1416,7 @@ fn status_shows_what_a_crash_left_and_what_the_next_start_recovered() {
     });
     let status = status_json(dir.path());
     assert_eq!(
-        status["last_start"]["lanes_recovered"]["tg-42"]["operations_closed"], 1,
+        status["last_start"]["lanes_recovered"]["tg-42-a69b25403314d72a"]["operations_closed"], 1,
         "{status}"
     );
     assert_eq!(status["last_start"]["inbox"]["resumed"], 1, "{status}");

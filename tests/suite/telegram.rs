@@ -1064,6 +1064,7 @@ async fn receive_hands_on_files_with_their_captions() {
             attachments: Vec::new(),
             replying_to: None,
             edit_of: None,
+            refused: None,
             ..document.clone()
         })
         .unwrap(),

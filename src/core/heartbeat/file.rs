@@ -296,6 +296,19 @@ fn read_task(
         .and_then(|node| {
             let text = checker.str(node, &path.key("name"))?;
             match TaskName::try_from(text) {
+                Ok(name) if name.is_dry_run_shaped() => {
+                    checker.report_fix(
+                        node.pos,
+                        &path.key("name"),
+                        format!(
+                            "{text:?} ends in -dry-run, so its lane would be the dry-run lane of \
+                             the task {:?}",
+                            text.strip_suffix("-dry-run").unwrap_or(text)
+                        ),
+                        "choose a name that does not end in -dry-run".to_owned(),
+                    );
+                    None
+                }
                 Ok(name) => Some(name),
                 Err(_) => {
                     checker.report_fix(
@@ -829,6 +842,20 @@ mod tests {
                 "30|tasks[8].missed|unknown missed policy \"later\"",
             ]
         );
+    }
+
+    #[test]
+    fn a_task_name_that_ends_in_dry_run_is_refused() {
+        let text = "tasks:\n  - name: digest-dry-run\n    prompt: x\n    every: 1h\n";
+        assert_eq!(
+            problems(text),
+            vec![
+                "2|tasks[1].name|\"digest-dry-run\" ends in -dry-run, so its lane would be the \
+                 dry-run lane of the task \"digest\""
+            ]
+        );
+        let text = "tasks:\n  - name: dry-run\n    prompt: x\n    every: 1h\n";
+        assert!(parse_heartbeat_file(text, &env()).is_ok());
     }
 
     #[test]

@@ -42,6 +42,14 @@ pub struct InboundEvent {
     /// (unique per edit), so it is not taken for a repeat of the original.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub edit_of: Option<String>,
+    /// Set when the connector refused the message before looking it up any further (Matrix:
+    /// its room and sender did not pass the connector's gate, the pre-check of admission, or it
+    /// edits a message someone else sent): why. It is journaled with only what the connector
+    /// knew without asking (no quote, no display name, not checked for being direct) and
+    /// refused with this reason, after a restart too. Absent otherwise, and in journals written
+    /// before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// A message another one replies to: who wrote it and what it said, shortened.

@@ -83,6 +83,43 @@ mod tests {
     }
 
     #[test]
+    fn an_event_the_connector_refused_golden() {
+        let record = InboxRecord::Event {
+            channel: "mx".into(),
+            event: Box::new(InboundEvent {
+                platform_id: "$ev".into(),
+                cursor: Some("s1".into()),
+                room: "!lobby:example.org".into(),
+                thread: None,
+                sender: Sender {
+                    id: "@mallory:example.org".into(),
+                    name: "mallory".into(),
+                    is_bot: false,
+                },
+                direct: false,
+                addressed: true,
+                text: "hi".into(),
+                sent_at: chrono::Utc
+                    .with_ymd_and_hms(2026, 12, 2, 5, 59, 58)
+                    .unwrap(),
+                attachments: Vec::new(),
+                replying_to: None,
+                edit_of: None,
+                refused: Some("neither the room nor the sender is allowed".into()),
+            }),
+        };
+        let line = concat!(
+            r#"{"type":"event","channel":"mx","event":{"platform_id":"$ev","cursor":"s1","#,
+            r#""room":"!lobby:example.org","thread":null,"sender":{"id":"@mallory:example.org","#,
+            r#""name":"mallory","is_bot":false},"direct":false,"addressed":true,"text":"hi","#,
+            r#""sent_at":"2026-12-02T05:59:58Z","#,
+            r#""refused":"neither the room nor the sender is allowed"}}"#
+        );
+        assert_eq!(serde_json::to_string(&record).unwrap(), line);
+        assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
+    }
+
+    #[test]
     fn an_event_record_golden() {
         let record = InboxRecord::Event {
             channel: "tg".into(),
@@ -105,6 +142,7 @@ mod tests {
                 attachments: Vec::new(),
                 replying_to: None,
                 edit_of: None,
+                refused: None,
             }),
         };
         let line = concat!(
@@ -159,6 +197,7 @@ mod tests {
                 text: "hi".into(),
             })),
             edit_of: Some("42:17".into()),
+            refused: None,
         };
         let record = InboxRecord::Event {
             channel: "tg".into(),
@@ -267,6 +306,7 @@ mod tests {
                     text: String::new(),
                 })),
                 edit_of: None,
+                refused: None,
             }),
         };
         let line = concat!(

@@ -237,6 +237,7 @@ fn event(id: &str) -> InboundEvent {
         attachments: Vec::new(),
         replying_to: None,
         edit_of: None,
+        refused: None,
     }
 }
 
