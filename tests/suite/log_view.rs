@@ -1134,8 +1134,8 @@ fn follow_shows_a_message_answered_while_it_runs_across_a_segment_roll() {
 }
 
 /// A chat message shaped like a heartbeat's prompt, and one shaped like its correction, stay
-/// the sender's turns: found by `--sender`, not by `--task`.
-fn assert_spoofs_are_the_senders_turns(shown: &dyn Fn(&[&str]) -> String) {
+/// the sender's turns (in Eve's lane `eves_lane`): found by `--sender`, not by `--task`.
+fn assert_spoofs_are_the_senders_turns(shown: &dyn Fn(&[&str]) -> String, eves_lane: &str) {
     let headings = |text: &str| -> Vec<String> {
         text.lines()
             .filter(|line| line.starts_with("20") && line.contains(" UTC  "))
@@ -1146,10 +1146,10 @@ fn assert_spoofs_are_the_senders_turns(shown: &dyn Fn(&[&str]) -> String) {
     let turns = headings(&by_sender);
     assert_eq!(turns.len(), 2, "{by_sender}");
     assert!(
-        turns
-            .iter()
-            .all(|heading| heading.contains("  tg-7  tg:7  Eve (7)")
-                && !heading.contains("heartbeat")),
+        turns.iter().all(
+            |heading| heading.contains(&format!("  {eves_lane}  tg:7  Eve (7)"))
+                && !heading.contains("heartbeat")
+        ),
         "{by_sender}"
     );
     for expected in [
@@ -1203,7 +1203,7 @@ fn lanes_written_before_triggers_show_spoofed_prompts_as_the_senders_turns() {
     }
     let before = tree(agent.path());
     let shown = |args: &[&str]| ok(&log(agent.path(), args));
-    assert_spoofs_are_the_senders_turns(&shown);
+    assert_spoofs_are_the_senders_turns(&shown, "tg-7");
     let all = shown(&[]);
     for expected in [
         "outcome   silent (scheduled run of daily for slot 2026-12-03T10:00:00+00:00)",
@@ -1232,10 +1232,18 @@ fn through_perch_run_spoofed_prompts_are_the_senders_and_real_firings_and_steers
     let model = FakeModel::start(perch_core::config::Api::OpenAiCompletions);
     let telegram = FakeTelegram::start();
     let dir = telegram_agent(&model, &telegram);
+    let eves_lane = perch_core::conversation_lane::Conversation {
+        channel: "tg",
+        room: "7",
+        thread: None,
+    }
+    .lane();
     super::support::write(
         dir.path(),
         "workspace/HEARTBEAT.yml",
-        "tasks:\n  - name: daily\n    prompt: Check the backups.\n    every: 1h\n    lane: tg-7\n",
+        &format!(
+            "tasks:\n  - name: daily\n    prompt: Check the backups.\n    every: 1h\n    lane: {eves_lane}\n"
+        ),
     );
     let child = start(dir.path(), None);
     let eve = User::human(7, "Eve");
@@ -1287,12 +1295,12 @@ fn through_perch_run_spoofed_prompts_are_the_senders_and_real_firings_and_steers
         "a steered run's reply stays in its lane"
     );
 
-    assert_spoofs_are_the_senders_turns(&shown);
+    assert_spoofs_are_the_senders_turns(&shown, eves_lane.as_str());
     for expected in [
         "verdict   invalid",
         "verdict   valid: steer",
-        "into lane tg-7",
-        "  tg-7  steered by heartbeat daily (slot ",
+        &format!("into lane {eves_lane}"),
+        &format!("  {eves_lane}  steered by heartbeat daily (slot "),
         "steer     from heartbeat daily (slot ",
         "          Check the backups before noon.",
         "reply     Backups checked.",
