@@ -17,8 +17,9 @@
 use crate::doctor::Places;
 use crate::sandbox::{ImageRef, SandboxError};
 use perch_core::image::{
-    Blob, DEFAULT_REFERENCE, Flavour, OCI_LAYOUT, OciImage, Recipe, SourcesFormat, debian_mirror,
-    is_key, os_release_codename, parse_sources,
+    Blob, BuildRecord, DEFAULT_REFERENCE, DefaultImage, Flavour, OCI_LAYOUT, OciImage,
+    PackedArchive, Recipe, SourcesFormat, debian_mirror, is_key, os_release_codename,
+    parse_sources,
 };
 use sha2::{Digest, Sha256};
 use std::collections::VecDeque;
@@ -298,13 +299,14 @@ pub fn prepare(
         install_rootfs(&dir)?;
         write_json_atomic(
             &dir.recipe(),
-            &serde_json::json!({
-                "key": key,
-                "recipe": recipe,
-                "canonical": recipe.canonical(),
-                "mirror": mirror,
-                "rootfs_built": chrono::Utc::now().to_rfc3339(),
-            }),
+            &BuildRecord {
+                key: key.clone(),
+                recipe: recipe.clone(),
+                canonical: recipe.canonical(),
+                mirror: Some(mirror),
+                rootfs_built: Some(chrono::Utc::now()),
+                archive: None,
+            },
         )?;
     } else {
         progress(&format!(
@@ -326,15 +328,20 @@ pub fn prepare(
             short(&packed.layer.digest),
             started.elapsed().as_secs_f64()
         ));
-        let mut record = read_json(&dir.recipe()).unwrap_or_else(
-            || serde_json::json!({ "key": key, "recipe": recipe, "canonical": recipe.canonical() }),
-        );
-        record["archive"] = serde_json::json!({
-            "reference": DEFAULT_REFERENCE,
-            "manifest": packed.manifest,
-            "config": packed.config,
-            "layer": packed.layer,
-            "packed": chrono::Utc::now().to_rfc3339(),
+        let mut record = read_json::<BuildRecord>(&dir.recipe()).unwrap_or_else(|| BuildRecord {
+            key: key.clone(),
+            recipe: recipe.clone(),
+            canonical: recipe.canonical(),
+            mirror: None,
+            rootfs_built: None,
+            archive: None,
+        });
+        record.archive = Some(PackedArchive {
+            reference: DEFAULT_REFERENCE.to_owned(),
+            manifest: packed.manifest,
+            config: packed.config,
+            layer: packed.layer,
+            packed: chrono::Utc::now(),
         });
         write_json_atomic(&dir.recipe(), &record)?;
     } else {
@@ -387,14 +394,14 @@ pub async fn install(places: &Places, prepared: &Prepared) -> Result<ImageRef, I
 pub fn record(cache: &Path, prepared: &Prepared) -> Result<ImageRef, ImageError> {
     write_json_atomic(
         &default_record(cache),
-        &serde_json::json!({
-            "reference": DEFAULT_REFERENCE,
-            "key": prepared.key,
-            "recipe": prepared.recipe.flavour,
-            "suite": prepared.recipe.suite,
-            "arch": prepared.recipe.arch,
-            "recorded": chrono::Utc::now().to_rfc3339(),
-        }),
+        &DefaultImage {
+            reference: DEFAULT_REFERENCE.to_owned(),
+            key: prepared.key.clone(),
+            recipe: prepared.recipe.flavour,
+            suite: prepared.recipe.suite.clone(),
+            arch: prepared.recipe.arch.clone(),
+            recorded: chrono::Utc::now(),
+        },
     )?;
     Ok(ImageRef::Local {
         reference: DEFAULT_REFERENCE.to_owned(),
@@ -405,11 +412,10 @@ pub fn record(cache: &Path, prepared: &Prepared) -> Result<ImageRef, ImageError>
 
 /// The digest of the layer the build in `dir` packed, from its `recipe.json`.
 fn built_layer(dir: &ImageDir) -> Option<String> {
-    let recipe = read_json(&dir.recipe())?;
-    recipe["archive"]["layer"]["digest"]
-        .as_str()
+    read_json::<BuildRecord>(&dir.recipe())?
+        .archive
+        .map(|archive| archive.layer.digest)
         .filter(|digest| digest.starts_with("sha256:"))
-        .map(str::to_owned)
 }
 
 /// `perch image load`: loads the build `images/default.json` (under `places.cache`) records
@@ -454,14 +460,14 @@ pub fn resolve_default_image(cache: &Path) -> Result<ImageRef, SandboxError> {
             )));
         }
     };
-    let record: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-    let Some(key) = record["key"].as_str().filter(|key| is_key(key)) else {
+    let record = serde_json::from_str::<DefaultImage>(&text).ok();
+    let Some(record) = record.filter(|record| is_key(&record.key)) else {
         return Err(not_built(format!(
             "the image {DEFAULT_REFERENCE} cannot be found: {} names no build",
             path.display()
         )));
     };
-    let dir = ImageDir::new(cache, key);
+    let dir = ImageDir::new(cache, &record.key);
     let rootfs = dir.rootfs();
     if !rootfs.is_dir() {
         return Err(not_built(format!(
@@ -475,12 +481,8 @@ pub fn resolve_default_image(cache: &Path) -> Result<ImageRef, SandboxError> {
             dir.recipe().display()
         )));
     };
-    let reference = record["reference"]
-        .as_str()
-        .unwrap_or(DEFAULT_REFERENCE)
-        .to_owned();
     Ok(ImageRef::Local {
-        reference,
+        reference: record.reference,
         rootfs,
         layer,
     })
@@ -922,13 +924,14 @@ fn create_new(path: &Path) -> io::Result<File> {
     OpenOptions::new().write(true).create_new(true).open(path)
 }
 
-fn read_json(path: &Path) -> Option<serde_json::Value> {
+/// One of the cache's records, when `path` holds one.
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
     serde_json::from_str(&fs::read_to_string(path).ok()?).ok()
 }
 
 /// Writes `value` as pretty JSON over `path` durably; other builds may write it at the same time
 /// (see [`atomic_file::replace_shared`](crate::atomic_file::replace_shared)).
-fn write_json_atomic(path: &Path, value: &serde_json::Value) -> Result<(), ImageError> {
+fn write_json_atomic(path: &Path, value: &impl serde::Serialize) -> Result<(), ImageError> {
     let written = (|| -> io::Result<()> {
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent)?;

@@ -2,7 +2,8 @@
 //! a build, the OCI metadata an image archive carries, and finding the host's Debian mirror in
 //! apt's sources. The shell reads the files, runs debootstrap and writes the archive.
 
-use serde::Serialize;
+use crate::Timestamp;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use std::fmt;
@@ -44,7 +45,7 @@ const GUEST_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin
 const RECIPE_FORMAT: u32 = 1;
 
 /// Which package set a recipe installs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Flavour {
     /// minbase plus the tools an agent reaches for ([`DEFAULT_PACKAGES`]).
@@ -79,14 +80,15 @@ impl fmt::Display for Flavour {
 
 /// Everything that decides what a built image contains. The mirror is where the packages come
 /// from, not what they are, so it is not part of the recipe.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Recipe {
     pub flavour: Flavour,
     /// The Debian (or Ubuntu) release codename, such as `bookworm`.
     pub suite: String,
     /// The Debian architecture name, such as `amd64`.
     pub arch: String,
-    pub variant: &'static str,
+    pub variant: String,
     /// Sorted.
     pub packages: Vec<String>,
 }
@@ -138,7 +140,7 @@ impl Recipe {
             flavour,
             suite: suite.to_owned(),
             arch: arch.to_owned(),
-            variant: VARIANT,
+            variant: VARIANT.to_owned(),
             packages,
         })
     }
@@ -191,8 +193,53 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// `images/<key>/recipe.json`: one build in the image cache, what it is made of and, once it is
+/// packed, its OCI archive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BuildRecord {
+    /// The recipe's [`Recipe::key`], which names the build's directory.
+    pub key: String,
+    pub recipe: Recipe,
+    /// The recipe's [`Recipe::canonical`] text, which `key` hashes.
+    pub canonical: String,
+    /// The Debian archive the root filesystem came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rootfs_built: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive: Option<PackedArchive>,
+}
+
+/// The OCI archive a build was packed into (`image.tar`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PackedArchive {
+    /// The image name its index carries, `perch:default`.
+    pub reference: String,
+    pub manifest: Blob,
+    pub config: Blob,
+    pub layer: Blob,
+    pub packed: Timestamp,
+}
+
+/// `images/default.json`: the build `perch:default` refers to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DefaultImage {
+    pub reference: String,
+    /// The build's key: its directory under `images/`.
+    pub key: String,
+    pub recipe: Flavour,
+    pub suite: String,
+    pub arch: String,
+    pub recorded: Timestamp,
+}
+
 /// A content-addressed blob of an OCI image layout.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Blob {
     /// `sha256:<hex>`.
     pub digest: String,
@@ -597,6 +644,59 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
             Some("noble")
         );
         assert_eq!(os_release_codename("ID=debian\nVERSION_CODENAME=\n"), None);
+    }
+
+    #[test]
+    fn the_cache_records_written_before_they_were_typed_still_read() {
+        let build = r#"{
+  "archive": {
+    "config": {"digest": "sha256:76ba", "size": 426},
+    "layer": {"digest": "sha256:9361", "size": 204769280},
+    "manifest": {"digest": "sha256:1808", "size": 402},
+    "packed": "2026-12-03T16:09:49.296560788+00:00",
+    "reference": "perch:default"
+  },
+  "canonical": "perch image recipe 1\nvariant minbase\nsuite bookworm\narch amd64\npackages \n",
+  "key": "a7fc",
+  "mirror": "http://deb.debian.org/debian",
+  "recipe": {"arch": "amd64", "flavour": "minimal", "packages": [], "suite": "bookworm", "variant": "minbase"},
+  "rootfs_built": "2026-12-03T16:09:48.482432773+00:00"
+}"#;
+        let record: BuildRecord = serde_json::from_str(build).unwrap();
+        let recipe = Recipe::new(Flavour::Minimal, "bookworm", "x86_64").unwrap();
+        assert_eq!(record.recipe, recipe);
+        assert_eq!(record.canonical, recipe.canonical());
+        assert_eq!(record.archive.as_ref().unwrap().layer.digest, "sha256:9361");
+        assert_eq!(
+            serde_json::to_string(&record).unwrap(),
+            concat!(
+                r#"{"key":"a7fc","recipe":{"flavour":"minimal","suite":"bookworm","arch":"amd64","#,
+                r#""variant":"minbase","packages":[]},"canonical":"perch image recipe 1\nvariant "#,
+                r#"minbase\nsuite bookworm\narch amd64\npackages \n","mirror":"#,
+                r#""http://deb.debian.org/debian","rootfs_built":"2026-12-03T16:09:48.482432773Z","#,
+                r#""archive":{"reference":"perch:default","manifest":{"digest":"sha256:1808","size":402},"#,
+                r#""config":{"digest":"sha256:76ba","size":426},"layer":{"digest":"sha256:9361","#,
+                r#""size":204769280},"packed":"2026-12-03T16:09:49.296560788Z"}}"#
+            )
+        );
+        let unpacked = r#"{"key":"k","recipe":{"flavour":"default","suite":"trixie","arch":"arm64","variant":"minbase","packages":["git"]},"canonical":"c"}"#;
+        let record: BuildRecord = serde_json::from_str(unpacked).unwrap();
+        assert_eq!((record.mirror, record.archive), (None, None));
+
+        let default = r#"{
+  "arch": "amd64",
+  "key": "a7fc",
+  "recipe": "minimal",
+  "recorded": "2026-12-03T16:18:18.906488587+00:00",
+  "reference": "perch:default",
+  "suite": "bookworm"
+}"#;
+        let record: DefaultImage = serde_json::from_str(default).unwrap();
+        assert_eq!(
+            serde_json::to_string(&record).unwrap(),
+            r#"{"reference":"perch:default","key":"a7fc","recipe":"minimal","suite":"bookworm","arch":"amd64","recorded":"2026-12-03T16:18:18.906488587Z"}"#
+        );
+        assert!(serde_json::from_str::<DefaultImage>(r#"{"key":"a7fc"}"#).is_err());
     }
 
     #[test]

@@ -170,19 +170,44 @@ fn the_image_check_reads_the_cache_record() {
         "{image}"
     );
 
-    let key =
-        perch_core::image::Recipe::new(perch_core::image::Flavour::Minimal, "bookworm", "x86_64")
-            .unwrap()
-            .key();
+    use perch_core::image::{Blob, BuildRecord, DefaultImage, Flavour, PackedArchive, Recipe};
+    let recipe = Recipe::new(Flavour::Minimal, "bookworm", "x86_64").unwrap();
+    let key = recipe.key();
     std::fs::create_dir_all(places.cache.join(format!("images/{key}/rootfs"))).unwrap();
+    let blob = Blob {
+        digest: "sha256:1111".into(),
+        size: 1,
+    };
+    let build = BuildRecord {
+        key: key.clone(),
+        canonical: recipe.canonical(),
+        recipe,
+        mirror: None,
+        rootfs_built: None,
+        archive: Some(PackedArchive {
+            reference: "perch:default".into(),
+            manifest: blob.clone(),
+            config: blob.clone(),
+            layer: blob,
+            packed: chrono::Utc::now(),
+        }),
+    };
     std::fs::write(
         places.cache.join(format!("images/{key}/recipe.json")),
-        r#"{"archive":{"layer":{"digest":"sha256:1111","size":1}}}"#,
+        serde_json::to_string(&build).unwrap(),
     )
     .unwrap();
+    let default = DefaultImage {
+        reference: "perch:default".into(),
+        key,
+        recipe: Flavour::Minimal,
+        suite: "bookworm".into(),
+        arch: "amd64".into(),
+        recorded: chrono::Utc::now(),
+    };
     std::fs::write(
         places.cache.join("images/default.json"),
-        format!(r#"{{"reference":"perch:default","key":"{key}"}}"#),
+        serde_json::to_string(&default).unwrap(),
     )
     .unwrap();
     let image = doctor::image(&places.cache);

@@ -314,7 +314,15 @@ fn the_default_image_resolves_only_when_built() {
     std::fs::create_dir_all(image::images_dir(cache)).unwrap();
     std::fs::write(
         image::default_record(cache),
-        format!(r#"{{"reference":"perch:default","key":"{key}"}}"#),
+        serde_json::to_string(&perch_core::image::DefaultImage {
+            reference: "perch:default".into(),
+            key: key.clone(),
+            recipe: perch_core::image::Flavour::Minimal,
+            suite: "bookworm".into(),
+            arch: "amd64".into(),
+            recorded: chrono::Utc::now(),
+        })
+        .unwrap(),
     )
     .unwrap();
     let error = image::resolve_default_image(cache).unwrap_err();
@@ -330,11 +338,25 @@ fn the_default_image_resolves_only_when_built() {
     );
 
     let layer = |digest: &str| {
-        std::fs::write(
-            built.recipe(),
-            format!(r#"{{"archive":{{"layer":{{"digest":"{digest}","size":1}}}}}}"#),
-        )
-        .unwrap();
+        let blob = perch_core::image::Blob {
+            digest: digest.into(),
+            size: 1,
+        };
+        let record = perch_core::image::BuildRecord {
+            key: key.clone(),
+            recipe: minimal(),
+            canonical: minimal().canonical(),
+            mirror: None,
+            rootfs_built: None,
+            archive: Some(perch_core::image::PackedArchive {
+                reference: "perch:default".into(),
+                manifest: blob.clone(),
+                config: blob.clone(),
+                layer: blob,
+                packed: chrono::Utc::now(),
+            }),
+        };
+        std::fs::write(built.recipe(), serde_json::to_string(&record).unwrap()).unwrap();
     };
     layer("sha256:1111");
     assert_eq!(
