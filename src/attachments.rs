@@ -3,14 +3,14 @@
 //! line per file saying where it is (or why it is not there). Outbound: the `attach:` lines of a
 //! reply are checked against the workspace before anything is recorded, and the files are read
 //! when the delivery is sent. The names, limits and lines are the core's
-//! ([`perch_core::attachment`]); every file is reached through [`crate::workspace`], which
+//! ([`perch_core::attachment`]); every file is reached through [`crate::host::workspace`], which
 //! follows no symlink.
 
 use crate::channel::{Connector, FetchError, InboundEvent, OutboundFile, Upload};
-use crate::sandbox::GUEST_WORKSPACE;
-use crate::workspace::{
+use crate::host::workspace::{
     read_workspace_bytes, save_workspace_file, saved_file_size, workspace_file_size,
 };
+use crate::sandbox::GUEST_WORKSPACE;
 use perch_core::attachment::{
     FILE_LIMIT, FileRefusal, MAX_REPLY_FILES, MESSAGE_LIMIT, attachment_line, content_type_for,
     could_not_attach, download_limit, inbox_dir, safe_file_name, saved_names, take_attach_lines,

@@ -7,6 +7,7 @@
 
 use crate::agent::{self, AgentDir};
 use crate::channel::{self, CheckError};
+use crate::host::Places;
 use crate::model::{self, ModelErrorKind};
 use crate::sandbox::{ImageRef, SandboxError};
 use perch_core::config::DEFAULT_IMAGE;
@@ -50,55 +51,6 @@ impl fmt::Display for Check {
             write!(f, "\n{:16}fix: {fix}", "")?;
         }
         Ok(())
-    }
-}
-
-/// Where doctor looks, taken from the environment by the caller ([`Places::from_environment`]);
-/// tests point it at fake files.
-#[derive(Debug, Clone)]
-pub struct Places {
-    /// `/dev/kvm`.
-    pub kvm: PathBuf,
-    /// `/proc/cpuinfo`.
-    pub cpuinfo: PathBuf,
-    /// `/sys/module/kvm_pvm`: present when `/dev/kvm` is software nested virtualization.
-    pub pvm_module: PathBuf,
-    /// Rust's name for the CPU (`std::env::consts::ARCH`). The vmx/svm flags are only looked
-    /// for on `x86_64`: aarch64 KVM hosts have neither.
-    pub arch: String,
-    /// `PERCH_ASSUME_KVM=1`: a failed virtualization check becomes a warning.
-    pub assume_kvm: bool,
-    /// `$MSB_PATH`, if set.
-    pub msb_path: Option<PathBuf>,
-    /// `$MSB_HOME`, or `~/.microsandbox`.
-    pub msb_home: PathBuf,
-    /// `$PERCH_CACHE`, or `~/.cache/perch`.
-    pub cache: PathBuf,
-    /// `$PERCH_ENV_FILE`: the agent's environment file (its tokens and keys), when it is not
-    /// the service's `/etc/perch/<name>.env`.
-    pub env_file: Option<PathBuf>,
-}
-
-impl Places {
-    /// The real places, with `$MSB_PATH`, `$MSB_HOME`, `$PERCH_CACHE`, `$PERCH_ASSUME_KVM` and
-    /// `$HOME` read from the environment.
-    pub fn from_environment() -> Places {
-        let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
-        Places {
-            kvm: PathBuf::from("/dev/kvm"),
-            cpuinfo: PathBuf::from("/proc/cpuinfo"),
-            pvm_module: PathBuf::from("/sys/module/kvm_pvm"),
-            arch: std::env::consts::ARCH.to_owned(),
-            assume_kvm: std::env::var_os("PERCH_ASSUME_KVM").is_some_and(|value| value == "1"),
-            msb_path: std::env::var_os("MSB_PATH").map(PathBuf::from),
-            msb_home: std::env::var_os("MSB_HOME")
-                .map_or_else(|| home.join(".microsandbox"), PathBuf::from),
-            cache: std::env::var_os("PERCH_CACHE")
-                .map_or_else(|| home.join(".cache/perch"), PathBuf::from),
-            env_file: std::env::var_os("PERCH_ENV_FILE")
-                .filter(|path| !path.is_empty())
-                .map(PathBuf::from),
-        }
     }
 }
 
@@ -284,7 +236,7 @@ pub fn virtualization(places: &Places) -> Check {
 
 /// `msb` reports version [`MSB_VERSION`] and `libkrunfw.so.5.6.1` is in the `lib/` beside its
 /// `bin/`. As root, `msb` is not run unless it and every directory above it are root's alone
-/// ([`crate::trust`]).
+/// ([`crate::host::trust`]).
 pub fn runtime(places: &Places) -> Check {
     let msb = places
         .msb_path
@@ -295,7 +247,7 @@ pub fn runtime(places: &Places) -> Check {
         .and_then(Path::parent)
         .map(|prefix| prefix.join("lib/libkrunfw.so.5.6.1"));
     let fix = "run .ci/setup, or install msb and libkrunfw.so.5.6.1 from the microsandbox==0.7.11 wheel into ~/.microsandbox/{bin,lib} (or $MSB_HOME)";
-    if let Some(reason) = crate::trust::refusal_as_root(&msb) {
+    if let Some(reason) = crate::host::trust::refusal_as_root(&msb) {
         return check(
             "runtime",
             false,
@@ -345,7 +297,7 @@ pub fn runtime(places: &Places) -> Check {
 /// read (`perch image build` writes it as root). As root, doctor writes nothing into a cache
 /// another user can change.
 fn cache(path: &Path) -> Check {
-    if let Some(reason) = crate::trust::refusal_as_root(path) {
+    if let Some(reason) = crate::host::trust::refusal_as_root(path) {
         return Check {
             name: "cache",
             status: Status::Warn,

@@ -14,7 +14,7 @@
 //! `<key>` is the recipe's fingerprint ([`Recipe::key`]), so a build for the same recipe reuses
 //! what is there, and a different suite, architecture or package set gets its own directory.
 
-use crate::doctor::Places;
+use crate::host::Places;
 use crate::sandbox::{ImageRef, SandboxError};
 use perch_core::image::{
     Blob, BuildRecord, DEFAULT_REFERENCE, DefaultImage, Flavour, OCI_LAYOUT, OciImage,
@@ -364,7 +364,7 @@ pub fn prepare(
 /// `debootstrap.log` at a file of root's, or replace the tree debootstrap chroots into. Refused
 /// before any work, naming the path; for anyone but root, `None`.
 fn refuse_as_root(path: &Path) -> Result<(), ImageError> {
-    match crate::trust::refusal_as_root(path) {
+    match crate::host::trust::refusal_as_root(path) {
         None => Ok(()),
         Some(reason) => Err(ImageError::new(
             format!(

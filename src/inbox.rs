@@ -10,7 +10,7 @@
 //! that one window only.
 
 use crate::channel::InboundEvent;
-use crate::clock::Clock;
+use crate::host::clock::Clock;
 use crate::log::{
     DedupKeys, Journal, JournalEntry, JournalItem, JournalWriter, Journaled, LogError,
 };

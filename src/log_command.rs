@@ -3,7 +3,7 @@
 //! `--follow` and `--lanes`.
 
 use crate::agent::AgentDir;
-use crate::signals::StopSignals;
+use crate::host::signals::StopSignals;
 use perch_core::name::LaneName;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};

@@ -3,20 +3,20 @@
 
 use clap::{Parser, Subcommand};
 use perch::agent::{self, AgentDir, InitStatus};
-use perch::clock::system_clock;
 use perch::control::{self, ControlRequest};
 use perch::heartbeat;
+use perch::host::clock::system_clock;
+use perch::host::logging::LogFormat;
+use perch::host::notify::Notifier;
+use perch::host::signals::StopSignals;
 use perch::inbox::InboxRecord;
 use perch::lane::{Lane, RunLimits};
-use perch::logging::LogFormat;
 use perch::model;
 use perch::model::ToolSpec;
-use perch::notify::Notifier;
 use perch::outbox::OutboxRecord;
 use perch::runtime::Runtime;
 use perch::sandbox::{self, End, Machine, MachineSetup};
 use perch::service::ServiceSetup;
-use perch::signals::StopSignals;
 use perch::toolbox::Toolbox;
 use perch::{doctor, image, info};
 use perch_core::config::{ChannelKind, Platform};
@@ -107,7 +107,7 @@ enum Command {
             value_name = "ADDR",
             num_args = 0..=1,
             require_equals = true,
-            default_missing_value = perch::metrics::DEFAULT_ADDR
+            default_missing_value = perch::host::metrics::DEFAULT_ADDR
         )]
         metrics: Option<std::net::SocketAddr>,
     },
@@ -264,13 +264,13 @@ enum ImageCommand {
 }
 
 fn main() -> ExitCode {
-    perch::metrics::tune_allocator();
+    perch::host::metrics::tune_allocator();
     let cli = Cli::parse();
-    perch::logging::init(match &cli.command {
+    perch::host::logging::init(match &cli.command {
         Command::Run { log_format, .. } => *log_format,
         _ => LogFormat::Human,
     });
-    if let Err(error) = perch::limits::raise_open_files() {
+    if let Err(error) = perch::host::limits::raise_open_files() {
         tracing::warn!("{error}");
     }
     let result = match cli.command {
@@ -453,7 +453,7 @@ fn run_doctor(dir: Option<PathBuf>, online: bool) -> Result<ExitCode, String> {
             .is_ok()
             .then(|| PathBuf::from("."))
     });
-    let mut checks = doctor::run(&doctor::Places::from_environment(), dir.as_deref());
+    let mut checks = doctor::run(&perch::host::Places::from_environment(), dir.as_deref());
     if online {
         match &dir {
             Some(dir) => checks.extend(runtime()?.block_on(doctor::online(
@@ -486,7 +486,7 @@ fn run_doctor(dir: Option<PathBuf>, online: bool) -> Result<ExitCode, String> {
 
 fn build_image(options: image::BuildOptions) -> Result<ExitCode, String> {
     let started = std::time::Instant::now();
-    let places = doctor::Places::from_environment();
+    let places = perch::host::Places::from_environment();
     let cache = places.cache.clone();
     let mut progress = |line: &str| {
         let _ = emit(&format!("image: {line}\n"));
@@ -498,7 +498,7 @@ fn build_image(options: image::BuildOptions) -> Result<ExitCode, String> {
         prepared.dir.archive().display(),
         perch_core::image::DEFAULT_REFERENCE
     ));
-    if let Some(reason) = perch::trust::refusal_as_root(&places.msb_home) {
+    if let Some(reason) = perch::host::trust::refusal_as_root(&places.msb_home) {
         image::record(&cache, &prepared).map_err(|error| error.to_string())?;
         progress(&format!(
             "built, not loaded: this is root, and {reason}; load it as the user that owns {}: perch image load",
@@ -521,8 +521,8 @@ fn build_image(options: image::BuildOptions) -> Result<ExitCode, String> {
 }
 
 fn load_image() -> Result<ExitCode, String> {
-    let places = doctor::Places::from_environment();
-    if let Some(reason) = perch::trust::refusal_as_root(&places.msb_home) {
+    let places = perch::host::Places::from_environment();
+    if let Some(reason) = perch::host::trust::refusal_as_root(&places.msb_home) {
         return Err(format!(
             "not loading the image as root: {reason}\n  fix: run it as the user that owns {}",
             places.msb_home.display()
@@ -849,7 +849,7 @@ fn serve(
             heartbeat_reload: heartbeat::RELOAD_EVERY,
             notifier,
             drain: std::time::Duration::from_secs(30),
-            metrics: std::sync::Arc::new(perch::metrics::Metrics::default()),
+            metrics: std::sync::Arc::new(perch::host::metrics::Metrics::default()),
             metrics_listener,
             once: None,
         };
@@ -1032,7 +1032,7 @@ fn heartbeat_run_here(dir: &Path, name: &str, dry_run: bool) -> Result<RunEnd, S
             heartbeat_reload: heartbeat::RELOAD_EVERY,
             notifier: Notifier::disabled(),
             drain: std::time::Duration::from_secs(30),
-            metrics: std::sync::Arc::new(perch::metrics::Metrics::default()),
+            metrics: std::sync::Arc::new(perch::host::metrics::Metrics::default()),
             metrics_listener: None,
             once: Some(perch::service::HeartbeatOnce {
                 task: name.to_owned(),

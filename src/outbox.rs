@@ -5,7 +5,7 @@
 //! is dropped with a record.
 
 use crate::channel::Delivery;
-use crate::clock::Clock;
+use crate::host::clock::Clock;
 use crate::log::{Journal, JournalItem, JournalWriter, LogError};
 use perch_core::Timestamp;
 use perch_core::delivery::{Sent, Unreceipted, delivery_id, unreceipted};

@@ -5,9 +5,9 @@
 //! [`system_prompt`](perch_core::prompt::system_prompt).
 
 use crate::agent::LoadedAgent;
+use crate::host::workspace::{WORKSPACE_FILE_LIMIT, read_workspace_file};
 use crate::sandbox::GUEST_WORKSPACE;
 use crate::skills::skills_catalog;
-use crate::workspace::{WORKSPACE_FILE_LIMIT, read_workspace_file};
 use perch_core::Problem;
 pub use perch_core::prompt::Origin;
 use perch_core::prompt::{PromptFile, PromptParts};

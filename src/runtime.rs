@@ -2,10 +2,10 @@
 //! model, and opens lanes over them.
 
 use crate::agent::{LoadedAgent, OwnerLock};
-use crate::clock::Clock;
+use crate::host::clock::Clock;
+use crate::host::metrics::Metrics;
 use crate::lane::{Lane, LaneError, LaneSetup, LaneSpend, RunLimits};
 use crate::log::RecoveryReport;
-use crate::metrics::Metrics;
 use crate::model::Model;
 use crate::prompt;
 use crate::sandbox::{self, Machine, MachineSetup};

@@ -2,8 +2,8 @@
 //! symlinks, checked by the core. A broken skill is reported and left out; it never stops the
 //! agent.
 
+use crate::host::workspace::{EntryKind, WorkspaceDir};
 use crate::sandbox::GUEST_WORKSPACE;
-use crate::workspace::{EntryKind, WorkspaceDir};
 use perch_core::Problem;
 use perch_core::problem::Pos;
 pub use perch_core::skill::Skill;

@@ -4,8 +4,8 @@
 //! ([`perch_core::spend`]).
 
 use crate::agent::AgentDir;
-use crate::alert::Alerts;
-use crate::clock::Clock;
+use crate::host::alert::Alerts;
+use crate::host::clock::Clock;
 use crate::log::{Journal, JournalEntry, JournalWriter, Journaled, LogError};
 use perch_core::alert::AlertKind;
 use perch_core::spend::{

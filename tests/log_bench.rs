@@ -4,7 +4,7 @@
 #![allow(clippy::print_stdout)]
 
 use chrono::Utc;
-use perch::clock::system_clock;
+use perch::host::clock::system_clock;
 use perch::log::LaneLog;
 use perch_core::config::Replay;
 use perch_core::id::{EntryId, OperationId};

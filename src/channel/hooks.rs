@@ -221,7 +221,7 @@ impl ChannelHooks {
             .name("perch-hook".into())
             .spawn(move || {
                 let _running = Running(running);
-                crate::failpoint::stall("stall:hook");
+                crate::host::failpoint::stall("stall:hook");
                 let outcome = fresh_or(code, &channel).map(|code| {
                     let returned = code.call_hook_blocking(function, &input, &mut draft);
                     (code, returned.map(|returned| (returned, draft)))

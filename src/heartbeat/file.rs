@@ -2,7 +2,7 @@
 //! symlink, never more than [`FILE_LIMIT`] bytes, never blocking on a FIFO).
 
 use crate::agent::{AgentDir, LoadedAgent};
-use crate::workspace::read_workspace_text;
+use crate::host::workspace::read_workspace_text;
 use perch_core::heartbeat::{HeartbeatEnv, HeartbeatFile, TargetSpec, parse_heartbeat_file};
 use std::path::{Path, PathBuf};
 

@@ -3,7 +3,7 @@
 //! unconsumed items; a record a later one makes irrelevant is consumed.
 
 use crate::agent::AgentDir;
-use crate::clock::Clock;
+use crate::host::clock::Clock;
 use crate::log::{Journal, JournalWriter, LogError, peek_journal};
 use perch_core::heartbeat::{LedgerRecord, LedgerState, reduce, superseded};
 use perch_core::name::TaskName;
@@ -78,7 +78,7 @@ impl Ledger {
 /// Resumes a stopped task without a running service; the caller holds the directory's lock.
 pub async fn resume_here(dir: &AgentDir, task: &str) -> Result<(), String> {
     let name = TaskName::try_from(task).map_err(|error| format!("{task}: {error}"))?;
-    let clock = crate::clock::system_clock();
+    let clock = crate::host::clock::system_clock();
     let (ledger, records) = Ledger::open(dir, clock.clone()).map_err(|error| error.to_string())?;
     let state = reduce(records.into_iter().map(|(_, record)| record));
     if state

@@ -8,7 +8,7 @@ use super::scheduler::{OnStop, RunJob, SchedulerSetup};
 use super::turn::{Turned, take_turn};
 use super::{Job, JobEnd, Mode};
 use crate::agent::AgentDir;
-use crate::clock::Clock;
+use crate::host::clock::Clock;
 use crate::outbox::DeliveryLane;
 use perch_core::alert::AlertKind;
 use perch_core::heartbeat::{HeartbeatEnv, SlotOutcome, Verdict};
@@ -586,7 +586,7 @@ mod tests {
         std::fs::create_dir(agent.path().join("workspace")).unwrap();
         std::fs::write(agent.path().join("workspace/HEARTBEAT.yml"), FILE).unwrap();
         let dir = AgentDir::open(agent.path()).unwrap();
-        let clock = crate::clock::system_clock();
+        let clock = crate::host::clock::system_clock();
         let (opened, records) = ledger::Ledger::open(&dir, clock.clone()).unwrap();
         let reason = "the account is out of credit (402)";
         let host = FakeHost::answering([failed(reason, Some(ModelFailure::QuotaExhausted))]);

@@ -8,9 +8,9 @@ use super::listing::{describe, listing};
 use super::{Job, JobEnd, Mode};
 use crate::agent::AgentDir;
 use crate::channel::BoxFuture;
-use crate::clock::Clock;
+use crate::host::clock::Clock;
+use crate::host::workspace::{FileStamp, workspace_file_stamp};
 use crate::log::LogError;
-use crate::workspace::{FileStamp, workspace_file_stamp};
 use perch_core::Timestamp;
 use perch_core::control::HeartbeatList;
 use perch_core::heartbeat::{
@@ -487,7 +487,7 @@ impl Scheduler {
                 describe(&done.end.outcome)
             );
             let (task, slot) = (done.task.as_str(), done.slot.to_rfc3339());
-            let outcome = crate::metrics::outcome_label(&done.end.outcome);
+            let outcome = crate::host::metrics::outcome_label(&done.end.outcome);
             match &done.end.outcome {
                 SlotOutcome::Invalid { .. }
                 | SlotOutcome::Failed { .. }

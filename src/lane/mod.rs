@@ -8,7 +8,7 @@
 
 mod run;
 
-use crate::clock::Clock;
+use crate::host::clock::Clock;
 use crate::log::{LaneLog, LogError, RecoveryReport, ToolRerun, recover};
 use crate::model::{Model, StreamEvent};
 use crate::toolbox::Toolbox;
@@ -50,7 +50,7 @@ pub struct LaneSetup {
     /// many lanes run at once.
     pub active_runs: Arc<Semaphore>,
     /// Counts runs, tool calls and tokens for `perch run --metrics`.
-    pub metrics: Arc<crate::metrics::Metrics>,
+    pub metrics: Arc<crate::host::metrics::Metrics>,
     /// The daily spend guard, consulted before each model request and told each reply's usage.
     pub spend: Option<LaneSpend>,
 }

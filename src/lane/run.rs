@@ -15,7 +15,7 @@
 //! still written, and the operation is closed as cancelled.
 
 use super::{Events, Finished, Input, LaneError, LaneEvent, Said, Shared, SteerFrom};
-use crate::failpoint;
+use crate::host::failpoint;
 use crate::model::{ModelError, ModelErrorKind, ModelReply, ModelRequest, StreamEvent};
 use perch_core::conversation::{self, estimate_tokens, summary_entry, text_of, tool_calls};
 use perch_core::heartbeat::ModelFailure;

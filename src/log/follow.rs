@@ -640,7 +640,7 @@ impl Follower {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::Clock;
+    use crate::host::clock::Clock;
     use crate::log::LaneLog;
     use chrono::TimeZone;
     use perch_core::id::EntryId;

@@ -3,7 +3,7 @@
 use super::error::LogError;
 use super::file::{Appender, create_with_first_line, lock_exclusive, scan_lines, sync_parent};
 use super::segment::{segment_numbers, segment_path};
-use crate::clock::Clock;
+use crate::host::clock::Clock;
 use perch_core::Timestamp;
 use perch_core::journal::{JOURNAL_VERSION, JournalLine};
 use perch_core::log::Commit;

@@ -6,7 +6,7 @@
 
 use super::error::LogError;
 use super::journal::Journal;
-use crate::clock::Clock;
+use crate::host::clock::Clock;
 use perch_core::Timestamp;
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;

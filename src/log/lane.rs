@@ -6,7 +6,7 @@ use super::error::LogError;
 use super::file::{Appender, append_to, create_with_first_line, lock_exclusive};
 use super::pool::{self, Hosted};
 use super::segment::{Access, Chain, Segment, index_path, segment_numbers, segment_path};
-use crate::clock::Clock;
+use crate::host::clock::Clock;
 use perch_core::id::{EntryId, OperationId, SessionId};
 use perch_core::log::{
     Commit, Entry, FORMAT_VERSION, Header, INDEX_HEADER_LEN, IndexHeader, Line, PendingTool,

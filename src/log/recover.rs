@@ -2,7 +2,7 @@
 
 use super::error::LogError;
 use super::lane::LaneLog;
-use crate::clock::Clock;
+use crate::host::clock::Clock;
 use perch_core::config::Replay;
 use perch_core::log::{
     Line, PendingTool, Record, RecoveryStep, interrupted_result, plan_recovery, tool_result,

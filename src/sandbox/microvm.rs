@@ -8,7 +8,7 @@
 //! network boundary swaps for the real value on the way to the secret's hosts.
 //!
 //! Every microsandbox call runs against the microsandbox home the machine was set up with
-//! ([`crate::doctor::Places::msb_home`]), never the one the process environment would pick:
+//! ([`crate::host::Places::msb_home`]), never the one the process environment would pick:
 //! that home's catalog, images, sandboxes and runtime (`<home>/bin/msb`, unless `$MSB_PATH`
 //! names another, which the crate honours). Each machine has its own [`LocalBackend`] for that home.
 //!

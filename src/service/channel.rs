@@ -1,9 +1,9 @@
 //! One connected channel and how it is doing.
 
 use crate::agent::LoadedChannel;
-use crate::alert::Alerts;
 use crate::channel::Connector;
 use crate::channel::hooks::ChannelHooks;
+use crate::host::alert::Alerts;
 use perch_core::alert::AlertKind;
 use perch_core::connection::Connection;
 use perch_core::control::ChannelHealth;

@@ -400,7 +400,7 @@ impl Service {
         if reply.trim().is_empty() && files.is_empty() {
             return Ok(());
         }
-        crate::failpoint::hit("before:delivery_intent");
+        crate::host::failpoint::hit("before:delivery_intent");
         self.post_files(
             channel,
             &to.room,

@@ -12,9 +12,9 @@
 
 use super::lanes::LaneRecords;
 use super::{Channel, Service};
-use crate::alert::Alerts;
 use crate::channel::{Delivery, DeliveryError, InboundEvent, OutboundFile};
-use crate::metrics::{DeliveryOutcome, Metrics};
+use crate::host::alert::Alerts;
+use crate::host::metrics::{DeliveryOutcome, Metrics};
 use crate::outbox::{DeliveryLane, Outbox, OutboxRecord, Unsettled};
 use perch_core::alert::AlertKind;
 use perch_core::delivery::{
@@ -347,7 +347,7 @@ impl Deliveries {
                     break;
                 }
             }
-            crate::failpoint::hit("after:delivery_intent");
+            crate::host::failpoint::hit("after:delivery_intent");
         }
         if !pieces.is_empty() {
             self.queue(channel, pieces, lane, Some(told));
@@ -560,7 +560,7 @@ impl Workers {
         let record = loop {
             let error = match channel.connector.post(delivery, &uploads).await {
                 Ok(receipt) => {
-                    crate::failpoint::hit("after:delivery_sent");
+                    crate::host::failpoint::hit("after:delivery_sent");
                     break OutboxRecord::Receipt { intent, receipt };
                 }
                 Err(error) => error,

@@ -205,7 +205,7 @@ mod tests {
         let sessions = dir.sessions_dir();
         let lane = LaneName::try_from(lane).unwrap();
         let (log, _) = tokio::task::spawn_blocking(move || {
-            LaneLog::open(&sessions, &lane, crate::clock::system_clock())
+            LaneLog::open(&sessions, &lane, crate::host::clock::system_clock())
         })
         .await
         .unwrap()

@@ -41,7 +41,7 @@ impl Service {
             .record_event(channel, &event)
             .await
             .map_err(|error| error.to_string())?;
-        crate::failpoint::hit("after:inbox_journaled");
+        crate::host::failpoint::hit("after:inbox_journaled");
         let _ = journaled.send(());
         if let Recorded::New { seq } = recorded {
             self.metrics.event_in(channel);
@@ -111,7 +111,7 @@ impl Service {
                         .await
                         .map_err(|error| error.to_string())?;
                     deciding = Some(mark);
-                    crate::failpoint::hit("during:on_message");
+                    crate::host::failpoint::hit("during:on_message");
                 }
                 let verdict = connected.hooks.lock().await.run_on_message(&message).await;
                 match &verdict {

@@ -6,10 +6,10 @@
 //! A closed lane is reopened from disk, its history intact.
 
 use super::delivery::RoomQueues;
-use crate::clock::Clock;
+use crate::host::clock::Clock;
+use crate::host::metrics::Metrics;
 use crate::lane::Lane;
 use crate::log::LaneLog;
-use crate::metrics::Metrics;
 use perch_core::lanes::{OpenLane, Room, idle_past, make_room};
 use perch_core::log::{Line, Record};
 use perch_core::name::LaneName;
@@ -287,7 +287,7 @@ impl LanePool {
             close(closing).await;
         }
         if drained {
-            crate::metrics::release_free_memory();
+            crate::host::metrics::release_free_memory();
         }
     }
 

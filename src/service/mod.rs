@@ -31,18 +31,18 @@ use lanes::LanePool;
 use receive::{ReceiveFrom, receive_forever};
 
 use crate::agent::{LoadedAgent, LoadedChannel};
-use crate::alert::Alerts;
 use crate::channel::hooks::ChannelHooks;
 use crate::channel::{Arrival, Connector};
-use crate::clock::Clock;
 use crate::control;
 use crate::heartbeat::{Heartbeats, JobEnd};
+use crate::host::alert::Alerts;
+use crate::host::clock::Clock;
+use crate::host::metrics::Metrics;
+use crate::host::notify::{Notifier, status_line};
 use crate::inbox::{Inbox, PendingItem};
 use crate::lane::RunLimits;
 use crate::log::LogError;
-use crate::metrics::Metrics;
 use crate::model::Model;
-use crate::notify::{Notifier, status_line};
 use crate::outbox::Outbox;
 use crate::runtime::Runtime;
 use crate::sandbox::MachineSetup;
@@ -277,7 +277,7 @@ pub async fn run(
     }
     if let Some(listener) = setup.metrics_listener {
         let service = Arc::clone(&service);
-        tokio::spawn(crate::metrics::serve(
+        tokio::spawn(crate::host::metrics::serve(
             listener,
             shutdown.clone(),
             move || {

@@ -4,7 +4,7 @@
 use super::{Service, locked, tracing_note};
 use crate::control::{self, ControlRequest};
 use crate::heartbeat::{self};
-use crate::notify::status_line;
+use crate::host::notify::status_line;
 use crate::starts;
 use perch_core::alert::AlertKind;
 use perch_core::control::{HeartbeatListed, HeartbeatRan, LiveStatus, Resumed, encode_reply};
@@ -36,18 +36,18 @@ impl Service {
     /// logged.
     pub(super) fn start_alerts(
         self: &Arc<Self>,
-        raised: mpsc::UnboundedReceiver<crate::alert::Alert>,
+        raised: mpsc::UnboundedReceiver<crate::host::alert::Alert>,
     ) {
         let Some(owner) = self.runtime.agent().definition.agent.owner.clone() else {
             return;
         };
         let service = Arc::clone(self);
-        let post: crate::alert::PostAlert = Arc::new(move |text: String| {
+        let post: crate::host::alert::PostAlert = Arc::new(move |text: String| {
             let service = Arc::clone(&service);
             let owner = owner.clone();
             Box::pin(async move { service.post_to(&owner, &text, None).await.map(drop) })
         });
-        tokio::spawn(crate::alert::deliver(
+        tokio::spawn(crate::host::alert::deliver(
             raised,
             post,
             self.clock.clone(),

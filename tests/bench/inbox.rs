@@ -2,7 +2,7 @@
 //! connectors' events arriving at once.
 
 use perch::channel::{InboundEvent, Sender};
-use perch::clock::system_clock;
+use perch::host::clock::system_clock;
 use perch::inbox::{Inbox, Recorded};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -28,8 +28,8 @@ pub async fn host_overhead(smoke: bool) {
 mod double {
     use perch::{
         agent::{self, AgentDir, LoadedAgent},
-        clock::system_clock,
-        doctor::Places,
+        host::Places,
+        host::clock::system_clock,
         lane::{Input, Lane, RunLimits},
         model::{
             BoxFuture, Model, ModelError, ModelReply, ModelRequest, StopReason, StreamEvent, Usage,

@@ -1,5 +1,5 @@
 use chrono::Utc;
-use perch::clock::{Clock, system_clock};
+use perch::host::clock::{Clock, system_clock};
 use perch::log::{LaneLog, recover};
 use perch_core::config::Replay;
 use perch_core::id::{EntryId, OperationId};

@@ -4,7 +4,8 @@
 //! output.
 
 use perch::agent::{self, AgentDir};
-use perch::doctor::{self, Places};
+use perch::doctor;
+use perch::host::Places;
 use perch::sandbox::{self, Backend, Command, MachineSetup};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;

@@ -35,7 +35,7 @@ mod fake_telegram;
 use fake_model::FakeModel;
 use fake_telegram::{Chat, FakeTelegram, TOKEN as TELEGRAM_TOKEN, User};
 use perch::agent::AgentDir;
-use perch::doctor::Places;
+use perch::host::Places;
 use perch_core::config::Api;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};

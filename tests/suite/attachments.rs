@@ -9,7 +9,7 @@ use super::fake_discord::{
 use super::fake_model::{FakeModel, Script};
 use super::fake_telegram::{Chat, FakeTelegram, Incoming, Media, TOKEN as TELEGRAM_TOKEN, User};
 use super::support::{new_agent, write};
-use perch::doctor::Places;
+use perch::host::Places;
 use perch_core::attachment::inbox_dir;
 use perch_core::config::Api;
 use serde_json::Value;

@@ -3,7 +3,7 @@
 
 use super::support::new_agent;
 use perch::agent::{self, AgentDir};
-use perch::doctor::Places;
+use perch::host::Places;
 use perch::sandbox::{self, Backend, MachineSetup, State};
 use perch::toolbox::{ToolOutcome, Toolbox};
 use perch_core::config::Replay;

@@ -8,7 +8,7 @@ use super::fake_telegram::{Chat, FakeTelegram, User};
 use super::service::{start, stop, wait_until};
 use super::support::{new_agent, write};
 use chrono::{DateTime, TimeZone, Utc};
-use perch::clock::system_clock;
+use perch::host::clock::system_clock;
 use perch::log::LaneLog;
 use perch_core::config::Api;
 use perch_core::id::{EntryId, OperationId};

@@ -18,7 +18,7 @@ use super::service::status_json;
 use super::standin_home::{Preparation, prepare};
 use super::support::{new_agent, write};
 use super::synapse::Synapse;
-use perch::doctor::Places;
+use perch::host::Places;
 use perch_core::config::Api;
 use serde_json::Value;
 use std::collections::BTreeMap;

@@ -8,7 +8,7 @@
 //! the follower is running, its watches in place.
 
 use chrono::TimeZone;
-use perch::clock::Clock;
+use perch::host::clock::Clock;
 use perch::log::follow::{MAX_LINE_BYTES, ends, follow};
 use perch::log::{LaneLog, LogError};
 use perch_core::id::EntryId;

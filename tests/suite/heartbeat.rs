@@ -5,8 +5,8 @@
 use super::support::{new_agent, write};
 use chrono::{TimeZone, Timelike, Utc};
 use perch::agent::AgentDir;
-use perch::clock::Clock;
 use perch::heartbeat::{self, Heartbeats, Job, JobEnd, Ledger, Mode, SchedulerSetup};
+use perch::host::clock::Clock;
 use perch_core::Timestamp;
 use perch_core::heartbeat::{HeartbeatEnv, LedgerRecord, SlotOutcome, TargetSpec};
 use perch_core::name::{ChannelName, RoomAlias};

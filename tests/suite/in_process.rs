@@ -7,10 +7,10 @@ use perch::channel::{
     Arrival, Attachment, AttemptUp, BoxFuture as ChannelFuture, Connector, ConnectorError,
     Delivery, DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Sender, Upload,
 };
-use perch::clock::system_clock;
-use perch::doctor::Places;
+use perch::host::Places;
+use perch::host::clock::system_clock;
+use perch::host::metrics::Metrics;
 use perch::lane::RunLimits;
-use perch::metrics::Metrics;
 use perch::model::{
     BoxFuture, Model, ModelError, ModelReply, ModelRequest, StopReason, StreamEvent, Usage,
 };
@@ -89,7 +89,7 @@ impl InProcess {
             lanes,
             reconnect: Duration::from_millis(10),
             heartbeat_reload: perch::heartbeat::RELOAD_EVERY,
-            notifier: perch::notify::Notifier::disabled(),
+            notifier: perch::host::notify::Notifier::disabled(),
             drain: Duration::from_secs(30),
             metrics: Arc::clone(&metrics),
             metrics_listener: None,

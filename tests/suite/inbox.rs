@@ -3,7 +3,7 @@
 
 use chrono::TimeZone;
 use perch::channel::{InboundEvent, Sender};
-use perch::clock::Clock;
+use perch::host::clock::Clock;
 use perch::inbox::{Disposition, Inbox, Recorded};
 use perch::log::Journal;
 use perch_core::Timestamp;

@@ -5,8 +5,8 @@
 use super::fake_model::{FakeModel, Reply, Script};
 use super::support::{new_agent, write};
 use perch::agent::{self, AgentDir};
-use perch::clock::system_clock;
-use perch::doctor::Places;
+use perch::host::Places;
+use perch::host::clock::system_clock;
 use perch::lane::{Finished, Input, Lane, RunLimits, Steered};
 use perch::log::LaneReader;
 use perch::model;

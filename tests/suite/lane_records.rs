@@ -309,7 +309,7 @@ tool("plain", {
         .unwrap_or_else(|problems| panic!("{problems}"));
     let setup = MachineSetup {
         backend: Backend::NamespaceDouble,
-        places: perch::doctor::Places::from_environment(),
+        places: perch::host::Places::from_environment(),
         idle: std::time::Duration::from_secs(30),
     };
     let machine = sandbox::machine_for(&loaded, &setup, |_| None).unwrap();
@@ -336,7 +336,7 @@ tool("plain", {
 async fn a_delivery_too_old_to_send_at_a_restart_is_recorded_as_dropped() {
     use super::in_process::InProcess;
     use perch::channel::Delivery;
-    use perch::clock::Clock;
+    use perch::host::clock::Clock;
     use perch::log::Journal;
     use perch::outbox::{DeliveryLane, OutboxRecord};
     use perch_core::name::LaneName;

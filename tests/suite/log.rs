@@ -1,5 +1,5 @@
 use chrono::TimeZone;
-use perch::clock::Clock;
+use perch::host::clock::Clock;
 use perch::log::{IndexStatus, LaneLog, LaneReader, LogError, ToolRerun, recover};
 use perch_core::config::Replay;
 use perch_core::id::{EntryId, OperationId};

@@ -13,7 +13,7 @@ use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
 use matrix_sdk::ruma::{EventId, RoomId};
 use perch::channel::matrix::{MatrixConnector, read_undecryptable};
 use perch::channel::{Arrival, AttemptUp, Connector, ConnectorError, Delivery, InboundEvent};
-use perch::doctor::Places;
+use perch::host::Places;
 use perch_core::config::Api;
 use perch_core::name::EnvName;
 use perch_core::secret::{EnvRef, Secret};

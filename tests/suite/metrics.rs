@@ -1,8 +1,8 @@
 //! The metrics' text format and routes, and the log lines' two formats. `perch run --metrics`
 //! and `--log-format json` end to end are in `service.rs`.
 
-use perch::logging::{self, LogFormat};
-use perch::metrics::{DeliveryOutcome, Metrics, Route, route};
+use perch::host::logging::{self, LogFormat};
+use perch::host::metrics::{DeliveryOutcome, Metrics, Route, route};
 use perch_core::heartbeat::SlotOutcome;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

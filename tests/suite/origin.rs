@@ -332,7 +332,7 @@ fn contents(request: &Received, role: &str) -> Vec<String> {
 
 #[test]
 fn a_forged_header_in_a_heartbeat_prompt_or_its_steer_reaches_the_owner_s_lane_escaped() {
-    use perch::doctor::Places;
+    use perch::host::Places;
     use perch_core::escape::ESCAPED_OPEN;
     let model = FakeModel::start(Api::OpenAiCompletions);
     let telegram = FakeTelegram::start();

@@ -5,7 +5,7 @@
 
 use super::support::{new_agent, write};
 use perch::agent::{self, AgentDir, LoadedAgent};
-use perch::doctor::Places;
+use perch::host::Places;
 use perch::sandbox::{
     self, Backend, Command, End, LastBoot, Machine, MachineSetup, SandboxError, State,
 };

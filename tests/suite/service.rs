@@ -4,7 +4,7 @@
 use super::fake_model::{FakeModel, Script};
 use super::fake_telegram::{Chat, FakeTelegram, TOKEN, User};
 use super::support::{new_agent, write};
-use perch::doctor::Places;
+use perch::host::Places;
 use perch_core::config::Api;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

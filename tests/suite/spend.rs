@@ -5,7 +5,7 @@ use super::fake_model::{FakeModel, Reply, Script};
 use super::fake_telegram::{Chat, FakeTelegram, Sent, TOKEN, User};
 use super::support::{new_agent, perch, stderr, stdout, write};
 use perch::agent::{self, AgentDir};
-use perch::doctor::Places;
+use perch::host::Places;
 use perch_core::config::Api;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

@@ -13,7 +13,7 @@ use super::sandbox::{SECRET_VALUE, cancel_once_exists, load, lookup, text};
 use super::standin_home::{Preparation, prepare};
 use super::support::{new_agent, write};
 use perch::agent::LoadedAgent;
-use perch::doctor::Places;
+use perch::host::Places;
 use perch::sandbox::microvm::Microvm;
 use perch::sandbox::{
     self, Backend, Boot, Command, DEFAULT_IDLE, End, LastBoot, Machine, MachineSetup, Sandbox,

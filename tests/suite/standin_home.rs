@@ -6,7 +6,7 @@
 //! `bin/msb`, an empty `lib/libkrunfw.so.5.6.1` (the crate only checks that it exists), and
 //! `perch:default` loaded by the real crate (reloaded only when the built layer changed).
 
-use perch::doctor::Places;
+use perch::host::Places;
 use perch::sandbox::{ImageRef, microvm};
 use std::fs;
 use std::io::Write;
@@ -48,7 +48,7 @@ pub async fn prepare(preparation: Preparation) -> Result<Places, String> {
         return Err(format!("{} is missing", archive.display()));
     }
     let home = environment.cache.join("standin-home");
-    if let Some(reason) = perch::trust::refusal_as_root(&home.join("bin/msb")) {
+    if let Some(reason) = perch::host::trust::refusal_as_root(&home.join("bin/msb")) {
         return Err(format!(
             "perch would not run a runtime in {}: {reason}",
             home.display()

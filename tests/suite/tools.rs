@@ -3,7 +3,7 @@
 
 use super::support::{new_agent, perch, stderr, stdout, write};
 use perch::agent::{self, AgentDir, LoadedAgent};
-use perch::doctor::Places;
+use perch::host::Places;
 use perch::sandbox::{self, Backend, Machine, MachineSetup, State};
 use perch::tools::run_tool;
 use serde_json::json;

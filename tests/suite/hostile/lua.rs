@@ -8,7 +8,7 @@ use super::super::support::{new_agent, stderr, stdout, write};
 use super::{exits_within, perch_on_the_double, stop_within};
 use chrono::TimeZone;
 use perch::channel::{InboundEvent, Sender};
-use perch::clock::Clock;
+use perch::host::clock::Clock;
 use perch::inbox::{Disposition, Inbox, Recorded};
 use perch_core::config::Api;
 use std::path::Path;

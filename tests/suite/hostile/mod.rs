@@ -11,7 +11,7 @@ mod workspace_files;
 
 use super::fake_telegram::TOKEN;
 use super::service::terminate;
-use perch::doctor::Places;
+use perch::host::Places;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! The rate limit is the core's ([`perch_core::alert::AlertLimiter`]).
 
 use crate::channel::BoxFuture;
-use crate::clock::Clock;
+use crate::host::clock::Clock;
 use perch_core::alert::{AlertKind, AlertLimiter};
 use std::sync::Arc;
 use std::time::Duration;

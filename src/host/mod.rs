@@ -1,0 +1,17 @@
+//! perch and the machine it runs on: the clock, signals, process limits, systemd's notify
+//! protocol, the log lines on stderr, metrics, failpoints, the trust of paths as root, the
+//! workspace's files read and written on the host, owner alerts, and the places perch looks.
+
+pub mod alert;
+pub mod clock;
+pub mod failpoint;
+pub mod limits;
+pub mod logging;
+pub mod metrics;
+pub mod notify;
+mod places;
+pub mod signals;
+pub mod trust;
+pub mod workspace;
+
+pub use places::Places;
