@@ -930,7 +930,7 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
 }
 
 /// Writes `value` as pretty JSON over `path` durably; other builds may write it at the same time
-/// (see [`atomic_file::replace_shared`](crate::atomic_file::replace_shared)).
+/// (see [`atomic_file::replace_shared`](crate::store::atomic_file::replace_shared)).
 fn write_json_atomic(path: &Path, value: &impl serde::Serialize) -> Result<(), ImageError> {
     let written = (|| -> io::Result<()> {
         if let Some(parent) = path.parent() {
@@ -938,7 +938,7 @@ fn write_json_atomic(path: &Path, value: &impl serde::Serialize) -> Result<(), I
         }
         let mut text = serde_json::to_vec_pretty(value)?;
         text.push(b'\n');
-        crate::atomic_file::replace_shared(path, &text)
+        crate::store::atomic_file::replace_shared(path, &text)
     })();
     written.map_err(|error| ImageError::io("write", path, &error))
 }

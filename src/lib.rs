@@ -3,31 +3,26 @@
 //! live in `perch-core`.
 
 pub mod agent;
-pub mod atomic_file;
 pub mod attachments;
 pub mod builtin;
 pub mod channel;
 pub mod chat;
-pub mod control;
 pub mod doctor;
 pub mod heartbeat;
 pub mod host;
 pub mod image;
-pub mod inbox;
 pub mod info;
 pub mod lane;
 pub mod log;
 pub mod log_command;
 pub mod lua;
 pub mod model;
-pub mod outbox;
 pub mod prompt;
 pub mod runtime;
 pub mod sandbox;
 pub mod service;
 pub mod skills;
-pub mod spend;
-pub mod starts;
+pub mod store;
 pub mod toolbox;
 pub mod tools;
 pub mod transcript;

@@ -3,20 +3,21 @@
 
 use clap::{Parser, Subcommand};
 use perch::agent::{self, AgentDir, InitStatus};
-use perch::control::{self, ControlRequest};
 use perch::heartbeat;
 use perch::host::clock::system_clock;
 use perch::host::logging::LogFormat;
 use perch::host::notify::Notifier;
 use perch::host::signals::StopSignals;
-use perch::inbox::InboxRecord;
 use perch::lane::{Lane, RunLimits};
 use perch::model;
 use perch::model::ToolSpec;
-use perch::outbox::OutboxRecord;
 use perch::runtime::Runtime;
 use perch::sandbox::{self, End, Machine, MachineSetup};
 use perch::service::ServiceSetup;
+use perch::store::control::{self, ControlRequest};
+use perch::store::inbox::InboxRecord;
+use perch::store::outbox::OutboxRecord;
+use perch::store::pairing;
 use perch::toolbox::Toolbox;
 use perch::{doctor, image, info};
 use perch_core::config::{ChannelKind, Platform};
@@ -894,13 +895,13 @@ fn pair_approve(dir: PathBuf, code: &str) -> Result<ExitCode, String> {
                 format!("{error}; its control socket does not answer, so the code cannot be approved now")
             })?;
             let path = agent_dir.pairing_file();
-            let mut pairing = control::read_pairing(&path)?;
+            let mut pairing = pairing::read_pairing(&path)?;
             match pairing.approve(code, chrono::Utc::now()) {
                 Approval::Approved(approved) => {
-                    control::write_pairing(&path, &pairing)?;
+                    pairing::write_pairing(&path, &pairing)?;
                     approved
                 }
-                Approval::Unknown => return Err(control::no_pending_pairing(code)),
+                Approval::Unknown => return Err(pairing::no_pending_pairing(code)),
             }
         }
     };
@@ -1093,7 +1094,7 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
             _ => None,
         })
         .collect();
-    let (pairing, pairing_error) = match control::read_pairing(&agent_dir.pairing_file()) {
+    let (pairing, pairing_error) = match pairing::read_pairing(&agent_dir.pairing_file()) {
         Ok(pairing) => (pairing, None),
         Err(error) => (perch_core::pairing::Pairing::default(), Some(error)),
     };
@@ -1163,7 +1164,7 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
         approved_senders: pairing.approved.len(),
         pairing_unreadable: pairing_error
             .as_ref()
-            .map(|error| format!("cannot read {error}; {}", control::PAIRING_UNREADABLE_FIX)),
+            .map(|error| format!("cannot read {error}; {}", pairing::PAIRING_UNREADABLE_FIX)),
         heartbeats: match heartbeat_listing(&agent_dir) {
             Ok(list) => Heartbeats::Listed(list),
             Err(error) => Heartbeats::Unlisted { error },
@@ -1175,7 +1176,9 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
             .min()
             .map(|at| at.to_rfc3339()),
         last_events,
-        lanes_with_open_operations: perch::starts::open_operations(&agent_dir.sessions_dir()),
+        lanes_with_open_operations: perch::store::starts::open_operations(
+            &agent_dir.sessions_dir(),
+        ),
         vm: live.as_ref().map_or_else(
             || "stopped (no perch run holds it)".to_owned(),
             |live| live.vm.clone(),
@@ -1185,8 +1188,8 @@ fn status(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
             .as_ref()
             .map(|live| live.restart_needed.clone())
             .unwrap_or_default(),
-        last_start: perch::starts::read_last_start(&agent_dir),
-        spend_today: match perch::spend::peek_today(&agent_dir, chrono::Utc::now()) {
+        last_start: perch::store::starts::read_last_start(&agent_dir),
+        spend_today: match perch::store::spend::peek_today(&agent_dir, chrono::Utc::now()) {
             Ok(today) => SpendStatus::Known(today),
             Err(error) => SpendStatus::Unknown { error },
         },
@@ -1314,7 +1317,7 @@ fn status_text(
         Some(error) => out.push_str(&format!(
             "pairings pending   unknown: cannot read {}\n  fix: {}\n",
             shown(error),
-            control::PAIRING_UNREADABLE_FIX
+            pairing::PAIRING_UNREADABLE_FIX
         )),
         None => out.push_str(&format!("pairings pending   {}\n", pairing.pending.len())),
     }

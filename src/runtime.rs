@@ -9,7 +9,7 @@ use crate::log::RecoveryReport;
 use crate::model::Model;
 use crate::prompt;
 use crate::sandbox::{self, Machine, MachineSetup};
-use crate::spend::SpendGuard;
+use crate::store::spend::SpendGuard;
 use crate::toolbox::Toolbox;
 use perch_core::Problem;
 use perch_core::name::{LaneName, ModelRef};

@@ -414,12 +414,12 @@ fn read_store(path: &Path) -> Result<HookStore, String> {
     HookStore::new(entries).map_err(|error| format!("{shown}: {error}"))
 }
 
-/// Writes the store whole and durably ([`crate::atomic_file`]), so the file is always either
+/// Writes the store whole and durably ([`crate::store::atomic_file`]), so the file is always either
 /// the old store or the new one.
 fn write_store(path: &Path, store: &HookStore) -> io::Result<()> {
     fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
     let text = serde_json::to_vec(store.entries()).map_err(io::Error::other)?;
-    crate::atomic_file::replace(path, &text, None)
+    crate::store::atomic_file::replace(path, &text, None)
 }
 
 #[cfg(test)]

@@ -1953,7 +1953,7 @@ fn prepare_store(dir: &Path) -> Result<Option<MatrixSession>, String> {
 fn write_private(path: &Path, value: &impl Serialize) -> Result<(), String> {
     let failed = |error: &dyn fmt::Display| format!("cannot write {}: {error}", path.display());
     let bytes = serde_json::to_vec_pretty(value).map_err(|error| failed(&error))?;
-    crate::atomic_file::replace(path, &bytes, Some(0o600)).map_err(|error| failed(&error))
+    crate::store::atomic_file::replace(path, &bytes, Some(0o600)).map_err(|error| failed(&error))
 }
 
 /// Makes every file in the store directory private to the owner (matrix-sdk creates its

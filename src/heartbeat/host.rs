@@ -5,8 +5,8 @@
 
 use crate::channel::BoxFuture;
 use crate::lane::{Finished, Input, Lane, LaneError};
-use crate::outbox::DeliveryLane;
 use crate::sandbox::{Command, Output, SandboxError};
+use crate::store::outbox::DeliveryLane;
 use perch_core::alert::AlertKind;
 use perch_core::heartbeat::{SlotOutcome, Target};
 use perch_core::log::Note;

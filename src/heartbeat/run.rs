@@ -9,7 +9,7 @@ use super::turn::{Turned, take_turn};
 use super::{Job, JobEnd, Mode};
 use crate::agent::AgentDir;
 use crate::host::clock::Clock;
-use crate::outbox::DeliveryLane;
+use crate::store::outbox::DeliveryLane;
 use perch_core::alert::AlertKind;
 use perch_core::heartbeat::{HeartbeatEnv, SlotOutcome, Verdict};
 use perch_core::id::OperationId;

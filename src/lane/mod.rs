@@ -58,7 +58,7 @@ pub struct LaneSetup {
 /// A lane's part in the daily spend guard.
 #[derive(Debug, Clone)]
 pub struct LaneSpend {
-    pub guard: crate::spend::SpendGuard,
+    pub guard: crate::store::spend::SpendGuard,
     /// Heartbeat runs pause before conversations do.
     pub kind: perch_core::spend::RunKind,
     /// The lane's name, recorded with each reply's usage.

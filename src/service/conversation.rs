@@ -4,9 +4,9 @@
 use super::lanes::LaneLease;
 use super::{Channel, DRAIN_MARGIN, Service};
 use crate::channel::InboundEvent;
-use crate::inbox::PendingItem;
 use crate::lane::{Input, Lane, Said, Steered};
-use crate::outbox::DeliveryLane;
+use crate::store::inbox::PendingItem;
+use crate::store::outbox::DeliveryLane;
 use perch_core::config::{BusyPolicy, ChannelConfig};
 use perch_core::log::{Outcome, Trigger};
 use perch_core::name::LaneName;

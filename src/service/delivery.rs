@@ -15,7 +15,7 @@ use super::{Channel, Service};
 use crate::channel::{Delivery, DeliveryError, InboundEvent, OutboundFile};
 use crate::host::alert::Alerts;
 use crate::host::metrics::{DeliveryOutcome, Metrics};
-use crate::outbox::{DeliveryLane, Outbox, OutboxRecord, Unsettled};
+use crate::store::outbox::{DeliveryLane, Outbox, OutboxRecord, Unsettled};
 use perch_core::alert::AlertKind;
 use perch_core::delivery::{
     AttemptFailure, Attempts, NotSentBecause, Retry, Unreceipted, after_failure, split_message,

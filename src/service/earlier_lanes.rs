@@ -126,7 +126,7 @@ fn write(dir: &AgentDir, path: &Path, record: &EarlierLane) -> Result<(), String
         .map_err(|error| format!("{}: cannot be created: {error}", parent.display()))?;
     let mut line = serde_json::to_vec(record).map_err(|error| error.to_string())?;
     line.push(b'\n');
-    crate::atomic_file::replace(path, &line, None)
+    crate::store::atomic_file::replace(path, &line, None)
         .map_err(|error| format!("{}: cannot be written: {error}", path.display()))
 }
 

@@ -47,7 +47,7 @@ fn write(dir: &AgentDir, base: &LaneName, generation: u32) -> Result<(), String>
     let parent = dir.generations_dir();
     std::fs::create_dir_all(&parent)
         .map_err(|error| format!("{}: cannot be created: {error}", parent.display()))?;
-    crate::atomic_file::replace(&path, generation.to_string().as_bytes(), None)
+    crate::store::atomic_file::replace(&path, generation.to_string().as_bytes(), None)
         .map_err(|error| format!("{}: cannot be written: {error}", path.display()))
 }
 

@@ -6,9 +6,9 @@
 use super::{Channel, Service, earlier_lanes, generations, locked};
 use crate::channel::hooks::HookVerdict;
 use crate::channel::{Arrival, InboundEvent};
-use crate::control;
-use crate::inbox::{Disposition, PendingItem, Recorded};
-use crate::outbox::DeliveryLane;
+use crate::store::inbox::{Disposition, PendingItem, Recorded};
+use crate::store::outbox::DeliveryLane;
+use crate::store::pairing::write_pairing;
 use perch_core::admission::{Admission, Arrived, Gate, admit};
 use perch_core::alert::AlertKind;
 use perch_core::chat::ChatCommand;
@@ -310,7 +310,7 @@ impl Service {
                 self.clock.now(),
             );
             if matches!(issued, Issued::New(_) | Issued::Busy { .. })
-                && let Err(error) = control::write_pairing(&self.pairing_path, &pairing)
+                && let Err(error) = write_pairing(&self.pairing_path, &pairing)
             {
                 // A code that is not on disk could never be approved: offer none.
                 *pairing = before;

@@ -3,10 +3,10 @@
 use super::conversation::lane_name;
 use super::intake::Reply;
 use super::{Service, tracing_note};
-use crate::inbox::{Backlog, Disposition, consumes_id};
 use crate::log::taken_run;
-use crate::outbox::DeliveryLane;
-use crate::starts;
+use crate::store::inbox::{Backlog, Disposition, consumes_id};
+use crate::store::outbox::DeliveryLane;
+use crate::store::starts;
 use perch_core::log::{ItemAnswer, answer_taken};
 use perch_core::name::LaneName;
 use perch_core::prompt::Origin;

@@ -2,10 +2,11 @@
 //! systemd's status line, owner alerts, and the watch on the files loaded at start.
 
 use super::{Service, locked, tracing_note};
-use crate::control::{self, ControlRequest};
 use crate::heartbeat::{self};
 use crate::host::notify::status_line;
-use crate::starts;
+use crate::store::control::ControlRequest;
+use crate::store::pairing::{no_pending_pairing, write_pairing};
+use crate::store::starts;
 use perch_core::alert::AlertKind;
 use perch_core::control::{HeartbeatListed, HeartbeatRan, LiveStatus, Resumed, encode_reply};
 use perch_core::pairing::Approval;
@@ -80,9 +81,9 @@ impl Service {
                     let mut pairing = locked(&self.state.pairing);
                     match pairing.approve(&code, self.clock.now()) {
                         Approval::Approved(approved) => {
-                            control::write_pairing(&self.pairing_path, &pairing).map(|()| approved)
+                            write_pairing(&self.pairing_path, &pairing).map(|()| approved)
                         }
-                        Approval::Unknown => Err(control::no_pending_pairing(&code)),
+                        Approval::Unknown => Err(no_pending_pairing(&code)),
                     }
                 };
                 self.update_gates();

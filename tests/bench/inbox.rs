@@ -3,7 +3,7 @@
 
 use perch::channel::{InboundEvent, Sender};
 use perch::host::clock::system_clock;
-use perch::inbox::{Inbox, Recorded};
+use perch::store::inbox::{Inbox, Recorded};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -4,8 +4,8 @@
 use chrono::TimeZone;
 use perch::channel::{InboundEvent, Sender};
 use perch::host::clock::Clock;
-use perch::inbox::{Disposition, Inbox, Recorded};
 use perch::log::Journal;
+use perch::store::inbox::{Disposition, Inbox, Recorded};
 use perch_core::Timestamp;
 
 fn at() -> Timestamp {
@@ -110,7 +110,7 @@ async fn items_stay_pending_until_consumed_and_duplicates_are_recognised_after_a
 }
 
 /// The writer thread holds the journal's lock until it has stopped; a reopen waits for that.
-async fn reopen(dir: &std::path::Path) -> (Inbox, perch::inbox::Backlog) {
+async fn reopen(dir: &std::path::Path) -> (Inbox, perch::store::inbox::Backlog) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         match Inbox::open(dir, clock()) {

@@ -338,7 +338,7 @@ async fn a_delivery_too_old_to_send_at_a_restart_is_recorded_as_dropped() {
     use perch::channel::Delivery;
     use perch::host::clock::Clock;
     use perch::log::Journal;
-    use perch::outbox::{DeliveryLane, OutboxRecord};
+    use perch::store::outbox::{DeliveryLane, OutboxRecord};
     use perch_core::name::LaneName;
     use std::time::{Duration, Instant};
     let service = InProcess::start(perch::service::LaneLimits::default(), |dir| {

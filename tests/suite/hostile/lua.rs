@@ -9,7 +9,7 @@ use super::{exits_within, perch_on_the_double, stop_within};
 use chrono::TimeZone;
 use perch::channel::{InboundEvent, Sender};
 use perch::host::clock::Clock;
-use perch::inbox::{Disposition, Inbox, Recorded};
+use perch::store::inbox::{Disposition, Inbox, Recorded};
 use perch_core::config::Api;
 use std::path::Path;
 use std::process::Child;

@@ -30,9 +30,9 @@ pub fn write_starts(path: &Path, starts: &[Start]) -> Result<(), String> {
     )
 }
 
-/// Writes `value` to `path` whole and durably ([`crate::atomic_file`]).
+/// Writes `value` to `path` whole and durably ([`crate::store::atomic_file`]).
 fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), String> {
-    crate::atomic_file::write_json(path, value)
+    crate::store::atomic_file::write_json(path, value)
 }
 
 /// What `perch status` shows of the last start, when there is one and it reads.
