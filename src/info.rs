@@ -55,7 +55,7 @@ pub fn to_json(agent: &LoadedAgent) -> serde_json::Value {
 /// The skills the workspace holds, and the problem of each file left out (by its name, so a
 /// hostile or broken `SKILL.md` is easy to find).
 fn skills_json(agent: &LoadedAgent) -> serde_json::Value {
-    let (skills, problems) = crate::skills::skills_catalog(&agent.dir.workspace());
+    let (skills, problems) = crate::tools::skills::skills_catalog(&agent.dir.workspace());
     json!({
         "names": skills.iter().map(|skill| skill.name.clone()).collect::<Vec<_>>(),
         "problems": problems.iter().map(ToString::to_string).collect::<Vec<_>>(),

@@ -3,8 +3,6 @@
 //! live in `perch-core`.
 
 pub mod agent;
-pub mod attachments;
-pub mod builtin;
 pub mod channel;
 pub mod chat;
 pub mod doctor;
@@ -17,12 +15,9 @@ pub mod log;
 pub mod log_command;
 pub mod lua;
 pub mod model;
-pub mod prompt;
 pub mod runtime;
 pub mod sandbox;
 pub mod service;
-pub mod skills;
 pub mod store;
-pub mod toolbox;
 pub mod tools;
 pub mod transcript;

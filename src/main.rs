@@ -18,7 +18,7 @@ use perch::store::control::{self, ControlRequest};
 use perch::store::inbox::InboxRecord;
 use perch::store::outbox::OutboxRecord;
 use perch::store::pairing;
-use perch::toolbox::Toolbox;
+use perch::tools::toolbox::Toolbox;
 use perch::{doctor, image, info};
 use perch_core::config::{ChannelKind, Platform};
 use perch_core::control::{
@@ -650,7 +650,10 @@ fn tool(dir: PathBuf, name: Option<&str>, args: Option<&str>) -> Result<ExitCode
             description: tool.description.clone(),
             parameters: tool.json_schema(),
         });
-        for tool in perch::builtin::builtin_specs().into_iter().chain(lua_tools) {
+        for tool in perch::tools::builtin::builtin_specs()
+            .into_iter()
+            .chain(lua_tools)
+        {
             out.push_str(&format!(
                 "{}  {}\n",
                 tool.name,

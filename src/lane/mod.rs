@@ -11,7 +11,7 @@ mod run;
 use crate::host::clock::Clock;
 use crate::log::{LaneLog, LogError, RecoveryReport, ToolRerun, recover};
 use crate::model::{Model, StreamEvent};
-use crate::toolbox::Toolbox;
+use crate::tools::toolbox::Toolbox;
 use perch_core::config::Thinking;
 use perch_core::conversation::unanswered_calls;
 use perch_core::heartbeat::ModelFailure;

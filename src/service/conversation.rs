@@ -385,7 +385,7 @@ impl Service {
     ) -> Result<(), String> {
         let (reply, files) = match outcome {
             Outcome::Completed => {
-                crate::attachments::reply_files(&self.runtime.agent().dir.workspace(), text)
+                crate::tools::attachments::reply_files(&self.runtime.agent().dir.workspace(), text)
             }
             Outcome::Cancelled => (String::new(), Vec::new()),
             // The reason can quote the provider (organisation and project ids, e-mail
@@ -421,7 +421,7 @@ impl Service {
             return item.text.clone();
         }
         let workspace = self.runtime.agent().dir.workspace();
-        let received = crate::attachments::receive(
+        let received = crate::tools::attachments::receive(
             channel.connector.as_ref(),
             &workspace,
             &item.channel,

@@ -508,7 +508,7 @@ impl Workers {
                     "the platform refused it: {reason}"
                 )),
             );
-            let text = crate::attachments::with_notes(&delivery.text, &[note]);
+            let text = crate::tools::attachments::with_notes(&delivery.text, &[note]);
             let pieces = split_message(&text, channel.connector.limits().max_chars);
             for (index, piece) in pieces.into_iter().enumerate() {
                 let again = Delivery {
@@ -542,14 +542,14 @@ impl Workers {
         let (uploads, notes) = if delivery.attachments.is_empty() {
             (Vec::new(), Vec::new())
         } else {
-            crate::attachments::uploads(&self.workspace, &delivery.attachments).await
+            crate::tools::attachments::uploads(&self.workspace, &delivery.attachments).await
         };
         let noted;
         let delivery = if notes.is_empty() {
             delivery
         } else {
             noted = Delivery {
-                text: crate::attachments::with_notes(&delivery.text, &notes),
+                text: crate::tools::attachments::with_notes(&delivery.text, &notes),
                 ..delivery.clone()
             };
             &noted

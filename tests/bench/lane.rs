@@ -36,7 +36,7 @@ mod double {
         },
         runtime::Runtime,
         sandbox::{Backend, MachineSetup},
-        toolbox::Toolbox,
+        tools::toolbox::Toolbox,
     };
     use perch_core::{
         log::{Outcome, Part, Role},

@@ -26,7 +26,7 @@ fn every_example_agent_loads() {
         if let Err(problems) = heartbeat::read_file(&loaded.dir, &env) {
             panic!("{name}/workspace/HEARTBEAT.yml does not check:\n{problems}");
         }
-        let (_, problems) = perch::skills::skills_catalog(&loaded.dir.workspace());
+        let (_, problems) = perch::tools::skills::skills_catalog(&loaded.dir.workspace());
         assert!(problems.is_empty(), "{name}'s skills: {problems:?}");
         names.push(name);
     }

@@ -281,7 +281,7 @@ fn a_heartbeat_message_is_recorded_as_settled_in_the_heartbeat_lane() {
 async fn a_lua_tool_reports_the_exit_code_of_its_last_command_and_none_without_one() {
     use perch::agent::{self, AgentDir};
     use perch::sandbox::{self, Backend, MachineSetup};
-    use perch::tools::run_tool_coded;
+    use perch::tools::lua_tool::run_tool_coded;
     use tokio_util::sync::CancellationToken;
     let dir = super::support::new_agent();
     write(

@@ -2,8 +2,8 @@
 
 use super::support::{new_agent, write};
 use perch::agent::{self, AgentDir, LoadedAgent};
-use perch::prompt::{Origin, system_prompt};
-use perch::skills::{Skill, skills_catalog};
+use perch::tools::prompt::{Origin, system_prompt};
+use perch::tools::skills::{Skill, skills_catalog};
 use std::os::unix::fs::symlink;
 use std::path::Path;
 

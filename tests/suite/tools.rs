@@ -5,7 +5,7 @@ use super::support::{new_agent, perch, stderr, stdout, write};
 use perch::agent::{self, AgentDir, LoadedAgent};
 use perch::host::Places;
 use perch::sandbox::{self, Backend, Machine, MachineSetup, State};
-use perch::tools::run_tool;
+use perch::tools::lua_tool::run_tool;
 use serde_json::json;
 use std::path::Path;
 use std::time::Duration;

@@ -6,7 +6,7 @@
 
 use crate::model::ToolSpec;
 use crate::sandbox::{Command, End, Machine, Output, StreamCap};
-use crate::toolbox::Ran;
+use crate::tools::Ran;
 use perch_core::builtin::{
     BASH_DEFAULT_TIMEOUT_SECS, BASH_MAX_TIMEOUT_SECS, BuiltinTool, READ_LINE_BYTES,
     READ_PAGE_CHARS, builtin_tools, read_page,

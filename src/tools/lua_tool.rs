@@ -6,7 +6,7 @@
 use crate::agent::LoadedAgent;
 use crate::lua::{LastExit, ToolContext};
 use crate::sandbox::{self, Machine};
-use crate::toolbox::Ran;
+use crate::tools::Ran;
 use perch_core::config::ToolDecl;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;

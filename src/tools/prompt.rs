@@ -7,7 +7,7 @@
 use crate::agent::LoadedAgent;
 use crate::host::workspace::{WORKSPACE_FILE_LIMIT, read_workspace_file};
 use crate::sandbox::GUEST_WORKSPACE;
-use crate::skills::skills_catalog;
+use crate::tools::skills::skills_catalog;
 use perch_core::Problem;
 pub use perch_core::prompt::Origin;
 use perch_core::prompt::{PromptFile, PromptParts};
