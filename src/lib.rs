@@ -20,4 +20,3 @@ pub mod sandbox;
 pub mod service;
 pub mod store;
 pub mod tools;
-pub mod transcript;

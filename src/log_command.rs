@@ -1,4 +1,4 @@
-//! `perch log`: the command around the reader ([`crate::transcript`]) and the renderings
+//! `perch log`: the command around the reader ([`crate::log::transcript`]) and the renderings
 //! (`perch_core::transcript`): which directory and selection the arguments name, the pager,
 //! `--follow` and `--lanes`.
 
@@ -111,14 +111,14 @@ pub fn run(args: LogArgs) -> Result<ExitCode, String> {
     } else {
         std::collections::BTreeMap::new()
     };
-    let query = crate::transcript::Query {
+    let query = crate::log::transcript::Query {
         lane,
         selection,
         last: args.last,
         redaction,
         ends,
     };
-    let turns = crate::transcript::last_turns(&sessions, &query)?;
+    let turns = crate::log::transcript::last_turns(&sessions, &query)?;
     let text = if args.json {
         let mut out = String::new();
         for event in turns.iter().flat_map(|turn| &turn.events) {
@@ -267,7 +267,7 @@ fn page(text: &str) -> Result<(), String> {
 /// as the tail was, until SIGINT or SIGTERM (listened for before the tail is printed).
 fn follow_log(
     sessions: &Path,
-    query: &crate::transcript::Query,
+    query: &crate::log::transcript::Query,
     tail: &str,
     json: bool,
 ) -> Result<(), String> {
@@ -276,7 +276,7 @@ fn follow_log(
         std::collections::BTreeMap::new();
     for (lane, end) in &query.ends {
         let mut assembler = Assembler::new(lane.clone(), query.redaction.clone());
-        if let Ok(read) = crate::transcript::read_lane(sessions, lane, Some(2), Some(end)) {
+        if let Ok(read) = crate::log::transcript::read_lane(sessions, lane, Some(2), Some(end)) {
             for (position, line) in &read.lines {
                 assembler.push(position.clone(), line);
             }
@@ -358,7 +358,7 @@ fn follow_log(
 /// `perch log --lanes`: each lane's last activity, size, lines and spend.
 fn list_lanes(sessions: &Path, json: bool) -> Result<ExitCode, String> {
     use perch_core::transcript::money;
-    let stats = crate::transcript::lane_stats(sessions)?;
+    let stats = crate::log::transcript::lane_stats(sessions)?;
     let mut out = String::new();
     if json {
         for lane in &stats {

@@ -224,7 +224,7 @@ fn main() {
         }
     );
 
-    let query = perch::transcript::Query {
+    let query = perch::log::transcript::Query {
         lane: Some(LaneName::try_from("bench").expect("a lane name")),
         selection: Selection::default(),
         last: TURNS_SHOWN,
@@ -236,7 +236,7 @@ fn main() {
     let mut text_len = 0;
     for _ in 0..5 {
         let began = Instant::now();
-        let turns = perch::transcript::last_turns(&sessions, &query).expect("the lane reads");
+        let turns = perch::log::transcript::last_turns(&sessions, &query).expect("the lane reads");
         let mut text = String::new();
         for turn in &turns {
             render_turn(turn, &mut text);

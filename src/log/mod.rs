@@ -10,6 +10,9 @@
 //! Opening reads the index and parses only the lines the index does not cover, so reopening a
 //! long lane costs little more than reading its index. The log is the truth: an index that does
 //! not match its log is rebuilt from the log.
+//!
+//! [`transcript`] reads lanes for `perch log` without the lock; [`follow`] watches them for
+//! `perch log --follow`.
 
 mod error;
 mod file;
@@ -21,12 +24,16 @@ mod pool;
 mod recover;
 mod scan;
 mod segment;
+mod snapshot;
+pub mod transcript;
+mod writer;
 
 pub use error::LogError;
 pub use journal::{Journal, JournalContents, JournalItem, peek as peek_journal};
 pub use journal_writer::{DedupKeys, JournalEntry, JournalWriter, Journaled};
-pub use lane::{Appended, IndexStatus, LaneLog, LaneSnapshot, OpenReport, OpenSummary, TailRepair};
+pub use lane::LaneLog;
 pub use pool::{THREADS as WRITER_THREADS, hosted_lanes};
 pub use recover::{RecoveryReport, ToolRerun, recover};
 pub use scan::{TakenRun, open_operations, taken_run};
 pub use segment::LaneReader;
+pub use snapshot::{Appended, IndexStatus, LaneSnapshot, OpenReport, OpenSummary, TailRepair};

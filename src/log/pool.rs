@@ -9,7 +9,7 @@
 //! broken and refuses further appends; the other lanes on the thread go on.
 
 use super::error::LogError;
-use super::lane::{Command, Writer, stopped};
+use super::writer::{Command, Writer, stopped};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, PoisonError, mpsc};

@@ -3,7 +3,7 @@
 
 use super::error::LogError;
 use super::file::{open_read_append, read_at, scan_lines};
-use super::lane::{IndexStatus, LaneSnapshot, OpenSummary};
+use super::snapshot::{IndexStatus, LaneSnapshot, OpenSummary};
 use perch_core::id::EntryId;
 use perch_core::log::{
     Entry, FORMAT_VERSION, Header, INDEX_HEADER_LEN, IndexHeader, LaneState, Line, PendingTool,

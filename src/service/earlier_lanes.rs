@@ -86,7 +86,7 @@ fn contents(
         if !sessions.join(lane.as_str()).is_dir() {
             continue;
         }
-        let read = crate::transcript::read_lane(sessions, &lane, None, None)
+        let read = crate::log::transcript::read_lane(sessions, &lane, None, None)
             .map_err(|error| format!("the earlier lane {lane} cannot be read: {error}"))?;
         for (_, line) in read.lines {
             match line {
