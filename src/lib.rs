@@ -15,7 +15,6 @@ pub mod log;
 pub mod log_command;
 pub mod lua;
 pub mod model;
-pub mod runtime;
 pub mod sandbox;
 pub mod service;
 pub mod store;

@@ -7,6 +7,9 @@
 //! operation closed, without guessing.
 
 mod run;
+mod runtime;
+
+pub use runtime::{MAX_ACTIVE_RUNS, Runtime};
 
 use crate::host::clock::Clock;
 use crate::log::{LaneLog, LogError, RecoveryReport, ToolRerun, recover};

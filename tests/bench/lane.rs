@@ -30,11 +30,10 @@ mod double {
         agent::{self, AgentDir, LoadedAgent},
         host::Places,
         host::clock::system_clock,
-        lane::{Input, Lane, RunLimits},
+        lane::{Input, Lane, RunLimits, Runtime},
         model::{
             BoxFuture, Model, ModelError, ModelReply, ModelRequest, StopReason, StreamEvent, Usage,
         },
-        runtime::Runtime,
         sandbox::{Backend, MachineSetup},
         tools::toolbox::Toolbox,
     };
