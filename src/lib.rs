@@ -4,15 +4,11 @@
 
 pub mod agent;
 pub mod channel;
-pub mod chat;
-pub mod doctor;
+pub mod cli;
 pub mod heartbeat;
 pub mod host;
-pub mod image;
-pub mod info;
 pub mod lane;
 pub mod log;
-pub mod log_command;
 pub mod lua;
 pub mod model;
 pub mod sandbox;

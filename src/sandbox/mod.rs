@@ -15,8 +15,10 @@ use tokio_util::sync::CancellationToken;
 
 #[cfg(feature = "sandbox-double")]
 pub mod double;
+pub mod image;
 mod machine;
 pub mod microvm;
+pub mod preflight;
 mod setup;
 
 pub use machine::{DEFAULT_IDLE, LastBoot, Machine, MachineOptions, State};

@@ -3,9 +3,9 @@
 
 use super::machine::{DEFAULT_IDLE, Machine, MachineOptions};
 use super::microvm::{self, Microvm};
+use super::preflight;
 use super::{ImageRef, ResolvedSecret, Sandbox, SandboxError, Spec};
 use crate::agent::LoadedAgent;
-use crate::doctor;
 use crate::host::Places;
 use perch_core::config::DEFAULT_IMAGE;
 use sha2::{Digest, Sha256};
@@ -63,11 +63,11 @@ pub fn machine_for(
     lookup: impl Fn(&str) -> Option<String>,
 ) -> Result<Machine, SandboxError> {
     if setup.backend == Backend::Microvm {
-        doctor::require(&setup.places)?;
+        preflight::require(&setup.places)?;
     }
     let policy = &agent.definition.sandbox;
     let image = if policy.image == DEFAULT_IMAGE {
-        crate::image::resolve_default_image(&setup.places.cache)?
+        crate::sandbox::image::resolve_default_image(&setup.places.cache)?
     } else {
         ImageRef::Registry(policy.image.clone())
     };

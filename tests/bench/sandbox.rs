@@ -4,7 +4,7 @@
 //! output.
 
 use perch::agent::{self, AgentDir};
-use perch::doctor;
+use perch::cli::doctor;
 use perch::host::Places;
 use perch::sandbox::{self, Backend, Command, MachineSetup};
 use std::time::{Duration, Instant};

@@ -6,7 +6,7 @@ use super::fake_model::FakeModel;
 use super::fake_telegram::{self, FakeTelegram};
 use super::support::{new_agent, perch, stderr, stdout, write};
 use perch::agent::AgentDir;
-use perch::doctor::{self, Status};
+use perch::cli::doctor::{self, Status};
 use perch::host::Places;
 use perch::sandbox::SandboxError;
 use perch_core::config::Api;

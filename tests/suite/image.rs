@@ -1,7 +1,7 @@
 //! perch's own image without debootstrap: the OCI archive's structure, reuse of a complete
 //! build, the errors that name their fix, and finding the record of `perch:default`.
 
-use perch::image::{self, BuildOptions, Host, ImageDir};
+use perch::sandbox::image::{self, BuildOptions, Host, ImageDir};
 use perch::sandbox::{ImageRef, SandboxError};
 use perch_core::image::{Flavour, REF_NAME_ANNOTATION, Recipe};
 use serde_json::Value;

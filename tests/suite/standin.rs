@@ -647,7 +647,7 @@ async fn a_machine_held_by_another_process_is_refused_and_left_running() {
     // Below that lock, microsandbox's: the adapter alone never adopts the running machine.
     let spec = Spec {
         name: name_of(&agent),
-        image: perch::image::resolve_default_image(&setup.places.cache).unwrap(),
+        image: perch::sandbox::image::resolve_default_image(&setup.places.cache).unwrap(),
         cpus: 1,
         memory: 512,
         workspace: agent.dir.workspace(),

@@ -38,7 +38,7 @@ pub async fn prepare(preparation: Preparation) -> Result<Places, String> {
         reference,
         rootfs,
         layer,
-    } = perch::image::resolve_default_image(&environment.cache)
+    } = perch::sandbox::image::resolve_default_image(&environment.cache)
         .map_err(|error| format!("perch:default is not built (.ci/setup builds it): {error}"))?
     else {
         return Err("perch:default is not a local build".into());

@@ -1,11 +1,40 @@
 //! `perch info`: what an agent is, for people and for scripts. Secret values never appear here:
 //! a secret is shown by the names of its variables and the hosts it may reach.
 
+use super::{dir_or_current, emit, load_agent};
 use crate::agent::{LoadedAgent, LoadedChannel};
 use perch_core::config::{BusyPolicy, Platform, ToolDecl};
 use perch_core::spend::{HEARTBEAT_PAUSE_PERCENT, Money, SpendPolicy};
 use serde_json::json;
 use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Show what the agent is: model, sandbox, egress hosts, secrets (names, never values) and
+/// tools. Reads only; never takes the agent's lock or repairs anything.
+#[derive(Debug, clap::Args)]
+pub struct InfoArgs {
+    /// The agent directory [default: the current directory]
+    pub dir: Option<PathBuf>,
+    /// Print one JSON object instead of text
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: InfoArgs) -> Result<ExitCode, String> {
+    let loaded = match load_agent(&dir_or_current(args.dir))? {
+        Ok(loaded) => loaded,
+        Err(code) => return Ok(code),
+    };
+    if args.json {
+        let text =
+            serde_json::to_string_pretty(&to_json(&loaded)).map_err(|error| error.to_string())?;
+        emit(&format!("{text}\n"))?;
+    } else {
+        emit(&to_text(&loaded))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
 
 /// The agent as one JSON object.
 pub fn to_json(agent: &LoadedAgent) -> serde_json::Value {

@@ -2,6 +2,7 @@
 //! (`perch_core::transcript`): which directory and selection the arguments name, the pager,
 //! `--follow` and `--lanes`.
 
+use super::emit;
 use crate::agent::AgentDir;
 use crate::host::signals::StopSignals;
 use perch_core::name::LaneName;
@@ -10,7 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
 
-/// `perch log`'s arguments, as given.
+/// Show what the agent did and why: each turn (a chat message or a heartbeat firing, and
+/// everything the run it started did up to its delivery) with its time, channel, room,
+/// sender and text, the model's replies (reasoning folded), each tool call with its
+/// arguments, exit code, duration and the head of its output, each delivery's state, and
+/// tokens and cost per turn and per lane. Read-only: takes no lock and repairs nothing; a
+/// damaged line is shown with its file and line. Paged through $PAGER (default `less -FRX`)
+/// when standard output is a terminal.
 #[derive(Debug, clap::Args)]
 pub struct LogArgs {
     /// The agent directory, and/or CHANNEL[:ROOM] to show only turns from that channel
@@ -418,16 +425,5 @@ fn size(bytes: u64) -> String {
         format!("{:.1} KiB", bytes_f / 1024.0)
     } else {
         format!("{:.1} MiB", bytes_f / (1024.0 * 1024.0))
-    }
-}
-
-/// Writes `text` to standard output; a reader that went away (a closed pager, `| head`) is not
-/// an error.
-fn emit(text: &str) -> Result<(), String> {
-    match std::io::stdout().lock().write_all(text.as_bytes()) {
-        Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(format!("cannot write output: {error}"))
-        }
-        _ => Ok(()),
     }
 }

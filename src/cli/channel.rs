@@ -1,0 +1,71 @@
+//! `perch channel add`: a stock chat adapter copied into the agent directory.
+
+use super::{dir_or_current, emit};
+use crate::agent::{self, AgentDir};
+use clap::Subcommand;
+use perch_core::config::{ChannelKind, Platform};
+use perch_core::name::ChannelName;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// The agent's chat channels (channels/*.lua)
+#[derive(Debug, clap::Args)]
+pub struct ChannelArgs {
+    #[command(subcommand)]
+    pub command: ChannelCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ChannelCommand {
+    /// Copy the stock adapter for KIND (discord, telegram or matrix), with every option
+    /// explained in comments, into DIR/channels/KIND.lua, and say which environment variables
+    /// to set. Never overwrites a file.
+    Add {
+        /// discord, telegram or matrix
+        kind: String,
+        /// The agent directory [default: the current directory]
+        dir: Option<PathBuf>,
+        /// Name the channel (and its file, channels/NAME.lua) otherwise than after its kind
+        #[arg(long)]
+        name: Option<String>,
+    },
+}
+
+pub fn run(args: ChannelArgs) -> Result<ExitCode, String> {
+    match args.command {
+        ChannelCommand::Add { kind, dir, name } => {
+            add_channel(&kind, dir_or_current(dir), name.as_deref())
+        }
+    }
+}
+
+fn add_channel(kind: &str, dir: PathBuf, name: Option<&str>) -> Result<ExitCode, String> {
+    let kind = ChannelKind::parse(kind).ok_or_else(|| {
+        format!("unknown channel kind {kind:?}; use one of discord, telegram, matrix")
+    })?;
+    let name = name
+        .map(|name| ChannelName::try_from(name).map_err(|error| format!("--name: {error}")))
+        .transpose()?;
+    let agent_dir = AgentDir::open(&dir).map_err(|error| error.to_string())?;
+    let added = agent::add_channel(&agent_dir, kind, name.as_ref())?;
+    let config = &added.channel.config;
+    let mut out = format!(
+        "created {} (channel {}, {kind})\n\nset in the service's environment:\n",
+        added.path.display(),
+        config.name
+    );
+    for (key, variable) in config.platform.credentials() {
+        out.push_str(&format!("  {:<24} {key}\n", variable.name().as_str()));
+    }
+    let matrix = if matches!(config.platform, Platform::Matrix { .. }) {
+        "set homeserver and user, "
+    } else {
+        ""
+    };
+    out.push_str(&format!(
+        "\nthen edit {}: {matrix}add the rooms and the people allowed, and check the agent with `perch info`\n",
+        added.channel.file
+    ));
+    emit(&out)?;
+    Ok(ExitCode::SUCCESS)
+}

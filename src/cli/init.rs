@@ -1,0 +1,41 @@
+//! `perch init`: an agent directory made, or completed.
+
+use super::{dir_or_current, emit};
+use crate::agent::{self, InitStatus};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Create an agent directory, or fill in what it lacks. Idempotent: files you edited are
+/// kept, and nothing outside DIR is written.
+#[derive(Debug, clap::Args)]
+pub struct InitArgs {
+    /// The agent directory [default: the current directory]
+    pub dir: Option<PathBuf>,
+}
+
+pub fn run(args: InitArgs) -> Result<ExitCode, String> {
+    let dir = dir_or_current(args.dir);
+    let (root, items) =
+        agent::init(&dir).map_err(|error| format!("cannot create {}: {error}", dir.display()))?;
+    let mut out = format!("initialised {}\n", root.display());
+    let mut refused = false;
+    for item in &items {
+        let (word, note) = match &item.status {
+            InitStatus::Created => ("created", String::new()),
+            InitStatus::Unchanged => ("unchanged", String::new()),
+            InitStatus::Changed => ("changed", "  (yours, kept as it is)".to_owned()),
+            InitStatus::Refused { reason } => {
+                refused = true;
+                ("refused", format!("  ({reason})"))
+            }
+        };
+        out.push_str(&format!("  {word:<10} {}{note}\n", item.path));
+    }
+    out.push_str("\nedit instructions.md and models.yml, then check the agent with `perch info`\n");
+    emit(&out)?;
+    Ok(if refused {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}

@@ -1,0 +1,144 @@
+//! `perch run`: the agent as a service, until SIGINT or SIGTERM.
+
+use super::{dir_or_current, load_agent, runtime};
+use crate::agent::{self, AgentDir};
+use crate::heartbeat;
+use crate::host::clock::system_clock;
+use crate::host::logging::LogFormat;
+use crate::host::notify::Notifier;
+use crate::host::signals::StopSignals;
+use crate::lane::RunLimits;
+use crate::model;
+use crate::sandbox::MachineSetup;
+use crate::service::ServiceSetup;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tokio_util::sync::CancellationToken;
+
+/// Run the agent as a service: recover, connect every channel in channels/, and answer until
+/// SIGINT or SIGTERM. Holds the agent directory's lock while it runs.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The agent directory [default: the current directory]
+    pub dir: Option<PathBuf>,
+    /// How log lines on stderr are written
+    #[arg(long, value_enum, value_name = "FORMAT", default_value = "human")]
+    pub log_format: LogFormat,
+    /// Serve Prometheus metrics at http://ADDR/metrics (off without this flag; `--metrics`
+    /// alone listens on 127.0.0.1:9464). They are not authenticated: an address other than
+    /// loopback is warned about
+    #[arg(
+        long,
+        value_name = "ADDR",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = crate::host::metrics::DEFAULT_ADDR
+    )]
+    pub metrics: Option<std::net::SocketAddr>,
+}
+
+/// `perch run`. With `--log-format json` its failures are log lines too, so that everything it
+/// writes on stderr is JSON.
+pub fn run(args: RunArgs) -> Result<ExitCode, String> {
+    let RunArgs {
+        dir,
+        log_format,
+        metrics,
+    } = args;
+    let dir = dir_or_current(dir);
+    match (serve(dir, log_format, metrics), log_format) {
+        (Err(message), LogFormat::Json) => {
+            tracing::error!("{message}");
+            Ok(ExitCode::FAILURE)
+        }
+        (served, _) => served,
+    }
+}
+
+fn serve(
+    dir: PathBuf,
+    log_format: LogFormat,
+    metrics: Option<std::net::SocketAddr>,
+) -> Result<ExitCode, String> {
+    let agent = match log_format {
+        LogFormat::Human => match load_agent(&dir)? {
+            Ok(agent) => agent,
+            Err(code) => return Ok(code),
+        },
+        LogFormat::Json => {
+            let agent_dir = AgentDir::open(&dir).map_err(|error| error.to_string())?;
+            agent::load(&agent_dir).map_err(|problems| {
+                for problem in problems.iter() {
+                    tracing::error!("{problem}");
+                }
+                format!(
+                    "{} problem(s) in {}",
+                    problems.len(),
+                    agent_dir.root().display()
+                )
+            })?
+        }
+    };
+    runtime()?.block_on(async {
+        let lookup = |name: &str| std::env::var(name).ok();
+        let endpoint = model::endpoint_for(&agent, lookup)?;
+        let notifier = Notifier::from_env().unwrap_or_else(|error| {
+            tracing::warn!("not notifying systemd: {error}");
+            Notifier::disabled()
+        });
+        let metrics_listener = match metrics {
+            None => None,
+            Some(address) => Some(
+                tokio::net::TcpListener::bind(address)
+                    .await
+                    .map_err(|error| format!("--metrics={address}: cannot listen: {error}"))?,
+            ),
+        };
+        let setup = ServiceSetup {
+            machine: MachineSetup::from_environment(),
+            model: model::connect(endpoint),
+            connectors: {
+                let agent_dir = agent.dir.clone();
+                std::sync::Arc::new(move |channel: &crate::agent::LoadedChannel| {
+                    crate::channel::connect(channel, &agent_dir, |name| std::env::var(name).ok())
+                })
+            },
+            clock: system_clock(),
+            limits: RunLimits::default(),
+            lanes: crate::service::LaneLimits::default(),
+            reconnect: std::time::Duration::from_secs(1),
+            heartbeat_reload: heartbeat::RELOAD_EVERY,
+            notifier,
+            drain: std::time::Duration::from_secs(30),
+            metrics: std::sync::Arc::new(crate::host::metrics::Metrics::default()),
+            metrics_listener,
+            once: None,
+        };
+        let shutdown = CancellationToken::new();
+        let on_signal = shutdown.clone();
+        let mut signals = StopSignals::listen()?;
+        tokio::spawn(async move {
+            signals.next().await;
+            tracing::info!("stopping: finishing the runs in progress (a second signal exits now)");
+            on_signal.cancel();
+            signals.next().await;
+            tracing::warn!("second signal: exiting now; the next start recovers what was open");
+            std::process::exit(130);
+        });
+        tracing::info!("running {}", dir.display());
+        if let Some(listener) = &setup.metrics_listener {
+            let address = listener.local_addr().map_err(|error| error.to_string())?;
+            tracing::info!(%address, "metrics on http://{address}/metrics");
+            if !address.ip().is_loopback() {
+                tracing::warn!(
+                    %address,
+                    "the metrics listen on {address}, which is not a loopback address: anyone \
+                     who can reach it can read them"
+                );
+            }
+        }
+        crate::service::run(agent, setup, shutdown).await?;
+        tracing::info!("stopped");
+        Ok(ExitCode::SUCCESS)
+    })
+}

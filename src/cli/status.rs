@@ -1,0 +1,312 @@
+//! `perch status`: what a running (or stopped) service holds, read from its control socket and
+//! from `.perch/`.
+
+use super::heartbeat::heartbeat_listing;
+use super::{STATUS_TIMEOUT, dir_or_current, emit, printed, runtime};
+use crate::agent::{self, AgentDir};
+use crate::store::control::{self, ControlRequest};
+use crate::store::inbox::InboxRecord;
+use crate::store::outbox::OutboxRecord;
+use crate::store::pairing::{PAIRING_UNREADABLE_FIX, read_pairing};
+use perch_core::control::{
+    Heartbeats, LastEvent, LiveStatus, PendingPairing, SpendStatus, StatusReport, UnknownDelivery,
+};
+use perch_core::terminal::shown;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Show what a running (or stopped) service holds: channels, inbox items waiting, deliveries
+/// waiting or of unknown fate, pending pairings. Read-only: takes no lock.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// The agent directory [default: the current directory]
+    pub dir: Option<PathBuf>,
+    /// Print one JSON object instead of text
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: StatusArgs) -> Result<ExitCode, String> {
+    let dir = dir_or_current(args.dir);
+    let json = args.json;
+    let agent_dir = AgentDir::open(&dir).map_err(|error| error.to_string())?;
+    let live = runtime()?.block_on(control::ask_within::<LiveStatus>(
+        &agent_dir,
+        &ControlRequest::Status,
+        STATUS_TIMEOUT,
+    ));
+    let inbox =
+        crate::log::peek_journal(&agent_dir.inbox_dir()).map_err(|error| error.to_string())?;
+    let outbox =
+        crate::log::peek_journal(&agent_dir.outbox_dir()).map_err(|error| error.to_string())?;
+    let unknown: Vec<UnknownDelivery> = outbox
+        .consumed
+        .iter()
+        .chain(&outbox.pending)
+        .filter_map(|item| match OutboxRecord::read(&item.body) {
+            Ok(OutboxRecord::Unknown { intent, reason }) => {
+                Some(UnknownDelivery::Unknown { intent, reason })
+            }
+            _ => None,
+        })
+        .collect();
+    let (pairing, pairing_error) = match read_pairing(&agent_dir.pairing_file()) {
+        Ok(pairing) => (pairing, None),
+        Err(error) => (perch_core::pairing::Pairing::default(), Some(error)),
+    };
+    let mut undecryptable = std::collections::BTreeMap::new();
+    let channels: Vec<String> = match agent::load(&agent_dir) {
+        Ok(loaded) => loaded
+            .channels
+            .iter()
+            .map(|channel| {
+                if channel.config.kind() == perch_core::config::ChannelKind::Matrix {
+                    let name = channel.config.name.to_string();
+                    let report = crate::channel::matrix::read_undecryptable(
+                        &agent_dir.matrix_store_dir(&name),
+                    );
+                    undecryptable.insert(name, report.events.len());
+                }
+                format!(
+                    "{} ({})",
+                    channel.config.name,
+                    channel.config.kind().as_str()
+                )
+            })
+            .collect(),
+        Err(problems) => vec![format!(
+            "{} problem(s) in the agent's files: run `perch info`",
+            problems.len()
+        )],
+    };
+    let mut last_events = std::collections::BTreeMap::new();
+    for item in inbox.consumed.iter().chain(&inbox.pending) {
+        if let Ok(InboxRecord::Event { channel, event }) = InboxRecord::read(&item.body) {
+            last_events.insert(
+                channel,
+                LastEvent {
+                    at: item.at.to_rfc3339(),
+                    platform_id: Some(event.platform_id),
+                },
+            );
+        }
+    }
+    let (live, live_error) = match live {
+        Some(Ok(live)) => (Some(live), None),
+        Some(Err(error)) => (None, Some(error)),
+        None => (None, None),
+    };
+    let report = StatusReport {
+        running: live.is_some(),
+        live_error,
+        channels,
+        channel_health: live.as_ref().map(|live| live.channels.clone()),
+        undecryptable,
+        inbox_pending: inbox.pending.len(),
+        inbox_unreadable: inbox.unreadable.iter().map(ToString::to_string).collect(),
+        outbox_unreadable: outbox.unreadable.iter().map(ToString::to_string).collect(),
+        outbox_pending: outbox.pending.len(),
+        deliveries_unknown: unknown,
+        pairings_pending: pairing
+            .pending
+            .iter()
+            .map(|pending| PendingPairing {
+                channel: pending.channel.clone(),
+                sender: pending.sender.clone(),
+                name: pending.name.clone(),
+                expires: pending.expires,
+            })
+            .collect(),
+        approved_senders: pairing.approved.len(),
+        pairing_unreadable: pairing_error
+            .as_ref()
+            .map(|error| format!("cannot read {error}; {PAIRING_UNREADABLE_FIX}")),
+        heartbeats: match heartbeat_listing(&agent_dir) {
+            Ok(list) => Heartbeats::Listed(list),
+            Err(error) => Heartbeats::Unlisted { error },
+        },
+        inbox_oldest_waiting: inbox
+            .pending
+            .iter()
+            .map(|item| item.at)
+            .min()
+            .map(|at| at.to_rfc3339()),
+        last_events,
+        lanes_with_open_operations: crate::store::starts::open_operations(
+            &agent_dir.sessions_dir(),
+        ),
+        vm: live.as_ref().map_or_else(
+            || "stopped (no perch run holds it)".to_owned(),
+            |live| live.vm.clone(),
+        ),
+        channels_paused: live.as_ref().and_then(|live| live.channels_paused.clone()),
+        restart_needed: live
+            .as_ref()
+            .map(|live| live.restart_needed.clone())
+            .unwrap_or_default(),
+        last_start: crate::store::starts::read_last_start(&agent_dir),
+        spend_today: match crate::store::spend::peek_today(&agent_dir, chrono::Utc::now()) {
+            Ok(today) => SpendStatus::Known(today),
+            Err(error) => SpendStatus::Unknown { error },
+        },
+    };
+    if json {
+        emit(&format!("{}\n", printed(&report)?))?;
+    } else {
+        emit(&status_text(
+            &report,
+            (&pairing, pairing_error.as_deref()),
+            !inbox.unreadable.is_empty(),
+            !outbox.unreadable.is_empty(),
+        ))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `perch status` as text.
+fn status_text(
+    report: &StatusReport,
+    (pairing, pairing_error): (&perch_core::pairing::Pairing, Option<&str>),
+    inbox_unreadable: bool,
+    outbox_unreadable: bool,
+) -> String {
+    let at_least = |unreadable: bool| if unreadable { "at least " } else { "" };
+    let mut out = String::new();
+    out.push_str(&format!(
+        "running            {}\n",
+        match (&report.live_error, report.running) {
+            (_, true) => "yes".to_owned(),
+            (Some(error), false) => format!("unknown: {error}; the rest is read from .perch/"),
+            (None, false) => "no".to_owned(),
+        }
+    ));
+    out.push_str(&format!(
+        "channels           {}\n",
+        if report.channels.is_empty() {
+            "(none)".to_owned()
+        } else {
+            report.channels.join(", ")
+        }
+    ));
+    for channel in report.channel_health.iter().flatten() {
+        out.push_str(&format!(
+            "  {:<16} {}{}\n",
+            channel.name,
+            channel.connection,
+            if channel.healthy {
+                String::new()
+            } else {
+                format!(
+                    "; UNHEALTHY: {}",
+                    shown(
+                        channel
+                            .last_hook_error
+                            .as_deref()
+                            .unwrap_or("not receiving")
+                    )
+                )
+            }
+        ));
+    }
+    for (channel, count) in &report.undecryptable {
+        out.push_str(&format!(
+            "undecryptable      {count} event(s) in Matrix channel {channel}\n"
+        ));
+    }
+    out.push_str(&format!(
+        "inbox pending      {}{}{}\n",
+        at_least(inbox_unreadable),
+        report.inbox_pending,
+        report
+            .inbox_oldest_waiting
+            .as_deref()
+            .map(|at| format!(" (oldest since {at})"))
+            .unwrap_or_default()
+    ));
+    for (journal, unreadable) in [
+        ("inbox", &report.inbox_unreadable),
+        ("outbox", &report.outbox_unreadable),
+    ] {
+        for line in unreadable {
+            out.push_str(&format!(
+                "{:<19}{}; `perch run` does not open the {journal} until it is repaired\n",
+                format!("{journal} corrupt"),
+                shown(line)
+            ));
+        }
+    }
+    for (channel, event) in &report.last_events {
+        out.push_str(&format!("last event         {channel}: {}\n", event.at));
+    }
+    for (lane, open) in &report.lanes_with_open_operations {
+        out.push_str(&format!("open operations    {lane}: {open}\n"));
+    }
+    out.push_str(&format!("vm                 {}\n", report.vm));
+    if let Some(reason) = &report.channels_paused {
+        out.push_str(&format!("channels paused    {reason}\n"));
+    }
+    if !report.restart_needed.is_empty() {
+        out.push_str(&format!(
+            "restart needed     {} changed since perch run started\n",
+            report.restart_needed.join(", ")
+        ));
+    }
+    if let Some(last) = &report.last_start {
+        out.push_str(&format!("last start         {last}\n"));
+    }
+    if let SpendStatus::Known(today) = &report.spend_today {
+        out.push_str(&format!("spend today        {}\n", today.summary()));
+    }
+    out.push_str(&format!(
+        "outbox pending     {}{}\n",
+        at_least(outbox_unreadable),
+        report.outbox_pending
+    ));
+    out.push_str(&format!(
+        "unknown deliveries {}\n",
+        report.deliveries_unknown.len()
+    ));
+    for delivery in &report.deliveries_unknown {
+        out.push_str(&format!("  {}\n", delivery.reason()));
+    }
+    match pairing_error {
+        Some(error) => out.push_str(&format!(
+            "pairings pending   unknown: cannot read {}\n  fix: {}\n",
+            shown(error),
+            PAIRING_UNREADABLE_FIX
+        )),
+        None => out.push_str(&format!("pairings pending   {}\n", pairing.pending.len())),
+    }
+    let mut pending: Vec<_> = pairing.pending.iter().collect();
+    pending.sort_by_key(|pending| pending.expires);
+    for pending in pending {
+        out.push_str(&format!(
+            "  {} ({}) on {}, until {}\n",
+            shown(&pending.name),
+            shown(&pending.sender),
+            shown(&pending.channel),
+            pending.expires.to_rfc3339()
+        ));
+    }
+    if let Heartbeats::Listed(list) = &report.heartbeats {
+        for task in &list.tasks {
+            out.push_str(&format!(
+                "heartbeat          {}: {}{}{}\n",
+                task.name,
+                task.status,
+                task.next
+                    .as_deref()
+                    .map(|next| format!(", next {next}"))
+                    .unwrap_or_default(),
+                task.last
+                    .as_ref()
+                    .map(|last| format!(", last {}", last.outcome))
+                    .unwrap_or_default(),
+            ));
+        }
+        if let Some(error) = &list.reload_error {
+            out.push_str(&format!("heartbeat file     does not check: {error}\n"));
+        }
+    }
+    out
+}
