@@ -1,4 +1,5 @@
-//! Telegram through the Bot API, with teloxide: the one module that names it.
+//! Telegram through the Bot API, with teloxide: the one module (this folder) that names it;
+//! inbound.rs reads an update as perch journals it.
 //!
 //! Receiving does not use teloxide's dispatcher or polling, which confirm updates by themselves.
 //! It calls `getUpdates` directly, starting at the update after the cursor perch journaled last,
@@ -27,10 +28,15 @@
 //! every request URL, and teloxide's errors can quote that URL, so every error text is redacted
 //! before it leaves this module.
 
+mod inbound;
+
+pub use inbound::BotIdentity;
+
 use super::{
     Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
-    DeliveryError, FetchError, InboundEvent, PlatformLimits, Quote, Receipt, Sender, Upload,
+    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Upload,
 };
+use inbound::{message_event, platform_id};
 use perch_core::markdown::to_telegram_markdown_v2;
 use perch_core::secret::Secret;
 use std::fmt;
@@ -44,9 +50,8 @@ use teloxide::payloads::{
 };
 use teloxide::requests::{Request, Requester};
 use teloxide::types::{
-    AllowedUpdate, ChatAction, ChatId, FileId, FileMeta, InputFile, Message, MessageEntity,
-    MessageEntityKind, MessageId, ParseMode, Recipient, ReplyParameters, ThreadId, Update,
-    UpdateKind,
+    AllowedUpdate, ChatAction, ChatId, FileId, InputFile, Message, MessageId, ParseMode, Recipient,
+    ReplyParameters, ThreadId,
 };
 use teloxide::{ApiError, Bot, DownloadError, RequestError};
 use tokio::sync::{OnceCell, mpsc, oneshot};
@@ -67,17 +72,6 @@ const MAX_CHARS: usize = 4096;
 const MAX_CAPTION: usize = 1024;
 /// The longest error text passed on, in characters (a server's error page can be huge).
 const MESSAGE_LIMIT: usize = 400;
-
-/// The bot's own account, as `getMe` reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BotIdentity {
-    /// The bot's user id.
-    pub id: u64,
-    /// The username without `@`; every bot has one, so `None` only from a broken server.
-    pub username: Option<String>,
-    /// The display name (first and last name).
-    pub name: String,
-}
 
 /// The connector could not be built from its settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -689,203 +683,6 @@ fn reply_parameters(platform_id: &str, chat: ChatId) -> Result<ReplyParameters, 
     Ok(parameters)
 }
 
-fn platform_id(message: &Message) -> String {
-    format!("{}:{}", message.chat.id.0, message.id.0)
-}
-
-/// The event for a message or edited-message update; `None` for every other update and for
-/// messages without text or caption. An edit is named `<chat id>:<message id>:edited:<edit
-/// date>`, with `edit_of` naming the message it edits.
-fn message_event(update: &Update, me: &BotIdentity) -> Option<InboundEvent> {
-    let (message, edit_of) = match &update.kind {
-        UpdateKind::Message(message) => (message, None),
-        UpdateKind::EditedMessage(message) => (message, Some(platform_id(message))),
-        _ => return None,
-    };
-    let attachments = attachments(message);
-    let (text, entities) = match (message.text(), message.caption()) {
-        (Some(text), _) => (text, message.entities().unwrap_or_default()),
-        (None, Some(caption)) => (caption, message.caption_entities().unwrap_or_default()),
-        (None, None) if !attachments.is_empty() => ("", &[][..]),
-        (None, None) => return None,
-    };
-    let sender = sender(message)?;
-    let thread = message
-        .thread_id
-        .filter(|_| message.is_topic_message)
-        .map(|ThreadId(MessageId(id))| id);
-    let addressed = mentions(text, entities, me) || replies_to(message, thread, me);
-    let platform_id = match (&edit_of, message.edit_date()) {
-        (Some(original), Some(edited)) => format!("{original}:edited:{}", edited.timestamp()),
-        (Some(original), None) => format!("{original}:edited:{}", update.id.0),
-        (None, _) => platform_id(message),
-    };
-    Some(InboundEvent {
-        platform_id,
-        cursor: Some(update.id.0.to_string()),
-        room: message.chat.id.0.to_string(),
-        thread: thread.map(|id| id.to_string()),
-        sender,
-        direct: message.chat.is_private(),
-        addressed,
-        text: text.to_owned(),
-        sent_at: match &edit_of {
-            Some(_) => message.edit_date().copied().unwrap_or(message.date),
-            None => message.date,
-        },
-        attachments,
-        replying_to: quote(message, thread).map(Box::new),
-        edit_of,
-        refused: None,
-    })
-}
-
-/// The message `message` replies to, bounded; `None` when it replies to nothing, or only to
-/// its forum topic's first message (which every message in a topic points at).
-fn quote(message: &Message, thread: Option<i32>) -> Option<Quote> {
-    let original = message
-        .reply_to_message()
-        .filter(|original| Some(original.id.0) != thread)?;
-    let text = original
-        .text()
-        .or_else(|| original.caption())
-        .unwrap_or_default();
-    Some(Quote::bounded(
-        &platform_id(original),
-        sender(original),
-        text,
-    ))
-}
-
-/// The file of a message: a document, the largest size of a photo, an audio file, a video or a
-/// voice note.
-fn attachments(message: &Message) -> Vec<Attachment> {
-    let file = |meta: &FileMeta, name: Option<&str>, content_type: Option<String>| Attachment {
-        source: meta.id.0.clone(),
-        name: name.map(str::to_owned),
-        content_type,
-        size: Some(u64::from(meta.size)),
-        encrypted: false,
-    };
-    if let Some(document) = message.document() {
-        return vec![file(
-            &document.file,
-            document.file_name.as_deref(),
-            document.mime_type.as_ref().map(ToString::to_string),
-        )];
-    }
-    if let Some(largest) = message.photo().and_then(|sizes| {
-        sizes.iter().max_by_key(|size| {
-            (
-                u64::from(size.width) * u64::from(size.height),
-                size.file.size,
-            )
-        })
-    }) {
-        return vec![file(&largest.file, None, Some("image/jpeg".to_owned()))];
-    }
-    if let Some(audio) = message.audio() {
-        return vec![file(
-            &audio.file,
-            audio.file_name.as_deref(),
-            audio.mime_type.as_ref().map(ToString::to_string),
-        )];
-    }
-    if let Some(video) = message.video() {
-        return vec![file(
-            &video.file,
-            video.file_name.as_deref(),
-            video.mime_type.as_ref().map(ToString::to_string),
-        )];
-    }
-    if let Some(voice) = message.voice() {
-        return vec![file(
-            &voice.file,
-            None,
-            voice.mime_type.as_ref().map(ToString::to_string),
-        )];
-    }
-    Vec::new()
-}
-
-/// Who sent the message: the chat it was sent on behalf of (an anonymous group admin, a linked
-/// channel) or else the user.
-fn sender(message: &Message) -> Option<Sender> {
-    if let Some(chat) = &message.sender_chat {
-        let name = chat
-            .title()
-            .or_else(|| chat.username())
-            .or_else(|| chat.first_name())
-            .unwrap_or_default();
-        return Some(Sender {
-            id: chat.id.0.to_string(),
-            name: name.to_owned(),
-            is_bot: false,
-        });
-    }
-    message.from.as_ref().map(|user| Sender {
-        id: user.id.0.to_string(),
-        name: user.full_name(),
-        is_bot: user.is_bot,
-    })
-}
-
-/// The text mentions the bot: `@username`, a mention of its account without a username, or a
-/// command addressed to it (`/cmd@username`).
-fn mentions(text: &str, entities: &[MessageEntity], me: &BotIdentity) -> bool {
-    let named = |handle: &str| {
-        me.username
-            .as_deref()
-            .is_some_and(|username| handle.eq_ignore_ascii_case(username))
-    };
-    entities.iter().any(|entity| match &entity.kind {
-        MessageEntityKind::Mention => entity_text(text, entity)
-            .and_then(|mention| mention.strip_prefix('@'))
-            .is_some_and(named),
-        MessageEntityKind::TextMention { user } => user.id.0 == me.id,
-        MessageEntityKind::BotCommand => entity_text(text, entity)
-            .and_then(|command| command.split_once('@'))
-            .is_some_and(|(_, handle)| named(handle)),
-        _ => false,
-    })
-}
-
-/// The message replies to one of the bot's messages. In a forum topic every message without an
-/// explicit reply points at the topic's first message, which is not a reply to anyone.
-fn replies_to(message: &Message, thread: Option<i32>, me: &BotIdentity) -> bool {
-    message.reply_to_message().is_some_and(|original| {
-        Some(original.id.0) != thread
-            && original
-                .from
-                .as_ref()
-                .is_some_and(|from| from.id.0 == me.id)
-    })
-}
-
-/// The text an entity covers. Telegram counts offsets in UTF-16 code units; an entity that does
-/// not fall on character boundaries inside the text covers nothing.
-fn entity_text<'a>(text: &'a str, entity: &MessageEntity) -> Option<&'a str> {
-    let end_units = entity.offset.checked_add(entity.length)?;
-    let mut units = 0;
-    let mut start = None;
-    for (index, ch) in text.char_indices() {
-        if units == entity.offset {
-            start = Some(index);
-        }
-        if units == end_units {
-            return start.map(|start| &text[start..index]);
-        }
-        units += ch.len_utf16();
-    }
-    if units == entity.offset {
-        start = Some(text.len());
-    }
-    if units == end_units {
-        return start.map(|start| &text[start..]);
-    }
-    None
-}
-
 /// `request`, given up after [`REQUEST_TIMEOUT`] with an I/O error that says so. The client's
 /// own timeout is the long poll's, so every other request is bounded here.
 async fn within_request_timeout<T, E: From<Arc<std::io::Error>>>(
@@ -905,121 +702,4 @@ async fn within_request_timeout<T, E: From<Arc<std::io::Error>>>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn a_request_without_an_answer_fails_after_the_request_timeout_as_an_unknown_delivery() {
-        assert!(
-            POLL_HTTP_TIMEOUT > Duration::from_secs(u64::from(POLL_TIMEOUT_SECS)),
-            "the client's timeout must outlast a long poll"
-        );
-        let started = tokio::time::Instant::now();
-        let result: Result<(), RequestError> = within_request_timeout(std::future::pending()).await;
-        assert_eq!(started.elapsed(), REQUEST_TIMEOUT);
-        let Err(error) = result else {
-            panic!("a request without an answer succeeded");
-        };
-        assert!(
-            matches!(&error, RequestError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut)
-        );
-        let token = perch_core::secret::EnvRef::new(
-            perch_core::name::EnvName::try_from("TELEGRAM_TOKEN").unwrap(),
-        )
-        .resolve(|_| Some("123:abc".into()))
-        .unwrap();
-        let connector = TelegramConnector::new(token, None).unwrap();
-        match connector.delivery_error(error) {
-            DeliveryError::Failed { message } => {
-                assert!(message.contains("did not answer within 40 s"), "{message}");
-            }
-            other => panic!("a send without an answer may have been made: {other:?}"),
-        }
-    }
-
-    fn entity(kind: MessageEntityKind, offset: usize, length: usize) -> MessageEntity {
-        MessageEntity::new(kind, offset, length)
-    }
-
-    #[test]
-    fn entity_offsets_count_utf16_units() {
-        let text = "🎉 hi @perch_bot!";
-        let mention = entity(MessageEntityKind::Mention, 6, 10);
-        assert_eq!(entity_text(text, &mention), Some("@perch_bot"));
-        let whole = entity(MessageEntityKind::Bold, 0, 17);
-        assert_eq!(entity_text(text, &whole), Some(text));
-        let inside_surrogate = entity(MessageEntityKind::Bold, 1, 2);
-        assert_eq!(entity_text(text, &inside_surrogate), None);
-        let past_the_end = entity(MessageEntityKind::Bold, 10, 40);
-        assert_eq!(entity_text(text, &past_the_end), None);
-        let huge = entity(MessageEntityKind::Bold, usize::MAX, 2);
-        assert_eq!(entity_text(text, &huge), None);
-    }
-
-    #[test]
-    fn cursors_and_offsets() {
-        assert_eq!(start_offset(None), Ok(None));
-        assert_eq!(start_offset(Some("41")), Ok(Some(42)));
-        assert!(start_offset(Some("x")).is_err());
-        assert!(next_offset(u32::MAX).is_err());
-    }
-
-    #[test]
-    fn reply_parameters_name_a_foreign_chat_only() {
-        let same = reply_parameters("-100123:45", ChatId(-100123)).unwrap();
-        assert_eq!(same.message_id, MessageId(45));
-        assert_eq!(same.chat_id, None);
-        let other = reply_parameters("7:8", ChatId(9)).unwrap();
-        assert_eq!(other.chat_id, Some(Recipient::Id(ChatId(7))));
-        assert!(reply_parameters("45", ChatId(1)).is_err());
-        assert!(reply_parameters("a:b", ChatId(1)).is_err());
-    }
-
-    #[test]
-    fn redaction_removes_the_token_wherever_it_appears() {
-        let token = "123:secret-token";
-        let secret = perch_core::secret::EnvRef::new(
-            perch_core::name::EnvName::try_from("TELEGRAM_TOKEN").unwrap(),
-        )
-        .resolve(|_| Some(token.to_owned()))
-        .unwrap();
-        let connector = TelegramConnector::new(secret, None).unwrap();
-        let text = format!("error for url (https://api.telegram.org/bot{token}/GetMe): {token}");
-        let redacted = connector.redact(&text);
-        assert_eq!(
-            redacted,
-            "error for url (https://api.telegram.org/bot<token>/GetMe): <token>"
-        );
-        assert!(!format!("{connector:?}").contains(token));
-        let long = connector.redact(&"x".repeat(1000));
-        assert_eq!(long.chars().count(), MESSAGE_LIMIT + 1);
-
-        for stray in [" ", "\t", "\r", "\r\n"] {
-            let mangled = format!("{token}{stray}");
-            let secret = perch_core::secret::EnvRef::new(
-                perch_core::name::EnvName::try_from("TELEGRAM_TOKEN").unwrap(),
-            )
-            .resolve(|_| Some(mangled.clone()))
-            .unwrap();
-            let connector = TelegramConnector::new(secret, None).unwrap();
-            for echoed in [
-                format!("url (https://api.telegram.org/bot{mangled}/GetMe)"),
-                format!("url (https://api.telegram.org/bot{token}%0D/GetMe)"),
-                format!("url (https://api.telegram.org/bot{token}%20/GetMe)"),
-            ] {
-                let redacted = connector.redact(&echoed);
-                assert!(!redacted.contains("secret-token"), "{stray:?}: {redacted}");
-            }
-        }
-    }
-
-    #[test]
-    fn api_urls() {
-        assert_eq!(
-            parse_api_url("http://127.0.0.1:9/tg/").unwrap().as_str(),
-            "http://127.0.0.1:9/tg"
-        );
-        assert!(parse_api_url("ftp://example.com").is_err());
-        assert!(parse_api_url("not a url").is_err());
-    }
-}
+mod tests;

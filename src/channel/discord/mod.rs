@@ -1,5 +1,6 @@
 //! Discord through serenity 0.12: the gateway for inbound messages, REST for replies, typing and
-//! back-fill. The only module that names serenity.
+//! back-fill. The only module (this folder) that names serenity; inbound.rs reads a message as
+//! perch journals it, errors.rs says what Discord's failures become.
 //!
 //! Inbound. One serenity client per connector owns the websocket and the heartbeats; it lives
 //! across `receive` calls. serenity resumes after an op 7 or a dropped socket, and when a session
@@ -37,17 +38,25 @@
 //! none), refusing a file whose size says it is too large and stopping a download that runs past
 //! the limit.
 
+mod errors;
+mod inbound;
+
+pub use errors::FALLBACK_RETRY_AFTER;
+
 use super::{
     Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
-    DeliveryError, FetchError, InboundEvent, PlatformLimits, Quote, Receipt, Sender, Upload,
+    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Upload,
 };
-use chrono::{DateTime, Utc};
+use errors::{
+    check_error, client_ended, connect_error, delivery_error, describe_download, disconnected,
+};
+use inbound::{edit_event, inbound_event};
 use perch_core::secret::Secret;
 use serenity::all::{
     Channel, ChannelId, ClientBuilder, CollectorCallback, ConnectionStage, CreateAllowedMentions,
-    CreateAttachment, CreateMessage, Event, GatewayError, GatewayIntents, Http, HttpBuilder,
-    HttpError, LightMethod, Message, MessageId, MessagePagination, MessageReference, MessageType,
-    MessageUpdateEvent, Nonce, ShardId, ShardManager, ShardRunnerMessage, UserId,
+    CreateAttachment, CreateMessage, Event, GatewayIntents, Http, HttpBuilder, HttpError,
+    LightMethod, Message, MessageId, MessagePagination, MessageReference, MessageUpdateEvent,
+    Nonce, ShardId, ShardManager, ShardRunnerMessage, UserId,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -69,10 +78,6 @@ pub const RESEND_WINDOW: Duration = Duration::from_secs(120);
 /// The default liveness timeout: about three of Discord's 41.25 s heartbeat intervals, so that
 /// serenity's own missed-ACK check (one interval) and a resume get their chance first.
 pub const DEFAULT_LIVENESS: Duration = Duration::from_secs(120);
-
-/// The wait assumed for a 429 whose `Retry-After` serenity does not pass on: with the
-/// ratelimiter disabled (an API proxy, the test fake) serenity returns the status and body only.
-pub const FALLBACK_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 const PAGE: u8 = 100;
 const ATTACH_POLL: Duration = Duration::from_millis(5);
@@ -660,120 +665,6 @@ impl Handoff<'_> {
     }
 }
 
-/// The event perch sees for `message`, or `None` for the bot's own messages and for system
-/// messages (joins, pins, thread notices): only plain messages and replies are handed on.
-/// A thread is a channel in Discord, so a message in a thread has the thread's channel id as
-/// its room and no `thread`; replies go back to that channel. REST messages carry no `guild_id`,
-/// so whether the room is a DM is passed in.
-fn inbound_event(message: &Message, me: UserId, direct: bool) -> Option<InboundEvent> {
-    if message.author.id == me
-        || !matches!(
-            message.kind,
-            MessageType::Regular | MessageType::InlineReply
-        )
-    {
-        return None;
-    }
-    let addressed = message.mentions.iter().any(|user| user.id == me)
-        || message
-            .referenced_message
-            .as_ref()
-            .is_some_and(|original| original.author.id == me);
-    Some(InboundEvent {
-        platform_id: message.id.to_string(),
-        cursor: None,
-        room: message.channel_id.to_string(),
-        thread: None,
-        sender: sender(&message.author),
-        direct,
-        addressed,
-        text: message.content.clone(),
-        sent_at: sent_at(message),
-        attachments: message
-            .attachments
-            .iter()
-            .map(|attachment| Attachment {
-                source: attachment.url.clone(),
-                name: Some(attachment.filename.clone()),
-                content_type: attachment.content_type.clone(),
-                size: Some(u64::from(attachment.size)),
-                encrypted: false,
-            })
-            .collect(),
-        replying_to: message.referenced_message.as_ref().map(|original| {
-            Box::new(Quote::bounded(
-                &original.id.to_string(),
-                Some(sender(&original.author)),
-                &original.content,
-            ))
-        }),
-        edit_of: None,
-        refused: None,
-    })
-}
-
-fn sender(author: &serenity::all::User) -> Sender {
-    Sender {
-        id: author.id.to_string(),
-        name: author
-            .global_name
-            .clone()
-            .unwrap_or_else(|| author.name.clone()),
-        is_bot: author.bot,
-    }
-}
-
-/// The event perch sees for a MESSAGE_UPDATE: an edit of someone else's message, with its new
-/// text, named `<message id>:edited:<edit time>`; `None` for the bot's own messages and for
-/// updates that are no edit (Discord also sends one when it adds a link preview).
-fn edit_event(update: &MessageUpdateEvent, me: UserId) -> Option<InboundEvent> {
-    let author = update.author.as_ref().filter(|author| author.id != me)?;
-    let edited = update.edited_timestamp?;
-    let text = update.content.clone()?;
-    let sent_at = DateTime::from_timestamp(edited.unix_timestamp(), 0).unwrap_or_default();
-    Some(InboundEvent {
-        platform_id: format!("{}:edited:{}", update.id, edited.unix_timestamp()),
-        cursor: None,
-        room: update.channel_id.to_string(),
-        thread: None,
-        sender: sender(author),
-        direct: update.guild_id.is_none(),
-        addressed: false,
-        text,
-        sent_at,
-        attachments: Vec::new(),
-        replying_to: None,
-        edit_of: Some(update.id.to_string()),
-        refused: None,
-    })
-}
-
-/// A download error on one line, without the URL (a signed CDN link).
-fn describe_download(error: reqwest012::Error) -> String {
-    let error = error.without_url();
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(&error);
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
-
-fn sent_at(message: &Message) -> DateTime<Utc> {
-    message
-        .timestamp
-        .to_rfc3339()
-        .and_then(|text| DateTime::parse_from_rfc3339(&text).ok())
-        .map(|at| at.with_timezone(&Utc))
-        .or_else(|| DateTime::from_timestamp(message.timestamp.unix_timestamp(), 0))
-        .unwrap_or_default()
-}
-
 async fn next_item(
     events: &mut Option<mpsc::UnboundedReceiver<GatewayItem>>,
 ) -> Option<GatewayItem> {
@@ -877,78 +768,6 @@ async fn rate_notice(notices: &mut broadcast::Receiver<RateNotice>, route: &str)
     }
 }
 
-fn disconnected(message: &str) -> ConnectorError {
-    ConnectorError::Disconnected {
-        message: message.to_owned(),
-    }
-}
-
-fn connect_error(error: serenity::Error) -> ConnectorError {
-    match error {
-        serenity::Error::Http(HttpError::UnsuccessfulRequest(response))
-            if response.status_code.as_u16() == 401 =>
-        {
-            ConnectorError::Unauthorized {
-                message: "Discord refused the bot token (401); check the token the channel's env reference names".into(),
-            }
-        }
-        serenity::Error::Http(HttpError::UnsuccessfulRequest(response)) => disconnected(&format!(
-            "Discord answered {} (code {}): {}",
-            response.status_code.as_u16(),
-            response.error.code,
-            response.error.message
-        )),
-        serenity::Error::Gateway(GatewayError::InvalidAuthentication) => {
-            ConnectorError::Unauthorized {
-                message: "the gateway refused the bot token (close code 4004)".into(),
-            }
-        }
-        serenity::Error::Gateway(
-            GatewayError::DisallowedGatewayIntents | GatewayError::InvalidGatewayIntents,
-        ) => ConnectorError::Unauthorized {
-            message: "the gateway refused the intents; enable the Message Content intent for the bot in the Discord Developer Portal".into(),
-        },
-        other => disconnected(&format!("Discord connection failed: {other}")),
-    }
-}
-
-fn check_error(error: serenity::Error) -> CheckError {
-    match error {
-        serenity::Error::Http(HttpError::UnsuccessfulRequest(response))
-            if matches!(response.status_code.as_u16(), 401 | 403) =>
-        {
-            CheckError::Refused {
-                message: format!(
-                    "Discord refused the bot token ({})",
-                    response.status_code.as_u16()
-                ),
-            }
-        }
-        serenity::Error::Http(HttpError::UnsuccessfulRequest(response)) => CheckError::Failed {
-            message: format!(
-                "Discord answered {} (code {}): {}",
-                response.status_code.as_u16(),
-                response.error.code,
-                response.error.message
-            ),
-        },
-        serenity::Error::Http(HttpError::Request(error)) => CheckError::Unreachable {
-            message: format!("cannot reach Discord: {}", describe_download(error)),
-        },
-        other => CheckError::Failed {
-            message: format!("Discord: {other}"),
-        },
-    }
-}
-
-fn client_ended(ended: Result<serenity::Result<()>, tokio::task::JoinError>) -> ConnectorError {
-    match ended {
-        Ok(Ok(())) => disconnected("the gateway client stopped"),
-        Ok(Err(error)) => connect_error(error),
-        Err(_) => disconnected("the gateway client task failed"),
-    }
-}
-
 /// The outcome of one history request during back-fill.
 enum Asked<T> {
     Got(T),
@@ -974,43 +793,6 @@ async fn ask<T>(
             }
             Ok(Err(error)) => Err(connect_error(error)),
             Err(_) => Err(disconnected("Discord did not answer a history request within 30 s")),
-        },
-    }
-}
-
-fn delivery_error(error: serenity::Error) -> DeliveryError {
-    match error {
-        serenity::Error::Http(HttpError::Request(error)) if error.is_connect() => {
-            DeliveryError::NotSent {
-                message: format!("no connection to Discord: {}", error.without_url()),
-            }
-        }
-        serenity::Error::Http(HttpError::UnsuccessfulRequest(response)) => {
-            let status = response.status_code.as_u16();
-            let message = format!(
-                "Discord answered {status} (code {}): {}{}",
-                response.error.code,
-                response.error.message,
-                response
-                    .error
-                    .errors
-                    .iter()
-                    .map(|error| format!("; {}: {}", error.path, error.message))
-                    .collect::<String>()
-            );
-            match status {
-                429 => DeliveryError::RateLimited {
-                    retry_after: FALLBACK_RETRY_AFTER,
-                },
-                400 | 403 | 404 | 413 => DeliveryError::Rejected { message },
-                _ => DeliveryError::Failed { message },
-            }
-        }
-        serenity::Error::Model(error) => DeliveryError::Rejected {
-            message: format!("Discord would refuse the message: {error}"),
-        },
-        other => DeliveryError::Failed {
-            message: format!("sending to Discord failed: {other}"),
         },
     }
 }
