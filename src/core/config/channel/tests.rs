@@ -1,6 +1,11 @@
 use super::*;
+use crate::config::Declaration;
 use crate::config::SecretGrant;
+use crate::config::sandbox::SandboxPolicy;
+use crate::name::EnvName;
 use crate::name::HostName;
+use crate::problem::Problem;
+use crate::tree::{Key, Node, Value};
 
 fn node(value: Value) -> Node {
     Node {
