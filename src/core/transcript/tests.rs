@@ -1,7 +1,18 @@
+use super::assemble::{Assembler, UserEntry, user_entry};
+use super::render::{json_line, render_event, render_turn};
 use super::*;
+use crate::Timestamp;
+use crate::id::{EntryId, OperationId};
 use crate::log::Previous;
+use crate::log::{
+    Entry, EntryBody, Header, Intent, Line, LinePosition, Message, Outcome, Part, ReadLine, Record,
+    Role, Settled, Trigger,
+};
+use crate::name::LaneName;
+use crate::origin::{MessageOrigin, Relay};
 use crate::origin::{Person, Quoted};
 use crate::spend::Money;
+use chrono::TimeDelta;
 use chrono::TimeZone;
 
 fn at(minute: u32) -> Timestamp {
