@@ -1,5 +1,5 @@
 //! The instruction budget and the deadline: a hook counts what a state runs and stops it when
-//! it passes its [`Limits`](super::Limits).
+//! it passes its [`Limits`].
 
 use super::limits::Limits;
 use super::record::calling_line;
