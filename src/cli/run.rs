@@ -37,6 +37,10 @@ pub struct RunArgs {
     pub metrics: Option<std::net::SocketAddr>,
 }
 
+/// The target of `perch run`'s own log lines: the binary's name, as for every line `main`
+/// writes.
+const RUN_TARGET: &str = "perch";
+
 /// `perch run`. With `--log-format json` its failures are log lines too, so that everything it
 /// writes on stderr is JSON.
 pub fn run(args: RunArgs) -> Result<ExitCode, String> {
@@ -48,7 +52,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, String> {
     let dir = dir_or_current(dir);
     match (serve(dir, log_format, metrics), log_format) {
         (Err(message), LogFormat::Json) => {
-            tracing::error!("{message}");
+            tracing::error!(target: RUN_TARGET, "{message}");
             Ok(ExitCode::FAILURE)
         }
         (served, _) => served,
@@ -69,7 +73,7 @@ fn serve(
             let agent_dir = AgentDir::open(&dir).map_err(|error| error.to_string())?;
             agent::load(&agent_dir).map_err(|problems| {
                 for problem in problems.iter() {
-                    tracing::error!("{problem}");
+                    tracing::error!(target: RUN_TARGET, "{problem}");
                 }
                 format!(
                     "{} problem(s) in {}",
@@ -83,7 +87,7 @@ fn serve(
         let lookup = |name: &str| std::env::var(name).ok();
         let endpoint = model::endpoint_for(&agent, lookup)?;
         let notifier = Notifier::from_env().unwrap_or_else(|error| {
-            tracing::warn!("not notifying systemd: {error}");
+            tracing::warn!(target: RUN_TARGET, "not notifying systemd: {error}");
             Notifier::disabled()
         });
         let metrics_listener = match metrics {
@@ -119,18 +123,25 @@ fn serve(
         let mut signals = StopSignals::listen()?;
         tokio::spawn(async move {
             signals.next().await;
-            tracing::info!("stopping: finishing the runs in progress (a second signal exits now)");
+            tracing::info!(
+                target: RUN_TARGET,
+                "stopping: finishing the runs in progress (a second signal exits now)"
+            );
             on_signal.cancel();
             signals.next().await;
-            tracing::warn!("second signal: exiting now; the next start recovers what was open");
+            tracing::warn!(
+                target: RUN_TARGET,
+                "second signal: exiting now; the next start recovers what was open"
+            );
             std::process::exit(130);
         });
-        tracing::info!("running {}", dir.display());
+        tracing::info!(target: RUN_TARGET, "running {}", dir.display());
         if let Some(listener) = &setup.metrics_listener {
             let address = listener.local_addr().map_err(|error| error.to_string())?;
-            tracing::info!(%address, "metrics on http://{address}/metrics");
+            tracing::info!(target: RUN_TARGET, %address, "metrics on http://{address}/metrics");
             if !address.ip().is_loopback() {
                 tracing::warn!(
+                    target: RUN_TARGET,
                     %address,
                     "the metrics listen on {address}, which is not a loopback address: anyone \
                      who can reach it can read them"
@@ -138,7 +149,7 @@ fn serve(
             }
         }
         crate::service::run(agent, setup, shutdown).await?;
-        tracing::info!("stopped");
+        tracing::info!(target: RUN_TARGET, "stopped");
         Ok(ExitCode::SUCCESS)
     })
 }
