@@ -28,7 +28,7 @@ use channel::{Channel, Health};
 use intake::context_line;
 pub use lanes::LaneLimits;
 use lanes::LanePool;
-use receive::{ReceiveFrom, receive_forever};
+use receive::{ReceiveFrom, Receiver};
 
 use crate::agent::{LoadedAgent, LoadedChannel};
 use crate::alert::Alerts;
@@ -49,7 +49,7 @@ use crate::sandbox::MachineSetup;
 use crate::starts;
 use perch_core::alert::AlertKind;
 use perch_core::chat::BotTurns;
-use perch_core::connection::Connection;
+use perch_core::connection::Begin;
 use perch_core::group_context::GroupContext;
 use perch_core::name::LaneName;
 use perch_core::pairing::Pairing;
@@ -326,10 +326,14 @@ pub async fn run(
     let (arrivals, mut incoming) = mpsc::channel::<(String, Arrival)>(256);
     let mut first_attempts = Vec::new();
     for (name, channel) in &service.channels {
-        if once.is_some() {
-            channel.set_connection(Connection::OneHeartbeatRun);
-            continue;
-        }
+        let begin = match (&once, &breaker) {
+            (Some(_), _) => Begin::OneHeartbeatRun,
+            (None, Some(tripped)) => Begin::Paused {
+                until: tripped.until,
+                now: service.clock.now(),
+            },
+            (None, None) => Begin::Now,
+        };
         let resume = backlog.cursors.get(name).cloned();
         let since: Vec<(String, String)> = backlog
             .last_seen
@@ -342,42 +346,22 @@ pub async fn run(
             })
             .unwrap_or_default();
         let (over, first_attempt) = tokio::sync::oneshot::channel();
-        if breaker.is_none() {
-            first_attempts.push(first_attempt);
-        }
-        let receiving = receive_forever(
-            name.clone(),
-            Arc::clone(channel),
-            ReceiveFrom {
-                cursor: resume,
-                since,
-            },
-            arrivals.clone(),
-            setup.reconnect,
-            Some(over),
-            shutdown.clone(),
-        );
-        match &breaker {
-            None => {
-                channel.set_connection(Connection::Connecting);
-                tokio::spawn(receiving);
-            }
-            Some(tripped) => {
-                channel.set_connection(Connection::Paused {
-                    until: tripped.until,
-                });
-                let wait = (tripped.until - service.clock.now())
-                    .to_std()
-                    .unwrap_or_default();
-                let shutdown = shutdown.clone();
-                tokio::spawn(async move {
-                    tokio::select! {
-                        () = shutdown.cancelled() => {}
-                        () = tokio::time::sleep(wait) => receiving.await,
-                    }
-                });
-            }
-        }
+        first_attempts.push(first_attempt);
+        let shown = Arc::clone(channel);
+        let receiver = Receiver {
+            name: name.clone(),
+            connector: Arc::clone(&channel.connector),
+            show: move |connection| shown.set_connection(connection),
+            arrivals: arrivals.clone(),
+            first_wait: setup.reconnect,
+            first_attempt: Some(over),
+            shutdown: shutdown.clone(),
+        };
+        let from = ReceiveFrom {
+            cursor: resume,
+            since,
+        };
+        tokio::spawn(receiver.receive_forever(from, begin));
     }
     drop(arrivals);
     if let Some(once) = once {
