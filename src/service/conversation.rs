@@ -1,21 +1,24 @@
 //! Conversations: one task per conversation with items waiting, its lane, the channel's busy
 //! policy, and the runs that answer.
 
+use super::converse::{Rules, Talk, converse};
 use super::lanes::LaneLease;
 use super::{Channel, DRAIN_MARGIN, Service};
+use crate::channel::BoxFuture;
 use crate::channel::InboundEvent;
 use crate::inbox::PendingItem;
 use crate::lane::{Input, Lane, Said, Steered};
 use crate::outbox::DeliveryLane;
-use perch_core::config::{BusyPolicy, ChannelConfig};
+use perch_core::config::ChannelConfig;
+use perch_core::converse::{Event, OVERFLOW_NOTICE, Queued};
 use perch_core::log::{Outcome, Trigger};
 use perch_core::name::LaneName;
 use perch_core::origin::{MessageOrigin, Person, Quoted};
 use perch_core::prompt::Origin;
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 impl Service {
@@ -70,27 +73,37 @@ impl Service {
     }
 
     /// Hands an item to its conversation, starting the conversation's task if it has none.
-    pub(super) async fn dispatch(self: &Arc<Self>, mut item: PendingItem) -> Result<(), String> {
+    pub(super) async fn dispatch(self: &Arc<Self>, item: PendingItem) -> Result<(), String> {
         let lane = LaneName::try_from(item.lane.as_str())?;
         let mut conversations = self.state.conversations.lock().await;
-        if let Some(queue) = conversations.get(&lane) {
-            match queue.send(item) {
-                Ok(()) => return Ok(()),
-                Err(returned) => item = returned.0,
+        let mut event = Event::Item(item);
+        if let Some(entry) = conversations.get_mut(&lane) {
+            match entry.events.send(event) {
+                Ok(()) => {
+                    entry.sent += 1;
+                    return Ok(());
+                }
+                Err(returned) => event = returned.0,
             }
         }
+        let Event::Item(item) = &event else {
+            return Ok(());
+        };
         let channel = item.channel.clone();
-        let (queue, items) = mpsc::unbounded_channel();
-        let _ = queue.send(item);
-        conversations.insert(lane.clone(), queue);
+        let (events, received) = mpsc::unbounded_channel();
+        let _ = events.send(event);
+        conversations.insert(lane.clone(), ConversationEntry { events, sent: 1 });
         self.count_conversations(conversations.len());
         drop(conversations);
         let service = Arc::clone(self);
         let (lane_name, channel_name) = (lane.to_string(), channel.clone());
         self.tasks.spawn(async move {
-            let ended = Arc::clone(&service)
-                .converse(lane.clone(), channel, items)
-                .await;
+            let ended = match service.talk(&lane, &channel) {
+                Ok((talk, rules)) => {
+                    converse(talk, received, rules, service.shutdown.clone()).await
+                }
+                Err(error) => Err(error),
+            };
             if let Err(error) = ended {
                 tracing::error!(channel = %channel_name, lane = %lane_name, "{error}");
             }
@@ -98,7 +111,7 @@ impl Service {
             let mut conversations = service.state.conversations.lock().await;
             if conversations
                 .get(&lane)
-                .is_some_and(mpsc::UnboundedSender::is_closed)
+                .is_some_and(|entry| entry.events.is_closed())
             {
                 conversations.remove(&lane);
             }
@@ -107,197 +120,61 @@ impl Service {
         Ok(())
     }
 
+    /// `/stop` in the conversation of `lane`: its task is told (its machine aborts what runs in
+    /// the lane); without a task, what runs in the lane (a heartbeat's run) is aborted here.
+    /// Whether the lane is open, so that something was stopped.
+    pub(super) async fn stop(&self, lane: &LaneName) -> bool {
+        let open = self.lanes.open_lane(lane);
+        let conversations = self.state.conversations.lock().await;
+        match conversations.get(lane) {
+            Some(entry) if entry.events.send(Event::Stop).is_ok() => open.is_some(),
+            _ => open.is_some_and(|lane| lane.abort().is_ok()),
+        }
+    }
+
+    /// The conversation of `lane` on `channel`: its effects, and its channel's rules.
+    fn talk(
+        self: &Arc<Self>,
+        lane: &LaneName,
+        channel: &str,
+    ) -> Result<(ServiceTalk, Rules), String> {
+        let connected = self
+            .channels
+            .get(channel)
+            .cloned()
+            .ok_or_else(|| format!("no channel {channel}"))?;
+        let rules = Rules {
+            busy: connected.loaded.config.busy,
+            queue_limit: connected.loaded.config.queue_limit,
+            idle_after: self.lanes.limits().conversation_idle,
+        };
+        let talk = ServiceTalk {
+            service: Arc::clone(self),
+            name: lane.clone(),
+            origin: Origin {
+                channel: channel.to_owned(),
+                room: None,
+            },
+            channel: connected,
+        };
+        Ok((talk, rules))
+    }
+
     fn count_conversations(&self, active: usize) {
         self.metrics
             .set_conversations_active(u64::try_from(active).unwrap_or(u64::MAX));
     }
 
-    /// One conversation: its queue, the channel's busy policy, and its lane, held while a run is
-    /// active or items wait and let go of otherwise. An item whose lane cannot be held yet (every
-    /// slot in use, or the lane failed to open) waits in the queue and the lane is tried again
-    /// (in turn for a slot, with backoff after a failure). Once nothing has arrived for
-    /// [`LaneLimits::conversation_idle`](super::LaneLimits) with nothing to do, the task ends,
-    /// removing its queue from `conversations` under the lock `dispatch` sends under.
-    async fn converse(
-        self: Arc<Self>,
-        name: LaneName,
-        channel: String,
-        mut items: mpsc::UnboundedReceiver<PendingItem>,
-    ) -> Result<(), String> {
-        let connected = self
-            .channels
-            .get(&channel)
-            .cloned()
-            .ok_or_else(|| format!("no channel {channel}"))?;
-        let origin = Origin {
-            channel: channel.clone(),
-            room: None,
-        };
-        let config = connected.loaded.config.clone();
-        let shutdown = self.shutdown.clone();
-        let idle_after = self.lanes.limits().conversation_idle;
-        let mut queue: VecDeque<PendingItem> = VecDeque::new();
-        let mut active: Option<tokio::task::JoinHandle<()>> = None;
-        let mut lease: Option<LaneLease> = None;
-        let mut failures: u32 = 0;
-        let mut retry_at: Option<tokio::time::Instant> = None;
-        loop {
-            if active
-                .as_ref()
-                .is_some_and(tokio::task::JoinHandle::is_finished)
-            {
-                active = None;
-            }
-            let wants_lane = active.is_none() && !queue.is_empty() && !shutdown.is_cancelled();
-            if wants_lane && lease.is_none() {
-                lease = self.lanes.join(&name);
-            }
-            if wants_lane && let Some(lane) = &lease {
-                let resuming = queue.front().is_some_and(|item| item.resume.is_some());
-                let batch: Vec<PendingItem> = match config.busy {
-                    BusyPolicy::Collect { .. } if !resuming => queue.drain(..).collect(),
-                    _ => queue.pop_front().into_iter().collect(),
-                };
-                let service = Arc::clone(&self);
-                let lane: Lane = (**lane).clone();
-                let connected = Arc::clone(&connected);
-                let (lane_name, channel_name) = (name.to_string(), channel.clone());
-                active = Some(self.tasks.spawn(async move {
-                    if let Err(error) = service.answer(&lane, &connected, batch).await {
-                        tracing::error!(channel = %channel_name, lane = %lane_name, "{error}");
-                    }
-                }));
-            }
-            let idle = active.is_none() && queue.is_empty();
-            if idle {
-                lease = None;
-            }
-            let waiting = active.is_none() && !queue.is_empty() && lease.is_none();
-            let woken = {
-                let finished = async {
-                    match active.as_mut() {
-                        Some(run) => {
-                            let _ = run.await;
-                        }
-                        None => std::future::pending().await,
-                    }
-                };
-                let retry = async {
-                    match retry_at {
-                        Some(at) => tokio::time::sleep_until(at).await,
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    () = shutdown.cancelled() => Woken::Shutdown,
-                    () = finished => Woken::Finished,
-                    item = items.recv() => Woken::Item(item.map(Box::new)),
-                    permit = self.lanes.turn(), if waiting && retry_at.is_none() => {
-                        Woken::Turn(permit)
-                    }
-                    () = retry, if waiting => Woken::Retry,
-                    () = tokio::time::sleep(idle_after), if idle => Woken::Idle,
-                }
-            };
-            let item = match woken {
-                Woken::Shutdown => {
-                    if let (Some(run), Some(lane)) = (active.take(), &lease) {
-                        self.drain_run(lane, run).await;
-                    }
-                    return Ok(());
-                }
-                Woken::Finished => {
-                    active = None;
-                    continue;
-                }
-                Woken::Turn(permit) => {
-                    match self
-                        .lanes
-                        .hold(&name, permit, || {
-                            self.open_lane(&name, origin.clone(), None)
-                        })
-                        .await
-                    {
-                        Ok(held) => {
-                            lease = Some(held);
-                            failures = 0;
-                        }
-                        Err(error) => {
-                            self.metrics.lane_open_failed();
-                            failures = failures.saturating_add(1);
-                            let wait = perch_core::lanes::open_retry(failures);
-                            retry_at = Some(tokio::time::Instant::now() + wait);
-                            tracing::warn!(
-                                channel = %channel,
-                                lane = %name,
-                                "lane {name} could not be opened (try {failures}); {} item(s) wait, next try in {wait:?}: {error}",
-                                queue.len()
-                            );
-                        }
-                    }
-                    continue;
-                }
-                Woken::Retry => {
-                    retry_at = None;
-                    continue;
-                }
-                Woken::Idle => {
-                    let mut conversations = self.state.conversations.lock().await;
-                    match items.try_recv() {
-                        Ok(item) => item,
-                        Err(_) => {
-                            conversations.remove(&name);
-                            self.count_conversations(conversations.len());
-                            return Ok(());
-                        }
-                    }
-                }
-                Woken::Item(None) => return Ok(()),
-                Woken::Item(Some(item)) => *item,
-            };
-            if let Some(window) = collect_window(config.busy) {
-                // Messages arriving within the window join the same turn.
-                queue.push_back(item);
-                tokio::time::sleep(window).await;
-                while let Ok(more) = items.try_recv() {
-                    queue.push_back(more);
-                }
-                continue;
-            }
-            let limit = usize::try_from(config.queue_limit).unwrap_or(usize::MAX);
-            match (active.is_some(), &lease, config.busy) {
-                (true, Some(lane), BusyPolicy::Steer) => {
-                    let said = Said {
-                        origin: origin_of(&connected.loaded.config, &item),
-                        text: self.item_text(&connected, &item).await,
-                    };
-                    if matches!(lane.steer_said(said).await, Ok(Steered::Delivered)) {
-                        self.inbox
-                            .consume(vec![item.event_seq, item.disposition_seq])
-                            .await
-                            .map_err(|error| error.to_string())?;
-                    } else {
-                        queue.push_back(item);
-                    }
-                }
-                (true, Some(lane), BusyPolicy::Interrupt) => {
-                    let _ = lane.abort();
-                    queue.push_back(item);
-                }
-                _ if queue.len() >= limit => self.overflow(&connected, item).await?,
-                _ => queue.push_back(item),
-            }
-        }
-    }
-
     /// At shutdown: lets the active run finish, and deliver its reply, within the drain; then
     /// aborts it, so that its operation is closed as cancelled.
-    async fn drain_run(&self, lane: &Lane, mut run: tokio::task::JoinHandle<()>) {
+    async fn drain_run(&self, lane: Option<&Lane>, mut run: tokio::task::JoinHandle<()>) {
         if tokio::time::timeout(self.drain, &mut run).await.is_ok() {
             return;
         }
         tracing::warn!("a run did not finish within the drain; aborting it");
-        let _ = lane.abort();
+        if let Some(lane) = lane {
+            let _ = lane.abort();
+        }
         if tokio::time::timeout(DRAIN_MARGIN, &mut run).await.is_err() {
             run.abort();
         }
@@ -309,6 +186,7 @@ impl Service {
         lane: &Lane,
         channel: &Arc<Channel>,
         items: Vec<PendingItem>,
+        resume: bool,
     ) -> Result<(), String> {
         let Some(last) = items.last().cloned() else {
             return Ok(());
@@ -334,8 +212,8 @@ impl Service {
             said,
             trigger: Trigger::Chat,
         };
-        let finished = match (items.as_slice(), last.resume) {
-            ([_], Some(resumption)) => lane.resume(input, resumption, None).await,
+        let finished = match (resume, last.resume) {
+            (true, Some(resumption)) => lane.resume(input, resumption, None).await,
             _ => lane.send(input, None).await,
         }
         .map_err(|error| error.to_string());
@@ -461,10 +339,8 @@ impl Service {
     /// Tells the sender the conversation's queue is full, and consumes the item once that
     /// notice is recorded in the outbox.
     async fn overflow(&self, channel: &Arc<Channel>, item: PendingItem) -> Result<(), String> {
-        let text = "I am still working on earlier messages in this conversation and cannot queue \
-                    more right now. Please send this again in a moment.";
         let lane = DeliveryLane::new(lane_name(&item.lane)?, None);
-        self.reply(channel, &item.event, text.to_owned(), Some(lane))
+        self.reply(channel, &item.event, OVERFLOW_NOTICE.to_owned(), Some(lane))
             .await?;
         self.inbox
             .consume(vec![item.event_seq, item.disposition_seq])
@@ -524,27 +400,129 @@ const INTERRUPTED_REPLY: &str = "Sorry, I could not finish that: I was interrupt
 /// How long a heartbeat waits for a lane slot when every open lane is held.
 const HOLD_WAIT: Duration = Duration::from_secs(60);
 
-/// What woke a conversation's task.
-enum Woken {
-    Shutdown,
-    Finished,
-    Item(Option<Box<PendingItem>>),
-    /// A slot to hold the lane in.
-    Turn(tokio::sync::OwnedSemaphorePermit),
-    /// The wait after a failed open is over.
-    Retry,
-    /// Nothing to do, and nothing arrived, for the idle grace.
-    Idle,
-}
-
 /// An inbox item's lane, by name.
 pub(super) fn lane_name(lane: &str) -> Result<LaneName, String> {
     LaneName::try_from(lane).map_err(|error| format!("lane {lane:?}: {error}"))
 }
 
-fn collect_window(busy: BusyPolicy) -> Option<Duration> {
-    match busy {
-        BusyPolicy::Collect { window } => Some(window),
-        _ => None,
+impl Queued for PendingItem {
+    fn resumes(&self) -> bool {
+        self.resume.is_some()
+    }
+}
+
+/// One conversation's queue, as its task is sent its events.
+pub(super) struct ConversationEntry {
+    events: mpsc::UnboundedSender<Event<PendingItem>>,
+    /// The items sent, for [`Talk::retire`].
+    sent: u64,
+}
+
+/// A conversation's effects, carried out by the service.
+struct ServiceTalk {
+    service: Arc<Service>,
+    name: LaneName,
+    origin: Origin,
+    channel: Arc<Channel>,
+}
+
+impl Talk for ServiceTalk {
+    type Item = PendingItem;
+    type Lease = LaneLease;
+    type Slot = tokio::sync::OwnedSemaphorePermit;
+
+    fn join(&self) -> Option<LaneLease> {
+        self.service.lanes.join(&self.name)
+    }
+
+    fn turn(&self) -> BoxFuture<'_, Self::Slot> {
+        Box::pin(self.service.lanes.turn())
+    }
+
+    fn hold(&self, slot: Self::Slot) -> BoxFuture<'_, Result<LaneLease, String>> {
+        Box::pin(self.service.lanes.hold(&self.name, slot, || {
+            self.service
+                .open_lane(&self.name, self.origin.clone(), None)
+        }))
+    }
+
+    fn run(&self, lease: &LaneLease, batch: Vec<PendingItem>, resume: bool) -> JoinHandle<()> {
+        let service = Arc::clone(&self.service);
+        let lane: Lane = (**lease).clone();
+        let channel = Arc::clone(&self.channel);
+        let (lane_name, channel_name) = (self.name.to_string(), self.origin.channel.clone());
+        self.service.tasks.spawn(async move {
+            if let Err(error) = service.answer(&lane, &channel, batch, resume).await {
+                tracing::error!(channel = %channel_name, lane = %lane_name, "{error}");
+            }
+        })
+    }
+
+    fn steer<'a>(
+        &'a self,
+        lease: &'a LaneLease,
+        item: PendingItem,
+    ) -> BoxFuture<'a, Result<Option<PendingItem>, String>> {
+        Box::pin(async move {
+            let said = Said {
+                origin: origin_of(&self.channel.loaded.config, &item),
+                text: self.service.item_text(&self.channel, &item).await,
+            };
+            if !matches!(lease.steer_said(said).await, Ok(Steered::Delivered)) {
+                return Ok(Some(item));
+            }
+            self.service
+                .inbox
+                .consume(vec![item.event_seq, item.disposition_seq])
+                .await
+                .map_err(|error| error.to_string())?;
+            Ok(None)
+        })
+    }
+
+    fn abort(&self, lease: Option<&LaneLease>) {
+        match lease {
+            Some(lane) => {
+                let _ = lane.abort();
+            }
+            None => {
+                if let Some(lane) = self.service.lanes.open_lane(&self.name) {
+                    let _ = lane.abort();
+                }
+            }
+        }
+    }
+
+    fn overflow(&self, item: PendingItem) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(self.service.overflow(&self.channel, item))
+    }
+
+    fn drain<'a>(&'a self, lease: Option<&'a LaneLease>, run: JoinHandle<()>) -> BoxFuture<'a, ()> {
+        Box::pin(self.service.drain_run(lease.map(|lease| &**lease), run))
+    }
+
+    fn retire(&self, taken: u64) -> BoxFuture<'_, bool> {
+        Box::pin(async move {
+            let mut conversations = self.service.state.conversations.lock().await;
+            if conversations
+                .get(&self.name)
+                .is_some_and(|entry| entry.sent != taken)
+            {
+                return false;
+            }
+            conversations.remove(&self.name);
+            self.service.count_conversations(conversations.len());
+            true
+        })
+    }
+
+    fn open_failed(&self, error: &str, failures: u32, waiting: usize, wait: Duration) {
+        self.service.metrics.lane_open_failed();
+        let (name, channel) = (&self.name, &self.origin.channel);
+        tracing::warn!(
+            channel = %channel,
+            lane = %name,
+            "lane {name} could not be opened (try {failures}); {waiting} item(s) wait, next try in {wait:?}: {error}"
+        );
     }
 }

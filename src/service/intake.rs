@@ -236,10 +236,10 @@ impl Service {
         let config = &channel.loaded.config;
         let reply = match command {
             ChatCommand::Stop => {
-                let lane = self.conversation_lane(config, event).ok();
-                let stopped = lane
-                    .and_then(|lane| self.lanes.open_lane(&lane))
-                    .is_some_and(|lane| lane.abort().is_ok());
+                let stopped = match self.conversation_lane(config, event) {
+                    Ok(lane) => self.stop(&lane).await,
+                    Err(_) => false,
+                };
                 if stopped {
                     "Stopped."
                 } else {

@@ -14,6 +14,7 @@
 
 mod channel;
 mod conversation;
+mod converse;
 mod delivery;
 mod earlier_lanes;
 mod generations;
@@ -37,7 +38,7 @@ use crate::channel::{Arrival, Connector};
 use crate::clock::Clock;
 use crate::control;
 use crate::heartbeat::{Heartbeats, JobEnd};
-use crate::inbox::{Inbox, PendingItem};
+use crate::inbox::Inbox;
 use crate::lane::RunLimits;
 use crate::log::LogError;
 use crate::metrics::Metrics;
@@ -144,7 +145,7 @@ struct State {
     /// this lock, when it ends idle. A tokio lock: `dispatch` awaits under it (the conversation
     /// is started or found, and sent its item, as one step) and a conversation's task takes it
     /// to end, so no item is sent to a task that is ending.
-    conversations: Mutex<HashMap<LaneName, mpsc::UnboundedSender<PendingItem>>>,
+    conversations: Mutex<HashMap<LaneName, conversation::ConversationEntry>>,
     /// Pending pairing codes and approved senders, written to `pairing.json` on each change.
     pairing: std::sync::Mutex<Pairing>,
     /// The last group messages per (channel, room) that did not address the agent, offered to
