@@ -1,4 +1,5 @@
-//! The open lanes, shared by conversations, heartbeats and `/stop`: at most
+//! The open lanes, owned by the conversations' owner and shared with its conversations' tasks
+//! (heartbeats and `/stop` reach them through its handle): at most
 //! [`LaneLimits::open_max`] open at once, each held by whoever runs in it (a conversation's run,
 //! a heartbeat job) through a [`LaneLease`]. A lane nobody holds stays open, so its next message
 //! finds it warm, until it has been idle for [`LaneLimits::lane_idle`] or its slot is needed
@@ -361,7 +362,8 @@ async fn close((name, slot): (LaneName, Slot)) -> bool {
 pub(super) struct LaneWriter {
     open: Arc<Shared>,
     /// The pool's: held while a record goes to a lane, so that the lane is neither opened nor
-    /// closed meanwhile and the record goes through its one writer.
+    /// closed meanwhile and the record goes through its one writer (a tokio lock: held across
+    /// the append).
     changing: Arc<tokio::sync::Mutex<()>>,
     sessions: PathBuf,
     clock: Clock,
