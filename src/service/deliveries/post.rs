@@ -31,8 +31,9 @@ impl<'a> To<'a> {
 }
 
 impl Deliveries {
-    /// Formats `text` with the channel's `format` hook (as written when the hook fails), splits
-    /// it, records it and hands it to its room's worker; returns once every intent is fsynced.
+    /// Formats `text` with the channel's `format` hook (intake runs it, and keeps the text as
+    /// written when the hook fails), splits it, records it and hands it to its room's worker;
+    /// returns once every intent is fsynced.
     /// How each piece settles is appended to `lane`'s session log.
     pub(in crate::service) async fn post(
         &self,
@@ -48,7 +49,7 @@ impl Deliveries {
             .unwrap_or_else(|error| {
                 tracing::warn!(
                     channel = %name,
-                    "format hook failed, sending the reply as written: {error}"
+                    "the reply was not formatted ({error}); sending it as written"
                 );
                 text
             });
