@@ -16,6 +16,7 @@ pub mod connection;
 pub mod control;
 pub mod conversation;
 pub mod conversation_lane;
+pub mod converse;
 pub mod delivery;
 pub mod edit;
 pub mod escape;

@@ -2,24 +2,24 @@
 
 use crate::agent::LoadedChannel;
 use crate::channel::Connector;
-use crate::channel::hooks::ChannelHooks;
 use crate::host::alert::Alerts;
 use perch_core::alert::AlertKind;
 use perch_core::connection::Connection;
 use perch_core::control::ChannelHealth;
+use std::collections::HashMap;
 use std::sync::Arc;
-use tokio::sync::Mutex;
 
-/// One connected channel.
+/// Every connected channel, by name, fixed at start.
+pub(super) type Channels = Arc<HashMap<String, Arc<Channel>>>;
+
+/// One connected channel. Its hooks (the channel file's Lua state) are intake's.
 pub(super) struct Channel {
     pub(super) loaded: LoadedChannel,
     pub(super) connector: Arc<dyn Connector>,
-    /// The channel file's Lua state. A tokio lock: a hook call is awaited under it (hooks of
-    /// one channel run one at a time, in arrival order).
-    pub(super) hooks: Mutex<ChannelHooks>,
-    /// The channel's hook calls still running, abandoned ones included.
+    /// The channel's hook calls still running, abandoned ones included (the hooks count them).
     pub(super) hook_calls_running: Arc<std::sync::atomic::AtomicUsize>,
-    /// A std lock: only read and set, never held across an await.
+    /// A std lock: set by the channel's receiving task and its hooks' owner, read by status;
+    /// only read and set, never held across an await.
     pub(super) health: std::sync::Mutex<Health>,
     /// Told when the channel stops or turns unhealthy.
     pub(super) alerts: Alerts,

@@ -1,10 +1,18 @@
-//! What the service does for heartbeats: it starts the scheduler, and it is the runs' [`Host`]:
-//! their lanes, their check's machine, the spend cap, posts through the outbox, steers, owner
-//! alerts, metrics and the shutdown drain. The run itself is the heartbeat module's.
+//! What the service does for heartbeats: it starts the scheduler, and it is the runs' [`Host`],
+//! through the owners' handles: their lanes (held through the conversations' owner), their
+//! check's machine, the spend cap, posts through the deliveries, steers, owner alerts, metrics
+//! and the shutdown drain. The run itself is the heartbeat module's.
 
-use super::Service;
+use super::conversations::Conversations;
+use super::deliveries::Deliveries;
+use super::drain::Drain;
+use crate::agent::AgentDir;
 use crate::channel::BoxFuture;
-use crate::heartbeat::{self, Host, HostLane, Ledger, SchedulerSetup};
+use crate::heartbeat::{self, Heartbeats, Host, HostLane, Ledger, SchedulerSetup};
+use crate::host::alert::Alerts;
+use crate::host::clock::Clock;
+use crate::host::metrics::Metrics;
+use crate::lane::Runtime;
 use crate::lane::{Input, Steered};
 use crate::sandbox::{Command, Output, SandboxError};
 use crate::store::outbox::DeliveryLane;
@@ -18,67 +26,47 @@ use perch_core::spend::RunKind;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
-impl Service {
-    /// Starts the heartbeat scheduler over the ledger in `.perch/heartbeats/`.
-    pub(super) fn start_heartbeats(
-        self: &Arc<Self>,
-        reload_every: Duration,
-        scheduled: bool,
-    ) -> Result<(), String> {
-        let agent = self.runtime.agent();
-        let env = heartbeat::heartbeat_env(agent, heartbeat::host_tz());
-        let (ledger, records) =
-            Ledger::open(&agent.dir, self.clock.clone()).map_err(|error| error.to_string())?;
-        let host: Arc<dyn Host> = Arc::clone(self) as Arc<dyn Host>;
-        let setup = SchedulerSetup::hosted(
-            host,
-            agent.dir.clone(),
-            env,
-            self.clock.clone(),
-            reload_every,
-            scheduled,
-        );
-        let heartbeats = heartbeat::start(setup, ledger, records, self.shutdown.clone());
-        let _ = self.heartbeats.set(heartbeats);
-        Ok(())
-    }
+/// The heartbeat runs' host: handles, never the owners' state.
+pub(super) struct HeartbeatHost {
+    pub(super) conversations: Conversations,
+    pub(super) deliveries: Deliveries,
+    pub(super) runtime: Arc<Runtime>,
+    pub(super) alerts: Alerts,
+    pub(super) metrics: Arc<Metrics>,
+    /// The service's tasks: a run holds a place among them, so shutdown drains it.
+    pub(super) tasks: TaskTracker,
+    pub(super) shutdown: CancellationToken,
+    pub(super) drain: Drain,
+}
 
-    /// Delivers a heartbeat's message to its target room, through the outbox, and waits until
-    /// it is settled; how it settled is appended to `lane` when there is one.
-    pub(super) async fn post_to(
-        &self,
-        target: &Target,
-        text: &str,
-        lane: Option<DeliveryLane>,
-    ) -> Result<String, String> {
-        let channel = self
-            .channels
-            .get(target.channel.as_str())
-            .ok_or_else(|| format!("the channel {} is not connected", target.channel))?;
-        let room = channel
-            .loaded
-            .config
-            .rooms
-            .get(&target.room)
-            .ok_or_else(|| format!("{} declares no room {}", target.channel, target.room))?
-            .clone();
-        let ids = self
-            .post(
-                channel,
-                &room,
-                target.thread.as_deref(),
-                None,
-                text.to_owned(),
-                lane,
-            )
-            .await?
-            .settled()
-            .await?;
-        Ok(ids.join(","))
-    }
+/// Starts the heartbeat scheduler of `dir` over the ledger in `.perch/heartbeats/`, hosted by
+/// `host`; `scheduled` unless only one run is served.
+pub(super) fn start(
+    host: HeartbeatHost,
+    dir: &AgentDir,
+    clock: Clock,
+    reload_every: Duration,
+    scheduled: bool,
+) -> Result<Heartbeats, String> {
+    let agent = host.runtime.agent();
+    let env = heartbeat::heartbeat_env(agent, heartbeat::host_tz());
+    let (ledger, records) = Ledger::open(dir, clock.clone()).map_err(|error| error.to_string())?;
+    let shutdown = host.shutdown.clone();
+    let setup = SchedulerSetup::hosted(
+        Arc::new(host),
+        dir.clone(),
+        env,
+        clock,
+        reload_every,
+        scheduled,
+    );
+    Ok(heartbeat::start(setup, ledger, records, shutdown))
+}
 
+impl HeartbeatHost {
     /// Adds a heartbeat's steer, relayed from `relay`, to `into`: to its active run at the next
     /// tool boundary, or, when the lane is idle, as a run of its own. That run's reply stays in
     /// the lane: a heartbeat reaches a chat only through `Message:`.
@@ -89,7 +77,7 @@ impl Service {
         relay: Relay,
         text: String,
     ) -> Result<(), String> {
-        let lane = self.lane(into, origin, None).await?;
+        let lane = self.conversations.hold(into.clone(), origin, None).await?;
         match lane.steer_relayed(relay.clone(), text.clone()).await {
             Ok(Steered::Delivered) => Ok(()),
             Ok(Steered::Idle) => {
@@ -109,16 +97,12 @@ impl Service {
                     let finished = tokio::select! {
                         finished = &mut run => finished,
                         () = shutdown.cancelled() => {
-                            match tokio::time::timeout(drain, &mut run).await {
-                                Ok(finished) => finished,
-                                Err(_) => {
-                                    tracing::warn!(lane = %into, "a steered run did not finish within the drain; aborting it");
-                                    let _ = lane.abort();
-                                    match tokio::time::timeout(super::DRAIN_MARGIN, &mut run).await {
-                                        Ok(finished) => finished,
-                                        Err(_) => return,
-                                    }
-                                }
+                            let abort = || {
+                                let _ = lane.abort();
+                            };
+                            match drain.finish(&mut run, abort).await {
+                                Some(finished) => finished,
+                                None => return,
                             }
                         }
                     };
@@ -136,10 +120,10 @@ impl Service {
     }
 }
 
-/// Each method is one call into the service: `lane`, the machine's `run`, the spend guard's
-/// `check`, `post_to`, `steer_from_heartbeat`, `alerts.alert`, `metrics.heartbeat_outcome` and
-/// `tasks.token`.
-impl Host for Service {
+/// Each method is one request to a handle: the conversations' `hold`, the machine's `run`, the
+/// spend guard's `check`, the deliveries' `post_to`, `steer_from_heartbeat`, `alerts.alert`,
+/// `metrics.heartbeat_outcome` and `tasks.token`.
+impl Host for HeartbeatHost {
     fn open_lane<'a>(
         &'a self,
         name: &'a LaneName,
@@ -147,7 +131,10 @@ impl Host for Service {
         model: Option<&'a ModelRef>,
     ) -> BoxFuture<'a, Result<Box<dyn HostLane>, String>> {
         Box::pin(async move {
-            let lane = self.lane(name, origin, model).await?;
+            let lane = self
+                .conversations
+                .hold(name.clone(), origin, model.cloned())
+                .await?;
             Ok(Box::new(lane) as Box<dyn HostLane>)
         })
     }
@@ -170,7 +157,7 @@ impl Host for Service {
         text: &'a str,
         lane: DeliveryLane,
     ) -> BoxFuture<'a, Result<String, String>> {
-        Box::pin(self.post_to(target, text, Some(lane)))
+        Box::pin(self.deliveries.post_to(target, text, Some(lane)))
     }
 
     fn steer<'a>(

@@ -1,11 +1,11 @@
-//! The open lanes, shared by conversations, heartbeats and `/stop`: at most
+//! The open lanes, owned by the conversations' owner and shared with its conversations' tasks
+//! (heartbeats and `/stop` reach them through its handle): at most
 //! [`LaneLimits::open_max`] open at once, each held by whoever runs in it (a conversation's run,
 //! a heartbeat job) through a [`LaneLease`]. A lane nobody holds stays open, so its next message
 //! finds it warm, until it has been idle for [`LaneLimits::lane_idle`] or its slot is needed
 //! for another lane (the least recently used goes first; `perch_core::lanes` decides which).
 //! A closed lane is reopened from disk, its history intact.
 
-use super::delivery::RoomQueues;
 use crate::host::clock::Clock;
 use crate::host::metrics::Metrics;
 use crate::lane::Lane;
@@ -20,7 +20,6 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-use tokio_util::task::TaskTracker;
 
 /// How many lanes may be open at once, and how long idle conversations and lanes last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,8 +42,9 @@ impl Default for LaneLimits {
     }
 }
 
-/// The open lanes (see the module documentation).
-#[derive(Debug)]
+/// The open lanes (see the module documentation). Clones share them: the conversations' owner
+/// and its tasks hold it, and nothing else.
+#[derive(Debug, Clone)]
 pub(super) struct LanePool {
     limits: LaneLimits,
     shared: Arc<Shared>,
@@ -167,22 +167,13 @@ impl LanePool {
     }
 
     /// What appends records to this pool's lanes from outside their runs: lanes under
-    /// `sessions`, stamped by `clock`, written by tasks among `tasks`.
-    pub(super) fn records(
-        &self,
-        sessions: PathBuf,
-        clock: Clock,
-        tasks: TaskTracker,
-    ) -> LaneRecords {
-        LaneRecords {
-            inner: Arc::new(Recording {
-                open: Arc::clone(&self.shared),
-                changing: Arc::clone(&self.changing),
-                sessions,
-                clock,
-                waiting: RoomQueues::default(),
-                tasks,
-            }),
+    /// `sessions`, stamped by `clock`.
+    pub(super) fn writer(&self, sessions: PathBuf, clock: Clock) -> LaneWriter {
+        LaneWriter {
+            open: Arc::clone(&self.shared),
+            changing: Arc::clone(&self.changing),
+            sessions,
+            clock,
         }
     }
 
@@ -365,55 +356,24 @@ async fn close((name, slot): (LaneName, Slot)) -> bool {
     }
 }
 
-/// Appends records to lanes from outside their runs (a delivery's fate), each lane's in the
-/// order given, without the caller waiting. Clones share it.
+/// Appends records to lanes from outside their runs (a delivery's fate), through each lane's
+/// one writer. Clones share it.
 #[derive(Clone)]
-pub(super) struct LaneRecords {
-    inner: Arc<Recording>,
-}
-
-/// What [`LaneRecords`]' clones and their writing tasks share.
-struct Recording {
+pub(super) struct LaneWriter {
     open: Arc<Shared>,
     /// The pool's: held while a record goes to a lane, so that the lane is neither opened nor
-    /// closed meanwhile and the record goes through its one writer.
+    /// closed meanwhile and the record goes through its one writer (a tokio lock: held across
+    /// the append).
     changing: Arc<tokio::sync::Mutex<()>>,
     sessions: PathBuf,
     clock: Clock,
-    /// The records waiting for each lane; a lane with any has one task writing them.
-    waiting: RoomQueues<Record, LaneName>,
-    tasks: TaskTracker,
 }
 
-impl LaneRecords {
-    /// Queues `record` for the lane `name` and returns at once; a task appends it.
-    pub(super) fn append(&self, name: LaneName, record: Record) {
-        if self.inner.waiting.push(&name, record) {
-            let inner = Arc::clone(&self.inner);
-            self.inner.tasks.spawn(inner.write_all(name));
-        }
-    }
-
-    /// The time a record is stamped with.
-    pub(super) fn now(&self) -> perch_core::Timestamp {
-        self.inner.clock.now()
-    }
-}
-
-impl Recording {
-    /// Writes what waits for `name`, in order, until nothing does.
-    async fn write_all(self: Arc<Self>, name: LaneName) {
-        while let Some(record) = self.waiting.next(&name) {
-            if let Err(error) = self.write(&name, record).await {
-                tracing::warn!(lane = %name, "a record was not appended to lane {name}: {error}");
-            }
-        }
-    }
-
+impl LaneWriter {
     /// Appends `record` through the lane's one writer: the open lane's, or, when it is not open,
     /// a writer opened for this append and closed after it. A lane that does not exist yet is
     /// not made for it.
-    async fn write(&self, name: &LaneName, record: Record) -> Result<(), String> {
+    pub(super) async fn append(&self, name: &LaneName, record: Record) -> Result<(), String> {
         let _changing = self.changing.lock().await;
         let open = self.open.lock().get(name).map(|slot| slot.lane.clone());
         if let Some(lane) = open {

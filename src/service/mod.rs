@@ -9,12 +9,17 @@
 //! (every piece's intent fsynced) → the inbox item consumed, and the reply handed to the room's
 //! delivery worker → the platform → the receipt.
 //!
-//! The loop that pings systemd's watchdog only journals, decides and hands off: no reply is
-//! sent from it, so a platform's rate limit never holds up the watchdog or another arrival.
+//! Three owners hold what changes as the service runs, each a task with a handle of requests:
+//! intake (pairing, group context, bot turns, the channels' hooks), the conversations (each
+//! conversation's task, the open lanes) and the deliveries (the rooms' queues and workers).
+//! Heartbeats, status and recovery talk to their handles. `run` opens the stores, starts the
+//! owners, connects the channels and pings systemd's watchdog; no reply is sent from that loop,
+//! nor an arrival taken in, so a platform's rate limit never holds up the watchdog.
 
 mod channel;
-mod conversation;
-mod delivery;
+mod conversations;
+mod deliveries;
+mod drain;
 mod earlier_lanes;
 mod generations;
 mod heartbeats;
@@ -24,16 +29,12 @@ mod receive;
 mod recovery;
 mod status;
 
-use channel::{Channel, Health};
-use intake::context_line;
 pub use lanes::LaneLimits;
-use lanes::LanePool;
-use receive::{ReceiveFrom, receive_forever};
 
-use crate::agent::{LoadedAgent, LoadedChannel};
+use crate::agent::{AgentDir, LoadedAgent, LoadedChannel};
 use crate::channel::hooks::ChannelHooks;
 use crate::channel::{Arrival, Connector};
-use crate::heartbeat::{Heartbeats, JobEnd};
+use crate::heartbeat::JobEnd;
 use crate::host::alert::Alerts;
 use crate::host::clock::Clock;
 use crate::host::metrics::Metrics;
@@ -44,25 +45,28 @@ use crate::log::LogError;
 use crate::model::Model;
 use crate::sandbox::MachineSetup;
 use crate::store::control;
-use crate::store::inbox::{Inbox, PendingItem};
-use crate::store::outbox::Outbox;
-use crate::store::pairing::read_pairing;
+use crate::store::inbox::{Backlog, Inbox};
+use crate::store::outbox::{Outbox, OutboxBacklog};
 use crate::store::starts;
+use channel::{Channel, Channels, Health};
+use conversations::ConversationsSetup;
+use deliveries::DeliveriesSetup;
+use drain::{DRAIN_MARGIN, Drain};
+use heartbeats::HeartbeatHost;
+use intake::IntakeSetup;
+use lanes::LanePool;
 use perch_core::alert::AlertKind;
-use perch_core::chat::BotTurns;
-use perch_core::connection::Connection;
-use perch_core::group_context::GroupContext;
-use perch_core::name::LaneName;
-use perch_core::pairing::Pairing;
-use perch_core::starts::LastStart;
+use perch_core::connection::Begin;
+use perch_core::starts::{LastStart, Tripped};
+use receive::{ReceiveFrom, Receiver};
+use status::Outside;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// Makes the connector of one channel (the real platform, or a test's).
 pub type ConnectorFactory =
     Arc<dyn Fn(&LoadedChannel) -> Result<Arc<dyn Connector>, String> + Send + Sync>;
 
@@ -100,69 +104,10 @@ pub struct HeartbeatOnce {
     pub end: tokio::sync::oneshot::Sender<Result<JobEnd, String>>,
 }
 
-/// How long past the drain the service waits for aborted runs to be recorded.
-pub(super) const DRAIN_MARGIN: Duration = Duration::from_secs(5);
-
 impl std::fmt::Debug for ServiceSetup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServiceSetup").finish_non_exhaustive()
     }
-}
-
-/// Shared by every task of the service: handles fixed at start (the fields here) apart from
-/// what changes as it runs (`state`).
-struct Service {
-    runtime: Runtime,
-    inbox: Inbox,
-    outbox: Outbox,
-    /// The per-room delivery workers every reply is handed to once its intents are recorded.
-    deliveries: delivery::Deliveries,
-    channels: HashMap<String, Arc<Channel>>,
-    limits: RunLimits,
-    clock: Clock,
-    shutdown: CancellationToken,
-    pairing_path: std::path::PathBuf,
-    /// The open lanes, capped, shared by conversations, heartbeats and `/stop`.
-    lanes: LanePool,
-    /// The heartbeat scheduler, set once when it starts.
-    heartbeats: std::sync::OnceLock<Heartbeats>,
-    /// Set when this start keeps its channels paused (the crash-loop breaker).
-    breaker: Option<perch_core::starts::Tripped>,
-    /// Every conversation's task and run, waited for at shutdown.
-    tasks: TaskTracker,
-    drain: Duration,
-    metrics: Arc<Metrics>,
-    /// Owner alerts: posted to `owner` in agent.lua, rate-limited, or only logged without one.
-    alerts: Alerts,
-    state: State,
-}
-
-/// What the service changes as it runs, each part behind its own lock. The std locks are only
-/// ever held for bookkeeping (and, for `pairing`, the synchronous write of `pairing.json`),
-/// never across an await.
-struct State {
-    /// The queue of each conversation whose task is running; the task removes its entry, under
-    /// this lock, when it ends idle. A tokio lock: `dispatch` awaits under it (the conversation
-    /// is started or found, and sent its item, as one step) and a conversation's task takes it
-    /// to end, so no item is sent to a task that is ending.
-    conversations: Mutex<HashMap<LaneName, mpsc::UnboundedSender<PendingItem>>>,
-    /// Pending pairing codes and approved senders, written to `pairing.json` on each change.
-    pairing: std::sync::Mutex<Pairing>,
-    /// The last group messages per (channel, room) that did not address the agent, offered to
-    /// the model with the next message that does; bounded in rooms and age.
-    context: std::sync::Mutex<GroupContext>,
-    /// Bot messages answered per (channel, room) since the last human one, for the loop guard;
-    /// rebuilt from the inbox at start; bounded in rooms.
-    bot_turns: std::sync::Mutex<BotTurns>,
-    /// The files loaded at start that changed since: a restart applies them.
-    restart_needed: std::sync::Mutex<Vec<String>>,
-}
-
-/// Takes a std lock of [`State`], whose holders never leave it half changed, so a panic while
-/// holding one does not make it unusable.
-fn locked<T>(lock: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    lock.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Runs the service until `shutdown` fires.
@@ -172,167 +117,397 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), String> {
     let once = setup.once.take();
-    let channels_loaded = agent.channels.clone();
-    let dir = agent.dir.clone();
+    let (dir, clock) = (agent.dir.clone(), setup.clock.clone());
     let config_at_start = starts::config_digests(&dir);
+    let loaded_channels = agent.channels.clone();
     let runtime = Runtime::start(
         agent,
         &setup.machine,
         Arc::clone(&setup.model),
-        setup.clock.clone(),
+        clock.clone(),
         |name| std::env::var(name).ok(),
-    )?
-    .with_metrics(Arc::clone(&setup.metrics));
+    )?;
+    let runtime = Arc::new(runtime.with_metrics(Arc::clone(&setup.metrics)));
     let (alerts, raised) = Alerts::new();
     runtime.spend().set_alerts(alerts.clone());
-    let clock = setup.clock.clone();
-    let inbox_dir = dir.inbox_dir();
-    let outbox_dir = dir.outbox_dir();
-    let opened_clock = clock.clone();
-    let ((inbox, backlog), (outbox, unsettled)) = tokio::task::spawn_blocking(move || {
-        Ok::<_, LogError>((
-            Inbox::open(&inbox_dir, opened_clock.clone())?,
-            Outbox::open(&outbox_dir, opened_clock)?,
-        ))
-    })
-    .await
-    .map_err(|error| error.to_string())?
-    .map_err(|error| error.to_string())?;
-    let mut channels = HashMap::new();
-    for loaded in channels_loaded {
-        let connector = (setup.connectors)(&loaded)?;
-        let hooks = ChannelHooks::open(&dir, &loaded)?;
-        let hook_calls_running = hooks.running_calls();
-        channels.insert(
-            loaded.config.name.to_string(),
-            Arc::new(Channel {
-                loaded,
-                connector,
-                hooks: Mutex::new(hooks),
-                hook_calls_running,
-                health: std::sync::Mutex::new(Health::default()),
-                alerts: alerts.clone(),
-            }),
-        );
-    }
-    let pairing_path = dir.pairing_file();
-    let pairing = read_pairing(&pairing_path)?;
+    let (stores, unsettled) = open_stores(&dir, &clock).await?;
+    let (channels, hooks) = open_channels(&dir, loaded_channels, &setup.connectors, &alerts)?;
+    let pairing = crate::store::pairing::read_pairing(&dir.pairing_file())?;
     let control_listener = control::listen(&dir.control_socket())?;
     generations::migrate(&dir)?;
     let started_at = clock.now();
     let earlier_starts = starts::read_starts(&dir.starts_file())?;
     let breaker = perch_core::starts::breaker(&earlier_starts, started_at);
-    starts::write_starts(
-        &dir.starts_file(),
-        &perch_core::starts::record_start(&earlier_starts, started_at),
-    )?;
-    let mut context = GroupContext::default();
-    for (channel, event) in &backlog.context {
-        context.push(channel, &event.room, context_line(event), event.sent_at);
-    }
-    let tasks = TaskTracker::new();
-    let lanes = LanePool::new(setup.lanes, Arc::clone(&setup.metrics));
-    let deliveries = delivery::Deliveries::new(
-        outbox.clone(),
-        Arc::clone(&setup.metrics),
-        alerts.clone(),
-        dir.workspace(),
-        lanes.records(dir.sessions_dir(), clock.clone(), tasks.clone()),
-        shutdown.clone(),
-        tasks.clone(),
-    );
-    let service = Arc::new(Service {
-        lanes,
-        pairing_path,
-        runtime,
-        inbox,
-        outbox,
-        deliveries,
-        channels,
-        limits: setup.limits,
-        clock,
-        shutdown: shutdown.clone(),
-        heartbeats: std::sync::OnceLock::new(),
-        tasks,
-        drain: setup.drain,
+    let recorded = perch_core::starts::record_start(&earlier_starts, started_at);
+    starts::write_starts(&dir.starts_file(), &recorded)?;
+    let common = Common {
+        clock: clock.clone(),
         metrics: Arc::clone(&setup.metrics),
-        breaker: breaker.clone(),
-        alerts,
-        state: State {
-            conversations: Mutex::new(HashMap::new()),
-            pairing: std::sync::Mutex::new(pairing),
-            context: std::sync::Mutex::new(context),
-            bot_turns: std::sync::Mutex::new(backlog.bot_turns.clone()),
-            restart_needed: std::sync::Mutex::new(Vec::new()),
+        alerts: alerts.clone(),
+        tasks: TaskTracker::new(),
+        shutdown: shutdown.clone(),
+        closing: CancellationToken::new(),
+        drain: Drain {
+            within: setup.drain,
         },
+    };
+    let backlog = stores.backlog.clone();
+    let owners = start_owners(
+        &common,
+        &runtime,
+        &dir,
+        stores.clone(),
+        &channels,
+        hooks,
+        pairing,
+        &setup,
+    );
+    let (restart_needed, restart_seen) = watch::channel(Vec::new());
+    let paused = breaker.as_ref().map(|tripped| tripped.reason.clone());
+    let outside = Arc::new(Outside {
+        channels: Arc::clone(&channels),
+        inbox: stores.inbox,
+        outbox: stores.outbox,
+        runtime: Arc::clone(&runtime),
+        intake: owners.intake.clone(),
+        deliveries: owners.deliveries.clone(),
+        metrics: Arc::clone(&common.metrics),
+        heartbeats: OnceLock::new(),
+        channels_paused: paused.clone(),
+        restart_needed: restart_seen,
+        clock: clock.clone(),
+        shutdown: shutdown.clone(),
     });
-    service.start_alerts(raised);
-    service.update_gates();
-    {
-        let service = Arc::clone(&service);
-        let shutdown = shutdown.clone();
-        tokio::spawn(control::serve(control_listener, shutdown, move |request| {
-            let service = Arc::clone(&service);
-            async move { service.control(request).await }
-        }));
+    serve_outside(
+        &outside,
+        raised,
+        control_listener,
+        setup.metrics_listener.take(),
+    );
+    let recovered = Recovered {
+        started: started_at,
+        lanes: perch_core::starts::lanes_need_recovery(&earlier_starts),
+        channels_paused: paused,
+    };
+    let last_start = recover(
+        &runtime,
+        &owners,
+        recovered,
+        unsettled,
+        backlog.clone(),
+        setup.limits,
+    )
+    .await?;
+    let scheduled = once.is_none();
+    let heartbeats = start_heartbeats(&common, &owners, &runtime, &dir, &setup, scheduled)?;
+    let _ = outside.heartbeats.set(heartbeats.clone());
+    starts::write_last_start(&dir, &last_start)?;
+    if let Some(tripped) = &breaker {
+        tracing::info!("channels paused: {}", tripped.reason);
+        let until = tripped.until.to_rfc3339();
+        alerts.alert(
+            AlertKind::CrashLoop,
+            format!("channels are paused until {until}: {}", tripped.reason),
+        );
     }
-    if let Some(listener) = setup.metrics_listener {
-        let service = Arc::clone(&service);
-        tokio::spawn(crate::host::metrics::serve(
-            listener,
-            shutdown.clone(),
-            move || {
-                let service = Arc::clone(&service);
-                async move { service.metrics_text().await }
-            },
-        ));
+    let watching = status::watch_config(
+        dir.clone(),
+        config_at_start,
+        restart_needed,
+        shutdown.clone(),
+    );
+    tokio::spawn(watching);
+    let begin = match (&once, &breaker) {
+        (Some(_), _) => Begin::OneHeartbeatRun,
+        (None, Some(Tripped { until, .. })) => Begin::Paused {
+            until: *until,
+            now: clock.now(),
+        },
+        (None, None) => Begin::Now,
+    };
+    let first_attempts = receive_all(
+        &channels,
+        &backlog,
+        begin,
+        &owners.arrivals,
+        setup.reconnect,
+        &shutdown,
+    );
+    if let Some(once) = once {
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let end = heartbeats.run_now(&once.task, once.dry_run).await;
+            let _ = once.end.send(end);
+            stop.cancel();
+        });
     }
-    let lanes = if perch_core::starts::lanes_need_recovery(&earlier_starts) {
-        service.recover_lanes().await?
+    watchdog(&setup.notifier, first_attempts, &outside, &shutdown).await;
+    let _ = setup.notifier.notify(&format!(
+        "STOPPING=1\n{}",
+        status_line("stopping: finishing the runs in progress")
+    ));
+    let lanes_closed = stop(&common, &runtime, owners).await?;
+    let starts_now = starts::read_starts(&dir.starts_file())?;
+    let stopped =
+        perch_core::starts::record_stop(&starts_now, started_at, clock.now(), lanes_closed);
+    starts::write_starts(&dir.starts_file(), &stopped)
+}
+
+/// What every owner is started with.
+struct Common {
+    clock: Clock,
+    metrics: Arc<Metrics>,
+    alerts: Alerts,
+    /// The tasks shutdown waits for (conversations, runs, delivery workers).
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+    /// Ends the owners, once the service has drained.
+    closing: CancellationToken,
+    drain: Drain,
+}
+
+/// The journals, and what the inbox held when it was opened.
+#[derive(Clone)]
+struct Stores {
+    inbox: Inbox,
+    outbox: Outbox,
+    backlog: Backlog,
+}
+
+/// The owners' handles, where arrivals go, and the owners' tasks.
+struct Owners {
+    intake: intake::Intake,
+    conversations: conversations::Conversations,
+    deliveries: deliveries::Deliveries,
+    arrivals: mpsc::Sender<(String, Arrival)>,
+    running: [tokio::task::JoinHandle<()>; 3],
+}
+
+/// Starts the three owners: the deliveries (which ask intake to format), the conversations
+/// (which own the open lanes) and intake (which takes the arrivals and owns `hooks` and
+/// `pairing`).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "what the owners share, each named where run has it"
+)]
+fn start_owners(
+    common: &Common,
+    runtime: &Arc<Runtime>,
+    dir: &AgentDir,
+    stores: Stores,
+    channels: &Channels,
+    hooks: HashMap<String, ChannelHooks>,
+    pairing: perch_core::pairing::Pairing,
+    setup: &ServiceSetup,
+) -> Owners {
+    let pool = LanePool::new(setup.lanes, Arc::clone(&common.metrics));
+    let (intake, intake_requests) = intake::handle();
+    let (deliveries, delivering) = deliveries::start(DeliveriesSetup {
+        outbox: stores.outbox.clone(),
+        channels: Arc::clone(channels),
+        format: intake.formatter(),
+        workspace: dir.workspace(),
+        writer: pool.writer(dir.sessions_dir(), common.clock.clone()),
+        metrics: Arc::clone(&common.metrics),
+        alerts: common.alerts.clone(),
+        clock: common.clock.clone(),
+        shutdown: common.shutdown.clone(),
+        tasks: common.tasks.clone(),
+        closing: common.closing.clone(),
+    });
+    let (conversations, conversing) = conversations::start(ConversationsSetup {
+        runtime: Arc::clone(runtime),
+        inbox: stores.inbox.clone(),
+        deliveries: deliveries.clone(),
+        channels: Arc::clone(channels),
+        pool,
+        limits: setup.limits,
+        metrics: Arc::clone(&common.metrics),
+        tasks: common.tasks.clone(),
+        drain: common.drain,
+        shutdown: common.shutdown.clone(),
+        closing: common.closing.clone(),
+    });
+    let (arrivals, incoming) = mpsc::channel::<(String, Arrival)>(256);
+    let taking = intake::start(
+        intake_requests,
+        IntakeSetup {
+            arrivals: incoming,
+            channels: Arc::clone(channels),
+            hooks,
+            pairing,
+            pairing_path: dir.pairing_file(),
+            backlog: stores.backlog,
+            inbox: stores.inbox,
+            outbox: stores.outbox,
+            conversations: conversations.clone(),
+            deliveries: deliveries.clone(),
+            dir: dir.clone(),
+            clock: common.clock.clone(),
+            metrics: Arc::clone(&common.metrics),
+            alerts: common.alerts.clone(),
+            shutdown: common.shutdown.clone(),
+            closing: common.closing.clone(),
+        },
+    );
+    Owners {
+        intake,
+        conversations,
+        deliveries,
+        arrivals,
+        running: [taking, conversing, delivering],
+    }
+}
+
+/// What a start is about to recover, and how it started.
+struct Recovered {
+    started: perch_core::Timestamp,
+    /// The last stop may have left a lane with an operation open.
+    lanes: bool,
+    channels_paused: Option<String>,
+}
+
+/// Recovers what the last run left: the lanes with an operation open, the outbox's unsettled
+/// deliveries and the inbox's backlog; what was done, as `.perch/last-start.json` keeps it.
+async fn recover(
+    runtime: &Runtime,
+    owners: &Owners,
+    recovered: Recovered,
+    unsettled: OutboxBacklog,
+    backlog: Backlog,
+    limits: RunLimits,
+) -> Result<LastStart, String> {
+    let lanes_recovered = if recovered.lanes {
+        recovery::recover_lanes(runtime, limits).await?
     } else {
         BTreeMap::new()
     };
-    {
-        let service = Arc::clone(&service);
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move { service.lanes.close_idle_until(shutdown).await });
-    }
-    let outbox_recovered = service.settle_outbox(unsettled.unsettled).await?;
-    let inbox_recovered = service
-        .resume_inbox(backlog.clone(), &unsettled.replied_to)
+    let outbox = owners
+        .deliveries
+        .settle_unsettled(unsettled.unsettled)
         .await?;
-    service.start_heartbeats(setup.heartbeat_reload, setup.once.is_none())?;
-    starts::write_last_start(
-        &dir,
-        &LastStart {
-            started: started_at,
-            lanes_recovered: lanes,
-            outbox: outbox_recovered,
-            inbox: inbox_recovered,
-            channels_paused: breaker.as_ref().map(|tripped| tripped.reason.clone()),
-        },
-    )?;
-    if let Some(tripped) = &breaker {
-        tracing_note(&format!("channels paused: {}", tripped.reason));
-        service.alert(
-            AlertKind::CrashLoop,
-            format!(
-                "channels are paused until {}: {}",
-                tripped.until.to_rfc3339(),
-                tripped.reason
-            ),
-        );
+    let inbox = owners.intake.recover(backlog, unsettled.replied_to).await?;
+    Ok(LastStart {
+        started: recovered.started,
+        lanes_recovered,
+        outbox,
+        inbox,
+        channels_paused: recovered.channels_paused,
+    })
+}
+
+/// Starts the heartbeat scheduler, hosted through the owners' handles.
+fn start_heartbeats(
+    common: &Common,
+    owners: &Owners,
+    runtime: &Arc<Runtime>,
+    dir: &AgentDir,
+    setup: &ServiceSetup,
+    scheduled: bool,
+) -> Result<crate::heartbeat::Heartbeats, String> {
+    let host = HeartbeatHost {
+        conversations: owners.conversations.clone(),
+        deliveries: owners.deliveries.clone(),
+        runtime: Arc::clone(runtime),
+        alerts: common.alerts.clone(),
+        metrics: Arc::clone(&common.metrics),
+        tasks: common.tasks.clone(),
+        shutdown: common.shutdown.clone(),
+        drain: common.drain,
+    };
+    let clock = common.clock.clone();
+    heartbeats::start(host, dir, clock, setup.heartbeat_reload, scheduled)
+}
+
+/// Opens the inbox and the outbox (their writers start; blocking, so on a blocking thread).
+async fn open_stores(dir: &AgentDir, clock: &Clock) -> Result<(Stores, OutboxBacklog), String> {
+    let (inbox_dir, outbox_dir, clock) = (dir.inbox_dir(), dir.outbox_dir(), clock.clone());
+    let ((inbox, backlog), (outbox, unsettled)) = tokio::task::spawn_blocking(move || {
+        Ok::<_, LogError>((
+            Inbox::open(&inbox_dir, clock.clone())?,
+            Outbox::open(&outbox_dir, clock)?,
+        ))
+    })
+    .await
+    .map_err(|error| error.to_string())?
+    .map_err(|error| error.to_string())?;
+    let stores = Stores {
+        inbox,
+        outbox,
+        backlog,
+    };
+    Ok((stores, unsettled))
+}
+
+/// Every channel with its connector, and each channel's hooks, which intake will own.
+fn open_channels(
+    dir: &AgentDir,
+    loaded: Vec<LoadedChannel>,
+    connectors: &ConnectorFactory,
+    alerts: &Alerts,
+) -> Result<(Channels, HashMap<String, ChannelHooks>), String> {
+    let mut channels = HashMap::new();
+    let mut hooks = HashMap::new();
+    for loaded in loaded {
+        let name = loaded.config.name.to_string();
+        let connector = connectors(&loaded)?;
+        let channel_hooks = ChannelHooks::open(dir, &loaded)?;
+        let channel = Channel {
+            hook_calls_running: channel_hooks.running_calls(),
+            loaded,
+            connector,
+            health: std::sync::Mutex::new(Health::default()),
+            alerts: alerts.clone(),
+        };
+        hooks.insert(name.clone(), channel_hooks);
+        channels.insert(name, Arc::new(channel));
     }
-    tokio::spawn(Arc::clone(&service).watch_config(config_at_start));
-    let (arrivals, mut incoming) = mpsc::channel::<(String, Arrival)>(256);
+    Ok((Arc::new(channels), hooks))
+}
+
+/// Serves the control socket, `GET /metrics` when asked for, and the owner's alerts.
+fn serve_outside(
+    outside: &Arc<Outside>,
+    raised: mpsc::UnboundedReceiver<crate::host::alert::Alert>,
+    control_listener: tokio::net::UnixListener,
+    metrics_listener: Option<tokio::net::TcpListener>,
+) {
+    outside.start_alerts(raised);
+    let answering = Arc::clone(outside);
+    tokio::spawn(control::serve(
+        control_listener,
+        outside.shutdown.clone(),
+        move |request| {
+            let outside = Arc::clone(&answering);
+            async move { outside.control(request).await }
+        },
+    ));
+    if let Some(listener) = metrics_listener {
+        let counting = Arc::clone(outside);
+        tokio::spawn(crate::host::metrics::serve(
+            listener,
+            outside.shutdown.clone(),
+            move || {
+                let outside = Arc::clone(&counting);
+                async move { outside.metrics_text().await }
+            },
+        ));
+    }
+}
+
+/// Starts every channel's receiving from where the inbox left it, as `begin` says; returns the
+/// signals that each first attempt is over.
+fn receive_all(
+    channels: &Channels,
+    backlog: &Backlog,
+    begin: Begin,
+    arrivals: &mpsc::Sender<(String, Arrival)>,
+    first_wait: Duration,
+    shutdown: &CancellationToken,
+) -> Vec<oneshot::Receiver<()>> {
     let mut first_attempts = Vec::new();
-    for (name, channel) in &service.channels {
-        if once.is_some() {
-            channel.set_connection(Connection::OneHeartbeatRun);
-            continue;
-        }
-        let resume = backlog.cursors.get(name).cloned();
-        let since: Vec<(String, String)> = backlog
+    for (name, channel) in channels.iter() {
+        let since = backlog
             .last_seen
             .get(name)
             .map(|rooms| {
@@ -342,60 +517,36 @@ pub async fn run(
                     .collect()
             })
             .unwrap_or_default();
-        let (over, first_attempt) = tokio::sync::oneshot::channel();
-        if breaker.is_none() {
-            first_attempts.push(first_attempt);
-        }
-        let receiving = receive_forever(
-            name.clone(),
-            Arc::clone(channel),
-            ReceiveFrom {
-                cursor: resume,
-                since,
-            },
-            arrivals.clone(),
-            setup.reconnect,
-            Some(over),
-            shutdown.clone(),
-        );
-        match &breaker {
-            None => {
-                channel.set_connection(Connection::Connecting);
-                tokio::spawn(receiving);
-            }
-            Some(tripped) => {
-                channel.set_connection(Connection::Paused {
-                    until: tripped.until,
-                });
-                let wait = (tripped.until - service.clock.now())
-                    .to_std()
-                    .unwrap_or_default();
-                let shutdown = shutdown.clone();
-                tokio::spawn(async move {
-                    tokio::select! {
-                        () = shutdown.cancelled() => {}
-                        () = tokio::time::sleep(wait) => receiving.await,
-                    }
-                });
-            }
-        }
+        let from = ReceiveFrom {
+            cursor: backlog.cursors.get(name).cloned(),
+            since,
+        };
+        let (over, first_attempt) = oneshot::channel();
+        first_attempts.push(first_attempt);
+        let shown = Arc::clone(channel);
+        let receiver = Receiver {
+            name: name.clone(),
+            connector: Arc::clone(&channel.connector),
+            show: move |connection| shown.set_connection(connection),
+            arrivals: arrivals.clone(),
+            first_wait,
+            first_attempt: Some(over),
+            shutdown: shutdown.clone(),
+        };
+        tokio::spawn(receiver.receive_forever(from, begin));
     }
-    drop(arrivals);
-    if let Some(once) = once {
-        let heartbeats = service.heartbeats.get().cloned();
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            let end = match heartbeats {
-                Some(heartbeats) => heartbeats.run_now(&once.task, once.dry_run).await,
-                None => Err("the heartbeat scheduler did not start".into()),
-            };
-            let _ = once.end.send(end);
-            stop.cancel();
-        });
-    }
-    let notifier = &setup.notifier;
-    // Ready once every channel's first connection attempt is over, connected or failed (so one
-    // wrong token cannot hold it back), and at the latest after FIRST_CONNECTION.
+    first_attempts
+}
+
+/// Tells systemd the service is ready once every channel's first connection attempt is over,
+/// connected or failed (so one wrong token cannot hold it back), and at the latest after
+/// [`FIRST_CONNECTION`]; then pings the watchdog, with the status line, until `shutdown`.
+async fn watchdog(
+    notifier: &Notifier,
+    first_attempts: Vec<oneshot::Receiver<()>>,
+    outside: &Outside,
+    shutdown: &CancellationToken,
+) {
     let first_connections = tokio::time::timeout(FIRST_CONNECTION, async move {
         for attempt in first_attempts {
             let _ = attempt.await;
@@ -408,7 +559,6 @@ pub async fn run(
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticks
     });
-    let mut receiving = true;
     loop {
         let tick = async {
             match watchdog.as_mut() {
@@ -419,37 +569,27 @@ pub async fn run(
             }
         };
         tokio::select! {
-            () = shutdown.cancelled() => break,
+            () = shutdown.cancelled() => return,
             _ = &mut first_connections, if !ready => {
                 ready = true;
-                if let Err(error) = notifier.notify(&format!("READY=1\n{}", service.status_line().await)) {
+                if let Err(error) = notifier.notify(&format!("READY=1\n{}", outside.status_line().await)) {
                     tracing::warn!("systemd was not told that perch is ready: {error}");
                 }
             }
             () = tick, if ready => {
-                let _ = notifier.notify(&format!("WATCHDOG=1\n{}", service.status_line().await));
+                let _ = notifier.notify(&format!("WATCHDOG=1\n{}", outside.status_line().await));
             }
-            arrival = incoming.recv(), if receiving => match arrival {
-                Some((channel, arrival)) => {
-                    if let Err(error) = service.arrive(&channel, arrival).await {
-                        tracing::error!(channel = %channel, "an arrival on {channel} failed: {error}");
-                        service.alert(
-                            AlertKind::Intake,
-                            format!("a message on channel {channel} could not be taken in: {error}"),
-                        );
-                    }
-                }
-                None => receiving = false,
-            },
         }
     }
-    let _ = notifier.notify(&format!(
-        "STOPPING=1\n{}",
-        status_line("stopping: finishing the runs in progress")
-    ));
-    service.tasks.close();
+}
+
+/// At shutdown: waits for the conversations and runs to finish within the drain, closes every
+/// lane, stops the machine and ends the owners; whether every lane was closed cleanly.
+async fn stop(common: &Common, runtime: &Runtime, owners: Owners) -> Result<bool, String> {
+    common.tasks.close();
     let mut lanes_closed = true;
-    if tokio::time::timeout(service.drain + DRAIN_MARGIN, service.tasks.wait())
+    let drained = common.drain.within + DRAIN_MARGIN;
+    if tokio::time::timeout(drained, common.tasks.wait())
         .await
         .is_err()
     {
@@ -458,7 +598,7 @@ pub async fn run(
             "some conversations did not stop in time; their lanes are recovered at the next start"
         );
     }
-    match tokio::time::timeout(DRAIN_MARGIN, service.lanes.close_all()).await {
+    match tokio::time::timeout(DRAIN_MARGIN, owners.conversations.close_all()).await {
         Ok(all_closed) => lanes_closed &= all_closed,
         Err(_) => {
             lanes_closed = false;
@@ -467,28 +607,16 @@ pub async fn run(
             );
         }
     }
-    service
-        .runtime
+    runtime
         .machine()
         .stop()
         .await
         .map_err(|error| error.to_string())?;
-    let starts_now = starts::read_starts(&dir.starts_file())?;
-    starts::write_starts(
-        &dir.starts_file(),
-        &perch_core::starts::record_stop(
-            &starts_now,
-            started_at,
-            service.clock.now(),
-            lanes_closed,
-        ),
-    )?;
-    Ok(())
-}
-
-/// A status line with no fields of its own.
-pub(super) fn tracing_note(line: &str) {
-    tracing::info!("{line}");
+    common.closing.cancel();
+    for owner in owners.running {
+        let _ = owner.await;
+    }
+    Ok(lanes_closed)
 }
 
 /// The longest readiness waits for the channels' first connection attempts.

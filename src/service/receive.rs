@@ -1,11 +1,12 @@
-//! Receiving: one task per channel keeps it connected and forwards what arrives.
+//! Receiving: one task per channel keeps it connected and forwards what arrives. The task only
+//! waits, steps [`Link`] (perch-core's connection machine, which decides every state, backoff
+//! and wait) and carries out what it says.
 
-use super::Channel;
-use crate::channel::{Arrival, AttemptUp};
-use perch_core::connection::Connection;
+use crate::channel::{Arrival, AttemptUp, Connector, ConnectorError};
+use perch_core::connection::{AttemptEnd, Begin, Connection, Link, LinkAction, LinkEvent};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 /// Where a channel's receiving resumes: the cursor perch journaled last (Telegram's update id,
@@ -15,28 +16,67 @@ pub(super) struct ReceiveFrom {
     pub(super) since: Vec<(String, String)>,
 }
 
-/// Keeps one channel connected: reconnects with backoff after a drop (1 s doubling to a
-/// minute), and only every [`REFUSED_RETRY`] after its credentials were refused, until shutdown.
-pub(super) async fn receive_forever(
-    name: String,
-    channel: Arc<Channel>,
-    from: ReceiveFrom,
-    arrivals: mpsc::Sender<(String, Arrival)>,
-    first_wait: Duration,
-    mut first_attempt: Option<tokio::sync::oneshot::Sender<()>>,
-    shutdown: CancellationToken,
-) {
-    let ReceiveFrom {
-        cursor: mut resume,
-        since,
-    } = from;
-    let mut wait = first_wait;
-    let mut failed_in_a_row: u32 = 0;
-    loop {
+/// One channel's receiving: what it receives from and where its state and events go.
+pub(super) struct Receiver<S> {
+    pub(super) name: String,
+    pub(super) connector: Arc<dyn Connector>,
+    /// Told every new state (`perch status` shows it; a refusal alerts the owner).
+    pub(super) show: S,
+    pub(super) arrivals: mpsc::Sender<(String, Arrival)>,
+    /// The first wait before reconnecting; the machine doubles it.
+    pub(super) first_wait: Duration,
+    /// Told when the first attempt is over (up or failed), or that none starts now.
+    pub(super) first_attempt: Option<oneshot::Sender<()>>,
+    pub(super) shutdown: CancellationToken,
+}
+
+impl<S: Fn(Connection) + Send> Receiver<S> {
+    /// Keeps the channel connected from `begin` until shutdown, as [`Link::step`] says.
+    pub(super) async fn receive_forever(mut self, from: ReceiveFrom, begin: Begin) {
+        let ReceiveFrom {
+            cursor: mut resume,
+            since,
+        } = from;
+        let mut link = Link::new();
+        let mut action = self.step(&mut link, LinkEvent::Begin(begin));
+        loop {
+            let event = match action {
+                LinkAction::Stop => {
+                    self.first_attempt_over();
+                    return;
+                }
+                LinkAction::Wait(wait) => {
+                    self.first_attempt_over();
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => LinkEvent::WaitOver,
+                        () = self.shutdown.cancelled() => LinkEvent::Shutdown,
+                    }
+                }
+                LinkAction::Attempt | LinkAction::KeepReceiving => {
+                    let (ended, cursor) = self.attempt(&mut link, resume.clone(), &since).await;
+                    resume = cursor.or(resume);
+                    if self.shutdown.is_cancelled() {
+                        LinkEvent::Shutdown
+                    } else {
+                        LinkEvent::Ended(ended)
+                    }
+                }
+            };
+            action = self.step(&mut link, event);
+        }
+    }
+
+    /// One receive attempt, to its end; with the cursor of the last event it forwarded.
+    async fn attempt(
+        &mut self,
+        link: &mut Link,
+        resume: Option<String>,
+        since: &[(String, String)],
+    ) -> (AttemptEnd, Option<String>) {
         let (events, mut received) = mpsc::channel::<Arrival>(64);
         let forward = {
-            let arrivals = arrivals.clone();
-            let name = name.clone();
+            let arrivals = self.arrivals.clone();
+            let name = self.name.clone();
             tokio::spawn(async move {
                 let mut last_cursor = None;
                 while let Some(arrival) = received.recv().await {
@@ -48,70 +88,375 @@ pub(super) async fn receive_forever(
                 last_cursor
             })
         };
-        channel.set_connection(Connection::Connecting);
         let (up, mut came_up) = AttemptUp::pair();
+        let connector = Arc::clone(&self.connector);
         let receiving =
-            channel
-                .connector
-                .receive(resume.clone(), since.clone(), events, up, shutdown.clone());
+            connector.receive(resume, since.to_vec(), events, up, self.shutdown.clone());
         tokio::pin!(receiving);
-        // The first attempt is over when the connection is up or the attempt has failed.
         let result = tokio::select! {
             result = &mut receiving => result,
             () = came_up.wait() => {
-                channel.set_connection(Connection::Receiving);
-                if let Some(over) = first_attempt.take() {
-                    let _ = over.send(());
-                }
+                self.step(link, LinkEvent::Up);
+                self.first_attempt_over();
                 receiving.await
             }
         };
-        if let Some(over) = first_attempt.take() {
+        self.first_attempt_over();
+        let cursor = forward.await.ok().flatten();
+        let ended = match result {
+            Ok(()) => AttemptEnd::Clean,
+            Err(ConnectorError::Unauthorized { message }) => {
+                AttemptEnd::Refused { reason: message }
+            }
+            Err(error @ ConnectorError::Disconnected { .. }) => AttemptEnd::Dropped {
+                reason: error.to_string(),
+            },
+        };
+        (ended, cursor)
+    }
+
+    /// Steps the machine, shows its new state when it changed, and logs why it waits.
+    fn step(&self, link: &mut Link, event: LinkEvent) -> LinkAction {
+        let before = link.connection.clone();
+        let action = link.step(event, self.first_wait);
+        let name = &self.name;
+        if let (Connection::Refused { reason }, LinkAction::Wait(wait)) = (&link.connection, action)
+            && before != link.connection
+        {
+            tracing::error!(
+                channel = %name,
+                "channel {name}: {reason}; trying again in {} minutes",
+                wait.as_secs() / 60
+            );
+        }
+        if let (Connection::Reconnecting { reason, .. }, LinkAction::Wait(_)) =
+            (&link.connection, action)
+            && before != link.connection
+        {
+            tracing::warn!(channel = %name, "channel {name}: {reason}; reconnecting");
+        }
+        if before != link.connection {
+            (self.show)(link.connection.clone());
+        }
+        action
+    }
+
+    fn first_attempt_over(&mut self) {
+        if let Some(over) = self.first_attempt.take() {
             let _ = over.send(());
         }
-        if let Ok(Some(cursor)) = forward.await {
-            resume = Some(cursor);
-        }
-        if shutdown.is_cancelled() {
-            return;
-        }
-        match result {
-            Err(crate::channel::ConnectorError::Unauthorized { message }) => {
-                tracing::error!(
-                    channel = %name,
-                    "channel {name}: {message}; trying again in {} minutes",
-                    REFUSED_RETRY.as_secs() / 60
-                );
-                channel.set_connection(Connection::Refused { reason: message });
-                tokio::select! {
-                    () = tokio::time::sleep(REFUSED_RETRY) => {}
-                    () = shutdown.cancelled() => return,
-                }
-                wait = first_wait;
-                failed_in_a_row = 0;
-                continue;
-            }
-            Err(error) => {
-                tracing::warn!(channel = %name, "channel {name}: {error}; reconnecting");
-                failed_in_a_row = failed_in_a_row.saturating_add(1);
-                channel.set_connection(Connection::Reconnecting {
-                    reason: error.to_string(),
-                    attempt: failed_in_a_row,
-                });
-            }
-            Ok(()) => {
-                wait = first_wait;
-                failed_in_a_row = 0;
-            }
-        }
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = shutdown.cancelled() => return,
-        }
-        wait = (wait * 2).min(Duration::from_secs(60));
     }
 }
 
-/// How long a channel whose credentials were refused waits before it tries again: long enough
-/// not to hammer the platform, short enough to recover from the platform's own mistake.
-const REFUSED_RETRY: Duration = Duration::from_secs(600);
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::{
+        Attachment, BoxFuture, Delivery, DeliveryError, FetchError, InboundEvent, PlatformLimits,
+        Receipt, Upload,
+    };
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+    use tokio::time::Instant;
+
+    /// What happened, in order, with the (paused) time since the test started.
+    type History = Arc<Mutex<Vec<(u64, String)>>>;
+
+    fn note(history: &History, started: Instant, what: String) {
+        let millis = u64::try_from(started.elapsed().as_millis()).unwrap();
+        history.lock().unwrap().push((millis, what));
+    }
+
+    /// One scripted receive attempt: whether the platform answers, how long it lasts (or until
+    /// cancelled, with `None`), and how it ends.
+    struct Scripted {
+        up: bool,
+        lasts: Option<Duration>,
+        end: Result<(), ConnectorError>,
+    }
+
+    #[derive(Debug)]
+    struct FakeConnector {
+        attempts: Mutex<VecDeque<Scripted>>,
+        history: History,
+        started: Instant,
+    }
+
+    impl std::fmt::Debug for Scripted {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Scripted")
+        }
+    }
+
+    impl Connector for FakeConnector {
+        fn receive<'a>(
+            &'a self,
+            resume: Option<String>,
+            _since: Vec<(String, String)>,
+            _inbound: mpsc::Sender<Arrival>,
+            up: AttemptUp,
+            cancel: CancellationToken,
+        ) -> BoxFuture<'a, Result<(), ConnectorError>> {
+            Box::pin(async move {
+                note(
+                    &self.history,
+                    self.started,
+                    format!("receive from {resume:?}"),
+                );
+                let next = self.attempts.lock().unwrap().pop_front();
+                let Some(next) = next else {
+                    cancel.cancelled().await;
+                    return Ok(());
+                };
+                if next.up {
+                    up.mark();
+                }
+                match next.lasts {
+                    Some(lasts) => tokio::select! {
+                        () = tokio::time::sleep(lasts) => next.end,
+                        () = cancel.cancelled() => Ok(()),
+                    },
+                    None => {
+                        cancel.cancelled().await;
+                        Ok(())
+                    }
+                }
+            })
+        }
+
+        fn post<'a>(
+            &'a self,
+            _delivery: &'a Delivery,
+            _files: &'a [Upload],
+        ) -> BoxFuture<'a, Result<Receipt, DeliveryError>> {
+            unreachable!("receiving never posts")
+        }
+
+        fn fetch<'a>(
+            &'a self,
+            _event: &'a InboundEvent,
+            _attachment: &'a Attachment,
+            _limit: u64,
+        ) -> BoxFuture<'a, Result<Vec<u8>, FetchError>> {
+            unreachable!("receiving never fetches")
+        }
+
+        fn typing<'a>(&'a self, _room: &'a str, _thread: Option<&'a str>) -> BoxFuture<'a, ()> {
+            Box::pin(async {})
+        }
+
+        fn limits(&self) -> PlatformLimits {
+            PlatformLimits {
+                max_chars: 4096,
+                resend_window: None,
+            }
+        }
+    }
+
+    fn dropped(after: u64) -> Scripted {
+        Scripted {
+            up: false,
+            lasts: Some(Duration::from_secs(after)),
+            end: Err(ConnectorError::Disconnected {
+                message: "the server went away".into(),
+            }),
+        }
+    }
+
+    /// Runs a receiver over `attempts` from `begin` until `stop_at` milliseconds, then shuts it
+    /// down; returns the history and whether the first attempt was reported over.
+    async fn receive(
+        attempts: Vec<Scripted>,
+        begin: Begin,
+        stop_at: u64,
+    ) -> (Vec<(u64, String)>, bool) {
+        let started = Instant::now();
+        let history: History = Arc::default();
+        let connector = Arc::new(FakeConnector {
+            attempts: Mutex::new(attempts.into()),
+            history: Arc::clone(&history),
+            started,
+        });
+        let (arrivals, _incoming) = mpsc::channel(1);
+        let (over, first_attempt) = oneshot::channel();
+        let shutdown = CancellationToken::new();
+        let shown = Arc::clone(&history);
+        let receiver = Receiver {
+            name: "tg".to_owned(),
+            connector,
+            show: move |connection: Connection| note(&shown, started, connection.to_string()),
+            arrivals,
+            first_wait: Duration::from_secs(1),
+            first_attempt: Some(over),
+            shutdown: shutdown.clone(),
+        };
+        let from = ReceiveFrom {
+            cursor: Some("7".into()),
+            since: Vec::new(),
+        };
+        let task = tokio::spawn(receiver.receive_forever(from, begin));
+        tokio::time::sleep(Duration::from_millis(stop_at)).await;
+        shutdown.cancel();
+        task.await.unwrap();
+        note(&history, started, "ended".into());
+        let history = history.lock().unwrap().clone();
+        (history, first_attempt.await.is_ok())
+    }
+
+    fn strings(history: &[(u64, &str)]) -> Vec<(u64, String)> {
+        history
+            .iter()
+            .map(|(at, what)| (*at, (*what).to_owned()))
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_channel_that_keeps_dropping_reconnects_after_doubling_waits() {
+        let (history, over) = receive(
+            vec![dropped(0), dropped(0), dropped(0), dropped(0)],
+            Begin::Now,
+            20_000,
+        )
+        .await;
+        assert!(over);
+        let reconnecting = "reconnecting: disconnected: the server went away";
+        assert_eq!(
+            history,
+            strings(&[
+                (0, "receive from Some(\"7\")"),
+                (0, reconnecting),
+                (1000, "connecting"),
+                (1000, "receive from Some(\"7\")"),
+                (1000, reconnecting),
+                (3000, "connecting"),
+                (3000, "receive from Some(\"7\")"),
+                (3000, reconnecting),
+                (7000, "connecting"),
+                (7000, "receive from Some(\"7\")"),
+                (7000, reconnecting),
+                (15000, "connecting"),
+                (15000, "receive from Some(\"7\")"),
+                (20000, "ended"),
+            ])
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refused_credentials_wait_ten_minutes_before_the_next_try() {
+        let refused = Scripted {
+            up: false,
+            lasts: Some(Duration::ZERO),
+            end: Err(ConnectorError::Unauthorized {
+                message: "Telegram refused the bot token (401 Unauthorized)".into(),
+            }),
+        };
+        let (history, _) = receive(vec![dropped(0), refused], Begin::Now, 700_000).await;
+        assert_eq!(
+            history,
+            strings(&[
+                (0, "receive from Some(\"7\")"),
+                (0, "reconnecting: disconnected: the server went away"),
+                (1000, "connecting"),
+                (1000, "receive from Some(\"7\")"),
+                (
+                    1000,
+                    "stopped: Telegram refused the bot token (401 Unauthorized)"
+                ),
+                (601_000, "connecting"),
+                (601_000, "receive from Some(\"7\")"),
+                (700_000, "ended"),
+            ])
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_clean_end_starts_the_backoff_again() {
+        let clean = Scripted {
+            up: true,
+            lasts: Some(Duration::from_secs(5)),
+            end: Ok(()),
+        };
+        let (history, _) = receive(
+            vec![dropped(0), dropped(0), clean, dropped(0)],
+            Begin::Now,
+            30_000,
+        )
+        .await;
+        let reconnecting = "reconnecting: disconnected: the server went away";
+        assert_eq!(
+            history,
+            strings(&[
+                (0, "receive from Some(\"7\")"),
+                (0, reconnecting),
+                (1000, "connecting"),
+                (1000, "receive from Some(\"7\")"),
+                (1000, reconnecting),
+                (3000, "connecting"),
+                (3000, "receive from Some(\"7\")"),
+                (3000, "receiving"),
+                (9000, "connecting"),
+                (9000, "receive from Some(\"7\")"),
+                (9000, reconnecting),
+                (10000, "connecting"),
+                (10000, "receive from Some(\"7\")"),
+                (30000, "ended"),
+            ])
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_during_a_wait_ends_the_loop_at_once() {
+        let (history, _) = receive(vec![dropped(0)], Begin::Now, 500).await;
+        assert_eq!(
+            history,
+            strings(&[
+                (0, "receive from Some(\"7\")"),
+                (0, "reconnecting: disconnected: the server went away"),
+                (500, "ended"),
+            ]),
+            "no attempt after the shutdown"
+        );
+        let started = Instant::now();
+        let (history, over) = receive(Vec::new(), Begin::Now, 3_000).await;
+        assert!(over);
+        assert_eq!(
+            history,
+            strings(&[(0, "receive from Some(\"7\")"), (3000, "ended")])
+        );
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_channel_paused_by_the_breaker_connects_when_the_pause_is_over() {
+        let now = chrono::Utc::now();
+        let begin = Begin::Paused {
+            until: now + chrono::Duration::seconds(90),
+            now,
+        };
+        let (history, over) = receive(Vec::new(), begin, 100_000).await;
+        assert!(over, "readiness does not wait for a paused channel");
+        assert_eq!(history.len(), 4, "{history:?}");
+        assert!(history[0].1.starts_with("paused until "), "{history:?}");
+        assert_eq!(
+            history[1..],
+            strings(&[
+                (90000, "connecting"),
+                (90000, "receive from Some(\"7\")"),
+                (100_000, "ended"),
+            ])
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_heartbeat_run_never_receives() {
+        let (history, over) = receive(Vec::new(), Begin::OneHeartbeatRun, 5_000).await;
+        assert!(over);
+        assert_eq!(
+            history,
+            strings(&[
+                (0, "not receiving: this process serves one heartbeat run"),
+                (5000, "ended"),
+            ])
+        );
+    }
+}

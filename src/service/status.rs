@@ -1,20 +1,48 @@
 //! The service seen from outside: the control socket's requests, `perch status`, `GET /metrics`,
-//! systemd's status line, owner alerts, and the watch on the files loaded at start.
+//! systemd's status line, owner alerts, and the watch on the files loaded at start. It talks to
+//! the owners through their handles.
 
-use super::{Service, locked, tracing_note};
-use crate::heartbeat::{self};
+use super::channel::Channels;
+use super::deliveries::Deliveries;
+use super::intake::Intake;
+use crate::agent::AgentDir;
+use crate::heartbeat::{self, Heartbeats};
+use crate::host::clock::Clock;
+use crate::host::metrics::Metrics;
 use crate::host::notify::status_line;
+use crate::lane::Runtime;
 use crate::store::control::ControlRequest;
-use crate::store::pairing::{no_pending_pairing, write_pairing};
+use crate::store::inbox::Inbox;
+use crate::store::outbox::Outbox;
 use crate::store::starts;
-use perch_core::alert::AlertKind;
 use perch_core::control::{HeartbeatListed, HeartbeatRan, LiveStatus, Resumed, encode_reply};
-use perch_core::pairing::Approval;
-use std::sync::Arc;
+use perch_core::heartbeat::Target;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
 
-impl Service {
+/// What answers from outside: handles, and what was fixed at start.
+pub(super) struct Outside {
+    pub(super) channels: Channels,
+    pub(super) inbox: Inbox,
+    pub(super) outbox: Outbox,
+    pub(super) runtime: Arc<Runtime>,
+    pub(super) intake: Intake,
+    pub(super) deliveries: Deliveries,
+    pub(super) metrics: Arc<Metrics>,
+    /// The heartbeat scheduler, set once when it starts (a std `OnceLock`: written once, then
+    /// only read, never waited on).
+    pub(super) heartbeats: OnceLock<Heartbeats>,
+    /// Set when this start keeps its channels paused (the crash-loop breaker).
+    pub(super) channels_paused: Option<String>,
+    /// The files loaded at start that changed since: a restart applies them.
+    pub(super) restart_needed: watch::Receiver<Vec<String>>,
+    pub(super) clock: Clock,
+    pub(super) shutdown: CancellationToken,
+}
+
+impl Outside {
     /// `GET /metrics`: the counters, with the inbox's depth and the machine's boots read now.
     pub(super) async fn metrics_text(&self) -> String {
         let depth = self.inbox.depth().await;
@@ -24,29 +52,21 @@ impl Service {
         self.metrics.render()
     }
 
-    /// Raises an owner alert: logged, and posted to `owner` (rate-limited: at most one message
-    /// per kind an hour, then a count of the rest) when agent.lua names one. The crash-loop
-    /// breaker, a stopped or unhealthy channel, an unknown delivery, a stopped heartbeat task and
-    /// the spend guard come through here.
-    pub fn alert(&self, kind: AlertKind, text: impl Into<String>) {
-        self.alerts.alert(kind, text);
-    }
-
-    /// Starts the alert task: it takes what is raised and posts what the rate limit lets
-    /// through to `owner`, through the outbox like any reply. Without an owner, alerts are only
-    /// logged.
-    pub(super) fn start_alerts(
-        self: &Arc<Self>,
-        raised: mpsc::UnboundedReceiver<crate::host::alert::Alert>,
-    ) {
-        let Some(owner) = self.runtime.agent().definition.agent.owner.clone() else {
+    /// Starts the alert task: it takes what is raised (the crash-loop breaker, a stopped or
+    /// unhealthy channel, an unknown delivery, a stopped heartbeat task, the spend guard) and
+    /// posts what the rate limit lets through (at most one message per kind an hour, then a
+    /// count of the rest) to `owner`, through the outbox like any reply. Without an owner,
+    /// alerts are only logged.
+    pub(super) fn start_alerts(&self, raised: mpsc::UnboundedReceiver<crate::host::alert::Alert>) {
+        let owner: Option<Target> = self.runtime.agent().definition.agent.owner.clone();
+        let Some(owner) = owner else {
             return;
         };
-        let service = Arc::clone(self);
+        let deliveries = self.deliveries.clone();
         let post: crate::host::alert::PostAlert = Arc::new(move |text: String| {
-            let service = Arc::clone(&service);
+            let deliveries = deliveries.clone();
             let owner = owner.clone();
-            Box::pin(async move { service.post_to(&owner, &text, None).await.map(drop) })
+            Box::pin(async move { deliveries.post_to(&owner, &text, None).await.map(drop) })
         });
         tokio::spawn(crate::host::alert::deliver(
             raised,
@@ -76,19 +96,7 @@ impl Service {
             Err(error) => return encode_reply::<Resumed>(&Err(error)),
         };
         match request {
-            ControlRequest::PairApprove { code } => {
-                let reply = {
-                    let mut pairing = locked(&self.state.pairing);
-                    match pairing.approve(&code, self.clock.now()) {
-                        Approval::Approved(approved) => {
-                            write_pairing(&self.pairing_path, &pairing).map(|()| approved)
-                        }
-                        Approval::Unknown => Err(no_pending_pairing(&code)),
-                    }
-                };
-                self.update_gates();
-                encode_reply(&reply)
-            }
+            ControlRequest::PairApprove { code } => encode_reply(&self.intake.approve(code).await),
             ControlRequest::HeartbeatRun { task, dry_run } => {
                 let reply = match self.heartbeats.get() {
                     None => Err(NOT_YET.to_owned()),
@@ -144,37 +152,38 @@ impl Service {
             channels,
             inbox_pending: self.inbox.depth().await,
             outbox_pending: self.outbox.depth().await,
-            pairings_pending: locked(&self.state.pairing).pending.len(),
+            pairings_pending: self.intake.pairings_pending().await,
             vm,
-            channels_paused: self.breaker.as_ref().map(|tripped| tripped.reason.clone()),
-            restart_needed: locked(&self.state.restart_needed).clone(),
+            channels_paused: self.channels_paused.clone(),
+            restart_needed: self.restart_needed.borrow().clone(),
         }
     }
+}
 
-    /// Notices edits to the files loaded at start, and says once per change that a restart
-    /// applies them.
-    pub(super) async fn watch_config(
-        self: Arc<Self>,
-        at_start: std::collections::BTreeMap<String, String>,
-    ) {
-        let dir = self.runtime.agent().dir.clone();
-        let mut said: Vec<String> = Vec::new();
-        loop {
-            tokio::select! {
-                () = self.shutdown.cancelled() => return,
-                () = tokio::time::sleep(CONFIG_WATCH_EVERY) => {}
+/// Notices edits to the files of `dir` loaded at start, says once per change that a restart
+/// applies them, and keeps `restart_needed` on what changed, until `shutdown`.
+pub(super) async fn watch_config(
+    dir: AgentDir,
+    at_start: std::collections::BTreeMap<String, String>,
+    restart_needed: watch::Sender<Vec<String>>,
+    shutdown: CancellationToken,
+) {
+    let mut said: Vec<String> = Vec::new();
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(CONFIG_WATCH_EVERY) => {}
+        }
+        let changed = starts::changed_files(&at_start, &starts::config_digests(&dir));
+        if changed != said {
+            if !changed.is_empty() {
+                tracing::info!(
+                    "{} changed since perch run started; restart it to apply (HEARTBEAT.yml and the workspace apply live)",
+                    changed.join(", ")
+                );
             }
-            let changed = starts::changed_files(&at_start, &starts::config_digests(&dir));
-            if changed != said {
-                if !changed.is_empty() {
-                    tracing_note(&format!(
-                        "{} changed since perch run started; restart it to apply (HEARTBEAT.yml and the workspace apply live)",
-                        changed.join(", ")
-                    ));
-                }
-                said.clone_from(&changed);
-                *locked(&self.state.restart_needed) = changed;
-            }
+            said.clone_from(&changed);
+            restart_needed.send_replace(changed);
         }
     }
 }

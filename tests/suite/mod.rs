@@ -41,4 +41,5 @@ mod status;
 mod support;
 mod synapse;
 mod telegram;
+mod thousand;
 mod tools;

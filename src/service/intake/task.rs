@@ -1,22 +1,73 @@
-//! Intake: an arrival journaled and acknowledged, admitted, handed to the channel's hook, and
-//! decided; chat commands and pairing offers are answered here. Nothing here waits for a
-//! platform: a reply is recorded in the outbox and handed to its room's delivery worker, and
-//! the event is consumed once that record is fsynced.
+//! Intake's task: an arrival journaled and acknowledged, admitted, handed to the channel's
+//! hook, and decided; chat commands and pairing offers are answered here. Nothing here waits
+//! for a platform: a reply is recorded in the outbox and handed to its room's delivery worker,
+//! and the event is consumed once that record is fsynced.
 
-use super::{Channel, Service, earlier_lanes, generations, locked};
-use crate::channel::hooks::HookVerdict;
+use super::super::channel::{Channel, Channels};
+use super::super::conversations::Conversations;
+use super::super::deliveries::{Deliveries, Posted, To};
+use super::super::{earlier_lanes, generations};
+use super::handle::Request;
+use crate::agent::AgentDir;
+use crate::channel::hooks::{ChannelHooks, HookVerdict};
 use crate::channel::{Arrival, InboundEvent};
-use crate::store::inbox::{Disposition, PendingItem, Recorded};
-use crate::store::outbox::DeliveryLane;
-use crate::store::pairing::write_pairing;
+use crate::host::alert::Alerts;
+use crate::host::clock::Clock;
+use crate::host::metrics::Metrics;
+use crate::store::inbox::{Disposition, Inbox, PendingItem, Recorded};
+use crate::store::outbox::{DeliveryLane, Outbox};
 use perch_core::admission::{Admission, Arrived, Gate, admit};
 use perch_core::alert::AlertKind;
-use perch_core::chat::ChatCommand;
+use perch_core::chat::{BotTurns, ChatCommand};
 use perch_core::config::ChannelConfig;
+use perch_core::group_context::GroupContext;
 use perch_core::name::LaneName;
-use perch_core::pairing::{Issued, pairing_code};
+use perch_core::pairing::{Approval, Approved, Issued, Pairing, pairing_code};
 use perch_core::terminal;
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Intake's task and everything it owns. It is serial (one arrival, then one request, at a
+/// time), so its state needs no lock.
+///
+/// Who settles an inbox item: this task, for every event that needs no run (its disposition and
+/// the event consumed together), and, after a restart, for items a run already answered; the
+/// conversation that answers an item consumes it once its reply is recorded (or once it was
+/// steered into a run, or answered with the overflow notice). The inbox's writer is one thread
+/// that serialises every record; [`Inbox`] is a handle to it, cloned here and into the
+/// conversations, so no two records ever interleave within a line and each is fsynced in order.
+pub(super) struct IntakeTask {
+    pub(super) requests: mpsc::UnboundedReceiver<Request>,
+    pub(super) arrivals: mpsc::Receiver<(String, Arrival)>,
+    pub(super) channels: Channels,
+    /// Each channel's hooks (the channel file's Lua state and store): only this task calls
+    /// them, one call at a time, in arrival order; other tasks ask it to format their replies.
+    pub(super) hooks: HashMap<String, ChannelHooks>,
+    /// Pending pairing codes and approved senders, written to `pairing.json` on each change.
+    pub(super) pairing: Pairing,
+    pub(super) pairing_path: PathBuf,
+    /// The last group messages per (channel, room) that did not address the agent, offered to
+    /// the model with the next message that does; bounded in rooms and age.
+    pub(super) context: GroupContext,
+    /// Bot messages answered per (channel, room) since the last human one, for the loop guard;
+    /// rebuilt from the inbox at start; bounded in rooms.
+    pub(super) bot_turns: BotTurns,
+    pub(super) inbox: Inbox,
+    pub(super) outbox: Outbox,
+    pub(super) conversations: Conversations,
+    pub(super) deliveries: Deliveries,
+    pub(super) dir: AgentDir,
+    pub(super) clock: Clock,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) alerts: Alerts,
+    /// Stops the taking of arrivals.
+    pub(super) shutdown: CancellationToken,
+    /// Ends the task, once the service has drained (replies formatted until then).
+    pub(super) closing: CancellationToken,
+}
 
 /// Whether an event about to be decided is still owed its reply (a chat command's, a pairing
 /// offer): after a restart, an event decided again may have had its reply recorded before the
@@ -28,13 +79,107 @@ pub(super) enum Reply {
     Recorded,
 }
 
-impl Service {
+impl IntakeTask {
+    /// Takes arrivals until shutdown and answers requests until closing.
+    pub(super) async fn run(mut self) {
+        self.update_gates();
+        let mut receiving = true;
+        loop {
+            tokio::select! {
+                biased;
+                () = self.closing.cancelled() => return,
+                request = self.requests.recv() => match request {
+                    Some(request) => self.answer(request).await,
+                    None => return,
+                },
+                () = self.shutdown.cancelled(), if receiving => receiving = false,
+                arrival = self.arrivals.recv(), if receiving => match arrival {
+                    Some((channel, arrival)) => {
+                        if let Err(error) = self.arrive(&channel, arrival).await {
+                            tracing::error!(channel = %channel, "an arrival on {channel} failed: {error}");
+                            self.alerts.alert(
+                                AlertKind::Intake,
+                                format!("a message on channel {channel} could not be taken in: {error}"),
+                            );
+                        }
+                    }
+                    None => receiving = false,
+                },
+            }
+        }
+    }
+
+    async fn answer(&mut self, request: Request) {
+        match request {
+            Request::Format {
+                channel,
+                text,
+                reply,
+            } => {
+                let _ = reply.send(Ok(self.format(&channel, text).await));
+            }
+            Request::Approve { code, reply } => {
+                let _ = reply.send(self.approve(&code));
+            }
+            Request::PairingsPending { reply } => {
+                let _ = reply.send(self.pairing.pending.len());
+            }
+            Request::Recover {
+                backlog,
+                replied_to,
+                reply,
+            } => {
+                let _ = reply.send(self.resume_inbox(*backlog, &replied_to).await);
+            }
+        }
+    }
+
+    /// `text` as `channel`'s `format` hook makes it, or as written when the hook fails.
+    pub(super) async fn format(&mut self, channel: &str, text: String) -> String {
+        let Some(hooks) = self.hooks.get_mut(channel) else {
+            return text;
+        };
+        hooks.run_format(&text).await.unwrap_or_else(|error| {
+            tracing::warn!(
+                channel = %channel,
+                "format hook failed, sending the reply as written: {error}"
+            );
+            text
+        })
+    }
+
+    /// Formats, splits and records a reply to `to` in the outbox, and hands it to its room's
+    /// worker; returns once every intent is fsynced.
+    pub(super) async fn reply(
+        &mut self,
+        channel: &Arc<Channel>,
+        to: &InboundEvent,
+        text: String,
+        lane: Option<DeliveryLane>,
+    ) -> Result<Posted, String> {
+        let formatted = self
+            .format(&channel.loaded.config.name.to_string(), text)
+            .await;
+        self.deliveries
+            .post_formatted(channel, To::event(to), formatted, Vec::new(), lane)
+            .await
+    }
+
+    /// Approves the pending pairing `code`, durably, and tells the connectors.
+    fn approve(&mut self, code: &str) -> Result<Approved, String> {
+        let approved = match self.pairing.approve(code, self.clock.now()) {
+            Approval::Approved(approved) => {
+                crate::store::pairing::write_pairing(&self.pairing_path, &self.pairing)
+                    .map(|()| approved)
+            }
+            Approval::Unknown => Err(crate::store::pairing::no_pending_pairing(code)),
+        };
+        self.update_gates();
+        approved
+    }
+
     /// Journals the event, acknowledges it, and decides what it is.
-    pub(super) async fn arrive(
-        self: &Arc<Self>,
-        channel: &str,
-        arrival: Arrival,
-    ) -> Result<(), String> {
+    pub(super) async fn arrive(&mut self, channel: &str, arrival: Arrival) -> Result<(), String> {
         let Arrival { event, journaled } = arrival;
         let recorded = self
             .inbox
@@ -51,7 +196,7 @@ impl Service {
     }
 
     pub(super) async fn decide(
-        self: &Arc<Self>,
+        &mut self,
         seq: u64,
         channel: &str,
         event: InboundEvent,
@@ -80,17 +225,14 @@ impl Service {
             sent_at: event.sent_at,
             refused: event.refused.as_deref(),
         };
-        let bot_turns = locked(&self.state.bot_turns).in_room(channel, &event.room);
-        let admission = {
-            let pairing = locked(&self.state.pairing);
-            admit(
-                config,
-                &arrived,
-                self.clock.now(),
-                |sender| pairing.is_approved(channel, sender),
-                bot_turns,
-            )
-        };
+        let bot_turns = self.bot_turns.in_room(channel, &event.room);
+        let admission = admit(
+            config,
+            &arrived,
+            self.clock.now(),
+            |sender| self.pairing.is_approved(channel, sender),
+            bot_turns,
+        );
         let mut deciding = None;
         let command = perch_core::chat::command_for_me(&event.text, event.addressed);
         let disposition = match (admission, command) {
@@ -113,7 +255,10 @@ impl Service {
                     deciding = Some(mark);
                     crate::host::failpoint::hit("during:on_message");
                 }
-                let verdict = connected.hooks.lock().await.run_on_message(&message).await;
+                let verdict = match self.hooks.get_mut(channel) {
+                    Some(hooks) => hooks.run_on_message(&message).await,
+                    None => HookVerdict::Error(format!("no hooks for channel {channel}")),
+                };
                 match &verdict {
                     HookVerdict::Error(error) => {
                         tracing::warn!(channel, "channel {channel}: on_message failed: {error}");
@@ -140,12 +285,8 @@ impl Service {
                 }
             }
             (Admission::Context, _) => {
-                locked(&self.state.context).push(
-                    channel,
-                    &event.room,
-                    context_line(&event),
-                    self.clock.now(),
-                );
+                self.context
+                    .push(channel, &event.room, context_line(&event), self.clock.now());
                 Disposition::Context
             }
             (Admission::Stale, _) => Disposition::Stale,
@@ -157,7 +298,7 @@ impl Service {
                     reason: "unknown sender in a direct message; pairing offered".into(),
                 },
                 Err(error) => {
-                    self.alert(
+                    self.alerts.alert(
                         AlertKind::Intake,
                         format!(
                             "a pairing code for {} on channel {channel} could not be recorded, so none was offered: {error}",
@@ -173,7 +314,7 @@ impl Service {
             },
             (Admission::Refused { reason }, _) => Disposition::Refused { reason },
         };
-        locked(&self.state.bot_turns).note(
+        self.bot_turns.note(
             channel,
             &event.room,
             event.sender.is_bot,
@@ -183,14 +324,14 @@ impl Service {
             self.settle(seq, disposition).await?;
             return self.consume_marks(deciding).await;
         };
-        let earlier = locked(&self.state.context).take(channel, &event.room, self.clock.now());
+        let earlier = self.context.take(channel, &event.room, self.clock.now());
         let disposition_seq = self
             .inbox
             .record_disposition(seq, disposition)
             .await
             .map_err(|error| error.to_string())?;
         self.consume_marks(deciding).await?;
-        self.dispatch(PendingItem {
+        self.conversations.dispatch(PendingItem {
             event_seq: seq,
             disposition_seq,
             channel: channel.to_owned(),
@@ -200,7 +341,6 @@ impl Service {
             earlier,
             resume: None,
         })
-        .await
     }
 
     /// The lane of the conversation `event` belongs to, in its current generation (`/new`
@@ -211,24 +351,19 @@ impl Service {
         event: &InboundEvent,
     ) -> Result<LaneName, String> {
         let base = self.first_lane(config, event)?;
-        let generation = generations::current(&self.runtime.agent().dir, &base)?;
+        let generation = generations::current(&self.dir, &base)?;
         generations::lane(base, generation)
     }
 
     /// The first lane of the conversation `event` belongs to (before any `/new`).
     fn first_lane(&self, config: &ChannelConfig, event: &InboundEvent) -> Result<LaneName, String> {
-        earlier_lanes::first_lane(
-            &self.runtime.agent().dir,
-            config,
-            &event.room,
-            event.thread.as_deref(),
-        )
+        earlier_lanes::first_lane(&self.dir, config, &event.room, event.thread.as_deref())
     }
 
     /// `/stop` aborts this conversation's run, `/new` starts a fresh conversation, `/status` says
     /// how perch is doing.
     async fn command(
-        &self,
+        &mut self,
         channel: &Arc<Channel>,
         event: &InboundEvent,
         command: ChatCommand,
@@ -236,10 +371,10 @@ impl Service {
         let config = &channel.loaded.config;
         let reply = match command {
             ChatCommand::Stop => {
-                let lane = self.conversation_lane(config, event).ok();
-                let stopped = lane
-                    .and_then(|lane| self.lanes.open_lane(&lane))
-                    .is_some_and(|lane| lane.abort().is_ok());
+                let stopped = match self.conversation_lane(config, event) {
+                    Ok(lane) => self.conversations.stop(lane).await,
+                    Err(_) => false,
+                };
                 if stopped {
                     "Stopped."
                 } else {
@@ -249,7 +384,7 @@ impl Service {
             }
             ChatCommand::New => {
                 let base = self.first_lane(config, event)?;
-                generations::advance(&self.runtime.agent().dir, &base)?;
+                generations::advance(&self.dir, &base)?;
                 "Starting a new conversation: I will not see the earlier messages here.".to_owned()
             }
             // The /status event itself is journaled and not yet consumed; it is not waiting.
@@ -269,55 +404,43 @@ impl Service {
 
     /// Hands each channel's connector its [`Gate`]: the channel's allowlists and the senders
     /// pairing approved on it. At start, and after every approval.
-    pub(super) fn update_gates(&self) {
-        let gates: Vec<(Arc<Channel>, Gate)> = {
-            let pairing = locked(&self.state.pairing);
-            self.channels
+    fn update_gates(&self) {
+        for (name, channel) in self.channels.iter() {
+            let approved = self
+                .pairing
+                .approved
                 .iter()
-                .map(|(name, channel)| {
-                    let approved = pairing
-                        .approved
-                        .iter()
-                        .filter(|approved| &approved.channel == name)
-                        .map(|approved| approved.sender.clone());
-                    (
-                        Arc::clone(channel),
-                        Gate::new(&channel.loaded.config, approved),
-                    )
-                })
-                .collect()
-        };
-        for (channel, gate) in gates {
-            channel.connector.gate(gate);
+                .filter(|approved| &approved.channel == name)
+                .map(|approved| approved.sender.clone());
+            channel
+                .connector
+                .gate(Gate::new(&channel.loaded.config, approved));
         }
     }
 
     /// Gives an unknown sender a code to pass to the owner (once while it is pending).
     async fn offer_pairing(
-        &self,
+        &mut self,
         channel: &Arc<Channel>,
         event: &InboundEvent,
     ) -> Result<(), String> {
         let code = pairing_code(random_bytes());
-        let issued = {
-            let mut pairing = locked(&self.state.pairing);
-            let before = pairing.clone();
-            let issued = pairing.issue(
-                &channel.loaded.config.name.to_string(),
-                &event.sender.id,
-                &event.sender.name,
-                code,
-                self.clock.now(),
-            );
-            if matches!(issued, Issued::New(_) | Issued::Busy { .. })
-                && let Err(error) = write_pairing(&self.pairing_path, &pairing)
-            {
-                // A code that is not on disk could never be approved: offer none.
-                *pairing = before;
-                return Err(error);
-            }
-            issued
-        };
+        let before = self.pairing.clone();
+        let issued = self.pairing.issue(
+            &channel.loaded.config.name.to_string(),
+            &event.sender.id,
+            &event.sender.name,
+            code,
+            self.clock.now(),
+        );
+        if matches!(issued, Issued::New(_) | Issued::Busy { .. })
+            && let Err(error) =
+                crate::store::pairing::write_pairing(&self.pairing_path, &self.pairing)
+        {
+            // A code that is not on disk could never be approved: offer none.
+            self.pairing = before;
+            return Err(error);
+        }
         let text = match issued {
             Issued::New(code) => format!(
                 "I do not know you yet. If you should be able to talk to me, ask my owner to run \
@@ -333,7 +456,7 @@ impl Service {
                     terminal::shown(&event.sender.name),
                     terminal::shown(&event.sender.id)
                 );
-                self.alert(
+                self.alerts.alert(
                     AlertKind::PairingFull,
                     format!(
                         "every pairing code of channel {channel_name} is taken, so new senders \

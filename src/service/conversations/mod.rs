@@ -1,0 +1,72 @@
+//! Conversations: one owner task keeps the conversations that have a task and the open lanes
+//! (the pool, shared with those tasks only); each conversation's task holds its lane while it
+//! has something to do, runs it on its items, and ends once it has been idle for its idle time.
+//! `/stop` and heartbeats' lanes are requests to the owner.
+
+mod context;
+mod converse;
+mod handle;
+mod owner;
+mod talk;
+
+pub(super) use handle::Conversations;
+pub(super) use talk::lane_name;
+
+use super::channel::Channels;
+use super::deliveries::Deliveries;
+use super::drain::Drain;
+use super::lanes::LanePool;
+use crate::host::metrics::Metrics;
+use crate::lane::RunLimits;
+use crate::lane::Runtime;
+use crate::store::inbox::Inbox;
+use context::Context;
+use owner::Owner;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// What the conversations are started with.
+pub(super) struct ConversationsSetup {
+    pub(super) runtime: Arc<Runtime>,
+    pub(super) inbox: Inbox,
+    pub(super) deliveries: Deliveries,
+    pub(super) channels: Channels,
+    /// The open lanes; the conversations own them from now on.
+    pub(super) pool: LanePool,
+    pub(super) limits: RunLimits,
+    pub(super) metrics: Arc<Metrics>,
+    /// Every conversation's task and run, waited for at shutdown.
+    pub(super) tasks: TaskTracker,
+    pub(super) drain: Drain,
+    pub(super) shutdown: CancellationToken,
+    /// Ends the owner, once the service has drained.
+    pub(super) closing: CancellationToken,
+}
+
+/// Starts the conversations' owner; returns its handle and the owner's task.
+pub(super) fn start(setup: ConversationsSetup) -> (Conversations, tokio::task::JoinHandle<()>) {
+    let (requests, received) = mpsc::unbounded_channel();
+    let handle = Conversations { requests };
+    let context = Arc::new(Context {
+        workspace: setup.runtime.agent().dir.workspace(),
+        runtime: setup.runtime,
+        inbox: setup.inbox,
+        deliveries: setup.deliveries,
+        pool: setup.pool,
+        limits: setup.limits,
+        metrics: setup.metrics,
+        tasks: setup.tasks,
+        drain: setup.drain,
+    });
+    let owner = Owner::new(
+        received,
+        handle.clone(),
+        context,
+        setup.channels,
+        setup.shutdown,
+        setup.closing,
+    );
+    (handle, tokio::spawn(owner.run()))
+}

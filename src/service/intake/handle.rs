@@ -1,0 +1,104 @@
+//! Intake's handle, and the requests it sends intake's task.
+
+use super::super::deliveries::Format;
+use crate::store::inbox::Backlog;
+use perch_core::pairing::Approved;
+use perch_core::starts::InboxRecovered;
+use std::collections::HashSet;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+/// What intake's task is asked besides the arrivals it takes.
+pub(super) enum Request {
+    /// Run `channel`'s `format` hook on a reply.
+    Format {
+        channel: String,
+        text: String,
+        reply: oneshot::Sender<Result<String, String>>,
+    },
+    /// `perch pair approve <code>`, from the control socket.
+    Approve {
+        code: String,
+        reply: oneshot::Sender<Result<Approved, String>>,
+    },
+    /// How many pairing codes are pending, for `perch status`.
+    PairingsPending { reply: oneshot::Sender<usize> },
+    /// After a restart: the inbox's backlog, answered, resumed, queued again or decided again.
+    Recover {
+        backlog: Box<Backlog>,
+        replied_to: HashSet<(String, String)>,
+        reply: oneshot::Sender<Result<InboxRecovered, String>>,
+    },
+}
+
+/// Intake: its task's requests. Clones share them.
+#[derive(Clone)]
+pub(in crate::service) struct Intake {
+    pub(super) requests: mpsc::UnboundedSender<Request>,
+}
+
+impl Intake {
+    /// What formats replies for the deliveries: a request to intake, which owns the hooks.
+    pub(in crate::service) fn formatter(&self) -> Format {
+        let intake = self.clone();
+        Arc::new(move |channel: String, text: String| {
+            let intake = intake.clone();
+            Box::pin(async move {
+                let (reply, answer) = oneshot::channel();
+                intake
+                    .requests
+                    .send(Request::Format {
+                        channel,
+                        text,
+                        reply,
+                    })
+                    .map_err(|_| stopped())?;
+                answer.await.map_err(|_| stopped())?
+            })
+        })
+    }
+
+    /// Approves the pending pairing `code`: its sender may talk to the agent from now on.
+    pub(in crate::service) async fn approve(&self, code: String) -> Result<Approved, String> {
+        let (reply, answer) = oneshot::channel();
+        self.requests
+            .send(Request::Approve { code, reply })
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    /// How many pairing codes are pending.
+    pub(in crate::service) async fn pairings_pending(&self) -> usize {
+        let (reply, answer) = oneshot::channel();
+        if self
+            .requests
+            .send(Request::PairingsPending { reply })
+            .is_err()
+        {
+            return 0;
+        }
+        answer.await.unwrap_or(0)
+    }
+
+    /// Recovers the inbox's `backlog` (see intake's recovery); `replied_to` are the events a
+    /// reply was recorded to before the crash.
+    pub(in crate::service) async fn recover(
+        &self,
+        backlog: Backlog,
+        replied_to: HashSet<(String, String)>,
+    ) -> Result<InboxRecovered, String> {
+        let (reply, answer) = oneshot::channel();
+        self.requests
+            .send(Request::Recover {
+                backlog: Box::new(backlog),
+                replied_to,
+                reply,
+            })
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+fn stopped() -> String {
+    "intake has stopped".to_owned()
+}
