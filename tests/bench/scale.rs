@@ -15,21 +15,29 @@
     clippy::unwrap_used,
     reason = "the suite's fakes, shared with the tests, of which this uses a part"
 )]
-#[path = "../suite/support.rs"]
+#[path = "../suite/support/binary.rs"]
 mod support;
+
+#[allow(
+    dead_code,
+    clippy::unwrap_used,
+    reason = "the suite's fakes, shared with the tests, of which this uses a part"
+)]
+#[path = "../suite/support/http.rs"]
+mod http;
 
 #[allow(
     clippy::unwrap_used,
     reason = "the suite's fakes, shared with the tests, unwrap as tests do"
 )]
-#[path = "../suite/fake_model.rs"]
+#[path = "../suite/support/fake_model/mod.rs"]
 mod fake_model;
 
 #[allow(
     clippy::unwrap_used,
     reason = "the suite's fakes, shared with the tests, unwrap as tests do"
 )]
-#[path = "../suite/fake_telegram.rs"]
+#[path = "../suite/support/fake_telegram/mod.rs"]
 mod fake_telegram;
 
 use fake_model::FakeModel;

@@ -1,9 +1,9 @@
 //! `perch doctor` and `doctor::require` against fake machines: every place doctor looks is a
 //! file in a temporary directory, so nothing here depends on the real host.
 
-use super::fake_discord::{self, FakeDiscord};
-use super::fake_model::FakeModel;
-use super::fake_telegram::{self, FakeTelegram};
+use super::support::fake_discord::{self, FakeDiscord};
+use super::support::fake_model::FakeModel;
+use super::support::fake_telegram::{self, FakeTelegram};
 use super::support::{new_agent, perch, stderr, stdout, write};
 use perch::agent::AgentDir;
 use perch::doctor::{self, Places, Status};
@@ -727,7 +727,7 @@ fn a_clock_before_this_perch_was_written_fails_and_one_gone_back_warns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn online_matrix_checks_the_saved_session_and_never_logs_in() {
-    let synapse = super::synapse::Synapse::from_env();
+    let synapse = super::support::synapse::Synapse::from_env();
     let bot = synapse.register("doctorbot").await;
     let agent = new_agent();
     write(

@@ -11,13 +11,14 @@
 //! shortens the idle minute (60 s by default) to try the figures quickly.
 #![allow(clippy::print_stdout)]
 
-use super::fake_discord::{FakeDiscord, TOKEN as DISCORD_TOKEN};
-use super::fake_model::{FakeModel, Script};
-use super::fake_telegram::{Chat, FakeTelegram, TOKEN as TELEGRAM_TOKEN, User};
-use super::service::status_json;
 use super::standin_home::{Preparation, prepare};
+use super::support::fake_discord::{FakeDiscord, TOKEN as DISCORD_TOKEN};
+use super::support::fake_model::{FakeModel, Script};
+use super::support::fake_telegram::{Chat, FakeTelegram, TOKEN as TELEGRAM_TOKEN, User};
+use super::support::status::status;
+use super::support::synapse::Synapse;
+use super::support::wait::Poll;
 use super::support::{new_agent, write};
-use super::synapse::Synapse;
 use perch::doctor::Places;
 use perch_core::config::Api;
 use serde_json::Value;
@@ -157,29 +158,17 @@ fn stop_all(children: Vec<Child>) {
     }
 }
 
-fn wait_until(what: &str, done: impl FnMut() -> bool) {
-    wait_until_polling(what, Duration::from_millis(1), done);
-}
-
-fn wait_until_polling(what: &str, every: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(every);
-    }
-}
+/// How the figures wait: for two minutes at the most, looking every millisecond unless they
+/// say otherwise (the time to the first answer is one of the figures).
+const FIGURES: Poll = Poll::within(Duration::from_secs(120)).every(Duration::from_millis(1));
 
 /// Whether `perch status` shows `expected` channels, every one `receiving`.
 fn channels_receiving(dir: &Path, expected: usize) -> bool {
-    let status = status_json(dir);
-    let channels = status["channel_health"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let channels = status(dir).channel_health.unwrap_or_default();
     channels.len() == expected
         && channels
             .iter()
-            .all(|channel| channel["connection"] == "receiving")
+            .all(|channel| channel.connection == "receiving")
 }
 
 fn assert_alive(child: &mut Child) {
@@ -612,7 +601,7 @@ fn figure_start_to_first_message_answered() {
         telegram.push_message(&Chat::private(&alice), &alice, &format!("round {round}"));
         let started = Instant::now();
         let child = launch(dir.path(), None);
-        wait_until("the answer", || !telegram.sent().is_empty());
+        FIGURES.until("the answer", || !telegram.sent().is_empty());
         timings.push(started.elapsed());
         stop(child);
     }
@@ -645,13 +634,15 @@ fn idle_figures(setup: &IdleSetup<'_>) {
     let cold_start = start_from_a_cold_page_cache();
     let mut child = launch_with_metrics(setup.dir, setup.matrix_password, stderr.path());
     let pid = child.id();
-    wait_until("Telegram polling", || {
+    FIGURES.until("Telegram polling", || {
         !setup.telegram.poll_offsets().is_empty()
     });
-    wait_until("the Discord gateway", || setup.discord.live_sessions() > 0);
-    wait_until_polling("every channel receiving", Duration::from_millis(50), || {
-        channels_receiving(setup.dir, setup.channels)
-    });
+    FIGURES.until("the Discord gateway", || setup.discord.live_sessions() > 0);
+    FIGURES
+        .every(Duration::from_millis(50))
+        .until("every channel receiving", || {
+            channels_receiving(setup.dir, setup.channels)
+        });
     let address = metrics_address(stderr.path()).expect("perch run names its metrics address");
     let connected = Instant::now();
     std::thread::sleep(settle_period());
@@ -672,8 +663,8 @@ fn idle_figures(setup: &IdleSetup<'_>) {
     let allocated = scrape_gauge(&address, "perch_heap_allocated_bytes");
     assert!(
         channels_receiving(setup.dir, setup.channels),
-        "a channel stopped receiving during the idle period: {}",
-        status_json(setup.dir)["channel_health"]
+        "a channel stopped receiving during the idle period: {:?}",
+        status(setup.dir).channel_health
     );
     let poll_timeout = setup
         .telegram
@@ -844,12 +835,14 @@ fn agents_per_host(count: usize) {
     let cold_start = start_from_a_cold_page_cache();
     let mut children: Vec<Child> = dirs.iter().map(|dir| launch(dir.path(), None)).collect();
     for (dir, telegram) in dirs.iter().zip(&fakes) {
-        wait_until_polling("Telegram polling", Duration::from_millis(20), || {
-            !telegram.poll_offsets().is_empty()
-        });
-        wait_until_polling("the channel receiving", Duration::from_millis(50), || {
-            channels_receiving(dir.path(), 1)
-        });
+        FIGURES
+            .every(Duration::from_millis(20))
+            .until("Telegram polling", || !telegram.poll_offsets().is_empty());
+        FIGURES
+            .every(Duration::from_millis(50))
+            .until("the channel receiving", || {
+                channels_receiving(dir.path(), 1)
+            });
     }
     // The figure is the memory of agents that have idled for this period.
     std::thread::sleep(idle_period());

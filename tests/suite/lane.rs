@@ -2,7 +2,7 @@
 //! the fake model server and the namespace double. End-to-end tests drive the real binary
 //! through `perch chat`.
 
-use super::fake_model::{FakeModel, Reply, Script};
+use super::support::fake_model::{FakeModel, Reply, Script};
 use super::support::{new_agent, write};
 use perch::agent::{self, AgentDir};
 use perch::clock::system_clock;

@@ -3,7 +3,7 @@
 //! nothing left behind once they are idle. Also the attacker's view: a flood of distinct rooms,
 //! and a lane that cannot be opened for a while.
 
-use super::in_process::InProcess;
+use super::support::in_process::InProcess;
 use perch::agent::AgentDir;
 use perch::service::LaneLimits;
 use std::time::Duration;

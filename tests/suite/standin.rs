@@ -7,10 +7,10 @@
 //! `skipped: <reason>` and returns, except under `CI=true`, where a missing prerequisite fails
 //! the test (the suite can never silently stop running these).
 
-use super::fake_model::{FakeModel, Reply, Script};
-use super::fake_telegram::{Chat, FakeTelegram, TOKEN, User};
 use super::sandbox::{SECRET_VALUE, cancel_once_exists, load, lookup, text};
 use super::standin_home::{Preparation, prepare};
+use super::support::fake_model::{Reply, Script};
+use super::support::fake_telegram::TOKEN;
 use super::support::{new_agent, write};
 use perch::agent::LoadedAgent;
 use perch::doctor::Places;
@@ -19,7 +19,6 @@ use perch::sandbox::{
     self, Backend, Boot, Command, DEFAULT_IDLE, End, LastBoot, Machine, MachineSetup, Sandbox,
     SandboxError, Spec, State,
 };
-use perch_core::config::Api;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -755,9 +754,8 @@ fn perch_run_answers_a_chat_with_tools_run_through_the_standin() {
         println!("skipped: perch run checks /dev/kvm, which does not open here");
         return;
     }
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = super::service::telegram_agent(&model, &telegram);
+    let agent = super::support::scenario::Scenario::telegram_dm().build();
+    let (model, telegram, dir) = (&agent.model, agent.telegram(), &agent.dir);
     model.push(
         Reply::new()
             .with_call(
@@ -772,7 +770,8 @@ fn perch_run_answers_a_chat_with_tools_run_through_the_standin() {
             ),
     );
     model.push(Script::text("Done, Alice."));
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_perch"))
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_perch"));
+    command
         .args(["run", dir.path().to_str().unwrap()])
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -782,13 +781,11 @@ fn perch_run_answers_a_chat_with_tools_run_through_the_standin() {
         .env("TELEGRAM_TOKEN", TOKEN)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let alice = User::human(42, "Alice");
-    telegram.push_message(&Chat::private(&alice), &alice, "where are you?");
-    super::service::wait_until("the reply", || !telegram.sent().is_empty());
-    let stderr = super::service::stop(child);
+        .stderr(Stdio::piped());
+    let service = super::support::scenario::Perch::spawn(command);
+    agent.send(&super::support::scenario::alice(), "where are you?");
+    agent.wait_for_a_reply();
+    let stderr = service.stop();
     let sent = telegram.sent();
     assert_eq!(sent.len(), 1, "{stderr}");
     assert_eq!(sent[0].shown, "Done, Alice.", "{stderr}");

@@ -1,12 +1,11 @@
 //! A guest that floods output: the host keeps a bounded head and tail per stream, the whole
 //! output stays in the guest, and every command has a timeout and the run's cancellation.
 
+use super::super::support::fake_model::{Reply, Script};
+use super::super::support::scenario::{Scenario, alice};
+use super::super::support::wait::wait_until;
+use super::super::support::{new_agent, stderr, stdout, write};
 use super::{exits_within, perch_on_the_double};
-use crate::suite::fake_model::{FakeModel, Reply, Script};
-use crate::suite::fake_telegram::{Chat, FakeTelegram, User};
-use crate::suite::service::{start, stop, telegram_agent, wait_until};
-use crate::suite::support::{new_agent, stderr, stdout, write};
-use perch_core::config::Api;
 use std::path::Path;
 use std::process::{Child, Output};
 use std::time::{Duration, Instant};
@@ -213,34 +212,31 @@ fn cancelling_reaches_the_command_that_keeps_a_long_result() {
 
 #[test]
 fn stop_in_chat_reaches_the_command_that_keeps_a_long_result() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram);
-    write(dir.path(), "tools/hostile.lua", TOOLS);
-    plant_a_hanging_cat(dir.path());
+    let agent = Scenario::telegram_dm().build();
+    let (model, telegram) = (&agent.model, agent.telegram());
+    agent.write("tools/hostile.lua", TOOLS);
+    plant_a_hanging_cat(agent.path());
     model.push(Script::Reply(Reply::new().with_call(
         "call_long",
         "long",
         serde_json::json!({}),
     )));
-    let child = start(dir.path(), None);
-    let alice = User::human(42, "Alice");
-    let chat = Chat::private(&alice);
-    telegram.push_message(&chat, &alice, "make something long");
+    let service = agent.start();
+    agent.send(&alice(), "make something long");
     wait_until("the keep command", || {
-        dir.path().join("workspace/cat-started").exists()
+        agent.path().join("workspace/cat-started").exists()
     });
-    telegram.push_message(&chat, &alice, "/stop");
+    agent.send(&alice(), "/stop");
     wait_until("the stop to be confirmed", || {
         telegram.sent().iter().any(|sent| sent.shown == "Stopped.")
     });
     model.push(Script::text("still here"));
-    telegram.push_message(&chat, &alice, "are you there?");
+    agent.send(&alice(), "are you there?");
     wait_until("the next message to be answered", || {
         telegram
             .sent()
             .iter()
             .any(|sent| sent.shown == "still here")
     });
-    stop(child);
+    service.stop();
 }
