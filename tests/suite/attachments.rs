@@ -9,25 +9,15 @@ use super::support::fake_discord::{
 use super::support::fake_model::Script;
 use super::support::fake_telegram::{Chat, Incoming, Media, TOKEN as TELEGRAM_TOKEN};
 use super::support::scenario::{Agent, Scenario, alice};
-use super::support::{files_under, journal_text, user_text, write};
+use super::support::{files_under, journal_text, names_in, user_text, write};
 use perch_core::attachment::inbox_dir;
 use serde_json::Value;
-use std::path::Path;
 
 fn system_text(request: &Value) -> String {
     request["messages"][0]["content"]
         .as_str()
         .unwrap_or_default()
         .to_owned()
-}
-
-fn names_in(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
 }
 
 #[test]
@@ -136,11 +126,7 @@ fn a_file_too_large_is_refused_a_file_alone_still_arrives_and_a_saved_file_is_re
     agent.wait_for_replies(3);
     service.stop();
 
-    let asked: Vec<String> = model
-        .requests()
-        .iter()
-        .map(|request| user_text(&request.body))
-        .collect();
+    let asked = model.user_texts();
     assert_eq!(
         asked[0],
         "[attachment not saved: big.zip (application/zip, 30 MB): 30 MB is larger than the 25 MB limit]"

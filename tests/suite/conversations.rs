@@ -163,12 +163,7 @@ fn write_earlier_lane(agent: &Path, lane: &str, channel: &str) {
 
 /// The names of the agent's lanes, sorted.
 pub(super) fn lanes(agent: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(agent.join(".perch/sessions"))
-        .unwrap()
-        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
+    super::support::names_in(&agent.join(".perch/sessions"))
 }
 
 #[test]

@@ -4,7 +4,7 @@
 use super::support::fake_discord::{Author, BOT_ID, TOKEN as DISCORD_TOKEN};
 use super::support::fake_model::Script;
 use super::support::fake_telegram::User;
-use super::support::scenario::{Scenario, alice};
+use super::support::scenario::{Agent, Perch, Scenario, alice};
 use super::support::wait::wait_until;
 use perch_core::config::Api;
 
@@ -50,28 +50,30 @@ fn a_discord_message_is_answered_in_its_channel_as_a_reply_without_pings() {
     assert!(!stderr.contains(DISCORD_TOKEN));
 }
 
-/// A reply of two pieces too long for one Telegram message.
-fn two_pieces() -> (String, String) {
-    (
-        "one ".repeat(700).trim_end().to_owned(),
-        "two ".repeat(700).trim_end().to_owned(),
-    )
-}
-
-#[test]
-fn a_rooms_replies_keep_their_order_and_its_rate_limit_does_not_delay_another_room() {
+/// A Telegram agent asked by Alice to "write a lot", its reply of two pieces (each too long for
+/// one Telegram message) held by a rate limit of `retry_after` seconds on her chat: the agent,
+/// its `perch run`, and the two pieces.
+fn a_long_reply_rate_limited(retry_after: u32) -> (Agent, Perch, String, String) {
     let agent = Scenario::telegram_dm().build();
-    let telegram = agent.telegram();
-    let (first, second) = two_pieces();
+    let first = "one ".repeat(700).trim_end().to_owned();
+    let second = "two ".repeat(700).trim_end().to_owned();
     agent
         .model
         .push(Script::text(&format!("{first}\n\n{second}")));
-    telegram.rate_limit("sendMessage", Some(42), 1);
+    let telegram = agent.telegram();
+    telegram.rate_limit("sendMessage", Some(42), retry_after);
     let service = agent.start();
     agent.send(&alice(), "write a lot");
     wait_until("the long reply to be rate-limited", || {
         telegram.calls_to("sendMessage").contains(&42)
     });
+    (agent, service, first, second)
+}
+
+#[test]
+fn a_rooms_replies_keep_their_order_and_its_rate_limit_does_not_delay_another_room() {
+    let (agent, service, first, second) = a_long_reply_rate_limited(1);
+    let telegram = agent.telegram();
     agent.send(&alice(), "/status");
     wait_until("the command's reply to queue behind the long one", || {
         let status = agent.status();
@@ -110,18 +112,8 @@ fn a_rooms_replies_keep_their_order_and_its_rate_limit_does_not_delay_another_ro
 
 #[test]
 fn a_reply_waiting_out_a_rate_limit_at_shutdown_is_sent_after_the_restart_even_on_telegram() {
-    let agent = Scenario::telegram_dm().build();
+    let (agent, service, _, _) = a_long_reply_rate_limited(120);
     let telegram = agent.telegram();
-    let (first, second) = two_pieces();
-    agent
-        .model
-        .push(Script::text(&format!("{first}\n\n{second}")));
-    telegram.rate_limit("sendMessage", Some(42), 120);
-    let service = agent.start();
-    agent.send(&alice(), "write a lot");
-    wait_until("the reply to be rate-limited", || {
-        telegram.calls_to("sendMessage").contains(&42)
-    });
     service.stop();
     assert!(telegram.sent().is_empty());
 

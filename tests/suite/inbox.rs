@@ -124,6 +124,49 @@ async fn reopen(dir: &std::path::Path) -> (Inbox, perch::inbox::Backlog) {
     }
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deciding_mark_without_a_verdict_is_interrupted_and_old_journals_still_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (inbox, _) = Inbox::open(dir.path(), clock()).unwrap();
+    let mut seqs = Vec::new();
+    for id in ["old", "decided", "interrupted"] {
+        let Recorded::New { seq } = inbox
+            .record_event("tg", &event(id, "1", None))
+            .await
+            .unwrap()
+        else {
+            panic!("new");
+        };
+        seqs.push(seq);
+    }
+    let decided_mark = inbox
+        .record_deciding(seqs[1], "channels/tg.lua")
+        .await
+        .unwrap();
+    inbox
+        .record_disposition(seqs[1], Disposition::Dropped)
+        .await
+        .unwrap();
+    let interrupted_mark = inbox
+        .record_deciding(seqs[2], "channels/tg.lua")
+        .await
+        .unwrap();
+    drop(inbox);
+
+    let (_, backlog) = reopen(dir.path()).await;
+    let undecided: Vec<u64> = backlog.undecided.iter().map(|(seq, _, _)| *seq).collect();
+    assert_eq!(
+        undecided,
+        vec![seqs[0]],
+        "an event without a mark is decided again"
+    );
+    assert_eq!(backlog.interrupted.len(), 1);
+    assert_eq!(backlog.interrupted[0].event_seq, seqs[2]);
+    assert_eq!(backlog.interrupted[0].mark_seq, interrupted_mark);
+    assert_eq!(backlog.interrupted[0].hook, "channels/tg.lua");
+    assert_eq!(backlog.settled_marks, vec![decided_mark]);
+}
+
 #[test]
 fn consumed_segments_are_kept_for_the_retention_window() {
     let dir = tempfile::tempdir().unwrap();

@@ -7,7 +7,7 @@ use super::support::fake_telegram::{Chat, User};
 use super::support::scenario::{Scenario, Watched, alice};
 use super::support::status::Report;
 use super::support::wait::wait_until;
-use super::support::{conversations_in_order, journal_text, pairing_code, user_text};
+use super::support::{conversations_in_order, journal_text, pairing_code};
 
 /// The group `-100`, aliased `team`, where the bot answers when addressed.
 pub(super) const TEAM: &str = "rooms = { team = \"-100\" }, allow = { rooms = { \"team\" } }";
@@ -268,11 +268,7 @@ fn a_full_conversation_queue_is_answered_with_a_message_not_dropped() {
     std::fs::write(workspace.join("go"), "").unwrap();
     agent.wait_for_replies(6);
     service.stop();
-    let answered: Vec<String> = model
-        .requests()
-        .iter()
-        .map(|request| user_text(&request.body))
-        .collect();
+    let answered = model.user_texts();
     assert!(
         answered.contains(&"message 2".to_owned()) && answered.contains(&"message 3".to_owned()),
         "{answered:?}"

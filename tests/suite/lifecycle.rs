@@ -220,14 +220,7 @@ fn a_channel_that_cannot_connect_does_not_hold_readiness_back() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
-    let agent = Scenario::channel_lua(
-        "channels/tg.lua",
-        &format!(
-            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {url:?} }}\n"
-        ),
-    )
-    .env("TELEGRAM_TOKEN", TOKEN)
-    .build();
+    let agent = Scenario::telegram_at(&url).build();
     let mut notify = NotifySocket::bind();
     let service = notify.start(&agent, &[]);
     notify.wait_for("READY=1");

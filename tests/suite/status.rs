@@ -3,7 +3,7 @@
 //! byte for byte; and of a running service, each channel's connection and health as it changes.
 
 use super::support::fake_model::Script;
-use super::support::fake_telegram::{Failure, TOKEN};
+use super::support::fake_telegram::Failure;
 use super::support::scenario::{Scenario, alice, crash_on_one_message};
 use super::support::status::{Report, status};
 use super::support::wait::wait_until;
@@ -377,14 +377,7 @@ fn silent_server() -> (std::net::TcpListener, String) {
 #[test]
 fn a_telegram_channel_whose_server_never_answers_stays_connecting_and_unhealthy() {
     let (silent, url) = silent_server();
-    let agent = Scenario::channel_lua(
-        "channels/tg.lua",
-        &format!(
-            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {url:?} }}\n"
-        ),
-    )
-    .env("TELEGRAM_TOKEN", TOKEN)
-    .build();
+    let agent = Scenario::telegram_at(&url).build();
     let service = agent.start();
     stays_connecting(agent.path(), Duration::from_secs(3));
     let text = String::from_utf8_lossy(&agent.perch(&["status"]).stdout).into_owned();

@@ -8,10 +8,6 @@ use super::super::support::status::{Report, StatusReport};
 use super::super::support::wait::Poll;
 use super::super::support::{new_agent, stderr, stdout, write};
 use super::{exits_within, perch_on_the_double};
-use chrono::TimeZone;
-use perch::channel::{InboundEvent, Sender};
-use perch::clock::Clock;
-use perch::inbox::{Disposition, Inbox, Recorded};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -191,78 +187,4 @@ fn a_message_whose_hook_crashed_perch_is_rejected_at_restart_not_decided_again()
     });
     stop(service);
     assert_eq!(model.requests().len(), 1);
-}
-
-fn at() -> perch_core::Timestamp {
-    chrono::Utc.with_ymd_and_hms(2026, 11, 30, 6, 0, 0).unwrap()
-}
-
-fn event(id: &str) -> InboundEvent {
-    InboundEvent {
-        platform_id: id.into(),
-        cursor: None,
-        room: "1".into(),
-        thread: None,
-        sender: Sender {
-            id: "42".into(),
-            name: "Alice".into(),
-            is_bot: false,
-        },
-        direct: true,
-        addressed: true,
-        text: format!("message {id}"),
-        sent_at: at(),
-        attachments: Vec::new(),
-        replying_to: None,
-        edit_of: None,
-        refused: None,
-    }
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_deciding_mark_without_a_verdict_is_interrupted_and_old_journals_still_read() {
-    let dir = tempfile::tempdir().unwrap();
-    let (inbox, _) = Inbox::open(dir.path(), Clock::new(at)).unwrap();
-    let mut seqs = Vec::new();
-    for id in ["old", "decided", "interrupted"] {
-        let Recorded::New { seq } = inbox.record_event("tg", &event(id)).await.unwrap() else {
-            panic!("new");
-        };
-        seqs.push(seq);
-    }
-    let decided_mark = inbox
-        .record_deciding(seqs[1], "channels/tg.lua")
-        .await
-        .unwrap();
-    inbox
-        .record_disposition(seqs[1], Disposition::Dropped)
-        .await
-        .unwrap();
-    let interrupted_mark = inbox
-        .record_deciding(seqs[2], "channels/tg.lua")
-        .await
-        .unwrap();
-    drop(inbox);
-
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let backlog = loop {
-        match Inbox::open(dir.path(), Clock::new(at)) {
-            Ok((_, backlog)) => break backlog,
-            Err(error) => {
-                assert!(Instant::now() < deadline, "{error}");
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    };
-    let undecided: Vec<u64> = backlog.undecided.iter().map(|(seq, _, _)| *seq).collect();
-    assert_eq!(
-        undecided,
-        vec![seqs[0]],
-        "an event without a mark is decided again"
-    );
-    assert_eq!(backlog.interrupted.len(), 1);
-    assert_eq!(backlog.interrupted[0].event_seq, seqs[2]);
-    assert_eq!(backlog.interrupted[0].mark_seq, interrupted_mark);
-    assert_eq!(backlog.interrupted[0].hook, "channels/tg.lua");
-    assert_eq!(backlog.settled_marks, vec![decided_mark]);
 }

@@ -125,8 +125,7 @@ async fn a_reply_quotes_the_fetched_original_and_an_edit_is_handed_on_as_one() {
     let store = tempfile::tempdir().unwrap();
     let connector = connector(&bot, store.path(), &[&alice]);
     let mut receiving = receive(&connector, Vec::new());
-    let room = alice.create_dm(&bot.user_id).await;
-    alice.wait_joined(&room, &bot.user_id).await;
+    let room = alice.open_dm(&bot.user_id).await;
 
     let long = format!("{}tail", "ø".repeat(400));
     let original = alice.say(&room, &long).await;
@@ -218,14 +217,11 @@ async fn a_reply_quotes_the_fetched_original_and_an_edit_is_handed_on_as_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_carry_in_reply_to_keep_threads_mention_nobody_and_resend_once() {
-    let synapse = Synapse::from_env();
-    let alice = synapse.register("alice").await;
-    let bot = synapse.register("bot").await;
+    let (_, alice, bot) = alice_and_bot().await;
     let store = tempfile::tempdir().unwrap();
     let connector = connector(&bot, store.path(), &[&alice]);
     let mut receiving = receive(&connector, Vec::new());
-    let room = alice.create_dm(&bot.user_id).await;
-    alice.wait_joined(&room, &bot.user_id).await;
+    let room = alice.open_dm(&bot.user_id).await;
 
     let question = alice.say(&room, "what is 2 + 2?").await;
     let event = receiving.next_acked().await;
@@ -333,14 +329,11 @@ async fn replies_carry_in_reply_to_keep_threads_mention_nobody_and_resend_once()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_handed_over_but_never_journaled_comes_again_after_a_restart() {
-    let synapse = Synapse::from_env();
-    let alice = synapse.register("alice").await;
-    let bot = synapse.register("bot").await;
+    let (_, alice, bot) = alice_and_bot().await;
     let store = tempfile::tempdir().unwrap();
     let first = connector(&bot, store.path(), &[&alice]);
     let mut receiving = receive(&first, Vec::new());
-    let room = alice.create_dm(&bot.user_id).await;
-    alice.wait_joined(&room, &bot.user_id).await;
+    let room = alice.open_dm(&bot.user_id).await;
     let journaled = alice.say(&room, "journaled").await;
     let journaled = receiving.until(&journaled).await;
     assert!(journaled.cursor.is_some(), "Matrix events carry a cursor");
@@ -385,8 +378,7 @@ async fn invites_are_accepted_only_from_allowed_users() {
     let stranger_room = mallory.create_dm(&bot.user_id).await;
     let mut receiving = receive(&connector, Vec::new());
     tokio::time::timeout(WAIT, connector.ready()).await.unwrap();
-    let allowed_room = alice.create_dm(&bot.user_id).await;
-    alice.wait_joined(&allowed_room, &bot.user_id).await;
+    alice.open_dm(&bot.user_id).await;
     mallory.say(&stranger_room, "let me in").await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(

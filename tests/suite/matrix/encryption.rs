@@ -84,9 +84,7 @@ fn encrypted_room() -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_encrypted_room_works_both_ways_and_keys_survive_a_restart() {
-    let synapse = Synapse::from_env();
-    let alice = synapse.register("alice").await;
-    let bot = synapse.register("bot").await;
+    let (_, alice, bot) = alice_and_bot().await;
     let human = human_client(&alice).await;
     let store = tempfile::tempdir().unwrap();
     let first = connector(&bot, store.path(), &[&alice]);
@@ -156,9 +154,7 @@ async fn an_encrypted_room_works_both_ways_and_keys_survive_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecryptable_event_is_reported_not_dropped_silently() {
-    let synapse = Synapse::from_env();
-    let alice = synapse.register("alice").await;
-    let bot = synapse.register("bot").await;
+    let (_, alice, bot) = alice_and_bot().await;
     // The store of channel `mx` of an agent, so `perch status` reads the report too.
     let agent = matrix_agent(&bot, &alice);
     let store_path = agent.path().join(".perch/matrix/mx");
@@ -225,9 +221,7 @@ async fn an_encrypted_file_is_fetched_and_a_file_is_sent_encrypted() {
     use matrix_sdk::media::{MediaFormat, MediaRequestParameters};
     use matrix_sdk::ruma::events::room::message::MessageType;
 
-    let synapse = Synapse::from_env();
-    let alice = synapse.register("alice").await;
-    let bot = synapse.register("bot").await;
+    let (_, alice, bot) = alice_and_bot().await;
     let human = human_client(&alice).await;
     let store = tempfile::tempdir().unwrap();
     let connector = connector(&bot, store.path(), &[&alice]);

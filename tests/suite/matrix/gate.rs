@@ -208,17 +208,14 @@ async fn a_message_admission_refuses_is_handed_on_without_a_quote_fetch_or_membe
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quote_journaled_before_a_restart_is_not_fetched_again() {
-    let synapse = Synapse::from_env();
-    let alice = synapse.register("alice").await;
-    let bot = synapse.register("bot").await;
+    let (synapse, alice, bot) = alice_and_bot().await;
     let proxy = CountingProxy::start(&synapse.url).await;
     let store = tempfile::tempdir().unwrap();
     let connect = || connector_at(&proxy.url, &bot, store.path(), &[&alice]);
     let connector = connect();
     connector.gate(gate_for(&[&alice], &[]));
     let mut receiving = receive(&connector, Vec::new());
-    let room = alice.create_dm(&bot.user_id).await;
-    alice.wait_joined(&room, &bot.user_id).await;
+    let room = alice.open_dm(&bot.user_id).await;
     let original = alice.say(&room, "the plan").await;
     receiving.next_acked().await;
     let reply = alice

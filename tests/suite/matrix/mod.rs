@@ -15,7 +15,7 @@ use super::support::receiving::{Receiving, Within};
 use super::support::scenario::{Agent, Scenario};
 use super::support::synapse::{Account, Synapse};
 use super::support::wait::Poll;
-use super::support::{PostText, user_text, write};
+use super::support::{PostText, write};
 use matrix_sdk::config::SyncSettings;
 use matrix_sdk::deserialized_responses::TimelineEventKind;
 use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
@@ -63,6 +63,14 @@ fn connector_at(
         )
         .unwrap(),
     )
+}
+
+/// The homeserver, `alice` and `bot`, registered in that order.
+async fn alice_and_bot() -> (Synapse, Account, Account) {
+    let synapse = Synapse::from_env();
+    let alice = synapse.register("alice").await;
+    let bot = synapse.register("bot").await;
+    (synapse, alice, bot)
 }
 
 fn mode(path: &Path) -> u32 {

@@ -7,14 +7,11 @@ use crate::suite::support::{conversations_in_order, journal_text};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 async fn a_crash_between_journal_and_sync_on_matrix_loses_and_doubles_nothing() {
-    let synapse = Synapse::from_env();
-    let alice = synapse.register("alice").await;
-    let bot = synapse.register("bot").await;
+    let (_, alice, bot) = alice_and_bot().await;
     let agent = matrix_agent(&bot, &alice);
     let model = &agent.model;
     let service = agent.start();
-    let room = alice.create_dm(&bot.user_id).await;
-    alice.wait_joined(&room, &bot.user_id).await;
+    let room = alice.open_dm(&bot.user_id).await;
     service.stop();
 
     // The message arrives while perch is down; the next start journals it and dies before it
@@ -32,11 +29,7 @@ async fn a_crash_between_journal_and_sync_on_matrix_loses_and_doubles_nothing() 
     alice.say(&room, "thanks").await;
     replies_until(&alice, &room, &bot, "the second answer", |n| n == 2).await;
     service.stop();
-    let asked: Vec<String> = model
-        .requests()
-        .iter()
-        .map(|request| user_text(&request.body))
-        .collect();
+    let asked = model.user_texts();
     assert_eq!(
         asked.len(),
         2,
@@ -51,16 +44,13 @@ async fn a_crash_between_journal_and_sync_on_matrix_loses_and_doubles_nothing() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_over_ten_matrix_rooms_is_answered_once_each_in_order() {
-    let synapse = Synapse::from_env();
-    let alice = synapse.register("alice").await;
-    let bot = synapse.register("bot").await;
+    let (_, alice, bot) = alice_and_bot().await;
     let agent = matrix_agent(&bot, &alice);
     let model = &agent.model;
     let service = agent.start();
     let mut rooms = Vec::new();
     for _ in 0..10 {
-        let room = alice.create_dm(&bot.user_id).await;
-        alice.wait_joined(&room, &bot.user_id).await;
+        let room = alice.open_dm(&bot.user_id).await;
         rooms.push(room);
     }
     let per_room = 10;
@@ -89,14 +79,11 @@ async fn a_burst_over_ten_matrix_rooms_is_answered_once_each_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 async fn a_crash_after_a_matrix_send_resends_with_the_same_transaction_and_posts_once() {
-    let synapse = Synapse::from_env();
-    let alice = synapse.register("alice").await;
-    let bot = synapse.register("bot").await;
+    let (_, alice, bot) = alice_and_bot().await;
     let agent = matrix_agent(&bot, &alice);
     let model = &agent.model;
     let service = agent.start();
-    let room = alice.create_dm(&bot.user_id).await;
-    alice.wait_joined(&room, &bot.user_id).await;
+    let room = alice.open_dm(&bot.user_id).await;
     service.stop();
 
     model.push(Script::text("posted exactly once"));

@@ -133,3 +133,65 @@ pub fn parse_multipart(content_type: &str, body: &[u8]) -> Option<Vec<FormPart>>
         at = next;
     }
 }
+
+/// A fake's server on a thread of its own with a runtime of its own, so that the fake works
+/// from `#[test]` and `#[tokio::test]` alike; dropping it stops the server and joins the thread.
+#[derive(Debug)]
+pub struct ServerThread {
+    /// The server's runtime, for tasks beside it.
+    pub runtime: tokio::runtime::Handle,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ServerThread {
+    /// Runs `serve` on `listener` until dropped, on `workers` worker threads (0: the thread's
+    /// own).
+    pub fn spawn<F, Fut>(listener: std::net::TcpListener, workers: usize, serve: F) -> ServerThread
+    where
+        F: FnOnce(tokio::net::TcpListener) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()>,
+    {
+        listener.set_nonblocking(true).unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (runtime_sender, runtime) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let runtime = match workers {
+                0 => tokio::runtime::Builder::new_current_thread(),
+                _ => {
+                    let mut builder = tokio::runtime::Builder::new_multi_thread();
+                    builder.worker_threads(workers);
+                    builder
+                }
+            }
+            .enable_all()
+            .build()
+            .unwrap();
+            runtime_sender.send(runtime.handle().clone()).unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                tokio::select! {
+                    _ = stopped => {}
+                    () = serve(listener) => {}
+                }
+            });
+            runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+        });
+        ServerThread {
+            runtime: runtime.recv().unwrap(),
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for ServerThread {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

@@ -17,6 +17,7 @@ pub mod synapse;
 pub mod wait;
 
 pub use binary::*;
+pub use fake_model::{last_user_content, user_text, without_origins};
 use perch::channel::{BoxFuture, Connector, Delivery, DeliveryError, Receipt};
 
 /// What the connector tests post most: one message without files.
@@ -35,30 +36,6 @@ impl<C: Connector + ?Sized> PostText for C {
     ) -> BoxFuture<'a, Result<Receipt, DeliveryError>> {
         self.post(delivery, &[])
     }
-}
-
-/// A user message's text as the model sees it without perch's `<origin .../>` header lines:
-/// what the people wrote, the messages of a collected turn separated by blank lines.
-pub fn without_origins(text: &str) -> String {
-    text.split('\n')
-        .filter(|line| !(line.starts_with("<origin ") && line.ends_with("/>")))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// The content of the last user message of a model request (the OpenAI completions shape).
-pub fn last_user_content(body: &serde_json::Value) -> String {
-    body["messages"]
-        .as_array()
-        .and_then(|messages| messages.iter().rev().find(|m| m["role"] == "user"))
-        .and_then(|message| message["content"].as_str())
-        .unwrap_or_default()
-        .to_owned()
-}
-
-/// [`last_user_content`] without perch's `<origin .../>` header lines.
-pub fn user_text(body: &serde_json::Value) -> String {
-    without_origins(&last_user_content(body))
 }
 
 /// The code in a pairing offer: the last word of its first `` `command` ``.
@@ -131,4 +108,14 @@ pub fn conversations_in_order(requests: &[fake_model::Received]) -> usize {
         );
     }
     seen.len()
+}
+
+/// The names of the entries of `dir`, sorted.
+pub fn names_in(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
 }

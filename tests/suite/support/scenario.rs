@@ -70,6 +70,17 @@ impl Scenario {
         .env("DISCORD_TOKEN", fake_discord::TOKEN)
     }
 
+    /// A Telegram channel `tg` whose Bot API is at `url`, with no fake behind it.
+    pub fn telegram_at(url: &str) -> Scenario {
+        Scenario::channel_lua(
+            "channels/tg.lua",
+            &format!(
+                "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {url:?} }}\n"
+            ),
+        )
+        .env("TELEGRAM_TOKEN", fake_telegram::TOKEN)
+    }
+
     /// A channel file written as given, on no fake; `env` gives what it reads.
     pub fn channel_lua(file: &str, lua: &str) -> Scenario {
         Scenario {

@@ -37,7 +37,7 @@ mod gateway;
 mod rest;
 mod tls;
 
-use super::http::parse_multipart;
+use super::http::{ServerThread, parse_multipart};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade};
@@ -51,9 +51,8 @@ use serde_json::{Map, Value, json};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 /// The bot token the fake accepts.
 pub const TOKEN: &str = "MTA5ODc2NTQzMjEwOTg3NjU0Mw.Gfake.perch-test-token-do-not-leak";
@@ -245,9 +244,7 @@ type Shared = Arc<Mutex<Platform>>;
 pub struct FakeDiscord {
     addr: SocketAddr,
     state: Shared,
-    runtime: tokio::runtime::Handle,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    server: ServerThread,
 }
 
 impl FakeDiscord {
@@ -285,35 +282,18 @@ impl FakeDiscord {
             cdn: HashMap::new(),
             downloads: Vec::new(),
         }));
-        let (stop, stopped) = oneshot::channel::<()>();
         let shared = Arc::clone(&state);
-        let (handle_sender, handle) = std::sync::mpsc::channel();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
-            handle_sender.send(runtime.handle().clone()).unwrap();
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-                let app = Router::new()
-                    .route("/gw", any(gateway))
-                    .fallback(rest)
-                    .with_state(shared);
-                tokio::select! {
-                    _ = axum::serve(listener, app) => {}
-                    _ = stopped => {}
-                }
-            });
-            runtime.shutdown_timeout(Duration::from_millis(100));
+        let server = ServerThread::spawn(listener, 2, move |listener| async move {
+            let app = Router::new()
+                .route("/gw", any(gateway))
+                .fallback(rest)
+                .with_state(shared);
+            let _ = axum::serve(listener, app).await;
         });
         FakeDiscord {
             addr,
             state,
-            runtime: handle.recv().unwrap(),
-            stop: Some(stop),
-            thread: Some(thread),
+            server,
         }
     }
 
@@ -501,17 +481,6 @@ impl FakeDiscord {
         let mut state = self.state();
         state.bucket_limit = limit;
         state.bucket_window = window;
-    }
-}
-
-impl Drop for FakeDiscord {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 

@@ -53,7 +53,7 @@ impl FakeDiscord {
         let tunnels = Arc::new(Mutex::new(Vec::new()));
         let seen = Arc::clone(&tunnels);
         let upstream = self.addr;
-        self.runtime.spawn(async move {
+        self.server.runtime.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             while let Ok((client, _)) = listener.accept().await {
                 let acceptor = acceptor.clone();

@@ -24,14 +24,13 @@
 mod server;
 mod stream;
 
-use super::http::read_request;
+use super::http::{ServerThread, read_request};
 use perch_core::config::Api;
 use serde_json::{Value, json};
 use server::accept;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -255,38 +254,47 @@ pub struct FakeModel {
     api: Api,
     addr: SocketAddr,
     state: Arc<Mutex<State>>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    _server: ServerThread,
+}
+
+/// A user message's text as the model sees it without perch's `<origin .../>` header lines:
+/// what the people wrote, the messages of a collected turn separated by blank lines.
+pub fn without_origins(text: &str) -> String {
+    text.split('\n')
+        .filter(|line| !(line.starts_with("<origin ") && line.ends_with("/>")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The content of the last user message of a model request (the OpenAI completions shape).
+pub fn last_user_content(body: &serde_json::Value) -> String {
+    body["messages"]
+        .as_array()
+        .and_then(|messages| messages.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|message| message["content"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// [`last_user_content`] without perch's `<origin .../>` header lines.
+pub fn user_text(body: &serde_json::Value) -> String {
+    without_origins(&last_user_content(body))
 }
 
 impl FakeModel {
     /// Starts a server speaking `api` on a free loopback port.
     pub fn start(api: Api) -> FakeModel {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(State::default()));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let shared = state.clone();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let listener = TcpListener::from_std(listener).unwrap();
-                tokio::select! {
-                    _ = stopped => {}
-                    () = accept(listener, api, shared) => {}
-                }
-            });
-        });
         FakeModel {
             api,
             addr,
             state,
-            stop: Some(stop),
-            thread: Some(thread),
+            _server: ServerThread::spawn(listener, 0, move |listener| {
+                accept(listener, api, shared)
+            }),
         }
     }
 
@@ -329,6 +337,14 @@ impl FakeModel {
     }
 
     /// The latest request; panics if there was none.
+    /// The last user message of every request, without perch's `<origin .../>` lines.
+    pub fn user_texts(&self) -> Vec<String> {
+        self.requests()
+            .iter()
+            .map(|request| user_text(&request.body))
+            .collect()
+    }
+
     pub fn last_request(&self) -> Received {
         self.requests()
             .pop()
@@ -362,16 +378,5 @@ impl FakeModel {
             self.base_url(),
             self.api.as_str()
         )
-    }
-}
-
-impl Drop for FakeModel {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }

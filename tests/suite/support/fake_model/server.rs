@@ -31,7 +31,7 @@ async fn serve(mut socket: TcpStream, api: Api, state: Arc<Mutex<State>>) {
                     (Some(script), _) => script,
                     (None, Some(delay)) => {
                         echo = Some(delay);
-                        Script::text(&format!("echo: {}", last_user_text(&body)))
+                        Script::text(&format!("echo: {}", last_user_content(&body)))
                     }
                     (None, None) => Script::text("(no script)"),
                 }
@@ -57,16 +57,6 @@ async fn serve(mut socket: TcpStream, api: Api, state: Arc<Mutex<State>>) {
             return;
         }
     }
-}
-
-/// The text of the last user message of an OpenAI completions request.
-fn last_user_text(body: &Value) -> String {
-    body["messages"]
-        .as_array()
-        .and_then(|messages| messages.iter().rev().find(|m| m["role"] == "user"))
-        .and_then(|message| message["content"].as_str())
-        .unwrap_or_default()
-        .to_owned()
 }
 
 /// `GET /v1/models`: a one-model list, or 401 for a key other than `required`.

@@ -35,14 +35,13 @@
 pub mod markdown;
 mod server;
 
-use super::http::{Request, parse_multipart, read_request};
+use super::http::{Request, ServerThread, parse_multipart, read_request};
 use markdown::entities;
 use serde_json::{Value, json};
 use server::{accept, chat_id};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -381,8 +380,7 @@ struct Shared {
 pub struct FakeTelegram {
     addr: SocketAddr,
     shared: Arc<Shared>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    _server: ServerThread,
 }
 
 impl FakeTelegram {
@@ -410,26 +408,11 @@ impl FakeTelegram {
             }),
             changed: Notify::new(),
         });
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = shared.clone();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let listener = TcpListener::from_std(listener).unwrap();
-                tokio::select! {
-                    _ = stopped => {}
-                    () = accept(listener, server) => {}
-                }
-            });
-        });
         FakeTelegram {
             addr,
             shared,
-            stop: Some(stop),
-            thread: Some(thread),
+            _server: ServerThread::spawn(listener, 0, move |listener| accept(listener, server)),
         }
     }
 
@@ -648,17 +631,6 @@ impl FakeTelegram {
             .iter()
             .map(|pending| pending.update_id)
             .collect()
-    }
-}
-
-impl Drop for FakeTelegram {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 
