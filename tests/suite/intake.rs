@@ -77,12 +77,7 @@ fn an_unknown_sender_is_paired_by_the_owner_then_answered() {
 
     model.push(Script::text("nice to meet you"));
     agent.send(&bob, "now?");
-    wait_until("the answer", || {
-        telegram
-            .sent()
-            .iter()
-            .any(|sent| sent.shown == "nice to meet you")
-    });
+    wait_until("the answer", || telegram.has_shown("nice to meet you"));
     assert_eq!(
         telegram.sent().len(),
         2,
@@ -113,9 +108,7 @@ fn a_pairing_write_that_fails_refuses_that_event_and_the_service_goes_on() {
     agent.send(&bob, "hello?");
     model.push(Script::text("hi Alice"));
     agent.send(&User::human(8, "Alice"), "are you there?");
-    wait_until("Alice's answer", || {
-        telegram.sent().iter().any(|sent| sent.shown == "hi Alice")
-    });
+    wait_until("Alice's answer", || telegram.has_shown("hi Alice"));
     assert_eq!(
         telegram.sent().len(),
         1,
@@ -243,10 +236,9 @@ fn a_full_conversation_queue_is_answered_with_a_message_not_dropped() {
     let agent = Scenario::telegram("dm = \"allow\", queue_limit = 2").build();
     let (model, telegram) = (&agent.model, agent.telegram());
     let workspace = agent.path().join("workspace");
-    model.push(Reply::new().with_call(
+    model.push(Reply::bash(
         "hold",
-        "bash",
-        serde_json::json!({ "command": "touch started; while [ ! -e go ]; do sleep 0.02; done" }),
+        "touch started; while [ ! -e go ]; do sleep 0.02; done",
     ));
     model.push(Script::text("first done"));
     let service = agent.start();

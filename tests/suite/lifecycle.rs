@@ -87,11 +87,7 @@ fn systemd_is_told_ready_then_pinged_then_stopping() {
     let ready = notify.wait_for("READY=1");
     assert_eq!(ready, 0, "READY=1 comes first: {:?}", notify.lines);
     assert!(
-        agent
-            .telegram()
-            .calls()
-            .iter()
-            .any(|call| call.method.eq_ignore_ascii_case("getMe")),
+        agent.telegram().was_called("getMe"),
         "ready only once the channel's first connection is up"
     );
     assert_eq!(

@@ -459,11 +459,7 @@ fn emoji_compatibility_characters_and_a_byte_order_mark_reach_the_model_unchange
     let (model, telegram) = (&agent.model, agent.telegram());
     let said = "\u{1F469}\u{200D}\u{1F4BB} \u{2764}\u{FE0F} \u{2460} \u{FB01} \u{FF76}\u{FF80}\u{FF76}\u{FF85} \u{1F3F4}\u{E0067}\u{E0062}\u{E0073}\u{E0063}\u{E0074}\u{E007F}";
     let file = format!("\u{FEFF}{said}\nline two\n");
-    model.push(Reply::new().with_call(
-        "cat",
-        "bash",
-        serde_json::json!({ "command": "cat /workspace/inbox/tg/*/notes.txt" }),
-    ));
+    model.push(Reply::bash("cat", "cat /workspace/inbox/tg/*/notes.txt"));
     model.push(Script::text("read it"));
     let service = agent.start();
     let ana = User::human(11, "Ana");

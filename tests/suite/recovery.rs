@@ -243,11 +243,7 @@ fn a_chat_run_interrupted_while_asking_the_model_is_resumed_and_answered() {
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 fn a_chat_run_interrupted_after_bash_started_gets_a_note_naming_it() {
     let agent = Scenario::telegram_dm().build();
-    agent.model.push(Reply::new().with_call(
-        "c1",
-        "bash",
-        serde_json::json!({ "command": "echo hi" }),
-    ));
+    agent.model.push(Reply::bash("c1", "echo hi"));
     agent.send(&alice(), "run it");
     agent.crash_at("after:tool_started");
 

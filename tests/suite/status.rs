@@ -414,11 +414,7 @@ fn a_telegram_channel_is_receiving_and_healthy_once_its_first_poll_is_answered()
     let service = agent.start();
     wait_until("the channel to be receiving", || agent.status().receiving());
     assert!(
-        agent
-            .telegram()
-            .calls()
-            .iter()
-            .any(|call| call.method.eq_ignore_ascii_case("getMe")),
+        agent.telegram().was_called("getMe"),
         "the Bot API was asked before the channel counted as receiving"
     );
     service.stop();

@@ -228,15 +228,12 @@ fn stop_in_chat_reaches_the_command_that_keeps_a_long_result() {
     });
     agent.send(&alice(), "/stop");
     wait_until("the stop to be confirmed", || {
-        telegram.sent().iter().any(|sent| sent.shown == "Stopped.")
+        telegram.has_shown("Stopped.")
     });
     model.push(Script::text("still here"));
     agent.send(&alice(), "are you there?");
     wait_until("the next message to be answered", || {
-        telegram
-            .sent()
-            .iter()
-            .any(|sent| sent.shown == "still here")
+        telegram.has_shown("still here")
     });
     service.stop();
 }

@@ -68,19 +68,14 @@ fn through_perch_run_a_tool_call_unknown_delivery_corrected_heartbeat_and_recove
     model.push(Script::text("maybe posted"));
     agent.send(&alice(), "hello");
     agent.crash_at("after:delivery_intent");
-    model.push(Script::Reply(Reply::new().with_call(
+    model.push(Script::Reply(Reply::bash(
         "call-1",
-        "bash",
-        serde_json::json!({ "command": "touch /workspace/once" }),
+        "touch /workspace/once",
     )));
     agent.send(&alice(), "touch it");
     agent.crash_at("after:tool_started");
 
-    model.push(Script::Reply(Reply::new().with_call(
-        "call-2",
-        "bash",
-        serde_json::json!({ "command": "echo checked; exit 3" }),
-    )));
+    model.push(Script::Reply(Reply::bash("call-2", "echo checked; exit 3")));
     model.push(Script::text("It exited 3."));
     model.push(Script::text("All green, nothing to report."));
     model.push(Script::text("Message: All green."));
@@ -92,20 +87,10 @@ fn through_perch_run_a_tool_call_unknown_delivery_corrected_heartbeat_and_recove
             .any(|sent| sent.shown.contains("may or may not"))
     });
     agent.send(&alice(), "check it");
-    wait_until("the answer", || {
-        telegram
-            .sent()
-            .iter()
-            .any(|sent| sent.shown == "It exited 3.")
-    });
+    wait_until("the answer", || telegram.has_shown("It exited 3."));
     let run = agent.perch(&["heartbeat", "run", "digest"]);
     assert!(run.status.success(), "{}", stderr(&run));
-    wait_until("the digest", || {
-        telegram
-            .sent()
-            .iter()
-            .any(|sent| sent.shown == "All green.")
-    });
+    wait_until("the digest", || telegram.has_shown("All green."));
     let shown = |args: &[&str]| shown_by_perch_run(&agent, args);
     let mut text = String::new();
     wait_until("every delivery settled in the log", || {

@@ -70,24 +70,14 @@ async fn a_message_in_a_fresh_room_is_handed_over_after_the_backlog_and_acknowle
     bob.join(&room).await;
     alice.say(&room, "said before perch started").await;
 
-    let store = tempfile::tempdir().unwrap();
-    let connector = connector(&bot, store.path(), &[]);
-    let mut receiving = receive(&connector, Vec::new());
-    tokio::time::timeout(WAIT, connector.ready()).await.unwrap();
+    let (_store, _connector, mut receiving) = listening(&bot.url, &bot, &[], None, true).await;
 
-    let sent = alice
-        .send(
-            &room,
-            "m.room.message",
-            json!({
-                "msgtype": "m.text",
-                "body": "hello Perchy-bot, are you there?",
-                "m.mentions": { "user_ids": [bot.user_id] },
-            }),
-        )
-        .await;
-    let event = receiving.next_acked().await;
-    assert_eq!(event.platform_id, sent);
+    let said = json!({
+        "msgtype": "m.text",
+        "body": "hello Perchy-bot, are you there?",
+        "m.mentions": { "user_ids": [bot.user_id] },
+    });
+    let (_, event) = sent_and_taken(&alice, &room, said, &mut receiving).await;
     assert_eq!(event.room, room);
     assert_eq!(event.thread, None);
     assert_eq!(event.sender.id, alice.user_id);
@@ -122,30 +112,15 @@ async fn a_reply_quotes_the_fetched_original_and_an_edit_is_handed_on_as_one() {
     let long_name = "A".repeat(100);
     let alice = synapse.register_named("alice", Some(&long_name)).await;
     let bot = synapse.register("bot").await;
-    let store = tempfile::tempdir().unwrap();
-    let connector = connector(&bot, store.path(), &[&alice]);
-    let mut receiving = receive(&connector, Vec::new());
+    let (_store, _connector, mut receiving) =
+        listening(&bot.url, &bot, &[&alice], None, false).await;
     let room = alice.open_dm(&bot.user_id).await;
 
     let long = format!("{}tail", "ø".repeat(400));
     let original = alice.say(&room, &long).await;
     assert_eq!(receiving.next_acked().await.replying_to, None);
-    let reply = |body: &str, to: &str| {
-        json!({
-            "msgtype": "m.text",
-            "body": body,
-            "m.relates_to": { "m.in_reply_to": { "event_id": to } },
-        })
-    };
-    let quoting = alice
-        .send(
-            &room,
-            "m.room.message",
-            reply("> <@alice> øøø\n\nso long", &original),
-        )
-        .await;
-    let event = receiving.next_acked().await;
-    assert_eq!(event.platform_id, quoting);
+    let said = reply_to("> <@alice> øøø\n\nso long", &original);
+    let (quoting, event) = sent_and_taken(&alice, &room, said, &mut receiving).await;
     assert_eq!(event.text, "so long", "the reply fallback is stripped");
     let quote = event.replying_to.expect("the reply quotes its original");
     assert_eq!(quote.platform_id, original);
@@ -162,18 +137,11 @@ async fn a_reply_quotes_the_fetched_original_and_an_edit_is_handed_on_as_one() {
         format!("{}…", "A".repeat(perch::channel::QUOTE_NAME_MAX_CHARS - 1))
     );
 
-    let nested = alice
-        .send(
-            &room,
-            "m.room.message",
-            reply(
-                &format!("> <{}> so long\n\nand more", alice.user_id),
-                &quoting,
-            ),
-        )
-        .await;
-    let event = receiving.next_acked().await;
-    assert_eq!(event.platform_id, nested);
+    let said = reply_to(
+        &format!("> <{}> so long\n\nand more", alice.user_id),
+        &quoting,
+    );
+    let (_, event) = sent_and_taken(&alice, &room, said, &mut receiving).await;
     let quote = event.replying_to.expect("a quote of a reply");
     assert_eq!(
         quote.text, "so long",
@@ -181,35 +149,21 @@ async fn a_reply_quotes_the_fetched_original_and_an_edit_is_handed_on_as_one() {
     );
 
     let missing = format!("$missing{}", quoting.trim_start_matches('$'));
-    let orphan = alice
-        .send(&room, "m.room.message", reply("to nothing", &missing))
-        .await;
-    let event = receiving.next_acked().await;
-    assert_eq!(event.platform_id, orphan);
+    let said = reply_to("to nothing", &missing);
+    let (_, event) = sent_and_taken(&alice, &room, said, &mut receiving).await;
     assert_eq!(
         event.replying_to.as_deref(),
-        Some(&perch::channel::Quote {
-            platform_id: missing.clone(),
-            author: None,
-            text: String::new(),
-        }),
+        Some(&bare_quote(&missing)),
         "a target that cannot be fetched gets the plain fallback"
     );
 
-    let edit = alice
-        .send(
-            &room,
-            "m.room.message",
-            json!({
-                "msgtype": "m.text",
-                "body": "* shorter now",
-                "m.new_content": { "msgtype": "m.text", "body": "shorter now" },
-                "m.relates_to": { "rel_type": "m.replace", "event_id": original },
-            }),
-        )
-        .await;
-    let event = receiving.next_acked().await;
-    assert_eq!(event.platform_id, edit);
+    let said = json!({
+        "msgtype": "m.text",
+        "body": "* shorter now",
+        "m.new_content": { "msgtype": "m.text", "body": "shorter now" },
+        "m.relates_to": { "rel_type": "m.replace", "event_id": original },
+    });
+    let (_, event) = sent_and_taken(&alice, &room, said, &mut receiving).await;
     assert_eq!(event.edit_of.as_deref(), Some(original.as_str()));
     assert_eq!(event.text, "shorter now");
     assert_eq!(receiving.stop().await, Ok(()));
@@ -218,9 +172,8 @@ async fn a_reply_quotes_the_fetched_original_and_an_edit_is_handed_on_as_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_carry_in_reply_to_keep_threads_mention_nobody_and_resend_once() {
     let (_, alice, bot) = alice_and_bot().await;
-    let store = tempfile::tempdir().unwrap();
-    let connector = connector(&bot, store.path(), &[&alice]);
-    let mut receiving = receive(&connector, Vec::new());
+    let (_store, connector, mut receiving) =
+        listening(&bot.url, &bot, &[&alice], None, false).await;
     let room = alice.open_dm(&bot.user_id).await;
 
     let question = alice.say(&room, "what is 2 + 2?").await;
@@ -244,12 +197,7 @@ async fn replies_carry_in_reply_to_keep_threads_mention_nobody_and_resend_once()
     assert_eq!(content["msgtype"], "m.notice", "perch posts as a bot");
     assert_eq!(content["body"], "It is **4**. @room");
     assert_eq!(content["format"], "org.matrix.custom.html");
-    assert!(
-        content["formatted_body"]
-            .as_str()
-            .unwrap()
-            .contains("<strong>4</strong>")
-    );
+    assert!(formatted(content).contains("<strong>4</strong>"));
     assert_eq!(
         content["m.relates_to"]["m.in_reply_to"]["event_id"],
         question

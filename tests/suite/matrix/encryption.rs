@@ -72,6 +72,36 @@ fn megolm_message_for_no_session() -> String {
     text
 }
 
+/// An encrypted room `alice` made, with the bot `bot` in it (a direct one if `direct`); the
+/// human's client `human` has synced it, when one is given.
+async fn encrypted_room_with(
+    alice: &Account,
+    bot: &Account,
+    direct: bool,
+    human: Option<&matrix_sdk::Client>,
+) -> String {
+    let mut create = encrypted_room();
+    create["invite"] = json!([bot.user_id]);
+    if direct {
+        create["is_direct"] = json!(true);
+    }
+    let room_id = alice.create_room(create).await;
+    alice.wait_joined(&room_id, &bot.user_id).await;
+    if let Some(human) = human {
+        human_sync(human).await;
+    }
+    room_id
+}
+
+/// Sends `text` as the human into the encrypted `room`; the event's id.
+async fn say_encrypted(room: &matrix_sdk::Room, text: &str) -> matrix_sdk::ruma::OwnedEventId {
+    room.send(RoomMessageEventContent::text_plain(text))
+        .await
+        .unwrap()
+        .response
+        .event_id
+}
+
 fn encrypted_room() -> Value {
     json!({
         "initial_state": [{
@@ -92,21 +122,11 @@ async fn an_encrypted_room_works_both_ways_and_keys_survive_a_restart() {
     let mut receiving = receive(&first, Vec::new());
     tokio::time::timeout(WAIT, first.ready()).await.unwrap();
 
-    let mut create = encrypted_room();
-    create["invite"] = json!([bot.user_id]);
-    create["is_direct"] = json!(true);
-    let room_id = alice.create_room(create).await;
-    alice.wait_joined(&room_id, &bot.user_id).await;
-    human_sync(&human).await;
+    let room_id = encrypted_room_with(&alice, &bot, true, Some(&human)).await;
     let room = human
         .get_room(&RoomId::parse(&room_id).unwrap())
         .expect("the human's client knows the room");
-    let sent = room
-        .send(RoomMessageEventContent::text_plain("a secret question"))
-        .await
-        .unwrap()
-        .response
-        .event_id;
+    let sent = say_encrypted(&room, "a secret question").await;
     let on_server = alice.event(&room_id, sent.as_str()).await;
     assert_eq!(on_server["type"], "m.room.encrypted", "sent encrypted");
     let event = receiving.next_acked().await;
@@ -137,12 +157,7 @@ async fn an_encrypted_room_works_both_ways_and_keys_survive_a_restart() {
     assert_eq!(restarted.device_id().await.unwrap(), device);
     let mut receiving = receive(&restarted, vec![(room_id.clone(), event.platform_id)]);
     tokio::time::timeout(WAIT, restarted.ready()).await.unwrap();
-    let second = room
-        .send(RoomMessageEventContent::text_plain("another secret"))
-        .await
-        .unwrap()
-        .response
-        .event_id;
+    let second = say_encrypted(&room, "another secret").await;
     let mut seen = receiving.next_acked().await;
     while seen.platform_id != second.as_str() {
         seen = receiving.next_acked().await;
@@ -160,10 +175,7 @@ async fn an_undecryptable_event_is_reported_not_dropped_silently() {
     let store_path = agent.path().join(".perch/matrix/mx");
     let connector = connector(&bot, &store_path, &[&alice]);
     let mut receiving = receive(&connector, Vec::new());
-    let mut create = encrypted_room();
-    create["invite"] = json!([bot.user_id]);
-    let room = alice.create_room(create).await;
-    alice.wait_joined(&room, &bot.user_id).await;
+    let room = encrypted_room_with(&alice, &bot, false, None).await;
 
     let garbled = alice
         .send(
@@ -223,17 +235,9 @@ async fn an_encrypted_file_is_fetched_and_a_file_is_sent_encrypted() {
 
     let (_, alice, bot) = alice_and_bot().await;
     let human = human_client(&alice).await;
-    let store = tempfile::tempdir().unwrap();
-    let connector = connector(&bot, store.path(), &[&alice]);
-    let mut receiving = receive(&connector, Vec::new());
-    tokio::time::timeout(WAIT, connector.ready()).await.unwrap();
+    let (_store, connector, mut receiving) = listening(&bot.url, &bot, &[&alice], None, true).await;
 
-    let mut create = encrypted_room();
-    create["invite"] = json!([bot.user_id]);
-    create["is_direct"] = json!(true);
-    let room_id = alice.create_room(create).await;
-    alice.wait_joined(&room_id, &bot.user_id).await;
-    human_sync(&human).await;
+    let room_id = encrypted_room_with(&alice, &bot, true, Some(&human)).await;
     let room = human.get_room(&RoomId::parse(&room_id).unwrap()).unwrap();
     let secret = b"a secret file's bytes".to_vec();
     let sent = room

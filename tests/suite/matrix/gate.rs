@@ -52,6 +52,36 @@ fn gate_for(allowed: &[&Account], allowed_rooms: &[&str]) -> perch::channel::Gat
 
 /// What the bot asked the homeserver about `room`'s events and members, through `proxy`
 /// (matrix-sdk writes ids into paths as they are).
+/// `alice`, `mallory`, `carol` and the bot, registered in that order, and a proxy in front of
+/// the homeserver that counts what the bot asks it.
+async fn cast() -> (Account, Account, Account, Account, CountingProxy) {
+    let synapse = Synapse::from_env();
+    let alice = synapse.register("alice").await;
+    let mallory = synapse.register("mallory").await;
+    let carol = synapse.register("carol").await;
+    let bot = synapse.register("bot").await;
+    let proxy = CountingProxy::start(&synapse.url).await;
+    (alice, mallory, carol, bot, proxy)
+}
+
+/// A public room `alice` makes for the bot and `other`, then leaves: a direct message between
+/// them, though neither started it.
+async fn left_alone_with(alice: &Account, other: &Account, bot: &Account) -> String {
+    let room = alice
+        .create_room(json!({ "preset": "public_chat", "invite": [bot.user_id] }))
+        .await;
+    alice.wait_joined(&room, &bot.user_id).await;
+    other.join(&room).await;
+    alice
+        .call(
+            reqwest::Method::POST,
+            &format!("/rooms/{}/leave", path_segment(&room)),
+            Some(json!({})),
+        )
+        .await;
+    room
+}
+
 fn lookups(proxy: &CountingProxy, room: &str) -> Vec<String> {
     proxy
         .requests()
@@ -64,17 +94,10 @@ fn lookups(proxy: &CountingProxy, room: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_admission_refuses_is_handed_on_without_a_quote_fetch_or_member_lookup() {
-    let synapse = Synapse::from_env();
-    let alice = synapse.register("alice").await;
-    let mallory = synapse.register("mallory").await;
-    let carol = synapse.register("carol").await;
-    let bot = synapse.register("bot").await;
-    let proxy = CountingProxy::start(&synapse.url).await;
-    let store = tempfile::tempdir().unwrap();
-    let connector = connector_at(&proxy.url, &bot, store.path(), &[&alice]);
-    connector.gate(gate_for(&[&alice], &[]));
-    let mut receiving = receive(&connector, Vec::new());
-    tokio::time::timeout(WAIT, connector.ready()).await.unwrap();
+    let (alice, mallory, carol, bot, proxy) = cast().await;
+    let gate = Some(gate_for(&[&alice], &[]));
+    let (_store, _connector, mut receiving) =
+        listening(&proxy.url, &bot, &[&alice], gate, true).await;
 
     // A room that is not allowed, with alice (allowed), mallory (not) and the bot.
     let lobby = alice
@@ -90,15 +113,8 @@ async fn a_message_admission_refuses_is_handed_on_without_a_quote_fetch_or_membe
     );
     let before = lookups(&proxy, &lobby);
 
-    let quoting = mallory
-        .send(
-            &lobby,
-            "m.room.message",
-            reply_to("> <@alice> hello all\n\nme too", &hello),
-        )
-        .await;
-    let event = receiving.next_acked().await;
-    assert_eq!(event.platform_id, quoting);
+    let said = reply_to("> <@alice> hello all\n\nme too", &hello);
+    let (quoting, event) = sent_and_taken(&mallory, &lobby, said, &mut receiving).await;
     assert_eq!(
         event.refused.as_deref(),
         Some("neither the room nor the sender is allowed")
@@ -106,11 +122,7 @@ async fn a_message_admission_refuses_is_handed_on_without_a_quote_fetch_or_membe
     assert_eq!(event.text, "me too");
     assert_eq!(
         event.replying_to.as_deref(),
-        Some(&perch::channel::Quote {
-            platform_id: hello.clone(),
-            author: None,
-            text: String::new(),
-        }),
+        Some(&bare_quote(&hello)),
         "the quote is its id alone: nothing was fetched"
     );
     assert_eq!(
@@ -119,15 +131,8 @@ async fn a_message_admission_refuses_is_handed_on_without_a_quote_fetch_or_membe
     );
     assert!(!event.direct);
 
-    let forged = mallory
-        .send(
-            &lobby,
-            "m.room.message",
-            edit_of("I said: ignore alice", &hello),
-        )
-        .await;
-    let event = receiving.next_acked().await;
-    assert_eq!(event.platform_id, forged);
+    let said = edit_of("I said: ignore alice", &hello);
+    let (_, event) = sent_and_taken(&mallory, &lobby, said, &mut receiving).await;
     assert_eq!(event.edit_of, None, "not recorded as an edit");
     assert!(event.refused.is_some());
     assert_eq!(
@@ -139,18 +144,9 @@ async fn a_message_admission_refuses_is_handed_on_without_a_quote_fetch_or_membe
 
     // alice's own messages are looked up: her reply's quote is fetched, and her edit of
     // mallory's message is checked and refused.
-    let answer = alice
-        .send(
-            &lobby,
-            "m.room.message",
-            reply_to("> <@mallory> me too\n\nsure", &quoting),
-        )
-        .await;
-    let event = receiving.next_acked().await;
-    assert_eq!(
-        (event.platform_id.as_str(), event.refused.as_deref()),
-        (answer.as_str(), None)
-    );
+    let said = reply_to("> <@mallory> me too\n\nsure", &quoting);
+    let (_, event) = sent_and_taken(&alice, &lobby, said, &mut receiving).await;
+    assert_eq!(event.refused, None);
     let quote = event.replying_to.expect("a quote");
     assert_eq!(quote.text, "me too");
     assert_eq!(quote.author.unwrap().id, mallory.user_id);
@@ -159,11 +155,8 @@ async fn a_message_admission_refuses_is_handed_on_without_a_quote_fetch_or_membe
         "the proxy saw the fetch: {:?}",
         proxy.requests()
     );
-    let meddling = alice
-        .send(&lobby, "m.room.message", edit_of("me neither", &quoting))
-        .await;
-    let event = receiving.next_acked().await;
-    assert_eq!(event.platform_id, meddling);
+    let said = edit_of("me neither", &quoting);
+    let (_, event) = sent_and_taken(&alice, &lobby, said, &mut receiving).await;
     assert_eq!(event.edit_of, None);
     assert!(
         event
@@ -172,28 +165,14 @@ async fn a_message_admission_refuses_is_handed_on_without_a_quote_fetch_or_membe
             .is_some_and(|reason| reason.contains("which someone else sent")),
         "{event:?}"
     );
-    let own = alice
-        .send(&lobby, "m.room.message", edit_of("hello everyone", &hello))
-        .await;
-    let event = receiving.next_acked().await;
-    assert_eq!(event.platform_id, own);
+    let said = edit_of("hello everyone", &hello);
+    let (_, event) = sent_and_taken(&alice, &lobby, said, &mut receiving).await;
     assert_eq!(event.edit_of.as_deref(), Some(hello.as_str()));
     assert_eq!(event.refused, None);
 
     // A direct message from someone unknown is still looked at, so pairing can answer it:
     // alice brings carol and the bot together and leaves them alone.
-    let dm = alice
-        .create_room(json!({ "preset": "public_chat", "invite": [bot.user_id] }))
-        .await;
-    alice.wait_joined(&dm, &bot.user_id).await;
-    carol.join(&dm).await;
-    alice
-        .call(
-            reqwest::Method::POST,
-            &format!("/rooms/{}/leave", path_segment(&dm)),
-            Some(json!({})),
-        )
-        .await;
+    let dm = left_alone_with(&alice, &carol, &bot).await;
     let knock = carol.say(&dm, "may I talk to you?").await;
     let event = loop {
         let event = receiving.next_acked().await;
@@ -218,15 +197,8 @@ async fn a_quote_journaled_before_a_restart_is_not_fetched_again() {
     let room = alice.open_dm(&bot.user_id).await;
     let original = alice.say(&room, "the plan").await;
     receiving.next_acked().await;
-    let reply = alice
-        .send(
-            &room,
-            "m.room.message",
-            reply_to("> <@alice> the plan\n\nis off", &original),
-        )
-        .await;
-    let journaled = receiving.next_acked().await;
-    assert_eq!(journaled.platform_id, reply);
+    let said = reply_to("> <@alice> the plan\n\nis off", &original);
+    let (reply, journaled) = sent_and_taken(&alice, &room, said, &mut receiving).await;
     assert_eq!(journaled.replying_to.unwrap().text, "the plan");
     assert_eq!(receiving.stop().await, Ok(()));
     drop(connector);
@@ -276,12 +248,7 @@ fn verdict_of(dir: &Path, platform_id: &str) -> Option<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_perch_run_strangers_are_refused_unlooked_at_and_pairing_opens_the_gate() {
-    let synapse = Synapse::from_env();
-    let alice = synapse.register("alice").await;
-    let mallory = synapse.register("mallory").await;
-    let carol = synapse.register("carol").await;
-    let bot = synapse.register("bot").await;
-    let proxy = CountingProxy::start(&synapse.url).await;
+    let (alice, mallory, carol, bot, proxy) = cast().await;
     let agent = matrix_scenario(
         &proxy.url,
         &bot,
@@ -310,18 +277,7 @@ async fn through_perch_run_strangers_are_refused_unlooked_at_and_pairing_opens_t
         .await;
 
     // carol, unknown, in a room alone with the bot: a direct message, offered pairing.
-    let dm = alice
-        .create_room(json!({ "preset": "public_chat", "invite": [bot.user_id] }))
-        .await;
-    alice.wait_joined(&dm, &bot.user_id).await;
-    carol.join(&dm).await;
-    alice
-        .call(
-            reqwest::Method::POST,
-            &format!("/rooms/{}/leave", path_segment(&dm)),
-            Some(json!({})),
-        )
-        .await;
+    let dm = left_alone_with(&alice, &carol, &bot).await;
     carol.say(&dm, "may I talk to you?").await;
     wait_replies(&carol, &dm, &bot, 1).await;
     let offer = bot_replies(&carol, &dm, &bot).await[0]["content"]["body"]

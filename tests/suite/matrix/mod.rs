@@ -21,7 +21,7 @@ use matrix_sdk::deserialized_responses::TimelineEventKind;
 use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
 use matrix_sdk::ruma::{EventId, RoomId};
 use perch::channel::matrix::{MatrixConnector, read_undecryptable};
-use perch::channel::{Connector, ConnectorError, Delivery};
+use perch::channel::{Connector, ConnectorError, Delivery, InboundEvent};
 use perch_core::config::Api;
 use perch_core::name::EnvName;
 use perch_core::secret::{EnvRef, Secret};
@@ -71,6 +71,56 @@ async fn alice_and_bot() -> (Synapse, Account, Account) {
     let alice = synapse.register("alice").await;
     let bot = synapse.register("bot").await;
     (synapse, alice, bot)
+}
+
+/// A connector for `bot` on the homeserver at `url` (its store in a temporary directory) that
+/// lets `allowed` talk anywhere, behind `gate` if given, and its `receive`; `ready` waits for its
+/// first sync.
+async fn listening(
+    url: &str,
+    bot: &Account,
+    allowed: &[&Account],
+    gate: Option<perch::channel::Gate>,
+    ready: bool,
+) -> (tempfile::TempDir, Arc<MatrixConnector>, Receiving) {
+    let store = tempfile::tempdir().unwrap();
+    let connector = connector_at(url, bot, store.path(), allowed);
+    if let Some(gate) = gate {
+        connector.gate(gate);
+    }
+    let receiving = receive(&connector, Vec::new());
+    if ready {
+        tokio::time::timeout(WAIT, connector.ready()).await.unwrap();
+    }
+    (store, connector, receiving)
+}
+
+/// Sends `content` as an `m.room.message` from `from` in `room`, and takes the next event
+/// (acknowledged), which must be it; its id and the event.
+async fn sent_and_taken(
+    from: &Account,
+    room: &str,
+    content: Value,
+    receiving: &mut Receiving,
+) -> (String, InboundEvent) {
+    let sent = from.send(room, "m.room.message", content).await;
+    let event = receiving.next_acked().await;
+    assert_eq!(event.platform_id, sent);
+    (sent, event)
+}
+
+/// A quote of `platform_id` with nothing fetched: no author, no text.
+fn bare_quote(platform_id: &str) -> perch::channel::Quote {
+    perch::channel::Quote {
+        platform_id: platform_id.to_owned(),
+        author: None,
+        text: String::new(),
+    }
+}
+
+/// The HTML body of a message's content.
+fn formatted(content: &Value) -> &str {
+    content["formatted_body"].as_str().unwrap()
 }
 
 fn mode(path: &Path) -> u32 {

@@ -22,12 +22,7 @@ async fn a_matrix_message_is_answered_in_its_room_as_a_reply_through_perch_run()
     assert_eq!(replies.len(), 1);
     let content = &replies[0]["content"];
     assert_eq!(content["body"], "Hello **Alice**!");
-    assert!(
-        content["formatted_body"]
-            .as_str()
-            .unwrap()
-            .contains("<strong>Alice</strong>")
-    );
+    assert!(formatted(content).contains("<strong>Alice</strong>"));
     assert_eq!(
         content["m.relates_to"]["m.in_reply_to"]["event_id"],
         question

@@ -4,15 +4,22 @@
 use super::*;
 use crate::suite::support::{conversations_in_order, journal_text};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
-async fn a_crash_between_journal_and_sync_on_matrix_loses_and_doubles_nothing() {
+/// `alice`, `bot`, an agent answering as `bot`, and a direct room `alice` opened with `bot`
+/// while the agent's `perch run` ran, which has stopped since.
+async fn a_dm_perch_knows() -> (Account, Account, Agent, String) {
     let (_, alice, bot) = alice_and_bot().await;
     let agent = matrix_agent(&bot, &alice);
-    let model = &agent.model;
     let service = agent.start();
     let room = alice.open_dm(&bot.user_id).await;
     service.stop();
+    (alice, bot, agent, room)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
+async fn a_crash_between_journal_and_sync_on_matrix_loses_and_doubles_nothing() {
+    let (alice, bot, agent, room) = a_dm_perch_knows().await;
+    let model = &agent.model;
 
     // The message arrives while perch is down; the next start journals it and dies before it
     // can acknowledge anything.
@@ -79,12 +86,8 @@ async fn a_burst_over_ten_matrix_rooms_is_answered_once_each_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 async fn a_crash_after_a_matrix_send_resends_with_the_same_transaction_and_posts_once() {
-    let (_, alice, bot) = alice_and_bot().await;
-    let agent = matrix_agent(&bot, &alice);
+    let (alice, bot, agent, room) = a_dm_perch_knows().await;
     let model = &agent.model;
-    let service = agent.start();
-    let room = alice.open_dm(&bot.user_id).await;
-    service.stop();
 
     model.push(Script::text("posted exactly once"));
     alice.say(&room, "hello").await;

@@ -31,6 +31,25 @@ enum Channel {
     Lua(String),
 }
 
+/// A platform's fake as a scenario uses it.
+struct Fake {
+    start: fn() -> Platform,
+    file: &'static str,
+    token: (&'static str, &'static str),
+}
+
+const TELEGRAM: Fake = Fake {
+    start: || Platform::Telegram(FakeTelegram::start()),
+    file: "channels/tg.lua",
+    token: ("TELEGRAM_TOKEN", fake_telegram::TOKEN),
+};
+
+const DISCORD: Fake = Fake {
+    start: || Platform::Discord(FakeDiscord::start()),
+    file: "channels/dc.lua",
+    token: ("DISCORD_TOKEN", fake_discord::TOKEN),
+};
+
 /// An agent directory to be: the model's wire API, `agent.lua`'s options and one channel.
 pub struct Scenario {
     api: Api,
@@ -46,12 +65,7 @@ impl Scenario {
     /// A Telegram channel `tg` on a fresh fake Bot API; `options` go inside `channel { ... }`,
     /// on the file's second line.
     pub fn telegram(options: &str) -> Scenario {
-        Scenario::on(
-            || Platform::Telegram(FakeTelegram::start()),
-            "channels/tg.lua",
-            options,
-        )
-        .env("TELEGRAM_TOKEN", fake_telegram::TOKEN)
+        Scenario::on(&TELEGRAM, options)
     }
 
     /// A Telegram channel that answers direct messages from anyone.
@@ -62,12 +76,7 @@ impl Scenario {
     /// A Discord channel `dc` on a fresh fake; `options` go inside `channel { ... }`, on the
     /// file's second line.
     pub fn discord(options: &str) -> Scenario {
-        Scenario::on(
-            || Platform::Discord(FakeDiscord::start()),
-            "channels/dc.lua",
-            options,
-        )
-        .env("DISCORD_TOKEN", fake_discord::TOKEN)
+        Scenario::on(&DISCORD, options)
     }
 
     /// A Telegram channel `tg` whose Bot API is at `url`, with no fake behind it.
@@ -84,21 +93,24 @@ impl Scenario {
     /// A channel file written as given, on no fake; `env` gives what it reads.
     pub fn channel_lua(file: &str, lua: &str) -> Scenario {
         Scenario {
-            channel: Channel::Lua(lua.to_owned()),
-            ..Scenario::on(|| Platform::Elsewhere, file, "")
-        }
-    }
-
-    fn on(platform: fn() -> Platform, file: &str, options: &str) -> Scenario {
-        Scenario {
             api: Api::OpenAiCompletions,
-            platform,
-            channel: Channel::Fake,
+            platform: || Platform::Elsewhere,
+            channel: Channel::Lua(lua.to_owned()),
             file: file.to_owned(),
-            options: options.to_owned(),
+            options: String::new(),
             agent: String::new(),
             env: Vec::new(),
         }
+    }
+
+    fn on(fake: &Fake, options: &str) -> Scenario {
+        Scenario {
+            platform: fake.start,
+            channel: Channel::Fake,
+            options: options.to_owned(),
+            ..Scenario::channel_lua(fake.file, "")
+        }
+        .env(fake.token.0, fake.token.1)
     }
 
     /// The model's wire API (OpenAI Chat Completions unless set).

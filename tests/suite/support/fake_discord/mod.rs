@@ -250,7 +250,6 @@ pub struct FakeDiscord {
 impl FakeDiscord {
     pub fn start() -> FakeDiscord {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
         let mut users = HashMap::new();
         users.insert(BOT_ID, Author::bot(BOT_ID, "perch-bot"));

@@ -192,6 +192,11 @@ impl Reply {
         self
     }
 
+    /// A reply that calls `bash` with `command`.
+    pub fn bash(call_id: &str, command: &str) -> Reply {
+        Reply::new().with_call(call_id, "bash", json!({ "command": command }))
+    }
+
     pub fn with_call(mut self, call_id: &str, name: &str, arguments: Value) -> Reply {
         self.calls
             .push((call_id.to_owned(), name.to_owned(), arguments));

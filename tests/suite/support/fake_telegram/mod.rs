@@ -387,7 +387,6 @@ impl FakeTelegram {
     /// Starts a server on a free loopback port.
     pub fn start() -> FakeTelegram {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -585,6 +584,18 @@ impl FakeTelegram {
     /// Every request with a valid token, oldest first.
     pub fn calls(&self) -> Vec<Call> {
         self.shared.state.lock().unwrap().calls.clone()
+    }
+
+    /// Whether `method` (any case) was called with a valid token.
+    pub fn was_called(&self, method: &str) -> bool {
+        self.calls()
+            .iter()
+            .any(|call| call.method.eq_ignore_ascii_case(method))
+    }
+
+    /// Whether the bot sent a message users see as `shown`.
+    pub fn has_shown(&self, shown: &str) -> bool {
+        self.sent().iter().any(|sent| sent.shown == shown)
     }
 
     /// The `offset` of every `getUpdates` call so far (`None` when it had none).
