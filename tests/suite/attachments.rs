@@ -163,11 +163,7 @@ fn a_file_too_large_is_refused_a_file_alone_still_arrives_and_a_saved_file_is_re
         "only the photo was downloaded: {:?}",
         telegram.downloads()
     );
-    let get_files = telegram
-        .calls()
-        .iter()
-        .filter(|call| call.method == "GetFile")
-        .count();
+    let get_files = telegram.calls_of("GetFile").len();
     assert_eq!(
         get_files, 1,
         "the big file was refused by its declared size"

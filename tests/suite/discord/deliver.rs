@@ -83,30 +83,41 @@ async fn a_resend_with_the_same_delivery_id_posts_once() {
     assert_eq!(posts, 2);
 }
 
+/// A delivery to [`ROOM`] answered 429 with `retry_after` seconds is rate-limited for `wait`.
+async fn held_by_one_429(
+    fake: &FakeDiscord,
+    connector: &DiscordConnector,
+    retry_after: f64,
+    wait: Duration,
+) {
+    fake.fail_next(Route::CreateMessage, Failure::rate_limited(retry_after));
+    let held = connector
+        .deliver(&delivery("d-429", ROOM, None, "hi"))
+        .await;
+    assert_eq!(held, Err(DeliveryError::RateLimited { retry_after: wait }));
+}
+
+/// Two deliveries in a row to [`OTHER_ROOM`] (ids `<prefix>-first` and `<prefix>-second`): the
+/// first must be sent; what the second came to.
+async fn second_of_two(
+    connector: &DiscordConnector,
+    prefix: &str,
+) -> Result<perch::channel::Receipt, DeliveryError> {
+    let first = delivery(&format!("{prefix}-first"), OTHER_ROOM, None, "first");
+    connector.deliver(&first).await.unwrap();
+    let second = delivery(&format!("{prefix}-second"), OTHER_ROOM, None, "second");
+    connector.deliver(&second).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_429_is_rate_limited() {
     let fake = FakeDiscord::start();
     fake.guild_channel(ROOM);
     let connector = connector(&fake);
-    fake.fail_next(Route::CreateMessage, Failure::rate_limited(3.0));
-    let refused = connector
-        .deliver(&delivery("d-429", ROOM, None, "hi"))
-        .await;
-    assert_eq!(
-        refused,
-        Err(DeliveryError::RateLimited {
-            retry_after: FALLBACK_RETRY_AFTER
-        })
-    );
+    held_by_one_429(&fake, &connector, 3.0, FALLBACK_RETRY_AFTER).await;
     fake.set_bucket(1, Duration::from_secs(30));
     fake.guild_channel(OTHER_ROOM);
-    connector
-        .deliver(&delivery("d-429-c", OTHER_ROOM, None, "first"))
-        .await
-        .unwrap();
-    let refused = connector
-        .deliver(&delivery("d-429-d", OTHER_ROOM, None, "second"))
-        .await;
+    let refused = second_of_two(&connector, "d-429").await;
     assert!(
         matches!(refused, Err(DeliveryError::RateLimited { .. })),
         "{refused:?}"
@@ -250,25 +261,10 @@ async fn with_serenitys_ratelimiter_on_a_wait_becomes_rate_limited_with_its_leng
             .unwrap(),
     );
 
-    fake.fail_next(Route::CreateMessage, Failure::rate_limited(7.0));
-    let limited = connector
-        .deliver(&delivery("p-429", ROOM, None, "hi"))
-        .await;
-    assert_eq!(
-        limited,
-        Err(DeliveryError::RateLimited {
-            retry_after: Duration::from_secs(7)
-        })
-    );
+    held_by_one_429(&fake, &connector, 7.0, Duration::from_secs(7)).await;
 
     fake.set_bucket(1, Duration::from_secs(30));
-    connector
-        .deliver(&delivery("p-first", OTHER_ROOM, None, "first"))
-        .await
-        .unwrap();
-    let held = connector
-        .deliver(&delivery("p-second", OTHER_ROOM, None, "second"))
-        .await;
+    let held = second_of_two(&connector, "p").await;
     let Err(DeliveryError::RateLimited { retry_after }) = held else {
         panic!("{held:?}");
     };

@@ -216,31 +216,19 @@ async fn every_fake_error_body_has_a_code_and_a_message() {
     fake.set_bucket(2, Duration::from_secs(30));
     let client = reqwest::Client::new();
     let auth = format!("Bot {TOKEN}");
+    let authorized =
+        |request: reqwest::RequestBuilder| request.header("authorization", &auth).send();
+    let messages = api(&fake, &format!("channels/{ROOM}/messages"));
     let mut answers = vec![
         client.get(api(&fake, "users/@me")).send().await.unwrap(),
-        client
-            .get(api(&fake, "nowhere"))
-            .header("authorization", &auth)
-            .send()
+        authorized(client.get(api(&fake, "nowhere"))).await.unwrap(),
+        authorized(client.delete(api(&fake, "users/@me")))
             .await
             .unwrap(),
-        client
-            .delete(api(&fake, "users/@me"))
-            .header("authorization", &auth)
-            .send()
+        authorized(client.get(api(&fake, "channels/5")))
             .await
             .unwrap(),
-        client
-            .get(api(&fake, "channels/5"))
-            .header("authorization", &auth)
-            .send()
-            .await
-            .unwrap(),
-        client
-            .post(api(&fake, &format!("channels/{ROOM}/messages")))
-            .header("authorization", &auth)
-            .body("{not json")
-            .send()
+        authorized(client.post(messages).body("{not json"))
             .await
             .unwrap(),
     ];
@@ -297,24 +285,9 @@ async fn the_fake_rate_limits_a_channel_with_retry_after_and_bucket_headers() {
 async fn the_fake_returns_the_first_message_for_a_repeated_enforced_nonce() {
     let fake = FakeDiscord::start();
     fake.guild_channel(ROOM);
-    let first = body(
-        post(
-            &fake,
-            ROOM,
-            &json!({"content": "once", "nonce": "d-1", "enforce_nonce": true}),
-        )
-        .await,
-    )
-    .await;
-    let again = body(
-        post(
-            &fake,
-            ROOM,
-            &json!({"content": "once", "nonce": "d-1", "enforce_nonce": true}),
-        )
-        .await,
-    )
-    .await;
+    let once = json!({"content": "once", "nonce": "d-1", "enforce_nonce": true});
+    let first = body(post(&fake, ROOM, &once).await).await;
+    let again = body(post(&fake, ROOM, &once).await).await;
     assert_eq!(first["id"], again["id"]);
     assert_eq!(fake.messages(ROOM).len(), 1);
     let loose = body(post(&fake, ROOM, &json!({"content": "twice", "nonce": "d-2"})).await).await;

@@ -7,7 +7,7 @@ mod receive;
 
 use super::support::PostText;
 use super::support::fake_discord::{Author, BOT_ID, Failure, FakeDiscord, FakeFile, Route, TOKEN};
-use super::support::receiving::{Receiving, Within};
+use super::support::receiving::{Receiving, Within, shortened_quote};
 use super::support::wait::Poll;
 use futures_util::{SinkExt, StreamExt};
 use perch::channel::discord::{DiscordConnector, FALLBACK_RETRY_AFTER, RESEND_WINDOW};
@@ -39,6 +39,14 @@ fn connector(fake: &FakeDiscord) -> Arc<DiscordConnector> {
     Arc::new(DiscordConnector::new(secret(TOKEN), Some(fake.url())))
 }
 
+/// A connector to `fake` whose watchdog gives up on a gateway silent for `secs` seconds.
+fn watched_connector(fake: &FakeDiscord, secs: u64) -> Arc<DiscordConnector> {
+    Arc::new(
+        DiscordConnector::new(secret(TOKEN), Some(fake.url()))
+            .with_liveness(Duration::from_secs(secs)),
+    )
+}
+
 fn alice() -> Author {
     Author::user(111_111_111_111_111_111, "alice")
 }
@@ -60,6 +68,35 @@ fn receive(connector: &Arc<DiscordConnector>, since: Vec<(String, String)>) -> R
         stop: WAIT,
     };
     Receiving::start(connector, None, since, within)
+}
+
+/// A fake Discord set up by `setup`, a connector to it, and its `receive` once the gateway
+/// session is up.
+async fn receiving_from(
+    setup: impl FnOnce(&FakeDiscord),
+) -> (FakeDiscord, Arc<DiscordConnector>, Receiving) {
+    let fake = FakeDiscord::start();
+    setup(&fake);
+    let connector = connector(&fake);
+    let receiving = receive(&connector, Vec::new());
+    connected(&fake).await;
+    (fake, connector, receiving)
+}
+
+/// Alice's message `text` in [`ROOM`], pushed and taken (acknowledged) from `receiving`; its id.
+async fn pushed_and_taken(fake: &FakeDiscord, receiving: &mut Receiving, text: &str) -> u64 {
+    let id = fake.push_message(ROOM, &alice(), text);
+    assert_eq!(receiving.next_acked().await.platform_id, id.to_string());
+    id
+}
+
+/// [`receiving_from`] a fake with no set-up, through [`watched_connector`]`(secs)`.
+async fn receiving_watched(secs: u64) -> (FakeDiscord, Arc<DiscordConnector>, Receiving) {
+    let fake = FakeDiscord::start();
+    let connector = watched_connector(&fake, secs);
+    let receiving = receive(&connector, Vec::new());
+    connected(&fake).await;
+    (fake, connector, receiving)
 }
 
 /// Waits, yielding, until `done` holds.

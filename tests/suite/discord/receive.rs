@@ -8,10 +8,7 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_arrive_in_order_and_each_waits_for_the_journal() {
-    let fake = FakeDiscord::start();
-    let connector = connector(&fake);
-    let mut receiving = receive(&connector, Vec::new());
-    connected(&fake).await;
+    let (fake, _connector, mut receiving) = receiving_from(|_| {}).await;
     let first = fake.push_message(ROOM, &alice(), "one");
     let second = fake.push_message(ROOM, &alice(), "two");
     let arrival = receiving.arrival().await;
@@ -34,11 +31,7 @@ async fn events_arrive_in_order_and_each_waits_for_the_journal() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bots_own_messages_are_not_handed_on() {
-    let fake = FakeDiscord::start();
-    fake.guild_channel(ROOM);
-    let connector = connector(&fake);
-    let mut receiving = receive(&connector, Vec::new());
-    connected(&fake).await;
+    let (fake, connector, mut receiving) = receiving_from(|fake| fake.guild_channel(ROOM)).await;
     connector
         .deliver(&delivery("own-1", ROOM, None, "I said this"))
         .await
@@ -53,11 +46,7 @@ async fn the_bots_own_messages_are_not_handed_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_restart_the_messages_sent_while_down_are_back_filled() {
-    let fake = FakeDiscord::start();
-    fake.dm_channel(DM);
-    let connector = connector(&fake);
-    let mut receiving = receive(&connector, Vec::new());
-    connected(&fake).await;
+    let (fake, connector, mut receiving) = receiving_from(|fake| fake.dm_channel(DM)).await;
     let seen_room = fake.push_message(ROOM, &alice(), "before");
     let seen_dm = fake.push_message(DM, &alice(), "dm before");
     assert_eq!(
@@ -114,38 +103,26 @@ async fn after_a_restart_the_messages_sent_while_down_are_back_filled() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_session_resumes_after_op_7_without_identifying_again() {
-    let fake = FakeDiscord::start();
-    let connector = connector(&fake);
-    let mut receiving = receive(&connector, Vec::new());
-    connected(&fake).await;
-    let before = fake.push_message(ROOM, &alice(), "before");
-    assert_eq!(receiving.next_acked().await.platform_id, before.to_string());
+    let (fake, _connector, mut receiving) = receiving_from(|_| {}).await;
+    let before = pushed_and_taken(&fake, &mut receiving, "before").await;
     fake.force_reconnect();
     until("the resume", || fake.resumes() == 1).await;
     let after = fake.push_message(ROOM, &alice(), "after");
-    let mut next = receiving.next_acked().await;
-    while next.platform_id == before.to_string() {
-        next = receiving.next_acked().await;
-    }
+    let next = receiving.next_besides(&before.to_string()).await;
     assert_eq!(next.platform_id, after.to_string());
     assert_eq!(fake.identifies(), 1);
-    let resume = fake
-        .frames()
-        .into_iter()
-        .find(|frame| frame["op"] == 6)
-        .unwrap();
+    let resume = fake.first_frame(6).unwrap();
     assert_eq!(resume["d"]["token"], format!("Bot {TOKEN}"));
     receiving.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mentions_and_replies_to_the_bot_address_it() {
-    let fake = FakeDiscord::start();
-    fake.guild_channel(ROOM);
-    fake.dm_channel(DM);
-    let connector = connector(&fake);
-    let mut receiving = receive(&connector, Vec::new());
-    connected(&fake).await;
+    let (fake, connector, mut receiving) = receiving_from(|fake| {
+        fake.guild_channel(ROOM);
+        fake.dm_channel(DM);
+    })
+    .await;
     let bob = Author::user(222_222_222_222_222_222, "bob");
     let mine = connector
         .deliver(&delivery("d-mine", ROOM, None, "a bot message"))
@@ -185,11 +162,7 @@ async fn mentions_and_replies_to_the_bot_address_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_quotes_its_original_shortened_and_an_edit_is_handed_on_as_one() {
-    let fake = FakeDiscord::start();
-    fake.guild_channel(ROOM);
-    let connector = connector(&fake);
-    let mut receiving = receive(&connector, Vec::new());
-    connected(&fake).await;
+    let (fake, connector, mut receiving) = receiving_from(|fake| fake.guild_channel(ROOM)).await;
     let mine = connector
         .deliver(&delivery("d-mine", ROOM, None, "a bot message"))
         .await
@@ -212,12 +185,8 @@ async fn a_reply_quotes_its_original_shortened_and_an_edit_is_handed_on_as_one()
     let edit = receiving.next_acked().await;
     let after = receiving.next_acked().await;
     receiving.stop().await.unwrap();
-    let quote = long_reply
-        .replying_to
-        .expect("the reply quotes its original");
-    assert_eq!(quote.platform_id, original.to_string());
-    assert_eq!(quote.text.chars().count(), perch::channel::QUOTE_MAX_CHARS);
-    assert!(quote.text.starts_with("ßßß") && quote.text.ends_with('…'));
+    let quote = shortened_quote(long_reply, &original.to_string());
+    assert!(quote.text.starts_with("ßßß"));
     let author = quote.author.expect("the quoted author");
     assert_eq!(author.id, "222222222222222222");
     assert_eq!(author.name, "b".repeat(32));
@@ -259,24 +228,14 @@ async fn a_missing_message_content_intent_is_unauthorized_and_says_what_to_do() 
         panic!("{ended:?}");
     };
     assert!(message.contains("Message Content intent"), "{message}");
-    let identify = fake
-        .frames()
-        .into_iter()
-        .find(|frame| frame["op"] == 2)
-        .unwrap();
+    let identify = fake.first_frame(2).unwrap();
     assert_eq!(identify["d"]["token"], format!("Bot {TOKEN}"));
     assert_eq!(identify["d"]["intents"], 37376);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_gateway_trips_the_watchdog() {
-    let fake = FakeDiscord::start();
-    let connector = Arc::new(
-        DiscordConnector::new(secret(TOKEN), Some(fake.url()))
-            .with_liveness(Duration::from_secs(2)),
-    );
-    let receiving = receive(&connector, Vec::new());
-    connected(&fake).await;
+    let (fake, _connector, receiving) = receiving_watched(2).await;
     until("a heartbeat", || fake.heartbeats() >= 1).await;
     fake.freeze_gateway();
     let started = std::time::Instant::now();
@@ -294,15 +253,8 @@ async fn a_silent_gateway_trips_the_watchdog() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_the_watchdog_fires_the_next_receive_picks_the_recovered_client_up() {
-    let fake = FakeDiscord::start();
-    let connector = Arc::new(
-        DiscordConnector::new(secret(TOKEN), Some(fake.url()))
-            .with_liveness(Duration::from_secs(2)),
-    );
-    let mut receiving = receive(&connector, Vec::new());
-    connected(&fake).await;
-    let seen = fake.push_message(ROOM, &alice(), "before the silence");
-    assert_eq!(receiving.next_acked().await.platform_id, seen.to_string());
+    let (fake, connector, mut receiving) = receiving_watched(2).await;
+    let seen = pushed_and_taken(&fake, &mut receiving, "before the silence").await;
     fake.freeze_gateway();
     assert!(matches!(
         receiving.ended().await,
@@ -321,32 +273,22 @@ async fn after_the_watchdog_fires_the_next_receive_picks_the_recovered_client_up
         .expect("the client recovers and back-fills");
     assert_eq!(event.platform_id, missed.to_string());
     let live = fake.push_message(ROOM, &alice(), "after the silence");
-    let mut next = receiving.next_acked().await;
-    while next.platform_id == missed.to_string() {
-        next = receiving.next_acked().await;
-    }
+    let next = receiving.next_besides(&missed.to_string()).await;
     assert_eq!(next.platform_id, live.to_string());
     receiving.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_session_is_identified_afresh_and_the_gap_back_filled() {
-    let fake = FakeDiscord::start();
-    let connector = connector(&fake);
-    let mut receiving = receive(&connector, Vec::new());
-    connected(&fake).await;
-    let seen = fake.push_message(ROOM, &alice(), "before");
-    assert_eq!(receiving.next_acked().await.platform_id, seen.to_string());
+    let (fake, _connector, mut receiving) = receiving_from(|_| {}).await;
+    pushed_and_taken(&fake, &mut receiving, "before").await;
     fake.invalidate_sessions();
     let missed = fake.push_message(ROOM, &alice(), "while no session was live");
     until("a second identify", || fake.identifies() == 2).await;
     let event = receiving.next_acked().await;
     assert_eq!(event.platform_id, missed.to_string());
     let live = fake.push_message(ROOM, &alice(), "on the new session");
-    let mut next = receiving.next_acked().await;
-    while next.platform_id == missed.to_string() {
-        next = receiving.next_acked().await;
-    }
+    let next = receiving.next_besides(&missed.to_string()).await;
     assert_eq!(next.platform_id, live.to_string());
     receiving.stop().await.unwrap();
     until("the session to close", || fake.live_sessions() == 0).await;
@@ -354,13 +296,7 @@ async fn a_lost_session_is_identified_afresh_and_the_gap_back_filled() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_but_healthy_gateway_does_not_trip_the_watchdog() {
-    let fake = FakeDiscord::start();
-    let connector = Arc::new(
-        DiscordConnector::new(secret(TOKEN), Some(fake.url()))
-            .with_liveness(Duration::from_secs(3)),
-    );
-    let mut receiving = receive(&connector, Vec::new());
-    connected(&fake).await;
+    let (fake, _connector, mut receiving) = receiving_watched(3).await;
     receiving.quiet_for(Duration::from_secs(6)).await;
     assert!(!receiving.is_finished());
     assert!(fake.heartbeats() >= 3);
@@ -369,10 +305,7 @@ async fn a_quiet_but_healthy_gateway_does_not_trip_the_watchdog() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_closes_the_gateway_session() {
-    let fake = FakeDiscord::start();
-    let connector = connector(&fake);
-    let receiving = receive(&connector, Vec::new());
-    connected(&fake).await;
+    let (fake, _connector, receiving) = receiving_from(|_| {}).await;
     assert_eq!(receiving.stop().await, Ok(()));
     until("the session to close", || fake.live_sessions() == 0).await;
 }
@@ -381,10 +314,7 @@ async fn cancelling_closes_the_gateway_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attachments_are_handed_on_and_fetched_without_the_token() {
-    let fake = FakeDiscord::start();
-    let connector = connector(&fake);
-    let mut receiving = receive(&connector, Vec::new());
-    connected(&fake).await;
+    let (fake, connector, mut receiving) = receiving_from(|_| {}).await;
     let mut big = FakeFile::new("big.zip", "application/zip", b"zip");
     big.declared = Some(30_000_000);
     let mut liar = FakeFile::new("liar.bin", "application/octet-stream", &[9u8; 4000]);

@@ -1,7 +1,7 @@
 //! A connector's `receive` as the contract tests drive it: spawned with perch's side of the inbox,
 //! each event taken (and acknowledged as journaled, or not), then cancelled or left to end.
 
-use perch::channel::{Arrival, AttemptUp, Connector, ConnectorError, InboundEvent};
+use perch::channel::{Arrival, AttemptUp, Connector, ConnectorError, InboundEvent, Quote};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -77,6 +77,16 @@ impl Receiving {
         }
     }
 
+    /// The next event that is not `again` (one the platform may hand over a second time),
+    /// acknowledged, as are the repeats before it.
+    pub async fn next_besides(&mut self, again: &str) -> InboundEvent {
+        let mut next = self.next_acked().await;
+        while next.platform_id == again {
+            next = self.next_acked().await;
+        }
+        next
+    }
+
     /// Nothing arrives for `wait`, and `receive` goes on.
     pub async fn quiet_for(&mut self, wait: Duration) {
         match tokio::time::timeout(wait, self.arrivals.recv()).await {
@@ -112,4 +122,14 @@ impl Receiving {
             .expect("receive ends by itself")
             .unwrap()
     }
+}
+
+/// The quote `event` carries of the message `original`, its text cut to
+/// [`perch::channel::QUOTE_MAX_CHARS`] characters ending in an ellipsis.
+pub fn shortened_quote(event: InboundEvent, original: &str) -> Quote {
+    let quote = event.replying_to.expect("the reply quotes its original");
+    assert_eq!(quote.platform_id, original);
+    assert_eq!(quote.text.chars().count(), perch::channel::QUOTE_MAX_CHARS);
+    assert!(quote.text.ends_with('…'), "{quote:?}");
+    *quote
 }

@@ -3,11 +3,16 @@
 
 use super::*;
 
+/// Alice's `text` in topic 77 of the forum `-100200`.
+fn asked_in_topic_77(fake: &FakeTelegram, text: &str) -> Pushed {
+    let forum = Chat::forum(-100_200, "Team");
+    fake.push(Incoming::new(&forum, &alice(), text).in_thread(77))
+}
+
 #[tokio::test]
 async fn deliver_replies_in_the_thread_with_markdown_v2() {
     let fake = FakeTelegram::start();
-    let forum = Chat::forum(-100_200, "Team");
-    let question = fake.push(Incoming::new(&forum, &alice(), "how?").in_thread(77));
+    let question = asked_in_topic_77(&fake, "how?");
     let connector = connector(&fake);
     let receipt = connector
         .deliver(&Delivery {
@@ -116,6 +121,20 @@ async fn deliver_reports_rate_limits_and_refusals() {
     assert_eq!(fake.sent().len(), 1);
 }
 
+/// What `receive` and a delivery through `connector` fail with; the text and debug form of
+/// each error, and of the connector, are added to `texts`.
+async fn failures(
+    connector: &Arc<TelegramConnector>,
+    texts: &mut Vec<String>,
+) -> (ConnectorError, DeliveryError) {
+    let received = receive(connector, None).ended().await.unwrap_err();
+    texts.push(format!("{received} {received:?}"));
+    let delivered = connector.deliver(&delivery("1001", "x")).await.unwrap_err();
+    texts.push(format!("{delivered} {delivered:?}"));
+    texts.push(format!("{connector:?}"));
+    (received, delivered)
+}
+
 #[tokio::test]
 async fn the_token_never_appears_in_errors() {
     let fake = FakeTelegram::start();
@@ -125,30 +144,25 @@ async fn the_token_never_appears_in_errors() {
     let wrong_token = "7357001:WrongToken_zyxwvutsrqponmlkjih-0987";
     let refused =
         Arc::new(TelegramConnector::new(secret(wrong_token), Some(fake.api_url())).unwrap());
-    let error = receive(&refused, None).ended().await.unwrap_err();
+    let (error, _) = failures(&refused, &mut texts).await;
     assert!(
         matches!(error, ConnectorError::Unauthorized { .. }),
         "{error:?}"
     );
-    texts.push(format!("{error} {error:?}"));
-    let error = refused.deliver(&delivery("1001", "x")).await.unwrap_err();
-    texts.push(format!("{error} {error:?}"));
-    texts.push(format!("{refused:?}"));
 
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
     let offline = Arc::new(TelegramConnector::new(secret(TOKEN), Some(url)).unwrap());
-    let error = receive(&offline, None).ended().await.unwrap_err();
+    let (error, delivery_error) = failures(&offline, &mut texts).await;
     assert!(
         matches!(error, ConnectorError::Disconnected { .. }),
         "{error:?}"
     );
-    texts.push(format!("{error} {error:?}"));
-    let error = offline.deliver(&delivery("1001", "x")).await.unwrap_err();
-    assert!(matches!(error, DeliveryError::NotSent { .. }), "{error:?}");
-    texts.push(format!("{error} {error:?}"));
-    texts.push(format!("{offline:?}"));
+    assert!(
+        matches!(delivery_error, DeliveryError::NotSent { .. }),
+        "{delivery_error:?}"
+    );
 
     let joined = texts.join("\n");
     assert!(joined.contains("Connection refused"), "{joined}");
@@ -161,8 +175,7 @@ async fn the_token_never_appears_in_errors() {
 #[tokio::test]
 async fn typing_sends_a_chat_action_in_the_thread() {
     let fake = FakeTelegram::start();
-    let forum = Chat::forum(-100_200, "Team");
-    fake.push(Incoming::new(&forum, &alice(), "q").in_thread(77));
+    asked_in_topic_77(&fake, "q");
     let connector = connector(&fake);
     connector.typing("-100200", Some("77")).await;
     connector.typing("not a chat", None).await;
@@ -186,8 +199,7 @@ fn upload(name: &str, bytes: &[u8]) -> Upload {
 #[tokio::test]
 async fn deliver_sends_files_as_documents_replying_with_the_caption() {
     let fake = FakeTelegram::start();
-    let forum = Chat::forum(-100_200, "Team");
-    let question = fake.push(Incoming::new(&forum, &alice(), "the notes?").in_thread(77));
+    let question = asked_in_topic_77(&fake, "the notes?");
     let connector = connector(&fake);
     let delivery = Delivery {
         id: "d-0003".into(),

@@ -186,11 +186,7 @@ async fn fake_refuses_markdown_v2_that_does_not_parse() {
         ("_a__b_", "Can't find end of Italic entity at byte offset 0"),
     ];
     for (text, why) in refused {
-        let (status, body) = post(
-            &url,
-            &json!({"chat_id": 1001, "text": text, "parse_mode": "MarkdownV2"}),
-        )
-        .await;
+        let (status, body) = post_markdown(&url, text).await;
         assert_eq!(status, 400, "{text}");
         assert_eq!(
             body["description"],
@@ -200,11 +196,7 @@ async fn fake_refuses_markdown_v2_that_does_not_parse() {
     }
     assert!(fake.sent().is_empty());
     let text = "*bold* _it_ ~s~ __u__ ||sp|| `a.b` [l](https://e.com/x\\)) \\. \\!\n>quote\n```rust\nx.y\n```";
-    let (status, body) = post(
-        &url,
-        &json!({"chat_id": 1001, "text": text, "parse_mode": "MarkdownV2"}),
-    )
-    .await;
+    let (status, body) = post_markdown(&url, text).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
         body["result"]["text"],

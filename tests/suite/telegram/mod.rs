@@ -8,9 +8,9 @@ mod receive;
 use super::support::PostText;
 use super::support::fake_telegram::markdown::parse_markdown_v2;
 use super::support::fake_telegram::{
-    BOT_ID, CONFLICT, Chat, Failure, FakeTelegram, Incoming, MAX_TEXT, Media, TOKEN, User,
+    BOT_ID, CONFLICT, Chat, Failure, FakeTelegram, Incoming, MAX_TEXT, Media, Pushed, TOKEN, User,
 };
-use super::support::receiving::{Receiving, Within};
+use super::support::receiving::{Receiving, Within, shortened_quote};
 use perch::channel::telegram::TelegramConnector;
 use perch::channel::{
     Attachment, AttemptUp, Connector, ConnectorError, Delivery, DeliveryError, FetchError,
@@ -81,6 +81,23 @@ async fn posted_message_id(connector: &TelegramConnector, room: &str) -> i64 {
         .unwrap()
         .parse()
         .unwrap()
+}
+
+/// Alice's private messages `texts`, pushed in order.
+fn alice_said(fake: &FakeTelegram, texts: impl Iterator<Item = String>) -> Vec<Pushed> {
+    let chat = Chat::private(&alice());
+    texts
+        .map(|text| fake.push_message(&chat, &alice(), &text))
+        .collect()
+}
+
+/// Posts `text` as MarkdownV2 to chat 1001 at `url` (a `sendMessage` URL).
+async fn post_markdown(url: &str, text: &str) -> (u16, Value) {
+    post(
+        url,
+        &json!({"chat_id": 1001, "text": text, "parse_mode": "MarkdownV2"}),
+    )
+    .await
 }
 
 fn alice() -> User {

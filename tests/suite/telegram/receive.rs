@@ -7,12 +7,7 @@ use super::*;
 
 #[tokio::test]
 async fn receive_hands_events_in_order_and_confirms_only_after_the_ack() {
-    let fake = FakeTelegram::start();
-    let chat = Chat::private(&alice());
-    let pushed: Vec<_> = (1..=5)
-        .map(|n| fake.push_message(&chat, &alice(), &format!("message {n}")))
-        .collect();
-    let connector = connector(&fake);
+    let (fake, pushed, connector) = alice_wrote((1..=5).map(|n| format!("message {n}")));
     let mut receiving = receive(&connector, None);
     let first = receiving.arrival().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -51,11 +46,7 @@ async fn receive_hands_events_in_order_and_confirms_only_after_the_ack() {
     assert!(!event.addressed);
     let age = chrono::Utc::now() - event.sent_at;
     assert!(age.num_seconds().abs() < 60, "{age}");
-    let poll = fake
-        .calls()
-        .into_iter()
-        .find(|call| call.method == "GetUpdates")
-        .unwrap();
+    let poll = fake.calls_of("GetUpdates").remove(0);
     assert_eq!(
         poll.body["allowed_updates"],
         json!(["message", "edited_message"])
@@ -63,12 +54,21 @@ async fn receive_hands_events_in_order_and_confirms_only_after_the_ack() {
     assert_eq!(poll.body["timeout"], json!(50));
 }
 
+/// A fake Bot API holding Alice's private messages `texts`, what was pushed, and a connector
+/// to the fake.
+fn alice_wrote<S: ToString>(
+    texts: impl IntoIterator<Item = S>,
+) -> (FakeTelegram, Vec<Pushed>, Arc<TelegramConnector>) {
+    let fake = FakeTelegram::start();
+    let pushed = alice_said(&fake, texts.into_iter().map(|text| text.to_string()));
+    let connector = connector(&fake);
+    (fake, pushed, connector)
+}
+
 #[tokio::test]
 async fn an_unacknowledged_update_comes_again_and_an_acknowledged_one_does_not() {
-    let fake = FakeTelegram::start();
-    let chat = Chat::private(&alice());
-    let pushed = fake.push_message(&chat, &alice(), "hello");
-    let connector = connector(&fake);
+    let (fake, pushed, connector) = alice_wrote(["hello"]);
+    let pushed = pushed[0];
 
     let mut first = receive(&connector, None);
     let unacked = first.arrival().await;
@@ -92,10 +92,8 @@ async fn an_unacknowledged_update_comes_again_and_an_acknowledged_one_does_not()
 
 #[tokio::test]
 async fn an_event_perch_drops_unjournaled_ends_receive_without_confirming_it() {
-    let fake = FakeTelegram::start();
-    let chat = Chat::private(&alice());
-    let pushed = fake.push_message(&chat, &alice(), "hello");
-    let connector = connector(&fake);
+    let (fake, pushed, connector) = alice_wrote(["hello"]);
+    let pushed = pushed[0];
     let mut receiving = receive(&connector, None);
     drop(receiving.arrival().await.journaled);
     let ended = receiving.ended().await.unwrap_err();
@@ -108,12 +106,7 @@ async fn an_event_perch_drops_unjournaled_ends_receive_without_confirming_it() {
 
 #[tokio::test]
 async fn a_restart_resumes_from_the_cursor_perch_gives() {
-    let fake = FakeTelegram::start();
-    let chat = Chat::private(&alice());
-    let pushed: Vec<_> = (1..=3)
-        .map(|n| fake.push_message(&chat, &alice(), &format!("m{n}")))
-        .collect();
-    let connector = connector(&fake);
+    let (fake, pushed, connector) = alice_wrote((1..=3).map(|n| format!("m{n}")));
     let mut first = receive(&connector, None);
     first.next_acked().await;
     let journaled = first.next_acked().await.cursor;
@@ -126,7 +119,7 @@ async fn a_restart_resumes_from_the_cursor_perch_gives() {
     let resumed = second.next_acked().await;
     assert_eq!(resumed.platform_id, pushed[2].platform_id());
     assert_eq!(fake.poll_offsets().last(), Some(&Some(pushed[2].update_id)));
-    let later = fake.push_message(&chat, &alice(), "m4");
+    let later = alice_said(&fake, ["m4".to_owned()].into_iter()).remove(0);
     assert_eq!(second.next_acked().await.platform_id, later.platform_id());
     second.quiet_for(Duration::from_millis(300)).await;
     second.stop().await.unwrap();
@@ -185,15 +178,8 @@ async fn a_reply_carries_the_quoted_author_and_shortened_text() {
     let bot_reply = receiving.next_acked().await;
     let topic = receiving.next_acked().await;
     receiving.stop().await.unwrap();
-    let quote = long_reply
-        .replying_to
-        .expect("the reply quotes its original");
-    assert_eq!(quote.platform_id, original.platform_id());
-    assert_eq!(quote.text.chars().count(), perch::channel::QUOTE_MAX_CHARS);
-    assert!(
-        quote.text.starts_with("ééé") && quote.text.ends_with('…'),
-        "{quote:?}"
-    );
+    let quote = shortened_quote(long_reply, &original.platform_id());
+    assert!(quote.text.starts_with("ééé"), "{quote:?}");
     let author = quote.author.expect("the quoted author");
     assert_eq!(author.id, "1002");
     assert!(!author.is_bot);
@@ -304,11 +290,17 @@ async fn receive_waits_out_retry_after() {
     receiving.stop().await.unwrap();
 }
 
+/// A fake Bot API and a `receive` on it that has made its first poll.
+async fn polling() -> (FakeTelegram, Receiving) {
+    let fake = FakeTelegram::start();
+    let receiving = receive(&connector(&fake), None);
+    fake.wait_for_poll_count(1).await;
+    (fake, receiving)
+}
+
 #[tokio::test]
 async fn a_second_poller_disconnects_the_first_with_a_clear_message() {
-    let fake = FakeTelegram::start();
-    let first = receive(&connector(&fake), None);
-    fake.wait_for_poll_count(1).await;
+    let (fake, first) = polling().await;
     let second_connector = connector(&fake);
     let mut second = receive(&second_connector, None);
     let error = first.ended().await.unwrap_err();
@@ -326,9 +318,7 @@ async fn a_second_poller_disconnects_the_first_with_a_clear_message() {
 
 #[tokio::test]
 async fn receive_stops_promptly_during_a_long_poll() {
-    let fake = FakeTelegram::start();
-    let receiving = receive(&connector(&fake), None);
-    fake.wait_for_poll_count(1).await;
+    let (_fake, receiving) = polling().await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = Instant::now();
     receiving.stop().await.unwrap();
@@ -357,9 +347,10 @@ async fn identity_is_fetched_once() {
 async fn receive_hands_on_files_with_their_captions() {
     let fake = FakeTelegram::start();
     let chat = Chat::private(&alice());
-    fake.push(Incoming::document(
-        &chat,
-        &alice(),
+    let document = |name, mime, bytes: &[u8], caption| {
+        Incoming::document(&chat, &alice(), name, mime, bytes, caption)
+    };
+    fake.push(document(
         "report.pdf",
         "application/pdf",
         b"%PDF-1.7 report",

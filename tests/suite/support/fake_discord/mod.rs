@@ -403,6 +403,11 @@ impl FakeDiscord {
         self.state().frames.clone()
     }
 
+    /// The first frame a client sent with opcode `op`.
+    pub fn first_frame(&self, op: u64) -> Option<Value> {
+        self.frames().into_iter().find(|frame| frame["op"] == op)
+    }
+
     pub fn identifies(&self) -> usize {
         self.state().identifies
     }

@@ -586,6 +586,14 @@ impl FakeTelegram {
         self.shared.state.lock().unwrap().calls.clone()
     }
 
+    /// The calls of `method`, spelled exactly so, with a valid token.
+    pub fn calls_of(&self, method: &str) -> Vec<Call> {
+        self.calls()
+            .into_iter()
+            .filter(|call| call.method == method)
+            .collect()
+    }
+
     /// Whether `method` (any case) was called with a valid token.
     pub fn was_called(&self, method: &str) -> bool {
         self.calls()
