@@ -460,11 +460,16 @@ fn a_lone_status_command_does_not_count_itself_as_waiting() {
     service.stop();
 }
 
+/// A Discord agent answering direct messages, on the Anthropic Messages API.
+fn discord_on_anthropic() -> super::support::scenario::Agent {
+    Scenario::discord("dm = \"allow\"")
+        .model(Api::AnthropicMessages)
+        .build()
+}
+
 #[test]
 fn a_discord_channel_is_connecting_until_the_gateway_is_ready() {
-    let agent = Scenario::discord("dm = \"allow\"")
-        .model(Api::AnthropicMessages)
-        .build();
+    let agent = discord_on_anthropic();
     agent.discord().freeze_gateway();
     let service = agent.start();
     stays_connecting(agent.path(), Duration::from_secs(2));
@@ -473,9 +478,7 @@ fn a_discord_channel_is_connecting_until_the_gateway_is_ready() {
 
 #[test]
 fn a_discord_channel_is_receiving_once_the_gateway_is_ready() {
-    let agent = Scenario::discord("dm = \"allow\"")
-        .model(Api::AnthropicMessages)
-        .build();
+    let agent = discord_on_anthropic();
     let service = agent.start();
     wait_until("the channel to be receiving", || agent.status().receiving());
     assert!(agent.discord().live_sessions() > 0);

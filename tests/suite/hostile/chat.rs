@@ -25,12 +25,7 @@ fn a_bot_loop_stops_after_bot_turns_a_human_resets_it_and_a_restart_keeps_the_co
         telegram.push_message(&team, &other_agent, &format!("bot turn {turn}"));
     }
     let human = telegram.push_message(&team, &carol, "enough, you two");
-    wait_until("the answer to the human", || {
-        telegram
-            .sent()
-            .iter()
-            .any(|sent| sent.reply_to == Some(human.message_id))
-    });
+    wait_until("the answer to the human", || telegram.answered(human));
     assert_eq!(
         telegram.sent().len(),
         4,
@@ -49,12 +44,7 @@ fn a_bot_loop_stops_after_bot_turns_a_human_resets_it_and_a_restart_keeps_the_co
         telegram.push_message(&team, &other_agent, &format!("after the restart {turn}"));
     }
     let human = telegram.push_message(&team, &carol, "and now?");
-    wait_until("the answer to the human", || {
-        telegram
-            .sent()
-            .iter()
-            .any(|sent| sent.reply_to == Some(human.message_id))
-    });
+    wait_until("the answer to the human", || telegram.answered(human));
     service.stop();
     assert_eq!(
         telegram.sent().len(),

@@ -4,6 +4,7 @@
 
 use super::super::support::fake_model::Script;
 use super::super::support::fake_telegram::User;
+use super::super::support::procfs;
 use super::super::support::scenario::{Scenario, Watched};
 use super::super::support::wait::{Poll, wait_until};
 use super::super::support::{perch, stderr, stdout};
@@ -333,10 +334,10 @@ fn run_limited(dir: &Path, nofile: &str, metrics: bool) -> Watched {
 fn metrics_address(perch: &Watched) -> String {
     let mut address = None;
     wait_until("the metrics address", || {
-        address = perch.lines().iter().find_map(|line| {
-            let rest = line.split_once("metrics on http://")?.1;
-            Some(rest.split_once("/metrics")?.0.to_owned())
-        });
+        address = perch
+            .lines()
+            .iter()
+            .find_map(|line| procfs::metrics_address(line));
         address.is_some()
     });
     address.unwrap()

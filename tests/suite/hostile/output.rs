@@ -2,6 +2,7 @@
 //! output stays in the guest, and every command has a timeout and the run's cancellation.
 
 use super::super::support::fake_model::{Reply, Script};
+use super::super::support::procfs::status_kib;
 use super::super::support::scenario::{Scenario, alice};
 use super::super::support::wait::wait_until;
 use super::super::support::{new_agent, stderr, stdout, write};
@@ -58,17 +59,7 @@ fn peak_rss_until_exit(mut child: Child) -> (u64, Output) {
     while child.try_wait().unwrap().is_none() {
         assert!(Instant::now() < deadline, "perch did not finish");
         if let Ok(text) = std::fs::read_to_string(&status) {
-            let kib = text
-                .lines()
-                .find_map(|line| line.strip_prefix("VmHWM:"))
-                .and_then(|value| {
-                    value
-                        .trim()
-                        .trim_end_matches("kB")
-                        .trim()
-                        .parse::<u64>()
-                        .ok()
-                });
+            let kib = status_kib(&text, "VmHWM:");
             peak = peak.max(kib.unwrap_or(0) * 1024);
         }
         std::thread::sleep(Duration::from_millis(5));

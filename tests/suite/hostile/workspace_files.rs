@@ -2,6 +2,7 @@
 //! host files or devices, a HEARTBEAT.yml rewritten in a loop.
 
 use super::super::support::fake_model::Script;
+use super::super::support::procfs::status_kib;
 use super::super::support::scenario::{Perch, Scenario, alice};
 use super::super::support::status;
 use super::super::support::wait::wait_until;
@@ -52,11 +53,7 @@ fn shown(output: &Output) -> String {
 /// The peak resident memory of process `pid`, from `/proc/<pid>/status`.
 fn peak_rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
+    status_kib(&status, "VmHWM:").unwrap()
 }
 
 fn heartbeat_file(dir: &Path) -> std::path::PathBuf {
@@ -201,31 +198,27 @@ fn hostile_heartbeat_files_leave_the_commands_prompt_and_name_the_file() {
     }
 }
 
+/// A HEARTBEAT.yml nested 20,000 levels deep, a skill whose frontmatter is longer than 16 KiB
+/// (`long`) and one nested 8,000 levels deep (`deep`), in the workspace of the agent `dir`.
+fn plant_deep_yaml(dir: &Path) {
+    std::fs::write(heartbeat_file(dir), format!("{}x\n", "- ".repeat(20_000))).unwrap();
+    for (name, depth) in [("long", 15_000), ("deep", 8_000)] {
+        write(
+            dir,
+            &format!("workspace/skills/{name}/SKILL.md"),
+            &format!(
+                "---\nname: {name}\ndescription: d\nx:\n  {}y\n---\n",
+                "- ".repeat(depth)
+            ),
+        );
+    }
+}
+
 #[test]
 fn deep_yaml_is_a_problem_naming_the_file_and_the_limit() {
     let agent = new_agent();
     let dir = agent.path().to_str().unwrap();
-    std::fs::write(
-        heartbeat_file(agent.path()),
-        format!("{}x\n", "- ".repeat(20_000)),
-    )
-    .unwrap();
-    write(
-        agent.path(),
-        "workspace/skills/long/SKILL.md",
-        &format!(
-            "---\nname: long\ndescription: d\nx:\n  {}y\n---\n",
-            "- ".repeat(15_000)
-        ),
-    );
-    write(
-        agent.path(),
-        "workspace/skills/deep/SKILL.md",
-        &format!(
-            "---\nname: deep\ndescription: d\nx:\n  {}y\n---\n",
-            "- ".repeat(8_000)
-        ),
-    );
+    plant_deep_yaml(agent.path());
     write(
         agent.path(),
         "workspace/skills/fine/SKILL.md",
@@ -259,23 +252,7 @@ fn perch_run_keeps_answering_through_hostile_workspace_files() {
     let (model, telegram) = (&agent.model, agent.telegram());
     let dir = agent.arg();
     let file = heartbeat_file(agent.path());
-    std::fs::write(&file, format!("{}x\n", "- ".repeat(20_000))).unwrap();
-    write(
-        agent.path(),
-        "workspace/skills/deep/SKILL.md",
-        &format!(
-            "---\nname: deep\ndescription: d\nx:\n  {}y\n---\n",
-            "- ".repeat(8_000)
-        ),
-    );
-    write(
-        agent.path(),
-        "workspace/skills/long/SKILL.md",
-        &format!(
-            "---\nname: long\ndescription: d\nx:\n  {}y\n---\n",
-            "- ".repeat(15_000)
-        ),
-    );
+    plant_deep_yaml(agent.path());
     let service = agent.start();
     let mut answered = 0;
     let mut ask = |text: &str| {

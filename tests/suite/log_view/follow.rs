@@ -80,11 +80,7 @@ fn the_tail_is_read_from_the_index_without_parsing_what_comes_before() {
     let lane = LaneName::try_from("telegram-team").unwrap();
     let segment = sessions.join("telegram-team/000001.jsonl");
     let mut bytes = std::fs::read(&segment).unwrap();
-    let needle = b"why is the build red";
-    let at = bytes
-        .windows(needle.len())
-        .position(|window| window == needle)
-        .unwrap();
+    let at = offset_of(&bytes, b"why is the build red");
     bytes[at] = b'\x00';
     std::fs::write(&segment, &bytes).unwrap();
 

@@ -352,6 +352,14 @@ fn log(agent: &Path, args: &[&str]) -> std::process::Output {
     perch(&all, &[("OPENAI_API_KEY", SECRET)])
 }
 
+/// Where `needle` first starts in `bytes`.
+fn offset_of(bytes: &[u8], needle: &[u8]) -> usize {
+    bytes
+        .windows(needle.len())
+        .position(|window| window == needle)
+        .unwrap()
+}
+
 fn ok(output: &std::process::Output) -> String {
     assert!(output.status.success(), "{}", stderr(output));
     stdout(output)
@@ -576,12 +584,8 @@ fn damaged_and_torn_lines_are_shown_with_their_file_and_line_and_the_rest_render
         .path()
         .join(".perch/sessions/telegram-team/000001.jsonl");
     let mut bytes = std::fs::read(&segment).unwrap();
-    let needle = b"deploy it";
-    let at = bytes
-        .windows(needle.len())
-        .position(|window| window == needle)
-        .unwrap();
-    bytes[at..at + needle.len()].copy_from_slice(b"\x00eploy it");
+    let at = offset_of(&bytes, b"deploy it");
+    bytes[at..at + 9].copy_from_slice(b"\x00eploy it");
     bytes.extend_from_slice(br#"{"kind":"record","type":"leaf_s"#);
     std::fs::write(&segment, &bytes).unwrap();
     let before = tree(agent.path());

@@ -10,6 +10,7 @@ pub mod fake_telegram;
 mod http;
 #[cfg(feature = "sandbox-double")]
 pub mod in_process;
+pub mod procfs;
 pub mod receiving;
 pub mod scenario;
 pub mod status;

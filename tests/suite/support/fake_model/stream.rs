@@ -37,6 +37,11 @@ fn fragments(arguments: &str) -> Vec<String> {
         .collect()
 }
 
+/// One server-sent event with a name.
+fn named_event(name: &str, data: &str) -> Vec<u8> {
+    format!("event: {name}\ndata: {data}\n\n").into_bytes()
+}
+
 pub(super) fn render(api: Api, n: u64, request: &Value, script: Script) -> (Vec<Vec<u8>>, End) {
     let model = request
         .get("model")
@@ -337,8 +342,7 @@ struct Responses {
 
 impl Responses {
     fn raw(&mut self, name: &str, data: &str) {
-        self.events
-            .push(format!("event: {name}\ndata: {data}\n\n").into_bytes());
+        self.events.push(named_event(name, data));
     }
 
     fn event(&mut self, name: &str, mut data: Value) {
@@ -499,8 +503,7 @@ struct Anthropic {
 
 impl Anthropic {
     fn raw(&mut self, name: &str, data: &str) {
-        self.events
-            .push(format!("event: {name}\ndata: {data}\n\n").into_bytes());
+        self.events.push(named_event(name, data));
     }
 
     fn event(&mut self, name: &str, data: Value) {

@@ -601,6 +601,13 @@ impl FakeTelegram {
             .any(|call| call.method.eq_ignore_ascii_case(method))
     }
 
+    /// Whether the bot has replied to the message `pushed`.
+    pub fn answered(&self, pushed: Pushed) -> bool {
+        self.sent()
+            .iter()
+            .any(|sent| sent.reply_to == Some(pushed.message_id))
+    }
+
     /// Whether the bot sent a message users see as `shown`.
     pub fn has_shown(&self, shown: &str) -> bool {
         self.sent().iter().any(|sent| sent.shown == shown)
