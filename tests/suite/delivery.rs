@@ -103,10 +103,10 @@ fn a_rooms_replies_keep_their_order_and_its_rate_limit_does_not_delay_another_ro
     let shown = to_alice();
     assert_eq!(shown[0], first, "the reply's first piece first");
     assert_eq!(shown[1], second, "then its second");
+    let command_reply = &shown[2];
     assert!(
-        shown[2].starts_with("perch is running: "),
-        "the command's reply after them: {}",
-        shown[2]
+        command_reply.starts_with("perch is running: "),
+        "the command's reply after them: {command_reply}"
     );
 }
 

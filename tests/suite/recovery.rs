@@ -33,11 +33,8 @@ fn an_unknown_delivery(dir: &Path) -> bool {
 #[test]
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 fn a_crash_after_the_delivery_intent_is_reported_not_resent_on_telegram() {
-    let agent = crash_on_one_message(
-        Some("this may or may not have been posted"),
-        "hello",
-        "after:delivery_intent",
-    );
+    let reply = Some("this may or may not have been posted");
+    let agent = crash_on_one_message(reply, "hello", "after:delivery_intent");
 
     let service = agent.start();
     wait_until("the outbox to settle", || an_unknown_delivery(agent.path()));
@@ -179,11 +176,8 @@ fn three_crashes_in_a_row_start_the_fourth_with_channels_paused() {
 #[test]
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 fn a_reply_lost_between_the_run_and_the_outbox_is_delivered_after_a_restart() {
-    let agent = crash_on_one_message(
-        Some("the answer, once"),
-        "what is it?",
-        "before:delivery_intent",
-    );
+    let reply = Some("the answer, once");
+    let agent = crash_on_one_message(reply, "what is it?", "before:delivery_intent");
     let telegram = agent.telegram();
     assert!(telegram.sent().is_empty());
 

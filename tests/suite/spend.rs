@@ -3,7 +3,7 @@
 
 use super::support::fake_model::{Reply, Script};
 use super::support::fake_telegram::{Chat, FakeTelegram, Sent, User};
-use super::support::scenario::{Agent, Scenario, alice};
+use super::support::scenario::{Agent, Perch, Scenario, alice};
 use super::support::status::Report;
 use super::support::wait::wait_until;
 use super::support::{new_agent, perch, stderr, stdout, write};
@@ -51,14 +51,17 @@ fn heartbeat_run(agent: &Agent, task: &str) -> String {
     stdout(&run)
 }
 
-/// Waits for the one alert in the owner's room; its text.
-fn the_owner_is_told(telegram: &FakeTelegram) -> String {
+/// Waits for the alert in the owner's room, stops `service`, and checks that the owner was told
+/// once: the alert's text, and what the service logged.
+fn the_owner_was_told_once(telegram: &FakeTelegram, service: Perch) -> (String, String) {
     wait_until("the owner's alert", || {
         !sent_to(telegram, OWNER_CHAT).is_empty()
     });
     let alerts = sent_to(telegram, OWNER_CHAT);
     assert_eq!(alerts.len(), 1, "{alerts:#?}");
-    alerts[0].shown.clone()
+    let stderr = service.stop();
+    assert_eq!(sent_to(telegram, OWNER_CHAT).len(), 1, "told once");
+    (alerts[0].shown.clone(), stderr)
 }
 
 #[test]
@@ -88,9 +91,7 @@ fn the_daily_cap_refuses_runs_without_asking_the_model_tells_the_owner_once_and_
         1,
         "a refused message reaches no model"
     );
-    let alert = the_owner_is_told(telegram);
-    let stderr = service.stop();
-    assert_eq!(sent_to(telegram, OWNER_CHAT).len(), 1);
+    let (alert, stderr) = the_owner_was_told_once(telegram, service);
     assert!(
         alert.starts_with("perch alert (spend): The daily spend cap of 100 tokens is reached"),
         "{alert}"
@@ -130,9 +131,7 @@ fn a_delivery_of_unknown_fate_is_reported_in_the_owner_room() {
     agent.crash_at("after:delivery_intent");
 
     let service = agent.start();
-    let alert = the_owner_is_told(telegram);
-    service.stop();
-    assert_eq!(sent_to(telegram, OWNER_CHAT).len(), 1);
+    let (alert, _) = the_owner_was_told_once(telegram, service);
     assert!(
         alert.starts_with("perch alert (delivery): delivery ")
             && alert.contains("to tg room 42 has an unknown fate"),
@@ -233,9 +232,7 @@ fn a_heartbeat_task_that_stops_is_reported_in_the_owner_room() {
     });
     agent.model.push(Script::status(401, "invalid api key"));
     heartbeat_run(&agent, "digest");
-    let alert = the_owner_is_told(telegram);
-    service.stop();
-    assert_eq!(sent_to(telegram, OWNER_CHAT).len(), 1);
+    let (alert, _) = the_owner_was_told_once(telegram, service);
     assert!(
         alert.starts_with("perch alert (heartbeat): heartbeat digest stopped: ")
             && alert.contains("perch heartbeat resume digest"),

@@ -320,10 +320,8 @@ fn an_edit_to_a_file_loaded_at_start_is_reported_as_needing_a_restart() {
         agent.status().restart_needed == ["agent.lua"]
     });
     let stderr = service.stop();
-    assert!(
-        stderr.contains("agent.lua changed since perch run started"),
-        "{stderr}"
-    );
+    let noticed = "agent.lua changed since perch run started";
+    assert!(stderr.contains(noticed), "{stderr}");
 }
 
 #[test]

@@ -120,6 +120,11 @@ fn commands_for_another_bot_or_not_addressed_are_not_obeyed() {
     assert_eq!(model.requests().len(), 0);
 }
 
+/// An agent whose Telegram channel offers strangers pairing.
+fn pairing_agent() -> super::super::support::scenario::Agent {
+    Scenario::telegram("").build()
+}
+
 const HOSTILE_NAME: &str = "Eve\u{1b}[2J\u{1b}]0;owned\u{7}\u{202e}gnp.exe\u{2066}";
 
 fn assert_escaped(what: &str, text: &str) {
@@ -135,7 +140,7 @@ fn assert_escaped(what: &str, text: &str) {
 
 #[test]
 fn a_display_name_made_to_fool_the_terminal_is_shown_escaped_and_stored_as_received() {
-    let agent = Scenario::telegram("").build();
+    let agent = pairing_agent();
     let telegram = agent.telegram();
     let eve = User::human(66, HOSTILE_NAME);
     let service = agent.start();
@@ -193,7 +198,7 @@ fn a_provider_error_reaches_the_chat_as_a_generic_sentence_and_the_log_keeps_it(
 
 #[test]
 fn throwaway_accounts_cannot_starve_pairing() {
-    let agent = Scenario::telegram("").build();
+    let agent = pairing_agent();
     let telegram = agent.telegram();
     let service = agent.start();
     for id in 101..=103 {

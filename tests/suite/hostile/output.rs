@@ -4,7 +4,7 @@
 use super::super::support::fake_model::{Reply, Script};
 use super::super::support::procfs::status_kib;
 use super::super::support::scenario::{Scenario, alice};
-use super::super::support::wait::wait_until;
+use super::super::support::wait::{Poll, wait_until};
 use super::super::support::{new_agent, stderr, stdout, write};
 use super::{exits_within, perch_on_the_double};
 use std::path::Path;
@@ -151,13 +151,19 @@ fn plant_a_hanging_cat(dir: &Path) {
     assert!(plant.status.success(), "{}", stderr(&plant));
 }
 
-#[test]
-fn keeping_a_long_result_in_the_guest_times_out() {
+/// `perch tool DIR long` started on an agent whose `cat` hangs: the agent, and the process.
+fn the_long_tool_started() -> (tempfile::TempDir, std::process::Child) {
     let dir = agent();
     plant_a_hanging_cat(dir.path());
     let child = perch_on_the_double(&["tool", dir.path().to_str().unwrap(), "long"])
         .spawn()
         .unwrap();
+    (dir, child)
+}
+
+#[test]
+fn keeping_a_long_result_in_the_guest_times_out() {
+    let (_dir, child) = the_long_tool_started();
     let started = Instant::now();
     let output = exits_within(child, Duration::from_secs(60), "perch tool long");
     assert!(
@@ -175,17 +181,9 @@ fn keeping_a_long_result_in_the_guest_times_out() {
 
 #[test]
 fn cancelling_reaches_the_command_that_keeps_a_long_result() {
-    let dir = agent();
-    plant_a_hanging_cat(dir.path());
-    let child = perch_on_the_double(&["tool", dir.path().to_str().unwrap(), "long"])
-        .spawn()
-        .unwrap();
+    let (dir, child) = the_long_tool_started();
     let marker = dir.path().join("workspace/cat-started");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !marker.exists() {
-        assert!(Instant::now() < deadline, "the keep command never started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    Poll::within(Duration::from_secs(60)).until("the keep command to start", || marker.exists());
     let interrupted = Instant::now();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),

@@ -159,30 +159,16 @@ fn hostile_heartbeat_files_leave_the_commands_prompt_and_name_the_file() {
     let file = heartbeat_file(agent.path());
     for hostile in hostile_heartbeat_files() {
         (hostile.plant)(&file, host.path());
-        let info = perch_promptly(&["info", dir]);
-        let text = shown(&info);
-        assert!(
-            info.status.success(),
-            "{}: perch info: {text}",
-            hostile.name
-        );
-        assert!(
-            text.contains(hostile.expected),
-            "{}: perch info: {text}",
-            hostile.name
-        );
-        let list = perch_promptly(&["heartbeat", "list", dir]);
-        let text = shown(&list);
-        assert!(
-            list.status.success(),
-            "{}: heartbeat list: {text}",
-            hostile.name
-        );
-        assert!(
-            text.contains(hostile.expected),
-            "{}: heartbeat list: {text}",
-            hostile.name
-        );
+        let says_what_is_wrong = |args: &[&str], what: &str| {
+            let output = perch_promptly(args);
+            let text = shown(&output);
+            let name = hostile.name;
+            assert!(output.status.success(), "{name}: {what}: {text}");
+            assert!(text.contains(hostile.expected), "{name}: {what}: {text}");
+            output
+        };
+        let info = says_what_is_wrong(&["info", dir], "perch info");
+        let list = says_what_is_wrong(&["heartbeat", "list", dir], "heartbeat list");
         let status = perch_promptly(&["status", dir, "--json"]);
         let text = shown(&status);
         assert!(status.status.success(), "{}: status: {text}", hostile.name);

@@ -502,10 +502,6 @@ struct Anthropic {
 }
 
 impl Anthropic {
-    fn raw(&mut self, name: &str, data: &str) {
-        self.events.push(named_event(name, data));
-    }
-
     fn event(&mut self, name: &str, data: Value) {
         self.raw(name, &data.to_string());
     }
@@ -594,5 +590,9 @@ impl Anthropic {
             "usage": {"output_tokens": reply.usage.1}}),
         );
         self.event("message_stop", json!({"type": "message_stop"}));
+    }
+
+    fn raw(&mut self, name: &str, data: &str) {
+        self.events.push(named_event(name, data));
     }
 }
