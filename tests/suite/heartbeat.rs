@@ -5,6 +5,7 @@
 use super::support::fake_model::Script;
 use super::support::scenario::{Agent, Scenario};
 use super::support::status::Report;
+use super::support::wait::Poll;
 use super::support::{new_agent, stderr, stdout, write};
 use chrono::{TimeZone, Timelike, Utc};
 use perch::agent::AgentDir;
@@ -92,21 +93,14 @@ impl Recorder {
 
 /// Opens the ledger, retrying while a stopped scheduler lets go of it.
 async fn open_ledger(dir: &AgentDir, clock: Clock) -> (Ledger, Vec<(u64, LedgerRecord)>) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match Ledger::open(dir, clock.clone()) {
-            Ok(opened) => return opened,
-            Err(error) => {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the ledger stayed held: {error}"
-                );
-                // Paused time moves on while this sleeps, so a scheduler still waiting for a
-                // run that will never end gives up and lets go of the ledger.
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    }
+    // Paused time moves on while this waits, so a scheduler still waiting for a run that will
+    // never end gives up and lets go of the ledger.
+    Poll::within(Duration::from_secs(10))
+        .every(Duration::from_millis(10))
+        .value_async("the ledger to be let go", || {
+            Ledger::open(dir, clock.clone()).ok()
+        })
+        .await
 }
 
 async fn start(

@@ -1,6 +1,7 @@
 //! The durable inbox: events journaled before they are acknowledged, verdicts under their
 //! event, items pending until consumed, duplicates recognised across restarts.
 
+use super::support::wait::Poll;
 use chrono::TimeZone;
 use perch::channel::{InboundEvent, Sender};
 use perch::clock::Clock;
@@ -111,17 +112,10 @@ async fn items_stay_pending_until_consumed_and_duplicates_are_recognised_after_a
 
 /// The writer thread holds the journal's lock until it has stopped; a reopen waits for that.
 async fn reopen(dir: &std::path::Path) -> (Inbox, perch::inbox::Backlog) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        match Inbox::open(dir, clock()) {
-            Ok(opened) => return opened,
-            Err(error) if std::time::Instant::now() < deadline => {
-                let _ = error;
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-            Err(error) => panic!("{error}"),
-        }
-    }
+    Poll::within(std::time::Duration::from_secs(10))
+        .every(std::time::Duration::from_millis(5))
+        .value_async("the inbox to be let go", || Inbox::open(dir, clock()).ok())
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -4,6 +4,7 @@
 //! and a lane that cannot be opened for a while.
 
 use super::support::in_process::InProcess;
+use super::support::wait::Poll;
 use perch::agent::AgentDir;
 use perch::service::LaneLimits;
 use std::time::Duration;
@@ -107,14 +108,13 @@ async fn an_item_whose_lane_cannot_open_waits_and_is_answered_once_it_can() {
             seen.posted.iter().any(|(room, _)| room == "14")
         })
         .await;
-    let deadline = std::time::Instant::now() + WITHIN;
-    while service
-        .metric("perch_lane_open_failures_total")
-        .is_none_or(|failures| failures < 2.0)
-    {
-        assert!(std::time::Instant::now() < deadline, "no retried open");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    Poll::within(WITHIN)
+        .every(Duration::from_millis(5))
+        .until_async("a retried open", || {
+            let failures = service.metric("perch_lane_open_failures_total");
+            std::future::ready(failures.is_some_and(|failures| failures >= 2.0))
+        })
+        .await;
     assert!(
         service.seen(|seen| seen.posted.iter().all(|(room, _)| room != "13")),
         "nothing answered while the lane could not open"

@@ -5,6 +5,7 @@
 mod chat;
 
 use super::support::fake_model::{FakeModel, Reply, Script};
+use super::support::wait::Poll;
 use super::support::{new_agent, write};
 use perch::agent::{self, AgentDir};
 use perch::clock::system_clock;
@@ -22,7 +23,7 @@ use serde_json::json;
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn agent_for(fake: &FakeModel) -> tempfile::TempDir {
     let dir = new_agent();
@@ -158,15 +159,9 @@ fn closed_and_paired(dir: &Path, lane: &str) -> Vec<Entry> {
 }
 
 fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    Poll::within(Duration::from_secs(30))
+        .every(Duration::from_millis(10))
+        .until(&format!("{} to appear", path.display()), || path.exists());
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -36,13 +36,24 @@ async fn human_sync(client: &matrix_sdk::Client) {
 async fn human_reads(client: &matrix_sdk::Client, room: &str, event_id: &str) -> String {
     let room = client.get_room(&RoomId::parse(room).unwrap()).unwrap();
     let event_id = EventId::parse(event_id).unwrap();
+    let content = human_decrypts(client, &room, &event_id).await;
+    content["body"].as_str().unwrap().to_owned()
+}
+
+/// The content of `event_id` as the human's client decrypts it, syncing until its keys have
+/// arrived (each sync waits up to 200 ms for news).
+async fn human_decrypts(
+    client: &matrix_sdk::Client,
+    room: &matrix_sdk::Room,
+    event_id: &EventId,
+) -> Value {
     let deadline = Instant::now() + WAIT;
     loop {
         human_sync(client).await;
-        let event = room.event(&event_id, None).await.unwrap();
+        let event = room.event(event_id, None).await.unwrap();
         if let TimelineEventKind::Decrypted(decrypted) = &event.kind {
             let json: Value = serde_json::from_str(decrypted.event.json().get()).unwrap();
-            return json["content"]["body"].as_str().unwrap().to_owned();
+            return json["content"].clone();
         }
         assert!(
             Instant::now() < deadline,
@@ -304,16 +315,7 @@ async fn an_encrypted_file_is_fetched_and_a_file_is_sent_encrypted() {
     let on_server = alice.event(&room_id, &receipt.platform_id).await;
     assert_eq!(on_server["type"], "m.room.encrypted", "posted encrypted");
     let event_id = EventId::parse(&receipt.platform_id).unwrap();
-    let deadline = Instant::now() + WAIT;
-    let content = loop {
-        human_sync(&human).await;
-        let fetched = room.event(&event_id, None).await.unwrap();
-        if let TimelineEventKind::Decrypted(decrypted) = &fetched.kind {
-            let json: Value = serde_json::from_str(decrypted.event.json().get()).unwrap();
-            break json["content"].clone();
-        }
-        assert!(Instant::now() < deadline, "the human never decrypted it");
-    };
+    let content = human_decrypts(&human, &room, &event_id).await;
     assert_eq!(content["msgtype"], "m.file");
     assert_eq!(content["body"], "answer.txt");
     assert_eq!(

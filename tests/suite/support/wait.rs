@@ -47,17 +47,45 @@ impl Poll {
         assert!(self.holds(done), "timed out waiting for {what}");
     }
 
-    /// [`Poll::until`] in async code: the condition is a future, and the wait yields.
-    pub async fn until_async<F, Fut>(self, what: &str, mut done: F)
+    /// [`Poll::holds`] in async code: the condition is a future, and the wait yields.
+    pub async fn holds_async<F, Fut>(self, mut done: F) -> bool
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = bool>,
     {
         let deadline = Instant::now() + self.limit;
-        while !done().await {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        loop {
+            if done().await {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
             tokio::time::sleep(self.every).await;
         }
+    }
+
+    /// [`Poll::until`] in async code: the condition is a future, and the wait yields.
+    pub async fn until_async<F, Fut>(self, what: &str, done: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        assert!(self.holds_async(done).await, "timed out waiting for {what}");
+    }
+
+    /// The first value `attempt` gives, trying again while it gives none; the wait yields in
+    /// between. Fails the test naming `what` when the deadline passes first.
+    pub async fn value_async<T>(self, what: &str, mut attempt: impl FnMut() -> Option<T>) -> T {
+        let mut value = None;
+        let found = self
+            .holds_async(|| {
+                value = attempt();
+                std::future::ready(value.is_some())
+            })
+            .await;
+        assert!(found, "timed out waiting for {what}");
+        value.expect("the attempt gave a value")
     }
 }
 
