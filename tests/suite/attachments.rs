@@ -1,7 +1,4 @@
-//! Files in chat messages through `perch run`, end to end on the fakes of Telegram and Discord:
-//! an attachment is saved under `workspace/inbox/` and the model reads where; a reply's
-//! `attach:` lines send workspace files back; hostile names, files too large and lines naming
-//! what may not be sent are handled; no token reaches a journal.
+//! Files in chat messages through `perch run`: saved for the model, sent back, hostile ones too.
 
 use super::support::fake_discord::{
     Author, BOT_ID, Failure, FakeFile, Route, TOKEN as DISCORD_TOKEN,

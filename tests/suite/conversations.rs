@@ -1,6 +1,4 @@
-//! A conversation through `perch run`: answered where it was asked, carried on across restarts,
-//! a group's context offered once, and lanes an earlier version of perch named (`<channel>-<room>`,
-//! or a prefix and a CRC32) continued with the turns the model saw before.
+//! A conversation through `perch run`: answered in its chat, carried across restarts and lanes.
 
 use super::support::fake_model::Script;
 use super::support::fake_telegram::{BOT_USERNAME, Chat, User};

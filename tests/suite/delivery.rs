@@ -1,5 +1,4 @@
-//! How replies go out through `perch run`: as replies in their chat, mentioning nobody, split in
-//! order, and held by a platform's rate limit without holding up other rooms or a restart.
+//! How replies go out through `perch run`: as replies, mentioning nobody, in order, rate-limited.
 
 use super::support::fake_discord::{Author, BOT_ID, TOKEN as DISCORD_TOKEN};
 use super::support::fake_model::Script;

@@ -1,5 +1,4 @@
-//! `perch doctor` and `doctor::require` against fake machines: every place doctor looks is a
-//! file in a temporary directory, so nothing here depends on the real host.
+//! `perch doctor` and `doctor::require` against fake machines, never the real host.
 
 use super::support::fake_discord::{self, FakeDiscord};
 use super::support::fake_model::FakeModel;
@@ -447,20 +446,12 @@ fn online_checks_report_an_unreachable_address_at_once() {
         started.elapsed()
     );
     assert!(!output.status.success());
-    let tg = line(&text, "channel", "tg");
-    assert!(
-        tg.starts_with("FAIL") && tg.contains("unreachable: "),
-        "{text}"
-    );
+    let tg = checked(&text, ["channel", "tg"], "FAIL", "unreachable: ");
     assert!(
         fix_after(&text, tg).contains("the api_url in channels/tg.lua"),
         "{text}"
     );
-    let gone = line(&text, "model", "gone");
-    assert!(
-        gone.starts_with("FAIL") && gone.contains("unreachable: "),
-        "{text}"
-    );
+    let gone = checked(&text, ["model", "gone"], "FAIL", "unreachable: ");
     assert!(fix_after(&text, gone).contains("baseUrl"), "{text}");
     shows_none_of(&[WRONG_TOKEN, WRONG_KEY], &text, &err);
 }

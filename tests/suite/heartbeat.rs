@@ -1,6 +1,4 @@
-//! Heartbeats: the scheduler on paused tokio time (a simulated week of mixed schedules across a
-//! DST change, restarts mid-slot, downtime, and reloads; the runs recorded, not performed), and
-//! `perch heartbeat` beside `perch run` and without it, end to end on the fakes.
+//! Heartbeats: the scheduler on paused time, and `perch heartbeat` with and without `perch run`.
 
 use super::support::fake_model::Script;
 use super::support::scenario::{Agent, Scenario};

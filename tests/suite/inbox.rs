@@ -1,5 +1,4 @@
-//! The durable inbox: events journaled before they are acknowledged, verdicts under their
-//! event, items pending until consumed, duplicates recognised across restarts.
+//! The durable inbox: journaled before acked, verdicts, pending until consumed, duplicates.
 
 use super::support::wait::Poll;
 use chrono::TimeZone;

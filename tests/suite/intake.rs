@@ -1,5 +1,4 @@
-//! How a message gets in through `perch run`: who may talk (pairing, allow lists, groups, other
-//! bots, chat commands), edits, `on_message` hooks, full queues and bursts of many conversations.
+//! How a message gets in through `perch run`: pairing, allow lists, groups, edits, hooks, bursts.
 
 use super::support::fake_discord::Author;
 use super::support::fake_model::{Reply, Script};

@@ -1,6 +1,4 @@
-//! What a lane's session log records for `perch log` besides the conversation: each model
-//! reply's usage and cost (`model_replied`), each tool call's end (`tool_finished`), and how
-//! each delivery of the lane settled (`delivery_settled`), through `perch run` with the fakes.
+//! What a lane records for `perch log` besides the conversation: usage, tool ends, settlements.
 
 use super::support::fake_model::{Reply, Script};
 use super::support::fake_telegram::Failure;

@@ -1,6 +1,4 @@
-//! `perch run` as a service manager sees it: readiness, the watchdog and stopping over
-//! `NOTIFY_SOCKET`, SIGTERM letting a run finish, `--metrics` and JSON logs, and an example
-//! agent started as shipped.
+//! `perch run` as a service manager sees it: readiness, watchdog, SIGTERM, metrics, JSON logs.
 
 use super::support::fake_discord::{Author, BOT_ID};
 use super::support::fake_model::{Gate, Script};

@@ -1,5 +1,4 @@
-//! The three wire APIs end to end: perch's client against the fake model server over loopback
-//! HTTP, for every reply shape and every way a request can fail.
+//! The three wire APIs end to end against the fake model server: every reply shape and failure.
 
 use super::support::fake_model::{FakeModel, Reply, Script};
 use super::support::{new_agent, write};

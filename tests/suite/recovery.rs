@@ -1,6 +1,4 @@
-//! Crashes and restarts of `perch run`, placed with failpoints or SIGKILL: nothing journaled is
-//! lost, nothing is answered or sent twice, a delivery of unknown fate is reported and never
-//! resent on Telegram, an interrupted run is resumed once, and a crash loop pauses the channels.
+//! Crashes and restarts of `perch run`: nothing lost or doubled, interrupted runs resumed once.
 
 use super::support::fake_discord::{Author, BOT_ID};
 use super::support::fake_model::{Received, Reply, Script};

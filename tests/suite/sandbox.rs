@@ -1,7 +1,7 @@
-//! The sandbox contract, as one journey taken three ways: through the namespace double and
-//! through perch's real microVM adapter over the stand-in runtime (`suite::standin`) on every CI
-//! run, and in a real microVM where hardware KVM exists (`--include-ignored`, which `.ci/test`
-//! adds when `perch doctor` passes).
+//! The sandbox contract as one journey, on the double, on the stand-in runtime, in a microVM.
+//!
+//! The double and the stand-in runtime (`suite::standin`) on every CI run; a real microVM where
+//! hardware KVM exists (`--include-ignored`, which `.ci/test` adds when `perch doctor` passes).
 
 use super::support::wait::Poll;
 use super::support::{new_agent, write};

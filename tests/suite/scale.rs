@@ -1,7 +1,8 @@
-//! The service at scale, with the lane pool's limits lowered so a few hundred conversations go
-//! through many times its capacity: every one answered, never more lanes open than the cap, and
-//! nothing left behind once they are idle. Also the attacker's view: a flood of distinct rooms,
-//! and a lane that cannot be opened for a while.
+//! The service at scale: many conversations through a small lane pool, all answered, none left.
+//!
+//! The pool's limits are lowered so a few hundred conversations go through many times its
+//! capacity: never more lanes open than the cap. Also the attacker's view: a flood of distinct
+//! rooms, and a lane that cannot be opened for a while.
 
 use super::support::in_process::InProcess;
 use super::support::wait::Poll;

@@ -1,5 +1,4 @@
-//! The daily spend guard and owner alerts: `spend` and `owner` in agent.lua, `price` in
-//! models.yml, and `perch run` end to end with the fake model and the fake Telegram.
+//! The daily spend cap and owner alerts, in agent.lua and models.yml and through `perch run`.
 
 use super::support::fake_model::{Reply, Script};
 use super::support::fake_telegram::{Chat, FakeTelegram, Sent, User};

@@ -1,11 +1,13 @@
-//! perch's real microVM adapter and the unmodified microsandbox crate, end to end against the
-//! stand-in runtime (tests/msb): the crate spawns it as `msb` exactly as it would spawn the real
-//! one, and it runs the guest's commands in Linux namespaces instead of a VM. What perch handed
-//! the runtime is read back from `<home>/standin/launches.jsonl`, one line per launch.
+//! perch's real microVM adapter and microsandbox end to end against the stand-in runtime.
 //!
-//! Every test here starts with [`standin_setup`]: on a host without the prerequisites it prints
-//! `skipped: <reason>` and returns, except under `CI=true`, where a missing prerequisite fails
-//! the test (the suite can never silently stop running these).
+//! The unmodified microsandbox crate spawns the stand-in (tests/msb) as `msb` exactly as it
+//! would spawn the real one, and it runs the guest's commands in Linux namespaces instead of a
+//! VM. What perch handed the runtime is read back from `<home>/standin/launches.jsonl`, one line
+//! per launch.
+//!
+//! Every test here starts with [`standin_setup`] (most through [`standin_agent`]): on a host
+//! without the prerequisites it prints `skipped: <reason>` and returns, except under `CI=true`,
+//! where a missing prerequisite fails the test (the suite can never silently stop running these).
 
 use super::sandbox::{SECRET_VALUE, cancel_once_exists, load, lookup, machine_when_free, text};
 use super::standin_home::{Preparation, prepare};

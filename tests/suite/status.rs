@@ -1,6 +1,4 @@
-//! `perch status`: of a directory no `perch run` holds, from fixture files in the formats perch
-//! writes (`.perch/last-start.json`, the spend, inbox and outbox journals), the text and the JSON
-//! byte for byte; and of a running service, each channel's connection and health as it changes.
+//! `perch status`: its text and JSON from fixtures, and channel health while `perch run` runs.
 
 use super::support::fake_model::Script;
 use super::support::fake_telegram::Failure;

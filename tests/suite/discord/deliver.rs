@@ -1,6 +1,4 @@
-//! Delivering: replies that reference their message, mention nobody and carry a nonce (so a
-//! resend posts once), files as multipart uploads, rate limits and refusals reported, and the
-//! token in no error.
+//! Delivering on Discord: references, no mentions, nonces, files, rate limits, no token shown.
 
 use super::*;
 

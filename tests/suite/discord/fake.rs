@@ -1,5 +1,4 @@
-//! The fake Discord's own rules on the wire (REST and gateway), so the connector tests stand on
-//! a fake that refuses what Discord refuses.
+//! The fake Discord's own rules on the wire (REST and gateway), which the connector tests use.
 
 use super::*;
 

@@ -1,5 +1,4 @@
-//! The Discord connector's contract, against the fake REST API and gateway on loopback: the
-//! fake's own rules checked on the wire (`fake`), receiving (`receive`) and delivering (`deliver`).
+//! The Discord connector's contract on the fake: the fake's rules, receiving and delivering.
 
 mod deliver;
 mod fake;

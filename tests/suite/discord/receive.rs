@@ -1,6 +1,4 @@
-//! Receiving over the gateway: events in order, each waiting for the journal, back-filled after
-//! a restart or a lost session, mentions, replies and edits, files, refused credentials, and
-//! the watchdog that notices a silent gateway.
+//! Receiving over the gateway: order, journal acks, back-fill, mentions, edits, files, watchdog.
 
 use super::*;
 

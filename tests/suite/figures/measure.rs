@@ -1,5 +1,4 @@
-//! What the figures read of a running process from `/proc`: resident memory (RSS, PSS and the
-//! working set) in total and by mapping, and CPU time by thread.
+//! What the figures read of a running process from `/proc`: resident memory and CPU time.
 
 use super::*;
 

@@ -1,9 +1,11 @@
-//! The published figures that need a running `perch run`: the time from process start to the
-//! first message answered; idle memory (RSS and PSS, resident memory by mapping, the heap) and
-//! idle CPU with three channels connected and with Telegram and Discord only; and memory per
-//! agent with 1, 10 and 50 agents on one host. Ignored in normal runs; `tests/figures.sh` runs
-//! them against the dist build (`PERCH_FIGURES_BIN`) and prints each figure beside its target. Figures are not gates: a
-//! test fails only if the service does not work (a process died, a channel is not `receiving`).
+//! The published figures that need a running `perch run` (ignored; tests/figures.sh runs them).
+//!
+//! The time from process start to the first message answered; idle memory (RSS and PSS,
+//! resident memory by mapping, the heap) and idle CPU with three channels connected and with
+//! Telegram and Discord only; and memory per agent with 1, 10 and 50 agents on one host.
+//! `tests/figures.sh` runs them against the dist build (`PERCH_FIGURES_BIN`) and prints each
+//! figure beside its target. Figures are not gates: a test fails only if the service does not
+//! work (a process died, a channel is not `receiving`).
 //!
 //! Idle is the platforms' own rhythm: the Telegram fake holds `getUpdates` for the timeout perch
 //! asks (Telegram allows up to 50 s), the Discord fake's HELLO announces Discord's 41,250 ms

@@ -1,5 +1,4 @@
-//! Hostile chat users: bot loops, commands for other bots, names and texts made to fool a
-//! terminal or the model, pairing starvation, oversized media.
+//! Hostile chat users: bot loops, others' commands, names that fool a terminal, pairing floods.
 
 use super::super::intake::TEAM;
 use super::super::support::fake_discord::Author;

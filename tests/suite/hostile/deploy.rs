@@ -1,6 +1,7 @@
-//! A second local user, or the service user itself, against deploy and the host's limits: root
-//! never executes, follows or writes through a path the service user can change; descriptors
-//! and connections are bounded.
+//! A second local user, or the service user itself, against deploy and the host's limits.
+//!
+//! Root never executes, follows or writes through a path the service user can change;
+//! descriptors and connections are bounded.
 
 use super::super::support::fake_model::Script;
 use super::super::support::fake_telegram::User;

@@ -1,5 +1,4 @@
-//! Lua that tries to escape its budget: `__close` handlers, C-level pattern matching on huge
-//! subjects, hooks that never return.
+//! Lua that tries to escape its budget: `__close` handlers, huge pattern subjects, endless hooks.
 
 use super::super::support::fake_model::Script;
 use super::super::support::fake_telegram::{FakeTelegram, User};

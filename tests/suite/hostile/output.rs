@@ -1,5 +1,4 @@
-//! A guest that floods output: the host keeps a bounded head and tail per stream, the whole
-//! output stays in the guest, and every command has a timeout and the run's cancellation.
+//! A guest flooding output: a bounded head and tail on the host, timeouts and cancellation.
 
 use super::super::support::fake_model::{Reply, Script};
 use super::super::support::procfs::status_kib;

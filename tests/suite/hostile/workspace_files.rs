@@ -1,5 +1,4 @@
-//! A guest writing hostile files into `workspace/`: deep YAML, huge files, FIFOs, symlinks to
-//! host files or devices, a HEARTBEAT.yml rewritten in a loop.
+//! A guest writing hostile files into `workspace/`: deep YAML, huge files, FIFOs, symlinks.
 
 use super::super::support::fake_model::Script;
 use super::super::support::procfs::status_kib;

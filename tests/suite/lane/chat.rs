@@ -1,6 +1,4 @@
-//! `perch chat` end to end through the real binary: the lane remembers, a model over loopback
-//! HTTP answers without CA certificates (and an HTTPS one says why not, once), keys are
-//! redacted, and a crash at every step (or a kill inside a tool) is recovered on the next start.
+//! `perch chat` through the real binary: memory, CA-less models, redaction, crash recovery.
 
 use super::*;
 use crate::suite::support::scenario::on_the_double;

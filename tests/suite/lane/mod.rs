@@ -1,6 +1,4 @@
-//! The agent loop: lanes, runs, steering, abort, limits, compaction, and crash recovery, with
-//! the fake model server and the namespace double, in process; `chat` drives the real binary
-//! through `perch chat`.
+//! The agent loop in process: lanes, runs, steering, abort, limits, compaction and recovery.
 
 mod chat;
 

@@ -1,5 +1,4 @@
-//! `perch log`'s tail: the last turns read from the index without parsing what comes before,
-//! across a segment roll, and followed with `--follow` while `perch run` answers.
+//! `perch log`'s tail from the index, across segment rolls, and `--follow` beside `perch run`.
 
 use super::*;
 

@@ -1,5 +1,4 @@
-//! `perch log`: the real binary reading lanes written through the real lane writer, with every
-//! kind of line a reader needs to see, damaged lines among them.
+//! `perch log` of lanes the real writer wrote: turns, selection, lanes, JSON, damage, mistakes.
 
 mod follow;
 mod perch_run;

@@ -1,6 +1,4 @@
-//! `perch log` of what `perch run` wrote through the fakes: a message and its answer while it
-//! runs, the whole story of crashes and recoveries, and prompts spoofed by a sender
-//! told apart from real heartbeat firings and steers (also in lanes written before triggers).
+//! `perch log` of what `perch run` wrote: runs, crashes, recoveries, spoofed and real heartbeats.
 
 use super::*;
 

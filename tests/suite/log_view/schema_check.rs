@@ -1,6 +1,4 @@
-//! A checker of `--json` events against the schema file: the subset of JSON Schema the file
-//! uses (`type`, `required`, `properties`, `items`, `const`, `enum`, `additionalProperties`,
-//! and `oneOf` on `kind` with the top level's `unevaluatedProperties: false`).
+//! A checker of `perch log --json` events against the schema file (the subset it uses).
 
 use serde_json::Value;
 

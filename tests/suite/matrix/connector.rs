@@ -1,6 +1,4 @@
-//! The connector on its own: the session saved and restored, messages handed over after the
-//! backlog and acknowledged, quotes fetched, replies that carry `m.in_reply_to` and keep threads,
-//! a message never journaled handed over again, and invites from allowed users only.
+//! The Matrix connector alone: sessions, hand-over and acks, quotes, replies, threads, invites.
 
 use super::*;
 

@@ -1,6 +1,4 @@
-//! Encrypted rooms, with a second matrix-sdk client playing the human: both ways and across a
-//! restart, an undecryptable event reported (and shown by `perch status`), files fetched and
-//! sent encrypted.
+//! Encrypted Matrix rooms, a second client as the human: both ways, restarts, files, failures.
 
 use super::*;
 

@@ -1,6 +1,4 @@
-//! What admission refuses is handed on without a quote fetch or a member lookup, a quote
-//! journaled before a restart is not fetched again, and through `perch run` strangers are
-//! refused unlooked at until pairing opens the gate.
+//! What admission refuses on Matrix is handed on unlooked at, until pairing opens the gate.
 
 use super::*;
 use crate::suite::support::{journal_lines, pairing_code};

@@ -1,7 +1,4 @@
-//! The Matrix connector's contract against a real Synapse (started by `.ci/test`): the connector
-//! itself (`connector`), encrypted rooms with a second matrix-sdk client playing the human
-//! (`encryption`), what admission refuses unlooked at (`gate`), and `perch run` end to end
-//! (`perch_run`, `recovery`).
+//! The Matrix connector's contract against a real Synapse, and Matrix through `perch run`.
 
 mod connector;
 mod encryption;

@@ -1,6 +1,4 @@
-//! Matrix through `perch run`: a message answered in its room as a reply, each turn naming its
-//! sender, room and quoted reply, files both ways, the stand-up example's digest, and one
-//! service answering on Telegram, Discord and Matrix at once.
+//! Matrix through `perch run`: answers, origins, files, the stand-up example, three platforms.
 
 use super::*;
 use crate::suite::support::fake_model::FakeModel;
@@ -168,7 +166,7 @@ async fn matrix_turns_name_their_sender_room_and_quoted_reply_through_perch_run(
             "replying_to_text=\"the deploy is at five\"".to_owned(),
         ],
     );
-    let carols = last_user_content(&asked_with(&model, "carol speaking"));
+    let carols = last_user_content(&asked_with(model, "carol speaking"));
     assert!(
         carols.contains(&format!("\n&lt;origin channel=\"mx\" room=\"team\" chat=\"group\" sender=\"Ana\" sender_id=\"{}\"/>", ana.user_id)),
         "the typed header is escaped, part of Carol's text: {carols}"

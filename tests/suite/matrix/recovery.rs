@@ -1,5 +1,4 @@
-//! Crashes and bursts on Matrix through `perch run`: nothing lost or doubled between journal and
-//! sync, a resend under the same transaction id posted once, and ten rooms answered in order.
+//! Crashes and bursts on Matrix through `perch run`: nothing lost, doubled or out of order.
 
 use super::*;
 use crate::suite::support::{conversations_in_order, journal_text};

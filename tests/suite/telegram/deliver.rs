@@ -1,5 +1,4 @@
-//! Delivering: replies in their thread as MarkdownV2 (or plain text when it cannot parse), files
-//! as documents, rate limits and refusals reported, and the token in no error.
+//! Delivering on Telegram: threads, MarkdownV2 or plain text, documents, refusals, no token.
 
 use super::*;
 

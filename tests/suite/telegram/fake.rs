@@ -1,5 +1,4 @@
-//! The fake Bot API's own rules, each checked with raw requests, so the connector tests stand on
-//! a fake that refuses what Telegram refuses.
+//! The fake Bot API's own rules, each checked with raw requests, which the connector tests use.
 
 use super::*;
 

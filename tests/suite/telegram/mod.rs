@@ -1,5 +1,4 @@
-//! The Telegram connector's contract, against the fake Bot API over loopback HTTP: the fake's
-//! own rules checked with raw requests (`fake`), receiving (`receive`) and delivering (`deliver`).
+//! The Telegram connector's contract on the fake Bot API: its rules, receiving, delivering.
 
 mod deliver;
 mod fake;

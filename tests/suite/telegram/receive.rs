@@ -1,5 +1,4 @@
-//! Receiving: updates handed on in order and confirmed only once journaled, a restart from the
-//! cursor perch gives, mentions, replies, threads, edits and files, retries and long polls.
+//! Receiving from the Bot API: order, confirmation after the journal, cursors, files, polls.
 
 use super::*;
 
