@@ -96,7 +96,7 @@ pub async fn arrival_to_lane(smoke: bool) {
     clippy::unwrap_used,
     reason = "the suite's in-process service, shared with the tests, of which this uses a part"
 )]
-#[path = "../suite/in_process.rs"]
+#[path = "../suite/support/in_process.rs"]
 mod in_process;
 
 #[cfg(feature = "sandbox-double")]

@@ -8,6 +8,8 @@
 mod inbox;
 mod lane;
 mod log;
+#[path = "../suite/support/procfs.rs"]
+mod procfs;
 mod sandbox;
 mod scale;
 #[path = "../suite/standin_home.rs"]

@@ -165,17 +165,6 @@ fn mib(bytes: u64) -> f64 {
 #[cfg(feature = "sandbox-double")]
 fn status_bytes(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let kib = status
-        .lines()
-        .find_map(|line| line.strip_prefix(field))
-        .and_then(|value| {
-            value
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-        .expect("the field is there");
+    let kib = crate::procfs::status_kib(&status, field).expect("the field is there");
     kib * 1024
 }

@@ -15,21 +15,29 @@
     clippy::unwrap_used,
     reason = "the suite's fakes, shared with the tests, of which this uses a part"
 )]
-#[path = "../suite/support.rs"]
+#[path = "../suite/support/binary.rs"]
 mod support;
+
+#[allow(
+    dead_code,
+    clippy::unwrap_used,
+    reason = "the suite's fakes, shared with the tests, of which this uses a part"
+)]
+#[path = "../suite/support/http.rs"]
+mod http;
 
 #[allow(
     clippy::unwrap_used,
     reason = "the suite's fakes, shared with the tests, unwrap as tests do"
 )]
-#[path = "../suite/fake_model.rs"]
+#[path = "../suite/support/fake_model/mod.rs"]
 mod fake_model;
 
 #[allow(
     clippy::unwrap_used,
     reason = "the suite's fakes, shared with the tests, unwrap as tests do"
 )]
-#[path = "../suite/fake_telegram.rs"]
+#[path = "../suite/support/fake_telegram/mod.rs"]
 mod fake_telegram;
 
 use fake_model::FakeModel;
@@ -351,35 +359,15 @@ impl Perch {
     /// The value of the unlabelled metric `name`, scraped now.
     fn gauge(&mut self, name: &str) -> Option<u64> {
         let scrape = self.scrape()?;
-        scrape.lines().find_map(|line| {
-            line.strip_prefix(name)
-                .and_then(|rest| rest.strip_prefix(' '))
-                .and_then(|value| value.trim().parse::<f64>().ok())
-                .map(|value| value as u64)
-        })
+        crate::procfs::gauge(&scrape, name)
     }
 
     fn scrape(&mut self) -> Option<String> {
-        use std::io::{Read, Write};
         if self.metrics.is_none() {
             let text = std::fs::read_to_string(&self.stderr).ok()?;
-            let (_, rest) = text.split_once("metrics on http://")?;
-            let (address, _) = rest.split_once("/metrics")?;
-            self.metrics = Some(address.to_owned());
+            self.metrics = Some(crate::procfs::metrics_address(&text)?);
         }
-        let address = self.metrics.as_deref()?;
-        let mut stream = std::net::TcpStream::connect(address).ok()?;
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .ok()?;
-        stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nHost: perch\r\nConnection: close\r\n\r\n")
-            .ok()?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).ok()?;
-        response
-            .split_once("\r\n\r\n")
-            .map(|(_, body)| body.to_owned())
+        crate::procfs::scrape(self.metrics.as_deref()?)
     }
 
     fn pid(&self) -> u32 {

@@ -1,3 +1,5 @@
+//! `perch init` and the agent directory: what init writes and keeps, the owner lock, perch info.
+
 use super::support::{new_agent, perch, stderr, stdout, tree, write};
 use perch::agent::{AgentDir, LockError, OwnerLock};
 use std::fs;

@@ -1,95 +1,14 @@
-//! Files in chat messages through `perch run`, end to end on the fakes of Telegram and Discord:
-//! an attachment is saved under `workspace/inbox/` and the model reads where; a reply's
-//! `attach:` lines send workspace files back; hostile names, files too large and lines naming
-//! what may not be sent are handled; no token reaches a journal.
+//! Files in chat messages through `perch run`: saved for the model, sent back, hostile ones too.
 
-use super::fake_discord::{
-    Author, BOT_ID, Failure, FakeDiscord, FakeFile, Route, TOKEN as DISCORD_TOKEN,
+use super::support::fake_discord::{
+    Author, BOT_ID, Failure, FakeFile, Route, TOKEN as DISCORD_TOKEN,
 };
-use super::fake_model::{FakeModel, Script};
-use super::fake_telegram::{Chat, FakeTelegram, Incoming, Media, TOKEN as TELEGRAM_TOKEN, User};
-use super::support::{new_agent, write};
-use perch::host::Places;
+use super::support::fake_model::Script;
+use super::support::fake_telegram::{Chat, Incoming, Media, TOKEN as TELEGRAM_TOKEN};
+use super::support::scenario::{Agent, Scenario, alice};
+use super::support::{files_under, journal_text, names_in, user_text, write};
 use perch_core::attachment::inbox_dir;
-use perch_core::config::Api;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-fn agent(model: &FakeModel, file: &str, channel: &str) -> tempfile::TempDir {
-    let dir = new_agent();
-    write(dir.path(), "models.yml", &model.models_yml("fake", "m1"));
-    write(dir.path(), "agent.lua", "agent { model = \"fake/m1\" }\n");
-    write(dir.path(), file, channel);
-    dir
-}
-
-fn telegram_agent(model: &FakeModel, telegram: &FakeTelegram) -> tempfile::TempDir {
-    agent(
-        model,
-        "channels/tg.lua",
-        &format!(
-            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {:?}, dm = \"allow\" }}\n",
-            telegram.api_url()
-        ),
-    )
-}
-
-/// `perch run DIR` on the namespace double, with one platform token in its environment.
-fn launch(dir: &Path, token: (&str, &str)) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_perch"))
-        .args(["run", dir.to_str().unwrap()])
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("PERCH_SANDBOX", "namespace-double")
-        .env("PERCH_CACHE", Places::from_environment().cache)
-        .env(token.0, token.1)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-fn stop(child: Child) -> String {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let output = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert!(
-        output.status.success(),
-        "perch run did not stop cleanly: {stderr}"
-    );
-    stderr
-}
-
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The text of the last user message of a Chat Completions request.
-fn user_text(request: &Value) -> String {
-    let text = request["messages"]
-        .as_array()
-        .and_then(|messages| {
-            messages
-                .iter()
-                .rev()
-                .find(|message| message["role"] == "user")
-        })
-        .and_then(|message| message["content"].as_str())
-        .unwrap_or_default()
-        .to_owned();
-    super::support::without_origins(&text)
-}
 
 fn system_text(request: &Value) -> String {
     request["messages"][0]["content"]
@@ -98,40 +17,11 @@ fn system_text(request: &Value) -> String {
         .to_owned()
 }
 
-/// Every file under `dir`, with its bytes.
-fn files_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut found = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return found;
-    };
-    for entry in entries {
-        let path = entry.unwrap().path();
-        let kind = std::fs::symlink_metadata(&path).unwrap().file_type();
-        if kind.is_dir() {
-            found.extend(files_under(&path));
-        } else if kind.is_file() {
-            let bytes = std::fs::read(&path).unwrap();
-            found.push((path, bytes));
-        }
-    }
-    found
-}
-
-fn names_in(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
-}
-
 #[test]
 fn a_telegram_file_reaches_the_model_and_a_reply_attaches_a_workspace_file() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram);
-    let workspace = dir.path().join("workspace");
+    let agent = Scenario::telegram_dm().build();
+    let (model, telegram) = (&agent.model, agent.telegram());
+    let workspace = agent.path().join("workspace");
     write(&workspace, "out/report.txt", "the report body");
     std::os::unix::fs::symlink("/etc/hostname", workspace.join("out/link")).unwrap();
     let huge = std::fs::File::create(workspace.join("out/huge.bin")).unwrap();
@@ -140,19 +30,17 @@ fn a_telegram_file_reaches_the_model_and_a_reply_attaches_a_workspace_file() {
         "Here is **the report**.\n\nattach: out/report.txt\nattach: ../agent.lua\n\
          attach: `out/missing.pdf`\nattach: /workspace/out/link\nattach: out/huge.bin",
     ));
-    let alice = User::human(42, "Alice");
-    let chat = Chat::private(&alice);
-    let child = launch(dir.path(), ("TELEGRAM_TOKEN", TELEGRAM_TOKEN));
+    let service = agent.start();
     let pushed = telegram.push(Incoming::document(
-        &chat,
-        &alice,
+        &Chat::private(&alice()),
+        &alice(),
         "../../etc/passwd",
         "text/plain",
         b"root:x:0:0",
         Some("what is this?"),
     ));
-    wait_until("the reply", || !telegram.sent().is_empty());
-    let stderr = stop(child);
+    agent.wait_for_a_reply();
+    let stderr = service.stop();
 
     let inbox = inbox_dir("tg", &pushed.platform_id());
     let saved = workspace.join(&inbox).join("passwd");
@@ -186,7 +74,7 @@ fn a_telegram_file_reaches_the_model_and_a_reply_attaches_a_workspace_file() {
     );
 
     let secret = TELEGRAM_TOKEN.split_once(':').unwrap().1;
-    let state = files_under(&dir.path().join(".perch"));
+    let state = files_under(&agent.path().join(".perch"));
     assert!(!state.is_empty());
     for (path, bytes) in &state {
         let text = String::from_utf8_lossy(bytes);
@@ -197,30 +85,22 @@ fn a_telegram_file_reaches_the_model_and_a_reply_attaches_a_workspace_file() {
             path.display()
         );
     }
-    let outbox: String = files_under(&dir.path().join(".perch/outbox"))
-        .iter()
-        .map(|(_, bytes)| String::from_utf8_lossy(bytes).into_owned())
-        .collect();
+    let outbox = journal_text(&agent.path().join(".perch/outbox"));
     assert!(
         outbox.contains("\"path\":\"out/report.txt\""),
         "the outbox names the file: {outbox}"
     );
-    let inbox_journal: String = files_under(&dir.path().join(".perch/inbox"))
-        .iter()
-        .map(|(_, bytes)| String::from_utf8_lossy(bytes).into_owned())
-        .collect();
+    let inbox_journal = journal_text(&agent.path().join(".perch/inbox"));
     assert!(inbox_journal.contains("\"attachments\""), "{inbox_journal}");
     assert!(!stderr.contains(secret), "{stderr}");
 }
 
 #[test]
 fn a_file_too_large_is_refused_a_file_alone_still_arrives_and_a_saved_file_is_reused() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram);
-    let workspace = dir.path().join("workspace");
-    let alice = User::human(42, "Alice");
-    let chat = Chat::private(&alice);
+    let agent = Scenario::telegram_dm().build();
+    let (model, telegram) = (&agent.model, agent.telegram());
+    let workspace = agent.path().join("workspace");
+    let (alice, chat) = (alice(), Chat::private(&alice()));
     let big = telegram.push(
         Incoming::document(&chat, &alice, "big.zip", "application/zip", b"PK", None)
             .declared_size(30_000_000),
@@ -239,15 +119,11 @@ fn a_file_too_large_is_refused_a_file_alone_still_arrives_and_a_saved_file_is_re
     for text in ["one", "two", "three"] {
         model.push(Script::text(text));
     }
-    let child = launch(dir.path(), ("TELEGRAM_TOKEN", TELEGRAM_TOKEN));
-    wait_until("three replies", || telegram.sent().len() == 3);
-    stop(child);
+    let service = agent.start();
+    agent.wait_for_replies(3);
+    service.stop();
 
-    let asked: Vec<String> = model
-        .requests()
-        .iter()
-        .map(|request| user_text(&request.body))
-        .collect();
+    let asked = model.user_texts();
     assert_eq!(
         asked[0],
         "[attachment not saved: big.zip (application/zip, 30 MB): 30 MB is larger than the 25 MB limit]"
@@ -284,40 +160,29 @@ fn a_file_too_large_is_refused_a_file_alone_still_arrives_and_a_saved_file_is_re
         "only the photo was downloaded: {:?}",
         telegram.downloads()
     );
-    let get_files = telegram
-        .calls()
-        .iter()
-        .filter(|call| call.method == "GetFile")
-        .count();
+    let get_files = telegram.calls_of("GetFile").len();
     assert_eq!(
         get_files, 1,
         "the big file was refused by its declared size"
     );
 }
 
-fn discord_agent(model: &FakeModel, discord: &FakeDiscord) -> tempfile::TempDir {
-    agent(
-        model,
-        "channels/dc.lua",
-        &format!(
-            "channel {{ kind = \"discord\", token = env \"DISCORD_TOKEN\", api_url = {:?},\n  \
-             rooms = {{ general = \"555\" }}, allow = {{ rooms = {{ \"general\" }} }} }}\n",
-            discord.url()
-        ),
-    )
+/// A Discord agent answering in the general channel `555`.
+fn discord_agent() -> Agent {
+    let agent = Scenario::discord(super::delivery::GENERAL).build();
+    agent.discord().guild_channel(555);
+    agent
 }
 
 #[test]
 fn discord_files_both_ways_with_hostile_names_made_safe() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let discord = FakeDiscord::start();
-    let dir = discord_agent(&model, &discord);
-    discord.guild_channel(555);
-    let workspace = dir.path().join("workspace");
+    let agent = discord_agent();
+    let (model, discord) = (&agent.model, agent.discord());
+    let workspace = agent.path().join("workspace");
     write(&workspace, "out/answer.md", "# Answer\n");
     model.push(Script::text("Done.\nattach: out/answer.md"));
-    let child = launch(dir.path(), ("DISCORD_TOKEN", DISCORD_TOKEN));
-    wait_until("the gateway session", || discord.live_sessions() > 0);
+    let service = agent.start();
+    agent.wait_for_gateway();
     let long = format!("{}.txt", "x".repeat(300));
     let files = [
         FakeFile::new("../../etc/passwd", "text/plain", b"1"),
@@ -330,8 +195,8 @@ fn discord_files_both_ways_with_hostile_names_made_safe() {
     ];
     let dana = Author::user(77, "Dana");
     let asked = discord.push_files(555, &dana, &format!("<@{BOT_ID}> look"), &files);
-    wait_until("the reply", || !discord.posted().is_empty());
-    let stderr = stop(child);
+    agent.wait_for_a_reply();
+    let stderr = service.stop();
 
     let inbox = inbox_dir("dc", &asked.to_string());
     let short = format!("{}.txt", "x".repeat(96));
@@ -362,7 +227,7 @@ fn discord_files_both_ways_with_hostile_names_made_safe() {
     assert_eq!(contents, bytes);
     expected.sort();
     assert_eq!(names_in(&workspace.join(&inbox)), expected);
-    assert!(!workspace.join("etc").exists() && !dir.path().join("etc").exists());
+    assert!(!workspace.join("etc").exists() && !agent.path().join("etc").exists());
     assert!(
         discord
             .downloads()
@@ -393,21 +258,19 @@ fn discord_files_both_ways_with_hostile_names_made_safe() {
 
 #[test]
 fn a_reply_the_platform_refuses_for_its_files_is_sent_without_them_saying_why() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let discord = FakeDiscord::start();
-    let dir = discord_agent(&model, &discord);
-    discord.guild_channel(555);
-    write(&dir.path().join("workspace"), "out/a.txt", "alpha");
-    model.push(Script::text("Here.\nattach: out/a.txt"));
+    let agent = discord_agent();
+    let discord = agent.discord();
+    agent.write("workspace/out/a.txt", "alpha");
+    agent.model.push(Script::text("Here.\nattach: out/a.txt"));
     discord.fail_next(
         Route::CreateMessage,
         Failure::status(413, 40005, "Request entity too large"),
     );
-    let child = launch(dir.path(), ("DISCORD_TOKEN", DISCORD_TOKEN));
-    wait_until("the gateway session", || discord.live_sessions() > 0);
+    let service = agent.start();
+    agent.wait_for_gateway();
     let asked = discord.push_message(555, &Author::user(77, "Dana"), &format!("<@{BOT_ID}> a?"));
-    wait_until("the reply", || !discord.posted().is_empty());
-    stop(child);
+    agent.wait_for_a_reply();
+    service.stop();
     let posted = discord.posted();
     assert_eq!(posted.len(), 1);
     assert!(posted[0].files.is_empty());
@@ -420,9 +283,6 @@ fn a_reply_the_platform_refuses_for_its_files_is_sent_without_them_saying_why() 
         posted[0].body["message_reference"]["message_id"],
         asked.to_string()
     );
-    let outbox: String = files_under(&dir.path().join(".perch/outbox"))
-        .iter()
-        .map(|(_, bytes)| String::from_utf8_lossy(bytes).into_owned())
-        .collect();
+    let outbox = journal_text(&agent.path().join(".perch/outbox"));
     assert!(outbox.contains("\"dropped\""), "{outbox}");
 }

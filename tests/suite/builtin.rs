@@ -1,5 +1,4 @@
-//! The built-in tools (`bash`, `read`, `write`, `edit`) through the [`Toolbox`], against the
-//! namespace double.
+//! The built-in tools (`bash`, `read`, `write`, `edit`) through the Toolbox, on the double.
 
 use super::support::new_agent;
 use perch::agent::{self, AgentDir};

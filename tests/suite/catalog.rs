@@ -1,3 +1,5 @@
+//! The example agents in `agents/` and the stock channels: each loads and behaves as shown.
+
 use perch::agent::{self, AgentDir};
 use perch::heartbeat;
 use perch_core::config::{DmPolicy, GroupPolicy};

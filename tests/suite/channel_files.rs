@@ -1,5 +1,4 @@
-//! Channel files: checks at load, the secret rule across files, hooks and their store,
-//! `perch channel add` and `perch info`.
+//! Channel files: checks at load, secrets across files, hooks, `perch channel add`, `info`.
 
 use super::support::{new_agent, perch, stderr, stdout, write};
 use perch::agent::{self, AgentDir, LoadedAgent, LoadedChannel};

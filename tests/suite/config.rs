@@ -1,3 +1,5 @@
+//! Agent configuration checked at load: each problem named with its file, line and fix.
+
 use super::support::{new_agent, perch, stderr, write};
 use perch::agent::{self, AgentDir};
 

@@ -1,5 +1,4 @@
-//! `deploy/`: the install and uninstall scripts run against a staged tree (DESTDIR), and the
-//! unit's promises, read by a small parser and, where it is installed, by `systemd-analyze`.
+//! `deploy/`: install and uninstall scripts on a staged tree, and the systemd unit's promises.
 
 use std::collections::BTreeMap;
 use std::io::Read;

@@ -1,9 +1,8 @@
-//! `perch doctor` and `doctor::require` against fake machines: every place doctor looks is a
-//! file in a temporary directory, so nothing here depends on the real host.
+//! `perch doctor` and `doctor::require` against fake machines, never the real host.
 
-use super::fake_discord::{self, FakeDiscord};
-use super::fake_model::FakeModel;
-use super::fake_telegram::{self, FakeTelegram};
+use super::support::fake_discord::{self, FakeDiscord};
+use super::support::fake_model::FakeModel;
+use super::support::fake_telegram::{self, FakeTelegram};
 use super::support::{new_agent, perch, stderr, stdout, write};
 use perch::agent::AgentDir;
 use perch::cli::doctor::{self, Status};
@@ -300,6 +299,25 @@ fn line<'a>(text: &'a str, name: &str, label: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {name} {label} line in:\n{text}"))
 }
 
+/// [`line`] for the check `name` and the detail `label`, which must start with `verdict` and
+/// say `says`.
+fn checked<'a>(text: &'a str, [name, label]: [&str; 2], verdict: &str, says: &str) -> &'a str {
+    let found = line(text, name, label);
+    assert!(found.starts_with(verdict), "{text}");
+    assert!(found.contains(says), "{text}");
+    found
+}
+
+/// Checks that no one of `secrets` is in doctor's output `text` or its stderr `err`.
+fn shows_none_of(secrets: &[&str], text: &str, err: &str) {
+    for secret in secrets {
+        assert!(
+            !text.contains(secret) && !err.contains(secret),
+            "{text}{err}"
+        );
+    }
+}
+
 /// The fix printed under the line of `text` that starts with `first`.
 fn fix_after<'a>(text: &'a str, first: &str) -> &'a str {
     let mut lines = text.lines().skip_while(|line| !line.starts_with(first));
@@ -341,24 +359,16 @@ fn online_checks_accept_good_credentials_and_report_refused_ones_without_showing
             ("FAKE_KEY", MODEL_KEY),
         ],
     );
-    let tg = line(&text, "channel", "tg");
-    assert!(tg.starts_with("ok"), "{text}");
-    assert!(
-        tg.contains("getMe: the token is accepted for @perch_test_bot"),
-        "{text}"
-    );
-    let dc = line(&text, "channel", "dc");
-    assert!(dc.starts_with("ok"), "{text}");
-    assert!(
-        dc.contains("GET /users/@me: the token is accepted"),
-        "{text}"
-    );
-    let fake = line(&text, "model", "fake");
-    assert!(fake.starts_with("ok"), "{text}");
-    assert!(
-        fake.contains("the key is accepted, 1 models listed"),
-        "{text}"
-    );
+    for (check, says) in [
+        (
+            ["channel", "tg"],
+            "getMe: the token is accepted for @perch_test_bot",
+        ),
+        (["channel", "dc"], "GET /users/@me: the token is accepted"),
+        (["model", "fake"], "the key is accepted, 1 models listed"),
+    ] {
+        checked(&text, check, "ok", says);
+    }
     let keys = model.requests();
     let listed = keys
         .iter()
@@ -368,12 +378,11 @@ fn online_checks_accept_good_credentials_and_report_refused_ones_without_showing
         listed.header("authorization"),
         Some(format!("Bearer {MODEL_KEY}").as_str())
     );
-    for secret in [fake_telegram::TOKEN, fake_discord::TOKEN, MODEL_KEY] {
-        assert!(
-            !text.contains(secret) && !err.contains(secret),
-            "{text}{err}"
-        );
-    }
+    shows_none_of(
+        &[fake_telegram::TOKEN, fake_discord::TOKEN, MODEL_KEY],
+        &text,
+        &err,
+    );
 
     let (output, text, err) = doctor_online(
         agent.path(),
@@ -384,32 +393,21 @@ fn online_checks_accept_good_credentials_and_report_refused_ones_without_showing
         ],
     );
     assert!(!output.status.success());
-    let tg = line(&text, "channel", "tg");
-    assert!(tg.starts_with("FAIL"), "{text}");
-    assert!(
-        tg.contains("refused: Telegram refused the bot token"),
-        "{text}"
-    );
+    let [tg, _, fake] = [
+        (["channel", "tg"], "refused: Telegram refused the bot token"),
+        (
+            ["channel", "dc"],
+            "refused: Discord refused the bot token (401)",
+        ),
+        (
+            ["model", "fake"],
+            "refused (401): Incorrect API key provided: <redacted>",
+        ),
+    ]
+    .map(|(check, says)| checked(&text, check, "FAIL", says));
     assert!(fix_after(&text, tg).contains("check TELEGRAM_TOKEN, which channels/tg.lua names"));
-    let dc = line(&text, "channel", "dc");
-    assert!(dc.starts_with("FAIL"), "{text}");
-    assert!(
-        dc.contains("refused: Discord refused the bot token (401)"),
-        "{text}"
-    );
-    let fake = line(&text, "model", "fake");
-    assert!(fake.starts_with("FAIL"), "{text}");
-    assert!(
-        fake.contains("refused (401): Incorrect API key provided: <redacted>"),
-        "{text}"
-    );
     assert_eq!(fix_after(&text, fake), "check the key in FAKE_KEY");
-    for secret in [WRONG_TOKEN, WRONG_DISCORD_TOKEN, WRONG_KEY] {
-        assert!(
-            !text.contains(secret) && !err.contains(secret),
-            "{text}{err}"
-        );
-    }
+    shows_none_of(&[WRONG_TOKEN, WRONG_DISCORD_TOKEN, WRONG_KEY], &text, &err);
 }
 
 /// A loopback port nothing listens on.
@@ -449,27 +447,14 @@ fn online_checks_report_an_unreachable_address_at_once() {
         started.elapsed()
     );
     assert!(!output.status.success());
-    let tg = line(&text, "channel", "tg");
-    assert!(
-        tg.starts_with("FAIL") && tg.contains("unreachable: "),
-        "{text}"
-    );
+    let tg = checked(&text, ["channel", "tg"], "FAIL", "unreachable: ");
     assert!(
         fix_after(&text, tg).contains("the api_url in channels/tg.lua"),
         "{text}"
     );
-    let gone = line(&text, "model", "gone");
-    assert!(
-        gone.starts_with("FAIL") && gone.contains("unreachable: "),
-        "{text}"
-    );
+    let gone = checked(&text, ["model", "gone"], "FAIL", "unreachable: ");
     assert!(fix_after(&text, gone).contains("baseUrl"), "{text}");
-    for secret in [WRONG_TOKEN, WRONG_KEY] {
-        assert!(
-            !text.contains(secret) && !err.contains(secret),
-            "{text}{err}"
-        );
-    }
+    shows_none_of(&[WRONG_TOKEN, WRONG_KEY], &text, &err);
 }
 
 #[test]
@@ -728,7 +713,7 @@ fn a_clock_before_this_perch_was_written_fails_and_one_gone_back_warns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn online_matrix_checks_the_saved_session_and_never_logs_in() {
-    let synapse = super::synapse::Synapse::from_env();
+    let synapse = super::support::synapse::Synapse::from_env();
     let bot = synapse.register("doctorbot").await;
     let agent = new_agent();
     write(
@@ -752,11 +737,11 @@ async fn online_matrix_checks_the_saved_session_and_never_logs_in() {
     let before = devices().await;
 
     let (_, text1, err1) = doctor_online(agent.path(), &env);
-    let mx = line(&text1, "channel", "mx");
-    assert!(mx.starts_with("warn"), "{text1}");
-    assert!(
-        mx.contains("the homeserver answers (Matrix up to v1."),
-        "{text1}"
+    let mx = checked(
+        &text1,
+        ["channel", "mx"],
+        "warn",
+        "the homeserver answers (Matrix up to v1.",
     );
     assert!(
         mx.contains("is not logged in yet: perch run logs in once"),
@@ -790,11 +775,11 @@ async fn online_matrix_checks_the_saved_session_and_never_logs_in() {
     std::fs::write(store.join("session.json"), session(wrong)).unwrap();
     let (refused, text3, err3) = doctor_online(agent.path(), &env);
     assert!(!refused.status.success());
-    let mx = line(&text3, "channel", "mx");
-    assert!(mx.starts_with("FAIL"), "{text3}");
-    assert!(
-        mx.contains("refused: the homeserver no longer accepts the saved session"),
-        "{text3}"
+    let mx = checked(
+        &text3,
+        ["channel", "mx"],
+        "FAIL",
+        "refused: the homeserver no longer accepts the saved session",
     );
     assert!(mx.contains("M_UNKNOWN_TOKEN"), "{text3}");
     assert!(

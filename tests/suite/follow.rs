@@ -1,5 +1,4 @@
-//! Following lanes while the real writer appends to them in the same process: what `perch log
-//! --follow` streams.
+//! Following lanes while the real writer appends in the same process: what `--follow` streams.
 //!
 //! Where a test shows that a lane sent nothing, it writes a line to another lane (the probe)
 //! after the write that must not be sent, and waits for the probe's line: the follower takes

@@ -1,13 +1,16 @@
-//! The heartbeat scheduler on paused tokio time: a simulated week of mixed schedules across a
-//! DST change, restarts mid-slot, downtime, and reloads. The runs are recorded, not performed;
-//! the end-to-end tests through `perch run` are in `service_heartbeat`.
+//! Heartbeats: the scheduler on paused time, and `perch heartbeat` with and without `perch run`.
 
-use super::support::{new_agent, write};
+use super::support::fake_model::Script;
+use super::support::scenario::{Agent, Scenario};
+use super::support::status::Report;
+use super::support::wait::Poll;
+use super::support::{new_agent, stderr, stdout, write};
 use chrono::{TimeZone, Timelike, Utc};
 use perch::agent::AgentDir;
 use perch::heartbeat::{self, Heartbeats, Job, JobEnd, Ledger, Mode, SchedulerSetup};
 use perch::host::clock::Clock;
 use perch_core::Timestamp;
+use perch_core::control::HeartbeatList;
 use perch_core::heartbeat::{HeartbeatEnv, LedgerRecord, SlotOutcome, TargetSpec};
 use perch_core::name::{ChannelName, RoomAlias};
 use std::sync::{Arc, Mutex};
@@ -88,21 +91,14 @@ impl Recorder {
 
 /// Opens the ledger, retrying while a stopped scheduler lets go of it.
 async fn open_ledger(dir: &AgentDir, clock: Clock) -> (Ledger, Vec<(u64, LedgerRecord)>) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match Ledger::open(dir, clock.clone()) {
-            Ok(opened) => return opened,
-            Err(error) => {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the ledger stayed held: {error}"
-                );
-                // Paused time moves on while this sleeps, so a scheduler still waiting for a
-                // run that will never end gives up and lets go of the ledger.
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    }
+    // Paused time moves on while this waits, so a scheduler still waiting for a run that will
+    // never end gives up and lets go of the ledger.
+    Poll::within(Duration::from_secs(10))
+        .every(Duration::from_millis(10))
+        .value_async("the ledger to be let go", || {
+            Ledger::open(dir, clock.clone()).ok()
+        })
+        .await
 }
 
 async fn start(
@@ -394,4 +390,146 @@ fn perch_info_lists_the_tasks_or_says_why_the_file_does_not_check() {
     let json: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
     let error = json["heartbeats"]["error"].as_str().unwrap();
     assert!(error.contains("workspace/HEARTBEAT.yml:4"), "{error}");
+}
+
+/// `perch heartbeat list DIR --json`, read as the listing it prints.
+fn listed(agent: &Agent) -> HeartbeatList {
+    serde_json::from_slice(&agent.perch(&["heartbeat", "list", "--json"]).stdout).unwrap()
+}
+
+/// `perch ARGS DIR`, which must succeed; its stdout.
+fn succeeds(agent: &Agent, args: &[&str]) -> String {
+    let output = agent.perch(args);
+    assert!(output.status.success(), "{}", stderr(&output));
+    stdout(&output)
+}
+
+#[test]
+fn a_heartbeat_message_is_posted_once_an_invalid_verdict_never_and_a_dry_run_delivers_nothing() {
+    let agent = Scenario::discord("rooms = { standup = \"555\" }").build();
+    let (model, discord) = (&agent.model, agent.discord());
+    discord.guild_channel(555);
+    agent.write(
+        "workspace/HEARTBEAT.yml",
+        "tasks:\n  - name: digest\n    prompt: Post the stand-up digest.\n    cron: \"0 9 * * Mon-Fri\"\n    tz: Europe/Berlin\n    delivery: dc:standup\n  - name: quiet\n    prompt: Only when there is news.\n    every: 1h\n    check: \"test -e /workspace/news\"\n",
+    );
+    let service = agent.start();
+    agent.wait_for_gateway();
+
+    model.push(Script::text("Message: All green today.\nTwo reviews wait."));
+    let shown = succeeds(&agent, &["heartbeat", "run", "digest"]);
+    assert!(
+        shown.contains("valid verdict: message to dc:standup"),
+        "{shown}"
+    );
+    let posted = discord.posted();
+    assert_eq!(posted.len(), 1);
+    assert_eq!(posted[0].channel, 555);
+    assert_eq!(
+        posted[0].body["content"],
+        "All green today.\nTwo reviews wait."
+    );
+    let asked = &model.requests()[0].body["messages"];
+    let prompt = asked.as_array().unwrap().last().unwrap()["content"].to_string();
+    assert!(prompt.contains("Post the stand-up digest."), "{prompt}");
+    assert!(prompt.contains("SILENCE"), "the rule is stated: {prompt}");
+    assert_eq!(
+        asked.as_array().unwrap().len(),
+        2,
+        "a fresh run holds the system prompt and the task's prompt only: {asked}"
+    );
+
+    model.push(Script::text("SILENCE."));
+    model.push(Script::text("I looked around. SILENCE"));
+    let shown = succeeds(&agent, &["heartbeat", "run", "digest"]);
+    assert!(shown.contains("invalid verdict"), "{shown}");
+    let correction = model.requests()[2].body["messages"].to_string();
+    assert!(
+        correction.contains("SILENCE."),
+        "the retry carries the first reply and the correction: {correction}"
+    );
+    assert!(
+        model.requests()[1].body["messages"]
+            .to_string()
+            .contains("last run of this task"),
+        "a fresh run is told the task's last outcome"
+    );
+
+    model.push(Script::text("Message: a dry one"));
+    let dry = succeeds(&agent, &["heartbeat", "run", "digest", "--dry-run"]);
+    assert!(dry.contains("valid verdict: message to dc:standup"));
+    assert_eq!(
+        discord.posted().len(),
+        1,
+        "nothing but the valid message was posted"
+    );
+
+    let list = listed(&agent);
+    assert_eq!(list.tasks[0].name, "digest");
+    let last = list.tasks[0].last.as_ref().unwrap();
+    assert!(last.outcome.starts_with("invalid verdict"), "{list:?}");
+    assert!(
+        list.tasks[0]
+            .next
+            .as_ref()
+            .unwrap()
+            .ends_with(":00:00+00:00")
+    );
+
+    let asked_before = model.requests().len();
+    let quiet = stdout(&agent.perch(&["heartbeat", "run", "quiet"]));
+    assert!(quiet.contains("skipped: the check exited 1"), "{quiet}");
+    assert_eq!(
+        model.requests().len(),
+        asked_before,
+        "a failed check costs no model turn"
+    );
+
+    model.push(Script::status(401, "invalid api key"));
+    let refused = stdout(&agent.perch(&["heartbeat", "run", "digest"]));
+    assert!(refused.contains("failed"));
+    let list = listed(&agent);
+    assert!(
+        list.tasks[0].status.starts_with("stopped: "),
+        "a refused key stops the task: {list:?}"
+    );
+    succeeds(&agent, &["heartbeat", "resume", "digest"]);
+    assert_eq!(listed(&agent).tasks[0].status, "scheduled");
+    service.stop();
+
+    let after = stdout(&agent.perch(&["heartbeat", "list"]));
+    assert!(
+        after.contains("digest  cron 0 9 * * Mon-Fri (Europe/Berlin)  scheduled"),
+        "{after}"
+    );
+}
+
+#[test]
+fn a_heartbeat_run_without_a_service_delivers_through_the_outbox_and_fires_no_slot() {
+    let agent = Scenario::discord("rooms = { standup = \"555\" }").build();
+    let (model, discord) = (&agent.model, agent.discord());
+    discord.guild_channel(555);
+    // `every: 5m` is due at once in a running service's first minutes; here it must not fire.
+    agent.write(
+        "workspace/HEARTBEAT.yml",
+        "tasks:\n  - name: digest\n    prompt: Post the digest.\n    every: 5m\n    delivery: dc:standup\n",
+    );
+    model.push(Script::text("Message: Nothing is on fire."));
+    let output = agent.perch_alone(&["heartbeat", "run", "digest"]);
+    let shown = stdout(&output);
+    assert!(output.status.success(), "{shown}{}", stderr(&output));
+    assert!(
+        shown.contains("valid verdict: message to dc:standup"),
+        "{shown}"
+    );
+    assert_eq!(discord.posted().len(), 1);
+    assert_eq!(discord.posted()[0].body["content"], "Nothing is on fire.");
+    assert_eq!(model.requests().len(), 1, "one run: the manual one");
+    let status = agent.status();
+    assert!(!status.running);
+    assert_eq!(status.outbox_pending, 0, "the delivery has its receipt");
+    assert!(
+        status.heartbeat_tasks()[0].last.as_ref().unwrap().manual,
+        "recorded as a manual run: {status:?}"
+    );
 }

@@ -1,5 +1,4 @@
-//! perch's own image without debootstrap: the OCI archive's structure, reuse of a complete
-//! build, the errors that name their fix, and finding the record of `perch:default`.
+//! perch's own image without debootstrap: the archive, reuse, errors with their fix, the record.
 
 use perch::sandbox::image::{self, BuildOptions, Host, ImageDir};
 use perch::sandbox::{ImageRef, SandboxError};

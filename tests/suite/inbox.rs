@@ -1,11 +1,11 @@
-//! The durable inbox: events journaled before they are acknowledged, verdicts under their
-//! event, items pending until consumed, duplicates recognised across restarts.
+//! The durable inbox: journaled before acked, verdicts, pending until consumed, duplicates.
 
+use super::support::wait::Poll;
 use chrono::TimeZone;
 use perch::channel::{InboundEvent, Sender};
-use perch::host::clock::Clock;
+use perch::clock::Clock;
+use perch::inbox::{Disposition, Inbox, Recorded};
 use perch::log::Journal;
-use perch::store::inbox::{Disposition, Inbox, Recorded};
 use perch_core::Timestamp;
 
 fn at() -> Timestamp {
@@ -110,18 +110,54 @@ async fn items_stay_pending_until_consumed_and_duplicates_are_recognised_after_a
 }
 
 /// The writer thread holds the journal's lock until it has stopped; a reopen waits for that.
-async fn reopen(dir: &std::path::Path) -> (Inbox, perch::store::inbox::Backlog) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        match Inbox::open(dir, clock()) {
-            Ok(opened) => return opened,
-            Err(error) if std::time::Instant::now() < deadline => {
-                let _ = error;
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-            Err(error) => panic!("{error}"),
-        }
+async fn reopen(dir: &std::path::Path) -> (Inbox, perch::inbox::Backlog) {
+    Poll::within(std::time::Duration::from_secs(10))
+        .every(std::time::Duration::from_millis(5))
+        .value_async("the inbox to be let go", || Inbox::open(dir, clock()).ok())
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deciding_mark_without_a_verdict_is_interrupted_and_old_journals_still_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (inbox, _) = Inbox::open(dir.path(), clock()).unwrap();
+    let mut seqs = Vec::new();
+    for id in ["old", "decided", "interrupted"] {
+        let Recorded::New { seq } = inbox
+            .record_event("tg", &event(id, "1", None))
+            .await
+            .unwrap()
+        else {
+            panic!("new");
+        };
+        seqs.push(seq);
     }
+    let decided_mark = inbox
+        .record_deciding(seqs[1], "channels/tg.lua")
+        .await
+        .unwrap();
+    inbox
+        .record_disposition(seqs[1], Disposition::Dropped)
+        .await
+        .unwrap();
+    let interrupted_mark = inbox
+        .record_deciding(seqs[2], "channels/tg.lua")
+        .await
+        .unwrap();
+    drop(inbox);
+
+    let (_, backlog) = reopen(dir.path()).await;
+    let undecided: Vec<u64> = backlog.undecided.iter().map(|(seq, _, _)| *seq).collect();
+    assert_eq!(
+        undecided,
+        vec![seqs[0]],
+        "an event without a mark is decided again"
+    );
+    assert_eq!(backlog.interrupted.len(), 1);
+    assert_eq!(backlog.interrupted[0].event_seq, seqs[2]);
+    assert_eq!(backlog.interrupted[0].mark_seq, interrupted_mark);
+    assert_eq!(backlog.interrupted[0].hook, "channels/tg.lua");
+    assert_eq!(backlog.settled_marks, vec![decided_mark]);
 }
 
 #[test]

@@ -1,3 +1,5 @@
+//! The segmented journal under the inbox and outbox: items kept until consumed, tails repaired.
+
 use super::log::clock;
 use perch::log::{Journal, LogError};
 use serde_json::json;

@@ -1,22 +1,25 @@
-//! What a lane's session log records for `perch log` besides the conversation: each model
-//! reply's usage and cost (`model_replied`), each tool call's end (`tool_finished`), and how
-//! each delivery of the lane settled (`delivery_settled`), through `perch run` with the fakes.
+//! What a lane records for `perch log` besides the conversation: usage, tool ends, settlements.
 
-use super::fake_model::{FakeModel, Reply, Script};
-use super::fake_telegram::{Chat, Failure, FakeTelegram, User};
-use super::service::{Crashed, crash_on_one_message, start, stop, telegram_agent, wait_until};
+use super::support::fake_model::{Reply, Script};
+use super::support::fake_telegram::Failure;
+use super::support::scenario::{Scenario, alice, crash_on_one_message};
+use super::support::wait::wait_until;
 use super::support::write;
-use perch_core::config::Api;
 use serde_json::{Value, json};
 use std::path::Path;
 
-/// Every line of the lane `tg-42-a69b25403314d72a`'s (Telegram chat 42's) first segment, parsed.
-fn lane_lines(dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(dir.join(".perch/sessions/tg-42-a69b25403314d72a/000001.jsonl"))
+/// Every line of the lane `lane`'s first segment, parsed.
+fn segment_lines(dir: &Path, lane: &str) -> Vec<Value> {
+    std::fs::read_to_string(dir.join(format!(".perch/sessions/{lane}/000001.jsonl")))
         .unwrap_or_default()
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())
         .collect()
+}
+
+/// Every line of the lane `tg-42-a69b25403314d72a`'s (Telegram chat 42's) first segment, parsed.
+fn lane_lines(dir: &Path) -> Vec<Value> {
+    segment_lines(dir, "tg-42-a69b25403314d72a")
 }
 
 fn records(lines: &[Value], kind: &str) -> Vec<Value> {
@@ -36,25 +39,19 @@ fn wait_for_settlements(dir: &Path, count: usize) -> Vec<Value> {
 
 #[test]
 fn a_telegram_exchange_with_a_bash_call_records_usage_the_tool_and_the_delivery() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram);
-    let priced = model.models_yml("fake", "m1").replace(
-        "reasoning: true",
-        "reasoning: true\n        price: { input: 1.25, output: 10 }",
-    );
-    write(dir.path(), "models.yml", &priced);
+    let agent = Scenario::telegram_dm().build();
+    let (model, telegram, dir) = (&agent.model, agent.telegram(), &agent.dir);
+    agent.write("models.yml", &model.priced_models_yml());
     model.push(Script::Reply(
         Reply::new()
             .with_call("call-1", "bash", json!({ "command": "echo hi; exit 3" }))
             .with_usage(1000, 200, 0),
     ));
     model.push(Script::text("It exited 3."));
-    let child = start(dir.path(), None);
-    let alice = User::human(42, "Alice");
-    let pushed = telegram.push_message(&Chat::private(&alice), &alice, "run it");
+    let service = agent.start();
+    let pushed = agent.send(&alice(), "run it");
     let settled = wait_for_settlements(dir.path(), 1);
-    stop(child);
+    service.stop();
 
     let lines = lane_lines(dir.path());
     let started = &records(&lines, "operation_started")[0];
@@ -138,10 +135,10 @@ fn a_telegram_exchange_with_a_bash_call_records_usage_the_tool_and_the_delivery(
 
     // The lane reopens with these records in it, and the next exchange is recorded the same way.
     model.push(Script::text("again"));
-    let child = start(dir.path(), None);
-    telegram.push_message(&Chat::private(&alice), &alice, "once more");
+    let service = agent.start();
+    agent.send(&alice(), "once more");
     let settled = wait_for_settlements(dir.path(), 2);
-    stop(child);
+    service.stop();
     assert_eq!(telegram.sent().len(), 2);
     assert_eq!(
         settled[1]["answers"].as_str().unwrap().split(':').next(),
@@ -152,10 +149,9 @@ fn a_telegram_exchange_with_a_bash_call_records_usage_the_tool_and_the_delivery(
 
 #[test]
 fn a_delivery_the_platform_refuses_is_recorded_as_not_sent() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram);
-    model.push(Script::text("this will be refused"));
+    let agent = Scenario::telegram_dm().build();
+    let (telegram, dir) = (agent.telegram(), &agent.dir);
+    agent.model.push(Script::text("this will be refused"));
     telegram.fail_next(
         "sendMessage",
         Failure::Api {
@@ -163,11 +159,10 @@ fn a_delivery_the_platform_refuses_is_recorded_as_not_sent() {
             description: "Bad Request: chat not found".into(),
         },
     );
-    let child = start(dir.path(), None);
-    let alice = User::human(42, "Alice");
-    let pushed = telegram.push_message(&Chat::private(&alice), &alice, "hello");
+    let service = agent.start();
+    let pushed = agent.send(&alice(), "hello");
     let settled = wait_for_settlements(dir.path(), 1);
-    stop(child);
+    service.stop();
     assert!(telegram.sent().is_empty());
     assert_eq!(settled.len(), 1, "{settled:?}");
     assert_eq!(settled[0]["answers"], pushed.platform_id());
@@ -184,21 +179,19 @@ fn a_delivery_the_platform_refuses_is_recorded_as_not_sent() {
 #[test]
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 fn a_delivery_of_unknown_fate_after_a_crash_is_recorded_as_unknown_once() {
-    let Crashed {
-        model: _model,
-        telegram,
-        dir,
-    } = crash_on_one_message(Some("maybe posted"), "hello", "after:delivery_intent");
+    let agent = crash_on_one_message(Some("maybe posted"), "hello", "after:delivery_intent");
+    let dir = &agent.dir;
     assert!(records(&lane_lines(dir.path()), "delivery_settled").is_empty());
     let op = records(&lane_lines(dir.path()), "operation_started")[0]["op"].clone();
 
-    let child = start(dir.path(), None);
+    let service = agent.start();
     let settled = wait_for_settlements(dir.path(), 1);
-    wait_until("the service", || {
-        super::service::status_json(dir.path())["running"] == true
-    });
-    stop(child);
-    assert!(telegram.sent().is_empty(), "never resent on Telegram");
+    agent.wait_for_service();
+    service.stop();
+    assert!(
+        agent.telegram().sent().is_empty(),
+        "never resent on Telegram"
+    );
     assert_eq!(settled.len(), 1, "{settled:?}");
     assert_eq!(settled[0]["op"], op);
     assert_eq!(settled[0]["settled"]["state"], "unknown", "{}", settled[0]);
@@ -211,12 +204,12 @@ fn a_delivery_of_unknown_fate_after_a_crash_is_recorded_as_unknown_once() {
     );
 
     // Settled once: a further start records nothing more for it.
-    let child = start(dir.path(), None);
+    let service = agent.start();
     wait_until("the service, its outbox empty", || {
-        let status = super::service::status_json(dir.path());
-        status["running"] == true && status["outbox_pending"] == 0
+        let status = agent.status();
+        status.running && status.outbox_pending == 0
     });
-    stop(child);
+    service.stop();
     assert_eq!(
         records(&lane_lines(dir.path()), "delivery_settled").len(),
         1
@@ -225,40 +218,27 @@ fn a_delivery_of_unknown_fate_after_a_crash_is_recorded_as_unknown_once() {
 
 #[test]
 fn a_heartbeat_message_is_recorded_as_settled_in_the_heartbeat_lane() {
-    use super::fake_discord::{FakeDiscord, TOKEN as DISCORD_TOKEN};
-    use super::service::{discord_agent, launch, perch_cli};
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let discord = FakeDiscord::start();
-    let dir = discord_agent(&model, &discord, "rooms = { standup = \"555\" }");
+    let agent = Scenario::discord("rooms = { standup = \"555\" }").build();
+    let discord = agent.discord();
     discord.guild_channel(555);
-    write(
-        dir.path(),
+    agent.write(
         "workspace/HEARTBEAT.yml",
         "tasks:\n  - name: digest\n    prompt: Post the stand-up digest.\n    every: 1h\n    delivery: dc:standup\n",
     );
-    let child = launch(dir.path(), ("DISCORD_TOKEN", DISCORD_TOKEN), None);
-    wait_until("the gateway session", || discord.live_sessions() > 0);
-    model.push(Script::text("Message: All green today."));
-    let run = perch_cli(&["heartbeat", "run", "digest", dir.path().to_str().unwrap()]);
+    let service = agent.start();
+    agent.wait_for_gateway();
+    agent.model.push(Script::text("Message: All green today."));
+    let run = agent.perch(&["heartbeat", "run", "digest"]);
     assert!(
         run.status.success(),
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let lane = dir
-        .path()
-        .join(".perch/sessions/heartbeat-digest/000001.jsonl");
-    let lines = || -> Vec<Value> {
-        std::fs::read_to_string(&lane)
-            .unwrap_or_default()
-            .lines()
-            .map(|line| serde_json::from_str(line).unwrap())
-            .collect()
-    };
+    let lines = || segment_lines(agent.path(), "heartbeat-digest");
     wait_until("the settlement in the heartbeat's lane", || {
         !records(&lines(), "delivery_settled").is_empty()
     });
-    stop(child);
+    service.stop();
     assert_eq!(discord.posted().len(), 1);
     let lines = lines();
     let settled = records(&lines, "delivery_settled");
@@ -334,13 +314,14 @@ tool("plain", {
 #[cfg(feature = "sandbox-double")]
 #[tokio::test(flavor = "multi_thread")]
 async fn a_delivery_too_old_to_send_at_a_restart_is_recorded_as_dropped() {
-    use super::in_process::InProcess;
+    use super::support::in_process::InProcess;
+    use super::support::wait::Poll;
     use perch::channel::Delivery;
     use perch::host::clock::Clock;
     use perch::log::Journal;
     use perch::store::outbox::{DeliveryLane, OutboxRecord};
     use perch_core::name::LaneName;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let service = InProcess::start(perch::service::LaneLimits::default(), |dir| {
         // What a crash two hours ago left: the lane, and a reply in it recorded and never sent.
         let lane = LaneName::try_from("tg-7").unwrap();
@@ -368,20 +349,15 @@ async fn a_delivery_too_old_to_send_at_a_restart_is_recorded_as_dropped() {
             .append(&[serde_json::to_value(&intent).unwrap()])
             .unwrap();
     });
-    let lane = service.dir.path().join(".perch/sessions/tg-7/000001.jsonl");
-    let settled = || -> Vec<Value> {
-        let lines: Vec<Value> = std::fs::read_to_string(&lane)
-            .unwrap_or_default()
-            .lines()
-            .map(|line| serde_json::from_str(line).unwrap())
-            .collect();
-        records(&lines, "delivery_settled")
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while settled().is_empty() {
-        assert!(Instant::now() < deadline, "no settlement in the lane");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let dir = service.dir.path().to_path_buf();
+    let settled = || records(&segment_lines(&dir, "tg-7"), "delivery_settled");
+    Poll::within(Duration::from_secs(30))
+        .every(Duration::from_millis(10))
+        .until_async("a settlement in the lane", || {
+            let none = settled().is_empty();
+            async move { !none }
+        })
+        .await;
     assert!(service.seen(|seen| seen.posted.is_empty()), "not sent late");
     let _dir = service.stop().await;
     assert_eq!(
@@ -401,23 +377,17 @@ async fn a_delivery_too_old_to_send_at_a_restart_is_recorded_as_dropped() {
 #[test]
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 fn a_reply_delivered_after_a_restart_names_the_run_it_carries() {
-    let Crashed {
-        model: _model,
-        telegram,
-        dir,
-    } = crash_on_one_message(
+    let agent = crash_on_one_message(
         Some("the answer, once"),
         "what is it?",
         "before:delivery_intent",
     );
-    let op = records(&lane_lines(dir.path()), "operation_started")[0]["op"].clone();
-    let child = start(dir.path(), None);
-    let settled = wait_for_settlements(dir.path(), 1);
-    wait_until("the service", || {
-        super::service::status_json(dir.path())["running"] == true
-    });
-    stop(child);
-    assert_eq!(telegram.sent().len(), 1);
+    let op = records(&lane_lines(agent.path()), "operation_started")[0]["op"].clone();
+    let service = agent.start();
+    let settled = wait_for_settlements(agent.path(), 1);
+    agent.wait_for_service();
+    service.stop();
+    assert_eq!(agent.telegram().sent().len(), 1);
     assert_eq!(settled[0]["op"], op, "{}", settled[0]);
     assert_eq!(settled[0]["settled"]["state"], "sent");
 }

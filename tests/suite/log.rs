@@ -1,3 +1,5 @@
+//! The lane log's writer and reader: appends, torn and damaged lines, the index, recovery, rolls.
+
 use chrono::TimeZone;
 use perch::host::clock::Clock;
 use perch::log::{IndexStatus, LaneLog, LaneReader, LogError, ToolRerun, recover};

@@ -1,5 +1,4 @@
-//! The metrics' text format and routes, and the log lines' two formats. `perch run --metrics`
-//! and `--log-format json` end to end are in `service.rs`.
+//! The metrics' text format and routes, and the two log formats (end to end in `lifecycle`).
 
 use perch::host::logging::{self, LogFormat};
 use perch::host::metrics::{DeliveryOutcome, Metrics, Route, route};

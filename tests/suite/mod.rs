@@ -1,28 +1,29 @@
+//! The integration suite. `support` is the harness (the fakes, waiting, the status reader and the
+//! `perch run` scenario); the other modules are the scenarios, grouped by journey (`intake`,
+//! `conversations`, `delivery`, `recovery`, `lifecycle`, `heartbeat`, `status`, ...) and, for
+//! each chat platform, its connector's contract (`telegram`, `discord`, `matrix`).
 mod agent_dir;
 mod attachments;
 mod builtin;
 mod catalog;
 mod channel_files;
 mod config;
-mod counting_proxy;
+mod conversations;
+mod delivery;
 mod deploy;
 mod discord;
 mod doctor;
-mod earlier_lanes;
-mod fake_discord;
-mod fake_model;
-mod fake_telegram;
 mod figures;
 mod follow;
 mod heartbeat;
 mod hostile;
 mod image;
-#[cfg(feature = "sandbox-double")]
-mod in_process;
 mod inbox;
+mod intake;
 mod journal;
 mod lane;
 mod lane_records;
+mod lifecycle;
 mod log;
 mod log_view;
 mod matrix;
@@ -30,16 +31,15 @@ mod metrics;
 mod model;
 mod origin;
 mod prompt;
+mod recovery;
 mod sandbox;
 #[cfg(feature = "sandbox-double")]
 mod scale;
-mod service;
 mod spend;
 mod standin;
 mod standin_home;
 mod status;
 mod support;
-mod synapse;
 mod telegram;
 mod thousand;
 mod tools;

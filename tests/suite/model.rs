@@ -1,7 +1,6 @@
-//! The three wire APIs end to end: perch's client against the fake model server over loopback
-//! HTTP, for every reply shape and every way a request can fail.
+//! The three wire APIs end to end against the fake model server: every reply shape and failure.
 
-use super::fake_model::{FakeModel, Reply, Script};
+use super::support::fake_model::{FakeModel, Reply, Script};
 use super::support::{new_agent, write};
 use perch::agent::{self, AgentDir};
 use perch::model::{
@@ -320,7 +319,10 @@ fn tool_request() -> ModelRequest {
     }
 }
 
-async fn sent_body(api: Api, request: &ModelRequest) -> (Value, super::fake_model::Received) {
+async fn sent_body(
+    api: Api,
+    request: &ModelRequest,
+) -> (Value, super::support::fake_model::Received) {
     let fake = FakeModel::start(api);
     let model = model::connect(endpoint(&fake));
     let (result, _) = complete(&model, request).await;

@@ -1,8 +1,9 @@
-//! The sandbox contract, as one journey taken three ways: through the namespace double and
-//! through perch's real microVM adapter over the stand-in runtime (`suite::standin`) on every CI
-//! run, and in a real microVM where hardware KVM exists (`--include-ignored`, which `.ci/test`
-//! adds when `perch doctor` passes).
+//! The sandbox contract as one journey, on the double, on the stand-in runtime, in a microVM.
+//!
+//! The double and the stand-in runtime (`suite::standin`) on every CI run; a real microVM where
+//! hardware KVM exists (`--include-ignored`, which `.ci/test` adds when `perch doctor` passes).
 
+use super::support::wait::Poll;
 use super::support::{new_agent, write};
 use perch::agent::{self, AgentDir, LoadedAgent};
 use perch::host::Places;
@@ -11,7 +12,7 @@ use perch::sandbox::{
 };
 use std::net::TcpListener;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// The journey's secret value; `.ci/test` exports it as `JOURNEY_SOURCE`, where microsandbox
@@ -51,10 +52,10 @@ pub(super) fn cancel_once_exists(
     let watcher = {
         let cancel = cancel.clone();
         tokio::spawn(async move {
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while !marker.exists() && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            Poll::within(Duration::from_secs(20))
+                .every(Duration::from_millis(10))
+                .holds_async(|| std::future::ready(marker.exists()))
+                .await;
             cancel.cancel();
         })
     };
@@ -81,18 +82,11 @@ pub(super) fn text(stream: &sandbox::Captured) -> String {
 }
 
 async fn wait_for_state(machine: &Machine, wanted: State) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (state, _) = machine.state().await.unwrap();
-        if state == wanted {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still {state:?}, wanted {wanted:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    Poll::within(Duration::from_secs(20))
+        .until_async(&format!("the machine to be {wanted:?}"), || async {
+            machine.state().await.unwrap().0 == wanted
+        })
+        .await;
 }
 
 /// Whether a host TCP listener accepts a connection from the guest within the command.
@@ -316,17 +310,18 @@ async fn journey(way: Way, setup: MachineSetup) {
 }
 
 /// The previous handle's task releases the lock as it ends; wait for that, with a deadline.
-async fn machine_when_free(agent: &LoadedAgent, setup: &MachineSetup) -> Machine {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match sandbox::machine_for(agent, setup, lookup) {
-            Ok(machine) => return machine,
-            Err(SandboxError::Held { .. }) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Err(error) => panic!("{error}"),
-        }
-    }
+pub(super) async fn machine_when_free(agent: &LoadedAgent, setup: &MachineSetup) -> Machine {
+    Poll::within(Duration::from_secs(20))
+        .every(Duration::from_millis(10))
+        .value_async(
+            "the machine's lock to be let go",
+            || match sandbox::machine_for(agent, setup, lookup) {
+                Ok(machine) => Some(machine),
+                Err(SandboxError::Held { .. }) => None,
+                Err(error) => panic!("{error}"),
+            },
+        )
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -364,14 +359,10 @@ fn processes_mentioning(needle: &str) -> usize {
 }
 
 fn wait_until_no_process_mentions(needle: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while processes_mentioning(needle) > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "processes mentioning {needle} outlived their owner"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    Poll::within(Duration::from_secs(20)).until(
+        &format!("the processes mentioning {needle} to end with their owner"),
+        || processes_mentioning(needle) == 0,
+    );
 }
 
 fn double() -> MachineSetup {

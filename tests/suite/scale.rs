@@ -1,9 +1,11 @@
-//! The service at scale, with the lane pool's limits lowered so a few hundred conversations go
-//! through many times its capacity: every one answered, never more lanes open than the cap, and
-//! nothing left behind once they are idle. Also the attacker's view: a flood of distinct rooms,
-//! and a lane that cannot be opened for a while.
+//! The service at scale: many conversations through a small lane pool, all answered, none left.
+//!
+//! The pool's limits are lowered so a few hundred conversations go through many times its
+//! capacity: never more lanes open than the cap. Also the attacker's view: a flood of distinct
+//! rooms, and a lane that cannot be opened for a while.
 
-use super::in_process::InProcess;
+use super::support::in_process::InProcess;
+use super::support::wait::Poll;
 use perch::agent::AgentDir;
 use perch::service::LaneLimits;
 use std::time::Duration;
@@ -107,14 +109,13 @@ async fn an_item_whose_lane_cannot_open_waits_and_is_answered_once_it_can() {
             seen.posted.iter().any(|(room, _)| room == "14")
         })
         .await;
-    let deadline = std::time::Instant::now() + WITHIN;
-    while service
-        .metric("perch_lane_open_failures_total")
-        .is_none_or(|failures| failures < 2.0)
-    {
-        assert!(std::time::Instant::now() < deadline, "no retried open");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    Poll::within(WITHIN)
+        .every(Duration::from_millis(5))
+        .until_async("a retried open", || {
+            let failures = service.metric("perch_lane_open_failures_total");
+            std::future::ready(failures.is_some_and(|failures| failures >= 2.0))
+        })
+        .await;
     assert!(
         service.seen(|seen| seen.posted.iter().all(|(room, _)| room != "13")),
         "nothing answered while the lane could not open"

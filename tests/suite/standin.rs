@@ -1,16 +1,19 @@
-//! perch's real microVM adapter and the unmodified microsandbox crate, end to end against the
-//! stand-in runtime (tests/msb): the crate spawns it as `msb` exactly as it would spawn the real
-//! one, and it runs the guest's commands in Linux namespaces instead of a VM. What perch handed
-//! the runtime is read back from `<home>/standin/launches.jsonl`, one line per launch.
+//! perch's real microVM adapter and microsandbox end to end against the stand-in runtime.
 //!
-//! Every test here starts with [`standin_setup`]: on a host without the prerequisites it prints
-//! `skipped: <reason>` and returns, except under `CI=true`, where a missing prerequisite fails
-//! the test (the suite can never silently stop running these).
+//! The unmodified microsandbox crate spawns the stand-in (tests/msb) as `msb` exactly as it
+//! would spawn the real one, and it runs the guest's commands in Linux namespaces instead of a
+//! VM. What perch handed the runtime is read back from `<home>/standin/launches.jsonl`, one line
+//! per launch.
+//!
+//! Every test here starts with [`standin_setup`] (most through [`standin_agent`]): on a host
+//! without the prerequisites it prints `skipped: <reason>` and returns, except under `CI=true`,
+//! where a missing prerequisite fails the test (the suite can never silently stop running these).
 
-use super::fake_model::{FakeModel, Reply, Script};
-use super::fake_telegram::{Chat, FakeTelegram, TOKEN, User};
-use super::sandbox::{SECRET_VALUE, cancel_once_exists, load, lookup, text};
+use super::sandbox::{SECRET_VALUE, cancel_once_exists, load, lookup, machine_when_free, text};
 use super::standin_home::{Preparation, prepare};
+use super::support::fake_model::{Reply, Script};
+use super::support::fake_telegram::TOKEN;
+use super::support::wait::Poll;
 use super::support::{new_agent, write};
 use perch::agent::LoadedAgent;
 use perch::host::Places;
@@ -19,7 +22,6 @@ use perch::sandbox::{
     self, Backend, Boot, Command, DEFAULT_IDLE, End, LastBoot, Machine, MachineSetup, Sandbox,
     SandboxError, Spec, State,
 };
-use perch_core::config::Api;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -35,6 +37,11 @@ static PLACES: OnceCell<Result<Places, String>> = OnceCell::const_new();
 const CHILD_AGENT: &str = "PERCH_STANDIN_CHILD_AGENT";
 /// The argument of the `sleep` the child leaves running in its guest.
 const CHILD_MARKER: &str = "PERCH_STANDIN_CHILD_MARKER";
+
+/// [`standin_setup`], and a fresh agent directory to run on it.
+async fn standin_agent() -> Option<(MachineSetup, tempfile::TempDir)> {
+    Some((standin_setup().await?, new_agent()))
+}
 
 /// A machine setup on the stand-in runtime, or `None` after printing why this host cannot run
 /// it (a panic instead under `CI=true`). The home is prepared once per test run.
@@ -105,20 +112,6 @@ async fn argv(machine: &Machine, args: &[&str]) -> sandbox::Output {
         )
         .await
         .unwrap()
-}
-
-/// The agent's machine, once the previous handle's task has let go of its lock.
-async fn machine_when_free(agent: &LoadedAgent, setup: &MachineSetup) -> Machine {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match sandbox::machine_for(agent, setup, lookup) {
-            Ok(machine) => return machine,
-            Err(SandboxError::Held { .. }) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Err(error) => panic!("{error}"),
-        }
-    }
 }
 
 /// Each egress rule of a launch's network policy as `action destination protocols ports`.
@@ -203,10 +196,9 @@ fn tree_bytes(dir: &Path) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_runtime_gets_the_exact_policy_and_one_entry_per_secret_with_its_host() {
-    let Some(setup) = standin_setup().await else {
+    let Some((setup, agent_dir)) = standin_agent().await else {
         return;
     };
-    let agent_dir = new_agent();
     let root = agent_dir.path();
     write(
         root,
@@ -343,10 +335,9 @@ fn rebuilt_cache(places: &Places) -> tempfile::TempDir {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_machine_resumes_with_its_disk_and_is_recreated_with_bootstrap_when_its_fingerprint_changes()
  {
-    let Some(setup) = standin_setup().await else {
+    let Some((setup, agent_dir)) = standin_agent().await else {
         return;
     };
-    let agent_dir = new_agent();
     let root = agent_dir.path();
     write(
         root,
@@ -399,10 +390,9 @@ async fn a_machine_resumes_with_its_disk_and_is_recreated_with_bootstrap_when_it
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_program_that_cannot_start_ends_as_127_or_126_with_the_reason() {
-    let Some(setup) = standin_setup().await else {
+    let Some((setup, agent_dir)) = standin_agent().await else {
         return;
     };
-    let agent_dir = new_agent();
     write(
         agent_dir.path(),
         "workspace/not-executable",
@@ -437,10 +427,9 @@ async fn guest_processes(machine: &Machine, needle: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn cancel_and_timeout_kill_the_command_and_leave_the_machine_usable() {
-    let Some(setup) = standin_setup().await else {
+    let Some((setup, agent_dir)) = standin_agent().await else {
         return;
     };
-    let agent_dir = new_agent();
     let root = agent_dir.path();
     let agent = load(root);
     let machine = sandbox::machine_for(&agent, &setup, lookup).unwrap();
@@ -466,18 +455,18 @@ async fn cancel_and_timeout_kill_the_command_and_leave_the_machine_usable() {
     assert_eq!(output.end, End::TimedOut(Duration::from_millis(300)));
     assert_eq!(output.end.code(), 124);
     // The whole process group went, background child included; the machine still runs.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let left = guest_processes(&machine, "sleep 30").await;
-        if left.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still running in the guest: {left}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let left = std::cell::RefCell::new(String::new());
+    let (seen, guest) = (&left, &machine);
+    let gone = Poll::within(Duration::from_secs(10))
+        .every(Duration::from_millis(50))
+        .holds_async(move || async move {
+            let found = guest_processes(guest, "sleep 30").await;
+            let none = found.is_empty();
+            *seen.borrow_mut() = found;
+            none
+        })
+        .await;
+    assert!(gone, "still running in the guest: {}", left.borrow());
     assert_eq!(
         text(&run(&machine, "echo still usable").await.stdout),
         "still usable\n"
@@ -507,22 +496,17 @@ fn host_processes(needle: &str) -> usize {
 }
 
 fn wait_until_no_host_process(needle: &str, within: Duration) {
-    let deadline = Instant::now() + within;
-    while host_processes(needle) > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "processes mentioning {needle} outlived their owner"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    Poll::within(within).until(
+        &format!("the processes mentioning {needle} to end with their owner"),
+        || host_processes(needle) == 0,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stop_the_runtime_ignores_ends_in_a_kill_and_the_disk_stays() {
-    let Some(setup) = standin_setup().await else {
+    let Some((setup, agent_dir)) = standin_agent().await else {
         return;
     };
-    let agent_dir = new_agent();
     let agent = load(agent_dir.path());
     let name = name_of(&agent);
     let machine = sandbox::machine_for(&agent, &setup, lookup).unwrap();
@@ -598,10 +582,9 @@ fn child_holding(dir: &Path, marker: &str) -> std::process::Child {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_perch_leaves_no_guest_process_and_no_runtime() {
-    let Some(_setup) = standin_setup().await else {
+    let Some((_setup, agent_dir)) = standin_agent().await else {
         return;
     };
-    let agent_dir = new_agent();
     let agent = load(agent_dir.path());
     let name = name_of(&agent);
     let mut child = tokio::task::spawn_blocking({
@@ -624,10 +607,9 @@ async fn a_killed_perch_leaves_no_guest_process_and_no_runtime() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_machine_held_by_another_process_is_refused_and_left_running() {
-    let Some(setup) = standin_setup().await else {
+    let Some((setup, agent_dir)) = standin_agent().await else {
         return;
     };
-    let agent_dir = new_agent();
     let agent = load(agent_dir.path());
     let mut child = tokio::task::spawn_blocking({
         let dir = agent_dir.path().to_owned();
@@ -671,10 +653,9 @@ async fn a_machine_held_by_another_process_is_refused_and_left_running() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_boot_failure_is_a_readable_error() {
-    let Some(setup) = standin_setup().await else {
+    let Some((setup, agent_dir)) = standin_agent().await else {
         return;
     };
-    let agent_dir = new_agent();
     let agent = load(agent_dir.path());
     let name = name_of(&agent);
     let machine = sandbox::machine_for(&agent, &setup, lookup).unwrap();
@@ -707,10 +688,9 @@ async fn a_boot_failure_is_a_readable_error() {
 /// is left running, and the next boot, once the cause is gone, works.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_boot_the_runtime_fails_is_reported_in_its_words_and_the_next_boot_works() {
-    let Some(setup) = standin_setup().await else {
+    let Some((setup, agent_dir)) = standin_agent().await else {
         return;
     };
-    let agent_dir = new_agent();
     let agent = load(agent_dir.path());
     let name = name_of(&agent);
     let knob = setup.places.msb_home.join("standin/fail-boot").join(&name);
@@ -755,9 +735,8 @@ fn perch_run_answers_a_chat_with_tools_run_through_the_standin() {
         println!("skipped: perch run checks /dev/kvm, which does not open here");
         return;
     }
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = super::service::telegram_agent(&model, &telegram);
+    let agent = super::support::scenario::Scenario::telegram_dm().build();
+    let (model, telegram, dir) = (&agent.model, agent.telegram(), &agent.dir);
     model.push(
         Reply::new()
             .with_call(
@@ -772,7 +751,8 @@ fn perch_run_answers_a_chat_with_tools_run_through_the_standin() {
             ),
     );
     model.push(Script::text("Done, Alice."));
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_perch"))
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_perch"));
+    command
         .args(["run", dir.path().to_str().unwrap()])
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -782,13 +762,11 @@ fn perch_run_answers_a_chat_with_tools_run_through_the_standin() {
         .env("TELEGRAM_TOKEN", TOKEN)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let alice = User::human(42, "Alice");
-    telegram.push_message(&Chat::private(&alice), &alice, "where are you?");
-    super::service::wait_until("the reply", || !telegram.sent().is_empty());
-    let stderr = super::service::stop(child);
+        .stderr(Stdio::piped());
+    let service = super::support::scenario::Perch::spawn(command);
+    agent.send(&super::support::scenario::alice(), "where are you?");
+    agent.wait_for_a_reply();
+    let stderr = service.stop();
     let sent = telegram.sent();
     assert_eq!(sent.len(), 1, "{stderr}");
     assert_eq!(sent[0].shown, "Done, Alice.", "{stderr}");

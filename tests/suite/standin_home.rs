@@ -1,5 +1,6 @@
-//! The microsandbox home of the stand-in runtime (tests/msb), shared by the test suite
-//! (`suite::standin`) and the benchmarks (`tests/bench/sandbox.rs`, which include this file).
+//! The microsandbox home of the stand-in runtime, shared by the suite and the benchmarks.
+//!
+//! The benchmarks (`tests/bench/sandbox.rs`) include this file.
 //!
 //! One home per run, `$PERCH_CACHE/standin-home`: root-owned like the cache, so perch's
 //! root-trust check accepts the runtime in it. It holds a fresh copy of the stand-in as

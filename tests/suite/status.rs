@@ -1,9 +1,16 @@
-//! `perch status` of a directory no `perch run` holds, from fixture files in the formats perch
-//! writes (`.perch/last-start.json`, the spend, inbox and outbox journals): the text and the JSON,
-//! byte for byte.
+//! `perch status`: its text and JSON from fixtures, and channel health while `perch run` runs.
 
+use super::support::fake_model::Script;
+use super::support::fake_telegram::Failure;
+use super::support::scenario::{Scenario, alice, crash_on_one_message};
+use super::support::status::{Report, status};
+use super::support::wait::wait_until;
 use super::support::{new_agent, perch, stderr, stdout, write};
+use perch_core::config::Api;
+use perch_core::control::SpendStatus;
+use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 const LAST_START: &str = r#"{
   "channels_paused": null,
@@ -69,6 +76,8 @@ fn spend(now: &str) -> String {
     .join("\n")
 }
 
+/// `perch status --json` of the fixture; `{last_start}` stands for [`LAST_START`], `{day}` for the
+/// UTC day.
 const GOLDEN_JSON: &str = r#"{
   "approved_senders": 0,
   "channel_health": null,
@@ -97,31 +106,7 @@ const GOLDEN_JSON: &str = r#"{
       "platform_id": "42:17"
     }
   },
-  "last_start": {
-    "channels_paused": null,
-    "inbox": {
-      "already_answered": 1,
-      "decided_again": 0,
-      "noted_as_interrupted": 0,
-      "queued_again": 2,
-      "rejected_as_interrupted": 0,
-      "replied_after_restart": 1,
-      "resumed": 1
-    },
-    "lanes_recovered": {
-      "tg-42": {
-        "operations_closed": 1,
-        "tools_interrupted": 0,
-        "tools_rerun": 1
-      }
-    },
-    "outbox": {
-      "expired": 0,
-      "resent": 1,
-      "unknown": 1
-    },
-    "started": "2026-12-02T06:00:00.123456789+00:00"
-  },
+  "last_start": {last_start},
   "live_error": null,
   "outbox_pending": 0,
   "outbox_unreadable": [],
@@ -190,7 +175,13 @@ fn status_today(dir: &Path, args: &[&str]) -> (String, String) {
 fn status_json_of_what_perch_wrote_is_golden() {
     let dir = fixture();
     let (json, day) = status_today(dir.path(), &["--json"]);
-    assert_eq!(json, GOLDEN_JSON.replace("{day}", &day));
+    let last_start = LAST_START.replace('\n', "\n  ");
+    assert_eq!(
+        json,
+        GOLDEN_JSON
+            .replace("{last_start}", &last_start)
+            .replace("{day}", &day)
+    );
 }
 
 #[test]
@@ -205,48 +196,150 @@ fn a_spend_journal_that_cannot_be_read_is_an_error_in_status_json_and_no_line_in
     let dir = new_agent();
     write(dir.path(), ".perch/spend", "not a directory");
     let path = dir.path().to_str().unwrap();
-    let output = perch(&["status", path, "--json"], &[]);
-    assert!(output.status.success(), "{}", stderr(&output));
-    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let report = status(dir.path());
     assert_eq!(
-        report["spend_today"],
-        serde_json::json!({
-            "error": format!("could not list {path}/.perch/spend: Not a directory (os error 20)")
-        })
+        report.spend_today,
+        SpendStatus::Unknown {
+            error: format!("could not list {path}/.perch/spend: Not a directory (os error 20)")
+        }
     );
-    assert_eq!(report["last_start"], serde_json::Value::Null);
+    assert_eq!(report.last_start, None);
     let text = stdout(&perch(&["status", path], &[]));
     assert!(!text.contains("spend today"), "{text}");
     assert!(!text.contains("last start"), "{text}");
 }
 
 #[test]
-fn a_refused_token_shows_as_stopped_and_unhealthy_and_is_told_once() {
-    use super::fake_model::FakeModel;
-    use super::fake_telegram::FakeTelegram;
-    use super::service::{launch, status_json, stop, telegram_agent, wait_until};
-    let model = FakeModel::start(perch_core::config::Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram);
-    let child = launch(dir.path(), ("TELEGRAM_TOKEN", "1:not-the-token"), None);
-    let connection = || {
-        status_json(dir.path())["channel_health"][0]["connection"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
-    };
-    wait_until("the refusal to show", || {
-        connection().starts_with("stopped: ")
+fn status_with_an_unreadable_pairing_file_names_it_and_the_fix_and_shows_the_rest() {
+    let agent = Scenario::telegram_dm().build();
+    let pairing = agent.path().join(".perch/pairing.json");
+    std::fs::create_dir_all(agent.path().join(".perch")).unwrap();
+
+    for unreadable in ["garbage", "directory"] {
+        if unreadable == "garbage" {
+            std::fs::write(&pairing, "{\"pending\": [oops").unwrap();
+        } else {
+            std::fs::remove_file(&pairing).unwrap();
+            std::fs::create_dir(&pairing).unwrap();
+        }
+        let report = agent.status();
+        let problem = report.pairing_unreadable.unwrap();
+        assert!(
+            problem.contains(&pairing.display().to_string()) && problem.contains("move it aside"),
+            "{unreadable}: {problem}"
+        );
+        assert!(report.pairings_pending.is_empty(), "{unreadable}");
+        assert_eq!(report.channels, ["tg (telegram)"]);
+        assert_eq!(report.inbox_pending, 0);
+
+        let output = agent.perch(&["status"]);
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{unreadable}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let lines: Vec<&str> = text.lines().collect();
+        let at = lines
+            .iter()
+            .position(|line| line.starts_with("pairings pending"))
+            .unwrap_or_else(|| panic!("{unreadable}: no pairing line in:\n{text}"));
+        assert!(
+            lines[at].contains("unknown: cannot read") && lines[at].contains(".perch/pairing.json"),
+            "{unreadable}: {text}"
+        );
+        assert!(
+            lines[at + 1].starts_with("  fix: ")
+                && lines[at + 1].contains("move it aside")
+                && lines[at + 1].ends_with("`perch run` does not start until then"),
+            "{unreadable}: {text}"
+        );
+        for rest in [
+            "running            no",
+            "channels           tg (telegram)",
+            "inbox pending",
+            "vm ",
+            "outbox pending",
+        ] {
+            assert!(text.contains(rest), "{unreadable}: no {rest:?} in:\n{text}");
+        }
+    }
+
+    std::fs::remove_dir(&pairing).unwrap();
+    assert_eq!(agent.status().pairing_unreadable, None);
+}
+
+#[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
+fn status_shows_what_a_crash_left_and_what_the_next_start_recovered() {
+    let agent = crash_on_one_message(Some("never sent"), "hello", "after:operation_started");
+    let lane = "tg-42-a69b25403314d72a";
+
+    let status = agent.status();
+    assert!(!status.running);
+    assert_eq!(
+        status.inbox_pending, 2,
+        "the event and its verdict wait: {status:?}"
+    );
+    assert!(status.inbox_oldest_waiting.is_some());
+    assert_eq!(
+        status.lanes_with_open_operations,
+        BTreeMap::from([(lane.to_owned(), 1)])
+    );
+    assert!(status.last_events.contains_key("tg"));
+    assert_eq!(status.vm, "stopped (no perch run holds it)");
+
+    let service = agent.start();
+    wait_until("the service to answer and the resumed run to end", || {
+        let status = agent.status();
+        status.running && status.inbox_pending == 0
     });
-    let report = status_json(dir.path());
-    assert_eq!(report["channel_health"][0]["healthy"], false, "{report}");
-    let text = stdout(&perch(&["status", dir.path().to_str().unwrap()], &[]));
+    let status = agent.status();
+    let start = status.last_start.clone().unwrap();
+    assert_eq!(
+        start.lanes_recovered[lane].operations_closed, 1,
+        "{status:?}"
+    );
+    assert_eq!(start.inbox.resumed, 1, "{status:?}");
+    assert_eq!(status.lanes_with_open_operations, BTreeMap::new());
+    assert_eq!(status.restart_needed, Vec::<String>::new());
+    service.stop();
+}
+
+#[test]
+fn an_edit_to_a_file_loaded_at_start_is_reported_as_needing_a_restart() {
+    let agent = Scenario::telegram_dm().build();
+    let service = agent.start();
+    agent.wait_for_service();
+    let agent_lua = std::fs::read_to_string(agent.path().join("agent.lua")).unwrap();
+    agent.write("agent.lua", &format!("{agent_lua}-- tuned\n"));
+    agent.write("workspace/notes/today.md", "live, no restart\n");
+    wait_until("the change to be noticed", || {
+        agent.status().restart_needed == ["agent.lua"]
+    });
+    let stderr = service.stop();
+    let noticed = "agent.lua changed since perch run started";
+    assert!(stderr.contains(noticed), "{stderr}");
+}
+
+#[test]
+fn a_refused_token_shows_as_stopped_and_unhealthy_and_is_told_once() {
+    let agent = Scenario::telegram_dm().build();
+    let mut command = agent.command();
+    command.env("TELEGRAM_TOKEN", "1:not-the-token");
+    let service = super::support::scenario::Perch::spawn(command);
+    wait_until("the refusal to show", || {
+        agent.status().connection().starts_with("stopped: ")
+    });
+    let report = agent.status();
+    assert!(!report.channel(0).unwrap().healthy, "{report:?}");
     let line = format!(
         "  tg               {}; UNHEALTHY: not receiving\n",
-        connection()
+        agent.status().connection()
     );
+    let text = agent.status_text();
     assert!(text.contains(&line), "{line:?} in:\n{text}");
-    let stderr = stop(child);
+    let stderr = service.stop();
     assert_eq!(
         stderr
             .matches("alert (channel): channel tg is stopped: ")
@@ -255,4 +348,135 @@ fn a_refused_token_shows_as_stopped_and_unhealthy_and_is_told_once() {
         "{stderr}"
     );
     assert!(!stderr.contains("not-the-token"), "{stderr}");
+}
+
+/// Once the service answers status, its first channel shows `connecting` and unhealthy at every
+/// look for `watched`.
+fn stays_connecting(dir: &Path, watched: Duration) {
+    wait_until("the service to answer status", || status(dir).running);
+    let watched_until = Instant::now() + watched;
+    while Instant::now() < watched_until {
+        let status = status(dir);
+        let channel = status.channel(0).unwrap();
+        assert_eq!(channel.connection, "connecting", "{status:?}");
+        assert!(!channel.healthy, "{status:?}");
+    }
+}
+
+/// A channel whose server takes connections and never answers: the listener, and the URL.
+fn silent_server() -> (std::net::TcpListener, String) {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    (silent, url)
+}
+
+#[test]
+fn a_telegram_channel_whose_server_never_answers_stays_connecting_and_unhealthy() {
+    let (silent, url) = silent_server();
+    let agent = Scenario::telegram_at(&url).build();
+    let service = agent.start();
+    stays_connecting(agent.path(), Duration::from_secs(3));
+    let text = String::from_utf8_lossy(&agent.perch(&["status"]).stdout).into_owned();
+    assert!(
+        text.contains("tg               connecting; UNHEALTHY: not receiving"),
+        "{text}"
+    );
+    service.stop();
+    drop(silent);
+}
+
+#[test]
+fn a_matrix_channel_whose_homeserver_never_answers_stays_connecting_through_login() {
+    let (silent, url) = silent_server();
+    let agent = Scenario::channel_lua(
+        "channels/tg.lua",
+        &format!(
+            "channel {{ kind = \"matrix\", homeserver = {url:?}, user = \"@bot:localhost\",\n  \
+             password = env \"MATRIX_PASSWORD\", store_passphrase = env \"MATRIX_STORE_PASSPHRASE\" }}\n"
+        ),
+    )
+    .env("MATRIX_PASSWORD", "unused-password")
+    .env("MATRIX_STORE_PASSPHRASE", "unused-passphrase")
+    .build();
+    let service = agent.start();
+    stays_connecting(agent.path(), Duration::from_secs(3));
+    service.stop();
+    drop(silent);
+}
+
+#[test]
+fn a_telegram_channel_is_receiving_and_healthy_once_its_first_poll_is_answered() {
+    let agent = Scenario::telegram_dm().build();
+    let service = agent.start();
+    wait_until("the channel to be receiving", || agent.status().receiving());
+    assert!(
+        agent.telegram().was_called("getMe"),
+        "the Bot API was asked before the channel counted as receiving"
+    );
+    service.stop();
+}
+
+#[test]
+fn a_telegram_poll_that_fails_shows_reconnecting_with_its_reason_then_receiving_again() {
+    let agent = Scenario::telegram_dm().build();
+    let service = agent.start();
+    let connection = || agent.status().connection();
+    wait_until("the channel to be receiving", || {
+        connection() == "receiving"
+    });
+    agent.telegram().fail_next(
+        "getUpdates",
+        Failure::Api {
+            code: 400,
+            description: "Bad Request: the fake refuses one poll".to_owned(),
+        },
+    );
+    agent.model.push(Script::text("back"));
+    // The message ends the poll in progress, so the failing one comes next.
+    agent.send(&alice(), "still there?");
+    wait_until("the failure to show", || {
+        let shown = connection();
+        shown.starts_with("reconnecting: ") && shown.contains("the fake refuses one poll")
+    });
+    wait_until("the channel to be receiving again", || {
+        connection() == "receiving"
+    });
+    agent.wait_for_replies(1);
+    service.stop();
+}
+
+#[test]
+fn a_lone_status_command_does_not_count_itself_as_waiting() {
+    let agent = Scenario::telegram_dm().build();
+    let service = agent.start();
+    agent.send(&alice(), "/status");
+    agent.wait_for_a_reply();
+    let reply = agent.telegram().sent()[0].shown.clone();
+    assert!(reply.contains(", 0 inbox item(s) waiting,"), "{reply}");
+    service.stop();
+}
+
+/// A Discord agent answering direct messages, on the Anthropic Messages API.
+fn discord_on_anthropic() -> super::support::scenario::Agent {
+    Scenario::discord("dm = \"allow\"")
+        .model(Api::AnthropicMessages)
+        .build()
+}
+
+#[test]
+fn a_discord_channel_is_connecting_until_the_gateway_is_ready() {
+    let agent = discord_on_anthropic();
+    agent.discord().freeze_gateway();
+    let service = agent.start();
+    stays_connecting(agent.path(), Duration::from_secs(2));
+    service.stop();
+}
+
+#[test]
+fn a_discord_channel_is_receiving_once_the_gateway_is_ready() {
+    let agent = discord_on_anthropic();
+    let service = agent.start();
+    wait_until("the channel to be receiving", || agent.status().receiving());
+    assert!(agent.discord().live_sessions() > 0);
+    service.stop();
 }

@@ -2,36 +2,28 @@
 //! under `ulimit -n 1024`: every one answered once, and the process's descriptors and threads
 //! as they were after a smaller burst, so nothing is held per conversation.
 
-use super::fake_model::FakeModel;
-use super::fake_telegram::{Chat, FakeTelegram, TOKEN, User};
-use super::service::{stop, telegram_agent};
-use perch::host::Places;
-use perch_core::config::Api;
+use super::support::fake_telegram::{Chat, FakeTelegram, User};
+use super::support::scenario::{Agent, Perch, Scenario};
+use super::support::wait::Poll;
 use std::collections::HashMap;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-/// `perch run DIR` on the namespace double, its open files limited to 1,024 (soft and hard, so
-/// perch cannot raise it).
-fn start_limited(dir: &Path) -> Child {
-    Command::new("sh")
-        .args([
-            "-c",
-            "ulimit -n 1024 && exec \"$0\" run \"$1\"",
-            env!("CARGO_BIN_EXE_perch"),
-            dir.to_str().unwrap(),
-        ])
+/// `perch run` for `agent` on the namespace double, its open files limited to 1,024 (soft and
+/// hard, so perch cannot raise it).
+fn start_limited(agent: &Agent) -> Perch {
+    let run = agent.command();
+    let mut limited = Command::new("sh");
+    limited
+        .args(["-c", "ulimit -n 1024 && exec \"$0\" \"$@\""])
+        .arg(run.get_program())
+        .args(run.get_args())
         .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("PERCH_SANDBOX", "namespace-double")
-        .env("PERCH_CACHE", Places::from_environment().cache)
-        .env("TELEGRAM_TOKEN", TOKEN)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+        .envs(run.get_envs().filter_map(|(key, value)| Some((key, value?))))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    Perch::spawn(limited)
 }
 
 /// The open descriptors and the threads of process `pid`.
@@ -58,15 +50,6 @@ fn open_files_limit(pid: u32) -> String {
         .join(" ")
 }
 
-/// Waits until `done`, polling; panics naming `what` after `within`.
-fn until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done() {
-        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Sends one message from each of `people` in their private chat, and waits until each chat
 /// has its answer.
 fn burst(telegram: &FakeTelegram, people: &[User], answered_before: usize) {
@@ -78,9 +61,8 @@ fn burst(telegram: &FakeTelegram, people: &[User], answered_before: usize) {
         );
     }
     let total = answered_before + people.len();
-    until(
+    Poll::within(Duration::from_secs(60)).until(
         &format!("{} conversations answered", people.len()),
-        Duration::from_secs(60),
         || telegram.sent_count() >= total,
     );
 }
@@ -88,37 +70,33 @@ fn burst(telegram: &FakeTelegram, people: &[User], answered_before: usize) {
 #[test]
 fn a_thousand_conversations_under_1024_descriptors_are_answered_with_descriptors_and_threads_flat()
 {
-    let model = FakeModel::start(Api::OpenAiCompletions);
+    let agent = Scenario::telegram_dm().build();
+    let (model, telegram) = (&agent.model, agent.telegram());
     model.echo_after(Duration::ZERO);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram);
-    let child = start_limited(dir.path());
-    let pid = child.id();
+    let service = start_limited(&agent);
+    let pid = service.id();
     let perch = std::fs::canonicalize(env!("CARGO_BIN_EXE_perch")).unwrap();
-    until("the shell to exec perch", Duration::from_secs(10), || {
+    Poll::within(Duration::from_secs(10)).until("the shell to exec perch", || {
         std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == perch)
     });
     assert_eq!(open_files_limit(pid), "1024 1024");
     let person = |id: i64| User::human(id, &format!("P{id}"));
     let warm_up: Vec<User> = (1..=100).map(person).collect();
-    burst(&telegram, &warm_up, 0);
+    burst(telegram, &warm_up, 0);
     let before = held(pid);
     let crowd: Vec<User> = (1001..=2000).map(person).collect();
-    burst(&telegram, &crowd, warm_up.len());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    burst(telegram, &crowd, warm_up.len());
+    let settled = Poll::within(Duration::from_secs(30)).holds(|| {
         let after = held(pid);
-        if after.0 <= before.0 && after.1 <= before.1 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "(descriptors, threads) were {before:?} after 100 conversations and are still \
-             {after:?} after 1,000 more"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let stderr = stop(child);
+        after.0 <= before.0 && after.1 <= before.1
+    });
+    assert!(
+        settled,
+        "(descriptors, threads) were {before:?} after 100 conversations and are still {:?} \
+         after 1,000 more",
+        held(pid)
+    );
+    let stderr = service.stop();
     assert!(!stderr.contains("Too many open files"), "{stderr}");
     let mut answers: HashMap<i64, Vec<String>> = HashMap::new();
     for sent in telegram.sent() {

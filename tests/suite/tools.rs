@@ -1,5 +1,4 @@
-//! Lua tools running against the sandbox (the namespace double here), and the `perch exec` and
-//! `perch tool` commands.
+//! Lua tools on the sandbox (the namespace double here), and `perch exec` and `perch tool`.
 
 use super::support::{new_agent, perch, stderr, stdout, write};
 use perch::agent::{self, AgentDir, LoadedAgent};

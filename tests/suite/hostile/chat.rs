@@ -1,52 +1,30 @@
-//! Hostile chat users: bot loops, commands for other bots, names and texts made to fool a
-//! terminal or the model, pairing starvation, oversized media.
+//! Hostile chat users: bot loops, others' commands, names that fool a terminal, pairing floods.
 
-use super::super::fake_discord::{Author, FakeDiscord, TOKEN as DISCORD_TOKEN};
-use super::super::fake_model::{FakeModel, Script};
-use super::super::fake_telegram::{Chat, FakeTelegram, User};
-use super::super::service::{
-    agent_with, discord_agent, launch, perch_cli, start, status_json, stop, wait_until,
-};
-use perch_core::config::Api;
+use super::super::intake::TEAM;
+use super::super::support::fake_discord::Author;
+use super::super::support::fake_model::Script;
+use super::super::support::fake_telegram::{Chat, User};
+use super::super::support::pairing_code;
+use super::super::support::scenario::{Scenario, alice};
+use super::super::support::wait::wait_until;
 use std::path::Path;
-
-/// An agent with one Telegram channel on the fake; `options` go inside `channel { ... }`.
-fn telegram_agent(model: &FakeModel, telegram: &FakeTelegram, options: &str) -> tempfile::TempDir {
-    agent_with(
-        model,
-        "channels/tg.lua",
-        &format!(
-            "channel {{ kind = \"telegram\", token = env \"TELEGRAM_TOKEN\", api_url = {:?},\n  {options} }}\n",
-            telegram.api_url()
-        ),
-    )
-}
-
-const TEAM: &str = "rooms = { team = \"-100\" }, allow = { rooms = { \"team\" } }";
 
 #[test]
 fn a_bot_loop_stops_after_bot_turns_a_human_resets_it_and_a_restart_keeps_the_count() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(
-        &model,
-        &telegram,
-        &format!("{TEAM}, groups = \"all\", allow_bots = {{ \"11\" }}, bot_turns = 3"),
-    );
+    let agent = Scenario::telegram(&format!(
+        "{TEAM}, groups = \"all\", allow_bots = {{ \"11\" }}, bot_turns = 3"
+    ))
+    .build();
+    let (model, telegram) = (&agent.model, agent.telegram());
     let team = Chat::group(-100, "Team");
     let other_agent = User::bot(11, "Other agent", "otheragentbot");
     let carol = User::human(9, "Carol");
-    let child = start(dir.path(), None);
+    let service = agent.start();
     for turn in 0..8 {
         telegram.push_message(&team, &other_agent, &format!("bot turn {turn}"));
     }
     let human = telegram.push_message(&team, &carol, "enough, you two");
-    wait_until("the answer to the human", || {
-        telegram
-            .sent()
-            .iter()
-            .any(|sent| sent.reply_to == Some(human.message_id))
-    });
+    wait_until("the answer to the human", || telegram.answered(human));
     assert_eq!(
         telegram.sent().len(),
         4,
@@ -58,20 +36,15 @@ fn a_bot_loop_stops_after_bot_turns_a_human_resets_it_and_a_restart_keeps_the_co
         telegram.push_message(&team, &other_agent, &format!("after the human {turn}"));
     }
     wait_until("two more bot turns", || telegram.sent().len() == 6);
-    stop(child);
+    service.stop();
 
-    let child = start(dir.path(), None);
+    let service = agent.start();
     for turn in 0..2 {
         telegram.push_message(&team, &other_agent, &format!("after the restart {turn}"));
     }
     let human = telegram.push_message(&team, &carol, "and now?");
-    wait_until("the answer to the human", || {
-        telegram
-            .sent()
-            .iter()
-            .any(|sent| sent.reply_to == Some(human.message_id))
-    });
-    stop(child);
+    wait_until("the answer to the human", || telegram.answered(human));
+    service.stop();
     assert_eq!(
         telegram.sent().len(),
         8,
@@ -81,16 +54,14 @@ fn a_bot_loop_stops_after_bot_turns_a_human_resets_it_and_a_restart_keeps_the_co
 
 #[test]
 fn a_bot_loop_stops_on_discord_too() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let discord = FakeDiscord::start();
-    let dir = discord_agent(
-        &model,
-        &discord,
+    let agent = Scenario::discord(
         "rooms = { general = \"555\" }, allow = { rooms = { \"general\" } }, groups = \"all\",\n  allow_bots = { \"88\" }, bot_turns = 2",
-    );
+    )
+    .build();
+    let discord = agent.discord();
     discord.guild_channel(555);
-    let child = launch(dir.path(), ("DISCORD_TOKEN", DISCORD_TOKEN), None);
-    wait_until("the gateway session", || discord.live_sessions() > 0);
+    let service = agent.start();
+    agent.wait_for_gateway();
     let other_agent = Author::bot(88, "other-agent");
     for turn in 0..5 {
         discord.push_message(555, &other_agent, &format!("bot turn {turn}"));
@@ -104,21 +75,20 @@ fn a_bot_loop_stops_on_discord_too() {
             .iter()
             .any(|posted| posted.body["message_reference"]["message_id"] == human.as_str())
     });
-    stop(child);
+    service.stop();
     assert_eq!(discord.posted().len(), 3, "two bot turns and the human's");
 }
 
 #[test]
 fn commands_for_another_bot_or_not_addressed_are_not_obeyed() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram, TEAM);
+    let agent = Scenario::telegram(TEAM).build();
+    let (model, telegram) = (&agent.model, agent.telegram());
     let team = Chat::group(-100, "Team");
     let stranger_room = Chat::group(-200, "Elsewhere");
     let carol = User::human(9, "Carol");
     let mallory = User::human(13, "Mallory");
     let me = User::me().username.unwrap();
-    let child = start(dir.path(), None);
+    let service = agent.start();
     for text in [
         "/new@otherbot",
         "/stop@otherbot",
@@ -131,8 +101,8 @@ fn commands_for_another_bot_or_not_addressed_are_not_obeyed() {
     telegram.push_message(&stranger_room, &mallory, &format!("/new@{me}"));
     telegram.push_message(&stranger_room, &mallory, &format!("/status@{me}"));
     let asked = telegram.push_message(&team, &carol, &format!("/status@{me}"));
-    wait_until("the status reply", || !telegram.sent().is_empty());
-    stop(child);
+    agent.wait_for_a_reply();
+    service.stop();
     let sent = telegram.sent();
     assert_eq!(
         sent.len(),
@@ -143,10 +113,15 @@ fn commands_for_another_bot_or_not_addressed_are_not_obeyed() {
     assert_eq!(sent[0].reply_to, Some(asked.message_id));
     assert!(sent[0].shown.starts_with("perch is running"));
     assert!(
-        !dir.path().join(".perch/generations").exists(),
+        !agent.path().join(".perch/generations").exists(),
         "no /new was obeyed"
     );
     assert_eq!(model.requests().len(), 0);
+}
+
+/// An agent whose Telegram channel offers strangers pairing.
+fn pairing_agent() -> super::super::support::scenario::Agent {
+    Scenario::telegram("").build()
 }
 
 const HOSTILE_NAME: &str = "Eve\u{1b}[2J\u{1b}]0;owned\u{7}\u{202e}gnp.exe\u{2066}";
@@ -164,40 +139,33 @@ fn assert_escaped(what: &str, text: &str) {
 
 #[test]
 fn a_display_name_made_to_fool_the_terminal_is_shown_escaped_and_stored_as_received() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram, "");
-    let path = dir.path().to_str().unwrap();
+    let agent = pairing_agent();
+    let telegram = agent.telegram();
     let eve = User::human(66, HOSTILE_NAME);
-    let child = start(dir.path(), None);
-    telegram.push_message(&Chat::private(&eve), &eve, "let me in");
-    wait_until("the pairing code", || !telegram.sent().is_empty());
+    let service = agent.start();
+    agent.send(&eve, "let me in");
+    agent.wait_for_a_reply();
     let offer = telegram.sent()[0].text.clone();
-    let code = offer
-        .split('`')
-        .nth(1)
-        .and_then(|command| command.split_whitespace().last())
-        .unwrap()
-        .to_owned();
+    let code = pairing_code(&offer);
 
-    let status = perch_cli(&["status", path]);
+    let status = agent.perch(&["status"]);
     assert!(status.status.success());
     assert_escaped("perch status", &String::from_utf8_lossy(&status.stdout));
     let stored: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join(".perch/pairing.json")).unwrap())
+        serde_json::from_slice(&std::fs::read(agent.path().join(".perch/pairing.json")).unwrap())
             .unwrap();
     assert_eq!(
         stored["pending"][0]["name"], HOSTILE_NAME,
         "stored as received"
     );
 
-    let approved = perch_cli(&["pair", "approve", &code, path]);
+    let approved = agent.perch(&["pair", "approve", &code]);
     assert!(approved.status.success());
     assert_escaped(
         "perch pair approve",
         &String::from_utf8_lossy(&approved.stdout),
     );
-    let stderr = stop(child);
+    let stderr = service.stop();
     assert!(
         !stderr.contains('\u{1b}'),
         "the log holds no raw ESC: {stderr:?}"
@@ -206,18 +174,16 @@ fn a_display_name_made_to_fool_the_terminal_is_shown_escaped_and_stored_as_recei
 
 #[test]
 fn a_provider_error_reaches_the_chat_as_a_generic_sentence_and_the_log_keeps_it() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram, "dm = \"allow\"");
+    let agent = Scenario::telegram("dm = \"allow\"").build();
+    let (model, telegram) = (&agent.model, agent.telegram());
     model.push(Script::status_body(
         403,
         r#"{"error":{"message":"Project proj_Q7f3 in organization org-8TqZ has no access to this model; contact billing-admin@example.com","type":"invalid_request_error","code":"model_not_found"}}"#,
     ));
-    let alice = User::human(42, "Alice");
-    let child = start(dir.path(), None);
-    telegram.push_message(&Chat::private(&alice), &alice, "hello");
-    wait_until("the apology", || !telegram.sent().is_empty());
-    let stderr = stop(child);
+    let service = agent.start();
+    agent.send(&alice(), "hello");
+    agent.wait_for_a_reply();
+    let stderr = service.stop();
     let said = &telegram.sent()[0].shown;
     assert!(said.starts_with("Sorry, I could not finish that"), "{said}");
     for detail in ["example.com", "org-8TqZ", "proj_Q7f3", "billing"] {
@@ -231,28 +197,27 @@ fn a_provider_error_reaches_the_chat_as_a_generic_sentence_and_the_log_keeps_it(
 
 #[test]
 fn throwaway_accounts_cannot_starve_pairing() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram, "");
-    let child = start(dir.path(), None);
+    let agent = pairing_agent();
+    let telegram = agent.telegram();
+    let service = agent.start();
     for id in 101..=103 {
         let throwaway = User::human(id, &format!("throwaway {id}"));
-        telegram.push_message(&Chat::private(&throwaway), &throwaway, "hi");
+        agent.send(&throwaway, "hi");
     }
     wait_until("three codes", || telegram.sent().len() == 3);
     let dora = User::human(104, "Dora");
-    telegram.push_message(&Chat::private(&dora), &dora, "hello, I am real");
+    agent.send(&dora, "hello, I am real");
     wait_until("an answer to the fourth sender", || {
         telegram.sent().len() == 4
     });
-    telegram.push_message(&Chat::private(&dora), &dora, "hello??");
+    agent.send(&dora, "hello??");
     let later = User::human(105, "Later");
-    telegram.push_message(&Chat::private(&later), &later, "me too");
+    agent.send(&later, "me too");
     wait_until("an answer to the fifth sender", || {
         telegram.sent().len() == 5
     });
-    let status = status_json(dir.path());
-    stop(child);
+    let status = agent.status();
+    service.stop();
     let sent = telegram.sent();
     assert_eq!(sent[3].chat_id, 104);
     assert!(
@@ -265,12 +230,12 @@ fn throwaway_accounts_cannot_starve_pairing() {
         sent[4].chat_id, 105,
         "the repeated hello got no second notice"
     );
-    let pending = status["pairings_pending"].as_array().unwrap();
+    let pending = &status.pairings_pending;
     assert_eq!(pending.len(), 3, "the owner sees who holds the codes");
     assert!(
         pending
             .iter()
-            .any(|pending| pending["name"] == "throwaway 101")
+            .any(|pending| pending.name == "throwaway 101")
     );
 }
 
@@ -287,30 +252,26 @@ fn newest_segment(journal: &Path) -> std::path::PathBuf {
 
 #[test]
 fn a_corrupt_inbox_line_is_reported_by_status_not_hidden() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram, "dm = \"allow\"");
-    let alice = User::human(42, "Alice");
-    let child = start(dir.path(), None);
-    telegram.push_message(&Chat::private(&alice), &alice, "hello");
-    wait_until("the answer", || !telegram.sent().is_empty());
-    stop(child);
-    let segment = newest_segment(&dir.path().join(".perch/inbox"));
+    let agent = Scenario::telegram("dm = \"allow\"").build();
+    let service = agent.start();
+    agent.send(&alice(), "hello");
+    agent.wait_for_a_reply();
+    service.stop();
+    let segment = newest_segment(&agent.path().join(".perch/inbox"));
     let mut bytes = std::fs::read(&segment).unwrap();
     let line = bytes.iter().filter(|byte| **byte == b'\n').count() + 1;
     bytes.extend_from_slice(b"{\"kind\":\"item\",\"seq\":99,\"body\": \x1b[31m not json\n");
     std::fs::write(&segment, bytes).unwrap();
 
-    let status = status_json(dir.path());
-    let unreadable = status["inbox_unreadable"].as_array().unwrap();
-    assert_eq!(unreadable.len(), 1, "{status}");
-    let reported = unreadable[0].as_str().unwrap();
+    let status = agent.status();
+    let unreadable = &status.inbox_unreadable;
+    assert_eq!(unreadable.len(), 1, "{status:?}");
+    let reported = &unreadable[0];
     assert!(
         reported.contains(&format!("{}:{line}:", segment.display())),
         "names the file and line: {reported}"
     );
-    let text = perch_cli(&["status", dir.path().to_str().unwrap()]);
-    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    let text = String::from_utf8_lossy(&agent.perch(&["status"]).stdout).into_owned();
     assert!(text.contains("inbox corrupt"), "{text}");
     assert!(text.contains("inbox pending      at least 0"), "{text}");
     assert!(!text.contains('\u{1b}'), "{text:?}");

@@ -1,13 +1,15 @@
-//! A second local user, or the service user itself, against deploy and the host's limits: root
-//! never executes, follows or writes through a path the service user can change; descriptors
-//! and connections are bounded.
+//! A second local user, or the service user itself, against deploy and the host's limits.
+//!
+//! Root never executes, follows or writes through a path the service user can change;
+//! descriptors and connections are bounded.
 
-use super::super::fake_model::{FakeModel, Script};
-use super::super::fake_telegram::{Chat, FakeTelegram, User};
-use super::super::service::{Watched, telegram_agent, wait_until};
+use super::super::support::fake_model::Script;
+use super::super::support::fake_telegram::User;
+use super::super::support::procfs;
+use super::super::support::scenario::{Scenario, Watched};
+use super::super::support::wait::{Poll, wait_until};
 use super::super::support::{perch, stderr, stdout};
 use super::{exits_within, on_the_double, perch_isolated};
-use perch_core::config::Api;
 use perch_core::image::{Flavour, Recipe};
 use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
@@ -333,10 +335,10 @@ fn run_limited(dir: &Path, nofile: &str, metrics: bool) -> Watched {
 fn metrics_address(perch: &Watched) -> String {
     let mut address = None;
     wait_until("the metrics address", || {
-        address = perch.lines().iter().find_map(|line| {
-            let rest = line.split_once("metrics on http://")?.1;
-            Some(rest.split_once("/metrics")?.0.to_owned())
-        });
+        address = perch
+            .lines()
+            .iter()
+            .find_map(|line| procfs::metrics_address(line));
         address.is_some()
     });
     address.unwrap()
@@ -381,11 +383,10 @@ fn idle_metrics_connections_cannot_starve_a_new_conversation() {
         nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard)
             .unwrap();
     }
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram);
-    model.push(Script::text("Hello Bob!"));
-    let perch = run_limited(dir.path(), "1024:1024", true);
+    let agent = Scenario::telegram_dm().build();
+    let telegram = agent.telegram();
+    agent.model.push(Script::text("Hello Bob!"));
+    let perch = run_limited(agent.path(), "1024:1024", true);
     let address = metrics_address(&perch);
 
     let mut idle = Vec::new();
@@ -410,8 +411,7 @@ fn idle_metrics_connections_cannot_starve_a_new_conversation() {
         "perch holds {held} descriptors with idle clients"
     );
 
-    let bob = User::human(7, "Bob");
-    telegram.push_message(&Chat::private(&bob), &bob, "a new conversation");
+    agent.send(&User::human(7, "Bob"), "a new conversation");
     wait_until("the reply to the new conversation", || {
         telegram.sent().iter().any(|sent| sent.chat_id == 7)
     });
@@ -428,10 +428,8 @@ fn idle_metrics_connections_cannot_starve_a_new_conversation() {
 
 #[test]
 fn the_soft_open_files_limit_is_raised_to_the_hard_limit() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram);
-    let perch = run_limited(dir.path(), "1024:4096", true);
+    let agent = Scenario::telegram_dm().build();
+    let perch = run_limited(agent.path(), "1024:4096", true);
     metrics_address(&perch);
     let line = limits_line(perch.id());
     let numbers: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
@@ -449,18 +447,15 @@ fn cpu_ticks(pid: u32) -> u64 {
 
 #[test]
 fn the_control_socket_survives_running_out_of_descriptors_without_spinning() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram);
-    model.push(Script::text("Hello Carol!"));
-    let perch = run_limited(dir.path(), "4096:4096", true);
+    let agent = Scenario::telegram_dm().build();
+    agent.model.push(Script::text("Hello Carol!"));
+    let perch = run_limited(agent.path(), "4096:4096", true);
     metrics_address(&perch);
     let pid = perch.id();
-    let socket = dir.path().join(".perch/control.sock");
+    let socket = agent.path().join(".perch/control.sock");
     // An answered message: every part of the service has started and holds its descriptors.
-    let carol = User::human(9, "Carol");
-    telegram.push_message(&Chat::private(&carol), &carol, "are you up?");
-    wait_until("the first reply", || !telegram.sent().is_empty());
+    agent.send(&User::human(9, "Carol"), "are you up?");
+    agent.wait_for_a_reply();
 
     let limit = open_descriptors(pid) + 2;
     let lowered = Command::new("prlimit")
@@ -490,19 +485,18 @@ fn the_control_socket_survives_running_out_of_descriptors_without_spinning() {
         .status()
         .unwrap();
     assert!(raised.success());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let said = perch_status(dir.path());
-        if said.contains("running            yes") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the control socket does not answer again:\n{said}\n{:#?}",
-            perch.lines()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let mut said = String::new();
+    let answers = Poll::within(Duration::from_secs(30))
+        .every(Duration::from_millis(100))
+        .holds(|| {
+            said = perch_status(agent.path());
+            said.contains("running            yes")
+        });
+    assert!(
+        answers,
+        "the control socket does not answer again:\n{said}\n{:#?}",
+        perch.lines()
+    );
     let lines = perch.stop();
     let warnings = lines
         .iter()

@@ -1,12 +1,11 @@
-//! A guest that floods output: the host keeps a bounded head and tail per stream, the whole
-//! output stays in the guest, and every command has a timeout and the run's cancellation.
+//! A guest flooding output: a bounded head and tail on the host, timeouts and cancellation.
 
+use super::super::support::fake_model::{Reply, Script};
+use super::super::support::procfs::status_kib;
+use super::super::support::scenario::{Scenario, alice};
+use super::super::support::wait::{Poll, wait_until};
+use super::super::support::{new_agent, stderr, stdout, write};
 use super::{exits_within, perch_on_the_double};
-use crate::suite::fake_model::{FakeModel, Reply, Script};
-use crate::suite::fake_telegram::{Chat, FakeTelegram, User};
-use crate::suite::service::{start, stop, telegram_agent, wait_until};
-use crate::suite::support::{new_agent, stderr, stdout, write};
-use perch_core::config::Api;
 use std::path::Path;
 use std::process::{Child, Output};
 use std::time::{Duration, Instant};
@@ -59,17 +58,7 @@ fn peak_rss_until_exit(mut child: Child) -> (u64, Output) {
     while child.try_wait().unwrap().is_none() {
         assert!(Instant::now() < deadline, "perch did not finish");
         if let Ok(text) = std::fs::read_to_string(&status) {
-            let kib = text
-                .lines()
-                .find_map(|line| line.strip_prefix("VmHWM:"))
-                .and_then(|value| {
-                    value
-                        .trim()
-                        .trim_end_matches("kB")
-                        .trim()
-                        .parse::<u64>()
-                        .ok()
-                });
+            let kib = status_kib(&text, "VmHWM:");
             peak = peak.max(kib.unwrap_or(0) * 1024);
         }
         std::thread::sleep(Duration::from_millis(5));
@@ -161,13 +150,19 @@ fn plant_a_hanging_cat(dir: &Path) {
     assert!(plant.status.success(), "{}", stderr(&plant));
 }
 
-#[test]
-fn keeping_a_long_result_in_the_guest_times_out() {
+/// `perch tool DIR long` started on an agent whose `cat` hangs: the agent, and the process.
+fn the_long_tool_started() -> (tempfile::TempDir, std::process::Child) {
     let dir = agent();
     plant_a_hanging_cat(dir.path());
     let child = perch_on_the_double(&["tool", dir.path().to_str().unwrap(), "long"])
         .spawn()
         .unwrap();
+    (dir, child)
+}
+
+#[test]
+fn keeping_a_long_result_in_the_guest_times_out() {
+    let (_dir, child) = the_long_tool_started();
     let started = Instant::now();
     let output = exits_within(child, Duration::from_secs(60), "perch tool long");
     assert!(
@@ -185,17 +180,9 @@ fn keeping_a_long_result_in_the_guest_times_out() {
 
 #[test]
 fn cancelling_reaches_the_command_that_keeps_a_long_result() {
-    let dir = agent();
-    plant_a_hanging_cat(dir.path());
-    let child = perch_on_the_double(&["tool", dir.path().to_str().unwrap(), "long"])
-        .spawn()
-        .unwrap();
+    let (dir, child) = the_long_tool_started();
     let marker = dir.path().join("workspace/cat-started");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !marker.exists() {
-        assert!(Instant::now() < deadline, "the keep command never started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    Poll::within(Duration::from_secs(60)).until("the keep command to start", || marker.exists());
     let interrupted = Instant::now();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
@@ -213,34 +200,28 @@ fn cancelling_reaches_the_command_that_keeps_a_long_result() {
 
 #[test]
 fn stop_in_chat_reaches_the_command_that_keeps_a_long_result() {
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let dir = telegram_agent(&model, &telegram);
-    write(dir.path(), "tools/hostile.lua", TOOLS);
-    plant_a_hanging_cat(dir.path());
+    let agent = Scenario::telegram_dm().build();
+    let (model, telegram) = (&agent.model, agent.telegram());
+    agent.write("tools/hostile.lua", TOOLS);
+    plant_a_hanging_cat(agent.path());
     model.push(Script::Reply(Reply::new().with_call(
         "call_long",
         "long",
         serde_json::json!({}),
     )));
-    let child = start(dir.path(), None);
-    let alice = User::human(42, "Alice");
-    let chat = Chat::private(&alice);
-    telegram.push_message(&chat, &alice, "make something long");
+    let service = agent.start();
+    agent.send(&alice(), "make something long");
     wait_until("the keep command", || {
-        dir.path().join("workspace/cat-started").exists()
+        agent.path().join("workspace/cat-started").exists()
     });
-    telegram.push_message(&chat, &alice, "/stop");
+    agent.send(&alice(), "/stop");
     wait_until("the stop to be confirmed", || {
-        telegram.sent().iter().any(|sent| sent.shown == "Stopped.")
+        telegram.has_shown("Stopped.")
     });
     model.push(Script::text("still here"));
-    telegram.push_message(&chat, &alice, "are you there?");
+    agent.send(&alice(), "are you there?");
     wait_until("the next message to be answered", || {
-        telegram
-            .sent()
-            .iter()
-            .any(|sent| sent.shown == "still here")
+        telegram.has_shown("still here")
     });
-    stop(child);
+    service.stop();
 }

@@ -1,14 +1,14 @@
-//! A guest writing hostile files into `workspace/`: deep YAML, huge files, FIFOs, symlinks to
-//! host files or devices, a HEARTBEAT.yml rewritten in a loop.
+//! A guest writing hostile files into `workspace/`: deep YAML, huge files, FIFOs, symlinks.
 
-use super::{exits_within, perch_isolated, stop_within};
-use crate::suite::fake_model::{FakeModel, Script};
-use crate::suite::fake_telegram::{Chat, FakeTelegram, User};
-use crate::suite::service::{start, telegram_agent, wait_until};
-use crate::suite::support::{new_agent, write};
-use perch_core::config::Api;
+use super::super::support::fake_model::Script;
+use super::super::support::procfs::status_kib;
+use super::super::support::scenario::{Perch, Scenario, alice};
+use super::super::support::status;
+use super::super::support::wait::wait_until;
+use super::super::support::{new_agent, write};
+use super::{exits_within, perch_isolated};
 use std::path::Path;
-use std::process::{Child, Output};
+use std::process::Output;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -23,14 +23,22 @@ const MEMORY_BOUND_KIB: u64 = 256 * 1024;
 const HOST_MARKER: &str = "host-only-marker-5f1c";
 
 /// SIGTERM, then the exit, which must be clean and come within [`PROMPT`] and half a minute.
-fn stop(child: Child) -> String {
-    stop_within(child, PROMPT + Duration::from_secs(30))
+fn stop(service: Perch) -> String {
+    service.stop_within(PROMPT + Duration::from_secs(30))
 }
 
 /// `perch ARGS`, which must end within [`PROMPT`] (a FIFO once hung it for good).
 fn perch_promptly(args: &[&str]) -> Output {
     let child = perch_isolated(args).spawn().unwrap();
     exits_within(child, PROMPT, &format!("perch {args:?}"))
+}
+
+/// Why HEARTBEAT.yml does not check, from `perch status --json`'s output.
+fn reload_error(status: &Output) -> Option<String> {
+    match status::read(&String::from_utf8_lossy(&status.stdout)).heartbeats {
+        status::Heartbeats::Listed(list) => list.reload_error,
+        status::Heartbeats::Unlisted { .. } => None,
+    }
 }
 
 fn shown(output: &Output) -> String {
@@ -44,11 +52,7 @@ fn shown(output: &Output) -> String {
 /// The peak resident memory of process `pid`, from `/proc/<pid>/status`.
 fn peak_rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
+    status_kib(&status, "VmHWM:").unwrap()
 }
 
 fn heartbeat_file(dir: &Path) -> std::path::PathBuf {
@@ -154,37 +158,20 @@ fn hostile_heartbeat_files_leave_the_commands_prompt_and_name_the_file() {
     let file = heartbeat_file(agent.path());
     for hostile in hostile_heartbeat_files() {
         (hostile.plant)(&file, host.path());
-        let info = perch_promptly(&["info", dir]);
-        let text = shown(&info);
-        assert!(
-            info.status.success(),
-            "{}: perch info: {text}",
-            hostile.name
-        );
-        assert!(
-            text.contains(hostile.expected),
-            "{}: perch info: {text}",
-            hostile.name
-        );
-        let list = perch_promptly(&["heartbeat", "list", dir]);
-        let text = shown(&list);
-        assert!(
-            list.status.success(),
-            "{}: heartbeat list: {text}",
-            hostile.name
-        );
-        assert!(
-            text.contains(hostile.expected),
-            "{}: heartbeat list: {text}",
-            hostile.name
-        );
+        let says_what_is_wrong = |args: &[&str], what: &str| {
+            let output = perch_promptly(args);
+            let text = shown(&output);
+            let name = hostile.name;
+            assert!(output.status.success(), "{name}: {what}: {text}");
+            assert!(text.contains(hostile.expected), "{name}: {what}: {text}");
+            output
+        };
+        let info = says_what_is_wrong(&["info", dir], "perch info");
+        let list = says_what_is_wrong(&["heartbeat", "list", dir], "heartbeat list");
         let status = perch_promptly(&["status", dir, "--json"]);
         let text = shown(&status);
         assert!(status.status.success(), "{}: status: {text}", hostile.name);
-        let report: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
-        let error = report["heartbeats"]["reload_error"]
-            .as_str()
-            .unwrap_or_default();
+        let error = reload_error(&status).unwrap_or_default();
         assert!(
             error.contains(hostile.expected),
             "{}: status: {text}",
@@ -196,31 +183,27 @@ fn hostile_heartbeat_files_leave_the_commands_prompt_and_name_the_file() {
     }
 }
 
+/// A HEARTBEAT.yml nested 20,000 levels deep, a skill whose frontmatter is longer than 16 KiB
+/// (`long`) and one nested 8,000 levels deep (`deep`), in the workspace of the agent `dir`.
+fn plant_deep_yaml(dir: &Path) {
+    std::fs::write(heartbeat_file(dir), format!("{}x\n", "- ".repeat(20_000))).unwrap();
+    for (name, depth) in [("long", 15_000), ("deep", 8_000)] {
+        write(
+            dir,
+            &format!("workspace/skills/{name}/SKILL.md"),
+            &format!(
+                "---\nname: {name}\ndescription: d\nx:\n  {}y\n---\n",
+                "- ".repeat(depth)
+            ),
+        );
+    }
+}
+
 #[test]
 fn deep_yaml_is_a_problem_naming_the_file_and_the_limit() {
     let agent = new_agent();
     let dir = agent.path().to_str().unwrap();
-    std::fs::write(
-        heartbeat_file(agent.path()),
-        format!("{}x\n", "- ".repeat(20_000)),
-    )
-    .unwrap();
-    write(
-        agent.path(),
-        "workspace/skills/long/SKILL.md",
-        &format!(
-            "---\nname: long\ndescription: d\nx:\n  {}y\n---\n",
-            "- ".repeat(15_000)
-        ),
-    );
-    write(
-        agent.path(),
-        "workspace/skills/deep/SKILL.md",
-        &format!(
-            "---\nname: deep\ndescription: d\nx:\n  {}y\n---\n",
-            "- ".repeat(8_000)
-        ),
-    );
+    plant_deep_yaml(agent.path());
     write(
         agent.path(),
         "workspace/skills/fine/SKILL.md",
@@ -250,35 +233,17 @@ fn deep_yaml_is_a_problem_naming_the_file_and_the_limit() {
 fn perch_run_keeps_answering_through_hostile_workspace_files() {
     let host = tempfile::tempdir().unwrap();
     host_file(host.path());
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let telegram = FakeTelegram::start();
-    let agent = telegram_agent(&model, &telegram);
-    let dir = agent.path().to_str().unwrap();
+    let agent = Scenario::telegram_dm().build();
+    let (model, telegram) = (&agent.model, agent.telegram());
+    let dir = agent.arg();
     let file = heartbeat_file(agent.path());
-    std::fs::write(&file, format!("{}x\n", "- ".repeat(20_000))).unwrap();
-    write(
-        agent.path(),
-        "workspace/skills/deep/SKILL.md",
-        &format!(
-            "---\nname: deep\ndescription: d\nx:\n  {}y\n---\n",
-            "- ".repeat(8_000)
-        ),
-    );
-    write(
-        agent.path(),
-        "workspace/skills/long/SKILL.md",
-        &format!(
-            "---\nname: long\ndescription: d\nx:\n  {}y\n---\n",
-            "- ".repeat(15_000)
-        ),
-    );
-    let child = start(agent.path(), None);
-    let alice = User::human(42, "Alice");
+    plant_deep_yaml(agent.path());
+    let service = agent.start();
     let mut answered = 0;
     let mut ask = |text: &str| {
         answered += 1;
         model.push(Script::text(&format!("answer {answered}")));
-        telegram.push_message(&Chat::private(&alice), &alice, text);
+        agent.send(&alice(), text);
         wait_until(&format!("the answer to {text:?}"), || {
             telegram.sent().len() == answered
         });
@@ -286,17 +251,11 @@ fn perch_run_keeps_answering_through_hostile_workspace_files() {
     ask("with deep YAML in the workspace");
     ask("and once more");
 
-    let reload_error = || {
-        let status = perch_promptly(&["status", dir, "--json"]);
-        let report: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap_or_default();
-        report["heartbeats"]["reload_error"]
-            .as_str()
-            .map(str::to_owned)
-    };
+    let reported = || reload_error(&perch_promptly(&["status", dir, "--json"]));
     for hostile in hostile_heartbeat_files() {
         (hostile.plant)(&file, host.path());
         wait_until(&format!("the service to report {}", hostile.name), || {
-            reload_error().is_some_and(|error| error.contains(hostile.expected))
+            reported().is_some_and(|error| error.contains(hostile.expected))
         });
         ask(&format!("with {} as HEARTBEAT.yml", hostile.name));
         let list = perch_promptly(&["heartbeat", "list", dir]);
@@ -305,7 +264,7 @@ fn perch_run_keeps_answering_through_hostile_workspace_files() {
         // The read fails; the same good file afterwards clears the error.
         remove(&file);
         std::fs::write(&file, GOOD).unwrap();
-        wait_until("the error to clear", || reload_error().is_none());
+        wait_until("the error to clear", || reported().is_none());
     }
 
     let rewriting = Arc::new(AtomicBool::new(true));
@@ -329,12 +288,12 @@ fn perch_run_keeps_answering_through_hostile_workspace_files() {
     let rewrites = writer.join().unwrap();
     assert!(rewrites > 10, "the file was rewritten {rewrites} times");
 
-    let peak = peak_rss_kib(child.id());
+    let peak = peak_rss_kib(service.id());
     assert!(
         peak < MEMORY_BOUND_KIB,
         "perch run reached {peak} KiB, more than {MEMORY_BOUND_KIB} KiB"
     );
-    let stderr = stop(child);
+    let stderr = stop(service);
     assert!(!stderr.contains(HOST_MARKER), "{stderr}");
     eprintln!("perch run peaked at {peak} KiB");
 }

@@ -149,6 +149,13 @@ impl Account {
             .await
     }
 
+    /// [`Account::create_dm`], once `invitee` has joined it.
+    pub async fn open_dm(&self, invitee: &str) -> String {
+        let room = self.create_dm(invitee).await;
+        self.wait_joined(&room, invitee).await;
+        room
+    }
+
     pub async fn join(&self, room: &str) {
         self.call(
             reqwest::Method::POST,

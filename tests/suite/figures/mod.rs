@@ -1,9 +1,11 @@
-//! The published figures that need a running `perch run`: the time from process start to the
-//! first message answered; idle memory (RSS and PSS, resident memory by mapping, the heap) and
-//! idle CPU with three channels connected and with Telegram and Discord only; and memory per
-//! agent with 1, 10 and 50 agents on one host. Ignored in normal runs; `tests/figures.sh` runs
-//! them against the dist build (`PERCH_FIGURES_BIN`) and prints each figure beside its target. Figures are not gates: a
-//! test fails only if the service does not work (a process died, a channel is not `receiving`).
+//! The published figures that need a running `perch run` (ignored; tests/figures.sh runs them).
+//!
+//! The time from process start to the first message answered; idle memory (RSS and PSS,
+//! resident memory by mapping, the heap) and idle CPU with three channels connected and with
+//! Telegram and Discord only; and memory per agent with 1, 10 and 50 agents on one host.
+//! `tests/figures.sh` runs them against the dist build (`PERCH_FIGURES_BIN`) and prints each
+//! figure beside its target. Figures are not gates: a test fails only if the service does not
+//! work (a process died, a channel is not `receiving`).
 //!
 //! Idle is the platforms' own rhythm: the Telegram fake holds `getUpdates` for the timeout perch
 //! asks (Telegram allows up to 50 s), the Discord fake's HELLO announces Discord's 41,250 ms
@@ -11,14 +13,20 @@
 //! shortens the idle minute (60 s by default) to try the figures quickly.
 #![allow(clippy::print_stdout)]
 
-use super::fake_discord::{FakeDiscord, TOKEN as DISCORD_TOKEN};
-use super::fake_model::{FakeModel, Script};
-use super::fake_telegram::{Chat, FakeTelegram, TOKEN as TELEGRAM_TOKEN, User};
-use super::service::status_json;
+mod measure;
+
+use measure::*;
+
 use super::standin_home::{Preparation, prepare};
+use super::support::fake_discord::{FakeDiscord, TOKEN as DISCORD_TOKEN};
+use super::support::fake_model::{FakeModel, Script};
+use super::support::fake_telegram::{Chat, FakeTelegram, TOKEN as TELEGRAM_TOKEN, User};
+use super::support::procfs::{self, kib_field};
+use super::support::status::status;
+use super::support::synapse::Synapse;
+use super::support::wait::Poll;
 use super::support::{new_agent, write};
-use super::synapse::Synapse;
-use perch::host::Places;
+use perch::doctor::Places;
 use perch_core::config::Api;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -28,10 +36,13 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 const PASSPHRASE: &str = "store-passphrase-for-figures";
+
 /// The heartbeat interval Discord's gateway announces in HELLO.
 const DISCORD_HEARTBEAT_MS: u64 = 41_250;
+
 /// How many groups of mappings the resident breakdown prints.
 const TOP_MAPPINGS: usize = 8;
+
 const MIB: f64 = 1024.0;
 
 /// The measured idle period: a minute, or `PERCH_FIGURE_IDLE_SECS` seconds.
@@ -157,29 +168,17 @@ fn stop_all(children: Vec<Child>) {
     }
 }
 
-fn wait_until(what: &str, done: impl FnMut() -> bool) {
-    wait_until_polling(what, Duration::from_millis(1), done);
-}
-
-fn wait_until_polling(what: &str, every: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(every);
-    }
-}
+/// How the figures wait: for two minutes at the most, looking every millisecond unless they
+/// say otherwise (the time to the first answer is one of the figures).
+const FIGURES: Poll = Poll::within(Duration::from_secs(120)).every(Duration::from_millis(1));
 
 /// Whether `perch status` shows `expected` channels, every one `receiving`.
 fn channels_receiving(dir: &Path, expected: usize) -> bool {
-    let status = status_json(dir);
-    let channels = status["channel_health"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let channels = status(dir).channel_health.unwrap_or_default();
     channels.len() == expected
         && channels
             .iter()
-            .all(|channel| channel["connection"] == "receiving")
+            .all(|channel| channel.connection == "receiving")
 }
 
 fn assert_alive(child: &mut Child) {
@@ -188,54 +187,6 @@ fn assert_alive(child: &mut Child) {
         "perch run {} exited during the figure",
         child.id()
     );
-}
-
-/// Resident memory of a process or a mapping, in KiB: `Rss` and `Pss` (shared pages divided
-/// among the processes that map them).
-#[derive(Debug, Clone, Copy, Default)]
-struct Resident {
-    rss_kib: u64,
-    pss_kib: u64,
-    /// Resident pages accessed since the accessed bits were last cleared (`clear_refs`), or
-    /// since they were mapped.
-    referenced_kib: u64,
-}
-
-impl Resident {
-    fn add(&mut self, other: Resident) {
-        self.rss_kib += other.rss_kib;
-        self.pss_kib += other.pss_kib;
-        self.referenced_kib += other.referenced_kib;
-    }
-}
-
-fn kib_field(line: &str, name: &str) -> Option<u64> {
-    line.strip_prefix(name)?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
-/// A process's `Rss`, `Pss` and `Referenced` from `/proc/PID/smaps_rollup`.
-fn resident(pid: u32) -> Resident {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|line| kib_field(line, name))
-            .unwrap_or_else(|| panic!("no {name} in smaps_rollup: {text}"))
-    };
-    Resident {
-        rss_kib: field("Rss:"),
-        pss_kib: field("Pss:"),
-        referenced_kib: field("Referenced:"),
-    }
-}
-
-/// Clears the accessed bits of every page a process maps, so that `Referenced` counts what it
-/// touches from now on: its working set over a period.
-fn clear_referenced(pid: u32) {
-    std::fs::write(format!("/proc/{pid}/clear_refs"), "1").unwrap();
 }
 
 /// Drops the page cache of the measured binary before a figure starts it, so the start reads it
@@ -273,293 +224,14 @@ fn start_from_a_cold_page_cache() -> Option<String> {
     ))
 }
 
-/// One mapping of `/proc/PID/smaps`.
-#[derive(Debug)]
-struct Mapping {
-    start: u64,
-    end: u64,
-    perms: String,
-    /// The file, `[heap]`-like name, or empty for anonymous memory.
-    path: String,
-    resident: Resident,
-}
-
-fn mappings(pid: u32) -> Vec<Mapping> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
-    let mut mappings: Vec<Mapping> = Vec::new();
-    for line in text.lines() {
-        let mut fields = line.split_whitespace();
-        let range = fields
-            .next()
-            .unwrap_or_default()
-            .split_once('-')
-            .map(|(start, end)| (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16)));
-        if let Some((Ok(start), Ok(end))) = range {
-            let perms = fields.next().unwrap_or_default().to_owned();
-            let path = fields.skip(3).collect::<Vec<_>>().join(" ");
-            mappings.push(Mapping {
-                start,
-                end,
-                perms,
-                path,
-                resident: Resident::default(),
-            });
-        } else if let Some(mapping) = mappings.last_mut() {
-            if let Some(kib) = kib_field(line, "Rss:") {
-                mapping.resident.rss_kib = kib;
-            } else if let Some(kib) = kib_field(line, "Pss:") {
-                mapping.resident.pss_kib = kib;
-            } else if let Some(kib) = kib_field(line, "Referenced:") {
-                mapping.resident.referenced_kib = kib;
-            }
-        }
-    }
-    mappings
-}
-
-fn tasks(pid: u32) -> Vec<u32> {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
-        .collect()
-}
-
-/// The stack pointer of each thread not running now (`/proc/PID/task/TID/syscall` ends with
-/// the stack and program counters).
-fn stack_pointers(pid: u32) -> Vec<u64> {
-    tasks(pid)
-        .into_iter()
-        .filter_map(|tid| std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok())
-        .filter_map(|text| {
-            let fields: Vec<&str> = text.split_whitespace().collect();
-            let pointer = fields.len().checked_sub(2).filter(|_| fields.len() >= 3)?;
-            u64::from_str_radix(fields[pointer].trim_start_matches("0x"), 16).ok()
-        })
-        .collect()
-}
-
-const THREAD_STACKS: &str = "thread stacks";
-const THREAD_ARENAS: &str = "malloc arenas of threads";
-
-/// What a mapping holds, named for the breakdown. Anonymous mappings are told apart by their
-/// neighbours: glibc puts an inaccessible guard page below a thread's stack, and reserves the
-/// rest of a thread arena's 64 MiB, inaccessible, above the part in use.
-fn mapping_group(mappings: &[Mapping], index: usize, exe: &str, stack_pointers: &[u64]) -> String {
-    let mapping = &mappings[index];
-    let below = index
-        .checked_sub(1)
-        .map(|below| &mappings[below])
-        .filter(|below| below.end == mapping.start);
-    let above = mappings
-        .get(index + 1)
-        .filter(|above| above.start == mapping.end);
-    let reserved = |other: &Mapping| other.path.is_empty() && other.perms.starts_with("---");
-    if mapping.path == exe {
-        let section = if mapping.perms.contains('x') {
-            "text (r-x)"
-        } else if mapping.perms.contains('w') {
-            "data (rw-)"
-        } else {
-            "read-only data (r--)"
-        };
-        return format!("perch binary, {section}");
-    }
-    if mapping.path.starts_with('[') {
-        return mapping.path.clone();
-    }
-    if !mapping.path.is_empty() {
-        let name = Path::new(&mapping.path).file_name().map_or_else(
-            || mapping.path.clone(),
-            |name| name.to_string_lossy().into_owned(),
-        );
-        return format!("file {name}");
-    }
-    if below.is_some_and(|below| below.path == exe) {
-        return "perch binary, .bss".to_owned();
-    }
-    if stack_pointers
-        .iter()
-        .any(|pointer| (mapping.start..mapping.end).contains(pointer))
-    {
-        return THREAD_STACKS.to_owned();
-    }
-    if above.is_some_and(reserved) {
-        return THREAD_ARENAS.to_owned();
-    }
-    if below.is_some_and(reserved) {
-        return THREAD_STACKS.to_owned();
-    }
-    "anonymous, other (large allocations, runtime maps)".to_owned()
-}
-
-/// A process's resident memory by group of mappings, largest first.
-fn breakdown(pid: u32) -> Vec<(String, Resident)> {
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
-    let stack_pointers = stack_pointers(pid);
-    let mappings = mappings(pid);
-    let mut groups: BTreeMap<String, Resident> = BTreeMap::new();
-    for index in 0..mappings.len() {
-        groups
-            .entry(mapping_group(&mappings, index, &exe, &stack_pointers))
-            .or_default()
-            .add(mappings[index].resident);
-    }
-    let mut groups: Vec<(String, Resident)> = groups.into_iter().collect();
-    groups.sort_by(|a, b| b.1.rss_kib.cmp(&a.1.rss_kib).then_with(|| a.0.cmp(&b.0)));
-    groups
-}
-
-/// One thread's scheduler counters.
-#[derive(Debug, Clone, Default)]
-struct ThreadCounts {
-    /// The thread's name (`comm`).
-    name: String,
-    on_cpu_ns: u64,
-    voluntary: u64,
-    involuntary: u64,
-}
-
-/// A process's CPU time so far (`utime` + `stime`, dead threads included) and each live
-/// thread's counters.
-#[derive(Debug)]
-struct CpuSample {
-    at: Instant,
-    cpu_ticks: u64,
-    threads: BTreeMap<u32, ThreadCounts>,
-}
-
-fn cpu_sample(pid: u32) -> CpuSample {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // The fields after the command name, which is in parentheses; `state` is the first.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .unwrap()
-        .1
-        .split_whitespace()
-        .collect();
-    let ticks = |field: usize| fields[field - 3].parse::<u64>().unwrap();
-    let mut threads = BTreeMap::new();
-    for tid in tasks(pid) {
-        let (Ok(schedstat), Ok(status), Ok(name)) = (
-            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")),
-            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")),
-            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")),
-        ) else {
-            continue;
-        };
-        let counter = |name: &str| {
-            status
-                .lines()
-                .find_map(|line| kib_field(line, name))
-                .unwrap_or_default()
-        };
-        threads.insert(
-            tid,
-            ThreadCounts {
-                name: name.trim().to_owned(),
-                on_cpu_ns: schedstat
-                    .split_whitespace()
-                    .next()
-                    .and_then(|value| value.parse().ok())
-                    .unwrap_or_default(),
-                voluntary: counter("voluntary_ctxt_switches:"),
-                involuntary: counter("nonvoluntary_ctxt_switches:"),
-            },
-        );
-    }
-    CpuSample {
-        at: Instant::now(),
-        cpu_ticks: ticks(14) + ticks(15),
-        threads,
-    }
-}
-
-/// Clock ticks per second, the unit of `utime` and `stime`.
-fn clock_ticks_per_second() -> u64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|output| String::from_utf8_lossy(&output.stdout).trim().parse().ok())
-        .unwrap_or(100)
-}
-
-/// What a process did between two samples. Threads alive at both count their difference,
-/// threads started between count whole; the switches of threads that ended between are lost
-/// (`ended` says how many), their CPU time is not (`utime` and `stime` keep it).
-#[derive(Debug)]
-struct IdleCpu {
-    elapsed: Duration,
-    cpu_ms: u64,
-    on_cpu: ThreadCounts,
-    /// Context switches per thread name, most first.
-    switches_by_thread: Vec<(String, u64)>,
-    threads_at_start: usize,
-    threads_at_end: usize,
-    ended: usize,
-}
-
-fn idle_cpu(start: &CpuSample, end: &CpuSample) -> IdleCpu {
-    let mut total = ThreadCounts::default();
-    let mut by_thread: BTreeMap<String, u64> = BTreeMap::new();
-    for (tid, now) in &end.threads {
-        let before = start.threads.get(tid).cloned().unwrap_or_default();
-        let voluntary = now.voluntary.saturating_sub(before.voluntary);
-        let involuntary = now.involuntary.saturating_sub(before.involuntary);
-        total.on_cpu_ns += now.on_cpu_ns.saturating_sub(before.on_cpu_ns);
-        total.voluntary += voluntary;
-        total.involuntary += involuntary;
-        *by_thread.entry(now.name.clone()).or_default() += voluntary + involuntary;
-    }
-    let mut switches_by_thread: Vec<(String, u64)> = by_thread.into_iter().collect();
-    switches_by_thread.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    IdleCpu {
-        elapsed: end.at - start.at,
-        cpu_ms: (end.cpu_ticks - start.cpu_ticks) * 1000 / clock_ticks_per_second(),
-        on_cpu: total,
-        switches_by_thread,
-        threads_at_start: start.threads.len(),
-        threads_at_end: end.threads.len(),
-        ended: start
-            .threads
-            .keys()
-            .filter(|tid| !end.threads.contains_key(tid))
-            .count(),
-    }
-}
-
 /// Where `perch run --metrics` serves, once its stderr names it.
 fn metrics_address(stderr: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(stderr).ok()?;
-    let (_, rest) = text.split_once("metrics on http://")?;
-    let (address, _) = rest.split_once("/metrics")?;
-    Some(address.to_owned())
+    procfs::metrics_address(&std::fs::read_to_string(stderr).ok()?)
 }
 
 /// The value of the unlabelled metric `name`, scraped now.
 fn scrape_gauge(address: &str, name: &str) -> Option<u64> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(address).ok()?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .ok()?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: perch\r\nConnection: close\r\n\r\n")
-        .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let (_, body) = response.split_once("\r\n\r\n")?;
-    body.lines().find_map(|line| {
-        line.strip_prefix(name)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .map(|value| value as u64)
-    })
+    procfs::gauge(&procfs::scrape(address)?, name)
 }
 
 fn agent_with_model(model: &FakeModel) -> tempfile::TempDir {
@@ -612,7 +284,7 @@ fn figure_start_to_first_message_answered() {
         telegram.push_message(&Chat::private(&alice), &alice, &format!("round {round}"));
         let started = Instant::now();
         let child = launch(dir.path(), None);
-        wait_until("the answer", || !telegram.sent().is_empty());
+        FIGURES.until("the answer", || !telegram.sent().is_empty());
         timings.push(started.elapsed());
         stop(child);
     }
@@ -645,13 +317,15 @@ fn idle_figures(setup: &IdleSetup<'_>) {
     let cold_start = start_from_a_cold_page_cache();
     let mut child = launch_with_metrics(setup.dir, setup.matrix_password, stderr.path());
     let pid = child.id();
-    wait_until("Telegram polling", || {
+    FIGURES.until("Telegram polling", || {
         !setup.telegram.poll_offsets().is_empty()
     });
-    wait_until("the Discord gateway", || setup.discord.live_sessions() > 0);
-    wait_until_polling("every channel receiving", Duration::from_millis(50), || {
-        channels_receiving(setup.dir, setup.channels)
-    });
+    FIGURES.until("the Discord gateway", || setup.discord.live_sessions() > 0);
+    FIGURES
+        .every(Duration::from_millis(50))
+        .until("every channel receiving", || {
+            channels_receiving(setup.dir, setup.channels)
+        });
     let address = metrics_address(stderr.path()).expect("perch run names its metrics address");
     let connected = Instant::now();
     std::thread::sleep(settle_period());
@@ -672,8 +346,8 @@ fn idle_figures(setup: &IdleSetup<'_>) {
     let allocated = scrape_gauge(&address, "perch_heap_allocated_bytes");
     assert!(
         channels_receiving(setup.dir, setup.channels),
-        "a channel stopped receiving during the idle period: {}",
-        status_json(setup.dir)["channel_health"]
+        "a channel stopped receiving during the idle period: {:?}",
+        status(setup.dir).channel_health
     );
     let poll_timeout = setup
         .telegram
@@ -844,12 +518,14 @@ fn agents_per_host(count: usize) {
     let cold_start = start_from_a_cold_page_cache();
     let mut children: Vec<Child> = dirs.iter().map(|dir| launch(dir.path(), None)).collect();
     for (dir, telegram) in dirs.iter().zip(&fakes) {
-        wait_until_polling("Telegram polling", Duration::from_millis(20), || {
-            !telegram.poll_offsets().is_empty()
-        });
-        wait_until_polling("the channel receiving", Duration::from_millis(50), || {
-            channels_receiving(dir.path(), 1)
-        });
+        FIGURES
+            .every(Duration::from_millis(20))
+            .until("Telegram polling", || !telegram.poll_offsets().is_empty());
+        FIGURES
+            .every(Duration::from_millis(50))
+            .until("the channel receiving", || {
+                channels_receiving(dir.path(), 1)
+            });
     }
     // The figure is the memory of agents that have idled for this period.
     std::thread::sleep(idle_period());

@@ -1,65 +1,4 @@
-use perch::channel::{BoxFuture, Connector, Delivery, DeliveryError, Receipt};
-use std::path::Path;
-use std::process::{Command, Output};
-
-/// Runs the real `perch` binary with a clean environment plus `env`.
-pub fn perch(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_perch"));
-    command
-        .args(args)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default());
-    for (key, value) in env {
-        command.env(key, value);
-    }
-    command.output().expect("perch runs")
-}
-
-pub fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-pub fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-/// A fresh agent directory made by `perch init`.
-pub fn new_agent() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let output = perch(&["init", dir.path().to_str().unwrap()], &[]);
-    assert!(output.status.success(), "{}", stderr(&output));
-    dir
-}
-
-pub fn write(dir: &Path, file: &str, text: &str) {
-    let path = dir.join(file);
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, text).unwrap();
-}
-
-/// Every file under `dir`, relative, sorted; directories end in `/`.
-pub fn tree(dir: &Path) -> Vec<String> {
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
-        for item in std::fs::read_dir(dir).unwrap() {
-            let path = item.unwrap().path();
-            let relative = path
-                .strip_prefix(root)
-                .unwrap()
-                .to_string_lossy()
-                .into_owned();
-            if path.is_dir() {
-                out.push(format!("{relative}/"));
-                walk(root, &path, out);
-            } else {
-                out.push(relative);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(dir, dir, &mut out);
-    out.sort();
-    out
-}
+//! HTTP/1.1 as the loopback fakes read it: one request at a time, and `multipart/form-data`.
 
 /// One HTTP/1.1 request as the loopback fakes read it.
 pub struct Request {
@@ -79,14 +18,7 @@ pub async fn read_request(
         if let Some(end) = buffer.windows(4).position(|window| window == b"\r\n\r\n") {
             break end;
         }
-        let mut chunk = [0u8; 8192];
-        let read = tokio::io::AsyncReadExt::read(socket, &mut chunk)
-            .await
-            .ok()?;
-        if read == 0 {
-            return None;
-        }
-        buffer.extend_from_slice(&chunk[..read]);
+        read_more(socket, buffer).await?;
     };
     let head = String::from_utf8_lossy(&buffer[..head_end]).into_owned();
     let mut lines = head.split("\r\n");
@@ -104,14 +36,7 @@ pub async fn read_request(
         .unwrap_or(0);
     let body_start = head_end + 4;
     while buffer.len() < body_start + length {
-        let mut chunk = [0u8; 8192];
-        let read = tokio::io::AsyncReadExt::read(socket, &mut chunk)
-            .await
-            .ok()?;
-        if read == 0 {
-            return None;
-        }
-        buffer.extend_from_slice(&chunk[..read]);
+        read_more(socket, buffer).await?;
     }
     let body = buffer[body_start..body_start + length].to_vec();
     buffer.drain(..body_start + length);
@@ -121,6 +46,19 @@ pub async fn read_request(
         headers,
         body,
     })
+}
+
+/// Reads what `socket` has next onto `buffer`; `None` at end of stream or on an error.
+async fn read_more(socket: &mut tokio::net::TcpStream, buffer: &mut Vec<u8>) -> Option<()> {
+    let mut chunk = [0u8; 8192];
+    let read = tokio::io::AsyncReadExt::read(socket, &mut chunk)
+        .await
+        .ok()?;
+    if read == 0 {
+        return None;
+    }
+    buffer.extend_from_slice(&chunk[..read]);
+    Some(())
 }
 
 /// One part of a `multipart/form-data` body.
@@ -196,29 +134,64 @@ pub fn parse_multipart(content_type: &str, body: &[u8]) -> Option<Vec<FormPart>>
     }
 }
 
-/// What the connector tests post most: one message without files.
-pub trait PostText {
-    /// [`Connector::post`] with no files.
-    fn deliver<'a>(
-        &'a self,
-        delivery: &'a Delivery,
-    ) -> BoxFuture<'a, Result<Receipt, DeliveryError>>;
+/// A fake's server on a thread of its own with a runtime of its own, so that the fake works
+/// from `#[test]` and `#[tokio::test]` alike; dropping it stops the server and joins the thread.
+#[derive(Debug)]
+pub struct ServerThread {
+    /// The server's runtime, for tasks beside it.
+    pub runtime: tokio::runtime::Handle,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl<C: Connector + ?Sized> PostText for C {
-    fn deliver<'a>(
-        &'a self,
-        delivery: &'a Delivery,
-    ) -> BoxFuture<'a, Result<Receipt, DeliveryError>> {
-        self.post(delivery, &[])
+impl ServerThread {
+    /// Runs `serve` on `listener` until dropped, on `workers` worker threads (0: the thread's
+    /// own).
+    pub fn spawn<F, Fut>(listener: std::net::TcpListener, workers: usize, serve: F) -> ServerThread
+    where
+        F: FnOnce(tokio::net::TcpListener) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()>,
+    {
+        listener.set_nonblocking(true).unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (runtime_sender, runtime) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let runtime = match workers {
+                0 => tokio::runtime::Builder::new_current_thread(),
+                _ => {
+                    let mut builder = tokio::runtime::Builder::new_multi_thread();
+                    builder.worker_threads(workers);
+                    builder
+                }
+            }
+            .enable_all()
+            .build()
+            .unwrap();
+            runtime_sender.send(runtime.handle().clone()).unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                tokio::select! {
+                    _ = stopped => {}
+                    () = serve(listener) => {}
+                }
+            });
+            runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+        });
+        ServerThread {
+            runtime: runtime.recv().unwrap(),
+            stop: Some(stop),
+            thread: Some(thread),
+        }
     }
 }
 
-/// A user message's text as the model sees it without perch's `<origin .../>` header lines:
-/// what the people wrote, the messages of a collected turn separated by blank lines.
-pub fn without_origins(text: &str) -> String {
-    text.split('\n')
-        .filter(|line| !(line.starts_with("<origin ") && line.ends_with("/>")))
-        .collect::<Vec<_>>()
-        .join("\n")
+impl Drop for ServerThread {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
