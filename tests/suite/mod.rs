@@ -12,6 +12,7 @@ mod conversations;
 mod delivery;
 mod deploy;
 mod discord;
+mod docs;
 mod doctor;
 mod figures;
 mod follow;
