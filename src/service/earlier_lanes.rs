@@ -5,7 +5,7 @@
 //! written atomically, read at each of its messages; only conversations that met an earlier
 //! lane have one, so nothing per conversation stays in memory).
 
-use super::generations;
+use crate::store::generations;
 use crate::agent::AgentDir;
 use perch_core::config::ChannelConfig;
 use perch_core::conversation_lane::{

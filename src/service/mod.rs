@@ -21,7 +21,6 @@ mod conversations;
 mod deliveries;
 mod drain;
 mod earlier_lanes;
-mod generations;
 mod heartbeats;
 mod intake;
 mod lanes;
@@ -134,7 +133,7 @@ pub async fn run(
     let (channels, hooks) = open_channels(&dir, loaded_channels, &setup.connectors, &alerts)?;
     let pairing = crate::store::pairing::read_pairing(&dir.pairing_file())?;
     let control_listener = control::listen(&dir.control_socket())?;
-    generations::migrate(&dir)?;
+    crate::store::generations::migrate(&dir)?;
     let started_at = clock.now();
     let earlier_starts = starts::read_starts(&dir.starts_file())?;
     let breaker = perch_core::starts::breaker(&earlier_starts, started_at);

@@ -4,6 +4,7 @@
 
 pub mod atomic_file;
 pub mod control;
+pub mod generations;
 pub mod inbox;
 pub mod outbox;
 pub mod pairing;

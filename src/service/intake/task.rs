@@ -6,7 +6,8 @@
 use super::super::channel::{Channel, Channels};
 use super::super::conversations::Conversations;
 use super::super::deliveries::{Deliveries, Posted, To};
-use super::super::{earlier_lanes, generations};
+use super::super::earlier_lanes;
+use crate::store::generations;
 use super::handle::Request;
 use crate::agent::AgentDir;
 use crate::channel::hooks::{ChannelHooks, HookVerdict};

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The generation of the conversation whose first lane is `base` (0 until `/new` is used).
-pub(super) fn current(dir: &AgentDir, base: &LaneName) -> Result<u32, String> {
+pub fn current(dir: &AgentDir, base: &LaneName) -> Result<u32, String> {
     let path = dir.generation_file(base);
     match std::fs::read_to_string(&path) {
         Ok(text) => text.trim().parse().map_err(|_| {
@@ -26,14 +26,14 @@ pub(super) fn current(dir: &AgentDir, base: &LaneName) -> Result<u32, String> {
 }
 
 /// Starts the next generation of the conversation whose first lane is `base`, durably.
-pub(super) fn advance(dir: &AgentDir, base: &LaneName) -> Result<u32, String> {
+pub fn advance(dir: &AgentDir, base: &LaneName) -> Result<u32, String> {
     let next = current(dir, base)?.saturating_add(1);
     write(dir, base, next)?;
     Ok(next)
 }
 
 /// The lane of generation `generation` of the conversation whose first lane is `base`.
-pub(super) fn lane(base: LaneName, generation: u32) -> Result<LaneName, String> {
+pub fn lane(base: LaneName, generation: u32) -> Result<LaneName, String> {
     if generation == 0 {
         return Ok(base);
     }
@@ -54,7 +54,7 @@ fn write(dir: &AgentDir, base: &LaneName, generation: u32) -> Result<(), String>
 /// Moves the generations of `.perch/conversations.json` (earlier versions) into
 /// `.perch/generations/`, keeping the higher of the two where both have one, then removes the
 /// old file. A crash halfway leaves the old file, and the next start does it again.
-pub(super) fn migrate(dir: &AgentDir) -> Result<(), String> {
+pub fn migrate(dir: &AgentDir) -> Result<(), String> {
     let old = dir.conversations_file();
     let text = match std::fs::read_to_string(&old) {
         Ok(text) => text,
