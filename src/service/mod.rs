@@ -16,6 +16,7 @@
 //! owners, connects the channels and pings systemd's watchdog; no reply is sent from that loop,
 //! nor an arrival taken in, so a platform's rate limit never holds up the watchdog.
 
+mod ask;
 mod channel;
 mod conversations;
 mod deliveries;

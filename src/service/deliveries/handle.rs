@@ -1,5 +1,6 @@
 //! The deliveries' handle, and the requests it sends their owner task.
 
+use super::super::ask::ask;
 use super::super::channel::{Channel, Channels};
 use crate::channel::{BoxFuture, Delivery};
 use crate::host::alert::Alerts;
@@ -116,16 +117,14 @@ impl Deliveries {
         deliveries: Vec<Delivery>,
         lane: Option<DeliveryLane>,
     ) -> Result<Posted, String> {
-        let (reply, answer) = oneshot::channel();
-        self.requests
-            .send(Request::Hand {
-                channel: Arc::clone(channel),
-                deliveries,
-                lane,
-                reply,
-            })
-            .map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
+        ask(&self.requests, |reply| Request::Hand {
+            channel: Arc::clone(channel),
+            deliveries,
+            lane,
+            reply,
+        })
+        .await
+        .ok_or_else(stopped)?
     }
 
     /// Queues deliveries recorded before, as one reply, to their room's worker.
@@ -144,31 +143,23 @@ impl Deliveries {
 
     /// The next reply for `room`'s worker; `None` when the worker must end.
     pub(super) async fn next(&self, room: RoomKey) -> Option<Handed> {
-        let (reply, answer) = oneshot::channel();
-        self.requests.send(Request::Next { room, reply }).ok()?;
-        answer.await.ok().flatten()
+        ask(&self.requests, |reply| Request::Next { room, reply })
+            .await
+            .flatten()
     }
 
     /// Everything still queued to `room`, whose worker ends early.
     pub(super) async fn abandon(&self, room: RoomKey) -> VecDeque<Handed> {
-        let (reply, answer) = oneshot::channel();
-        if self
-            .requests
-            .send(Request::Abandon { room, reply })
-            .is_err()
-        {
-            return VecDeque::new();
-        }
-        answer.await.unwrap_or_default()
+        ask(&self.requests, |reply| Request::Abandon { room, reply })
+            .await
+            .unwrap_or_default()
     }
 
     /// The next record for `lane`'s writer; `None` when the writer must end.
     pub(super) async fn next_record(&self, lane: LaneName) -> Option<Record> {
-        let (reply, answer) = oneshot::channel();
-        self.requests
-            .send(Request::NextRecord { lane, reply })
-            .ok()?;
-        answer.await.ok().flatten()
+        ask(&self.requests, |reply| Request::NextRecord { lane, reply })
+            .await
+            .flatten()
     }
 
     /// Appends a `delivery_settled` record to the delivery's lane, once its settlement is in
