@@ -3,15 +3,13 @@
 //! check's machine, the spend cap, posts through the deliveries, steers, owner alerts, metrics
 //! and the shutdown drain. The run itself is the heartbeat module's.
 
+use super::Common;
 use super::conversations::Conversations;
 use super::deliveries::Deliveries;
-use super::drain::Drain;
 use crate::agent::AgentDir;
 use crate::channel::BoxFuture;
 use crate::heartbeat::{self, Heartbeats, Host, HostLane, Ledger, SchedulerSetup};
-use crate::host::alert::Alerts;
 use crate::host::clock::Clock;
-use crate::host::metrics::Metrics;
 use crate::lane::Runtime;
 use crate::lane::{Input, Steered};
 use crate::sandbox::{Command, Output, SandboxError};
@@ -26,7 +24,6 @@ use perch_core::spend::RunKind;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
 /// The heartbeat runs' host: handles, never the owners' state.
@@ -34,12 +31,8 @@ pub(super) struct HeartbeatHost {
     pub(super) conversations: Conversations,
     pub(super) deliveries: Deliveries,
     pub(super) runtime: Arc<Runtime>,
-    pub(super) alerts: Alerts,
-    pub(super) metrics: Arc<Metrics>,
-    /// The service's tasks: a run holds a place among them, so shutdown drains it.
-    pub(super) tasks: TaskTracker,
-    pub(super) shutdown: CancellationToken,
-    pub(super) drain: Drain,
+    /// A run holds a place among its tasks, so shutdown drains it.
+    pub(super) common: Common,
 }
 
 /// Starts the heartbeat scheduler of `dir` over the ledger in `.perch/heartbeats/`, hosted by
@@ -54,7 +47,7 @@ pub(super) fn start(
     let agent = host.runtime.agent();
     let env = heartbeat::heartbeat_env(agent, heartbeat::host_tz());
     let (ledger, records) = Ledger::open(dir, clock.clone()).map_err(|error| error.to_string())?;
-    let shutdown = host.shutdown.clone();
+    let shutdown = host.common.shutdown.clone();
     let setup = SchedulerSetup::hosted(
         Arc::new(host),
         dir.clone(),
@@ -82,9 +75,9 @@ impl HeartbeatHost {
             Ok(Steered::Delivered) => Ok(()),
             Ok(Steered::Idle) => {
                 let into = into.clone();
-                let (shutdown, drain) = (self.shutdown.clone(), self.drain);
+                let (shutdown, drain) = (self.common.shutdown.clone(), self.common.drain);
                 // Among the service's tasks, so shutdown drains it like a conversation's run.
-                self.tasks.spawn(async move {
+                self.common.tasks.spawn(async move {
                     let input = Input {
                         text,
                         consumes: Vec::new(),
@@ -171,14 +164,16 @@ impl Host for HeartbeatHost {
     }
 
     fn alert(&self, kind: AlertKind, text: String) {
-        self.alerts.alert(kind, text);
+        self.common.alerts.alert(kind, text);
     }
 
     fn count_outcome(&self, task: &TaskName, outcome: &SlotOutcome) {
-        self.metrics.heartbeat_outcome(task.as_str(), outcome);
+        self.common
+            .metrics
+            .heartbeat_outcome(task.as_str(), outcome);
     }
 
     fn track_run(&self) -> TaskTrackerToken {
-        self.tasks.token()
+        self.common.tasks.token()
     }
 }

@@ -1,11 +1,9 @@
 //! The deliveries' handle, and the requests it sends their owner task.
 
+use super::super::Common;
 use super::super::ask::ask;
 use super::super::channel::{Channel, Channels};
 use crate::channel::{BoxFuture, Delivery};
-use crate::host::alert::Alerts;
-use crate::host::clock::Clock;
-use crate::host::metrics::Metrics;
 use crate::store::outbox::{DeliveryLane, Outbox};
 use perch_core::log::{Record, Settled};
 use perch_core::name::LaneName;
@@ -102,9 +100,7 @@ pub(in crate::service) struct Deliveries {
     pub(super) format: Format,
     pub(super) workspace: PathBuf,
     pub(super) outbox: Outbox,
-    pub(super) metrics: Arc<Metrics>,
-    pub(super) alerts: Alerts,
-    pub(super) clock: Clock,
+    pub(super) common: Common,
 }
 
 impl Deliveries {
@@ -181,7 +177,7 @@ impl Deliveries {
             op: lane.op,
             answers: delivery.reply_to.clone(),
             settled,
-            at: self.clock.now(),
+            at: self.common.clock.now(),
         };
         let _ = self.requests.send(Request::Record {
             lane: lane.lane,

@@ -40,9 +40,10 @@ impl Deliveries {
                         delivery.delivery.id,
                         delivery.channel
                     );
-                    self.metrics
+                    self.common
+                        .metrics
                         .settled(&delivery.channel, DeliveryOutcome::Unknown);
-                    self.alerts.alert(
+                    self.common.alerts.alert(
                         AlertKind::DeliveryUnknown,
                         format!(
                             "delivery {} to {} room {} has an unknown fate: perch stopped \
@@ -69,7 +70,8 @@ impl Deliveries {
                 }
                 Unreceipted::Expired => {
                     expired += 1;
-                    self.metrics
+                    self.common
+                        .metrics
                         .settled(&delivery.channel, DeliveryOutcome::Dropped);
                     let reason = "older than the outbox's time to live".to_owned();
                     self.outbox
