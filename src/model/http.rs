@@ -6,6 +6,7 @@
 //! Error text from the server is cut short and has the key removed before anything keeps it.
 
 use super::{ModelErrorKind, SetupProblem};
+use perch_core::error_chain::on_one_line;
 use perch_core::secret::Secret;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -169,7 +170,7 @@ impl ByteStream {
             Err(error) if error.is_timeout() => Err(ModelErrorKind::Timeout),
             Err(error) => Err(ModelErrorKind::Disconnected {
                 detail: redact(
-                    &format!("the reply broke off: {}", describe(&error)),
+                    &format!("the reply broke off: {}", on_one_line(&error)),
                     self.secret.as_ref(),
                 ),
             }),
@@ -198,7 +199,7 @@ pub fn check_trust_store() -> Result<(), SetupProblem> {
 /// practice is a machine without CA certificates (a minimal image without the distribution's
 /// package), which the platform verifier reports only as text.
 fn setup_problem(error: &reqwest::Error) -> SetupProblem {
-    let detail = describe(error);
+    let detail = on_one_line(error);
     if detail.contains("No CA certificates") {
         SetupProblem {
             problem: format!(
@@ -266,23 +267,8 @@ fn send_error(error: &reqwest::Error, secret: Option<&Secret>) -> ModelErrorKind
         "the request failed"
     };
     ModelErrorKind::Disconnected {
-        detail: redact(&format!("{what}: {}", describe(error)), secret),
+        detail: redact(&format!("{what}: {}", on_one_line(error)), secret),
     }
-}
-
-/// The error and its causes on one line, without the URL.
-fn describe(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// The kind of error an HTTP status and its body mean.

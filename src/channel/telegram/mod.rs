@@ -507,17 +507,7 @@ impl TelegramConnector {
 
     /// The error and its causes on one line, with the token removed.
     fn describe(&self, error: &(dyn std::error::Error + 'static)) -> String {
-        let mut text = error.to_string();
-        let mut source = error.source();
-        while let Some(cause) = source {
-            let cause_text = cause.to_string();
-            if !text.contains(&cause_text) {
-                text.push_str(": ");
-                text.push_str(&cause_text);
-            }
-            source = cause.source();
-        }
-        self.redact(&text)
+        self.redact(&perch_core::error_chain::on_one_line(error))
     }
 
     /// `text` without the token (or anything shaped like one), cut to [`MESSAGE_LIMIT`]
