@@ -316,20 +316,15 @@ fn stop_reason(reason: &str) -> StopReason {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::test_support::{endpoint, feed, history, request};
-    use crate::model::{ToolSpec, Usage};
+    use crate::model::test_support::{
+        endpoint, feed, history, request, request_with_bash, text, tool_call, usage,
+    };
     use perch_core::config::Api;
 
     #[test]
     fn the_body_carries_system_blocks_tools_and_thinking() {
         let endpoint = endpoint(Api::AnthropicMessages, true);
-        let mut request = request(history());
-        request.tools = vec![ToolSpec {
-            name: "bash".into(),
-            description: "Run a command".into(),
-            parameters: json!({"type": "object"}),
-        }];
-        request.thinking = Thinking::Low;
+        let request = request_with_bash(json!({"type": "object"}), Thinking::Low);
         assert_eq!(
             body(&endpoint, &request),
             json!({
@@ -459,30 +454,13 @@ mod tests {
                     text: "Let me check.".into(),
                     signature: Some("EqQB".into()),
                 },
-                Part::Text {
-                    text: "Checking.".into()
-                },
-                Part::ToolCall {
-                    call_id: "toolu_1".into(),
-                    name: "bash".into(),
-                    arguments: json!({"cmd": "ls"})
-                },
-                Part::ToolCall {
-                    call_id: "toolu_2".into(),
-                    name: "now".into(),
-                    arguments: json!({})
-                },
+                text("Checking."),
+                tool_call("toolu_1", "bash", json!({"cmd": "ls"})),
+                tool_call("toolu_2", "now", json!({})),
             ]
         );
         assert_eq!(reply.stop, StopReason::ToolUse);
-        assert_eq!(
-            reply.usage,
-            Usage {
-                input: 115,
-                output: 42,
-                cached: 100
-            }
-        );
+        assert_eq!(reply.usage, usage(115, 42, 100));
         assert_eq!(out.len(), 5);
     }
 

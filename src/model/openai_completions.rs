@@ -218,20 +218,18 @@ fn stop_reason(finish: &str) -> StopReason {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::test_support::{endpoint, feed, history, request};
-    use crate::model::{ToolSpec, Usage};
+    use crate::model::test_support::{
+        endpoint, feed, history, request, request_with_bash, tool_call, usage,
+    };
     use perch_core::config::Api;
 
     #[test]
     fn the_body_carries_system_history_tools_and_effort() {
         let endpoint = endpoint(Api::OpenAiCompletions, true);
-        let mut request = request(history());
-        request.tools = vec![ToolSpec {
-            name: "bash".into(),
-            description: "Run a command".into(),
-            parameters: json!({"type": "object", "properties": {"cmd": {"type": "string"}}}),
-        }];
-        request.thinking = Thinking::High;
+        let request = request_with_bash(
+            json!({"type": "object", "properties": {"cmd": {"type": "string"}}}),
+            Thinking::High,
+        );
         assert_eq!(
             body(&endpoint, &request),
             json!({
@@ -325,27 +323,12 @@ mod tests {
                     text: "Two calls.".into(),
                     signature: None,
                 },
-                Part::ToolCall {
-                    call_id: "call_a".into(),
-                    name: "read".into(),
-                    arguments: json!({"path": "a"})
-                },
-                Part::ToolCall {
-                    call_id: "call_b".into(),
-                    name: "bash".into(),
-                    arguments: json!({"cmd": "ls"})
-                },
+                tool_call("call_a", "read", json!({"path": "a"})),
+                tool_call("call_b", "bash", json!({"cmd": "ls"})),
             ]
         );
         assert_eq!(reply.stop, StopReason::ToolUse);
-        assert_eq!(
-            reply.usage,
-            Usage {
-                input: 50,
-                output: 9,
-                cached: 32
-            }
-        );
+        assert_eq!(reply.usage, usage(50, 9, 32));
         assert_eq!(
             out,
             vec![

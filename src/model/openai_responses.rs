@@ -261,20 +261,13 @@ impl ResponsesDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::test_support::{endpoint, feed, history, request};
-    use crate::model::{ToolSpec, Usage};
+    use crate::model::test_support::{endpoint, feed, request_with_bash, text, tool_call, usage};
     use perch_core::config::Api;
 
     #[test]
     fn the_body_carries_instructions_input_items_tools_and_effort() {
         let endpoint = endpoint(Api::OpenAiResponses, true);
-        let mut request = request(history());
-        request.tools = vec![ToolSpec {
-            name: "bash".into(),
-            description: "Run a command".into(),
-            parameters: json!({"type": "object"}),
-        }];
-        request.thinking = Thinking::Medium;
+        let mut request = request_with_bash(json!({"type": "object"}), Thinking::Medium);
         assert_eq!(
             body(&endpoint, &request),
             json!({
@@ -344,30 +337,13 @@ mod tests {
                     text: "**Plan**".into(),
                     signature: None,
                 },
-                Part::Text {
-                    text: "On it".into()
-                },
-                Part::ToolCall {
-                    call_id: "call_1".into(),
-                    name: "read".into(),
-                    arguments: json!({"path": "a"})
-                },
-                Part::ToolCall {
-                    call_id: "call_2".into(),
-                    name: "bash".into(),
-                    arguments: json!({"cmd": "ls"})
-                },
+                text("On it"),
+                tool_call("call_1", "read", json!({"path": "a"})),
+                tool_call("call_2", "bash", json!({"cmd": "ls"})),
             ]
         );
         assert_eq!(reply.stop, StopReason::ToolUse);
-        assert_eq!(
-            reply.usage,
-            Usage {
-                input: 120,
-                output: 30,
-                cached: 64
-            }
-        );
+        assert_eq!(reply.usage, usage(120, 30, 64));
         assert_eq!(out.len(), 4);
     }
 
