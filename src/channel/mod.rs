@@ -148,6 +148,21 @@ impl fmt::Display for ConnectorError {
     }
 }
 
+/// A connector could not be built from its settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetupError {
+    /// What is wrong, naming the setting and what to change; never holds a credential.
+    pub message: String,
+}
+
+impl fmt::Display for SetupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for SetupError {}
+
 /// What a platform allows, for splitting and resending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlatformLimits {

@@ -87,7 +87,7 @@ mod sync;
 mod tests;
 use super::{
     Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
-    DeliveryError, FetchError, Gate, InboundEvent, PlatformLimits, Receipt, Upload,
+    DeliveryError, FetchError, Gate, InboundEvent, PlatformLimits, Receipt, SetupError, Upload,
 };
 use chrono::{DateTime, Utc};
 use matrix_sdk::Client;
@@ -124,21 +124,6 @@ pub const RESEND_WINDOW: Duration = Duration::from_secs(30 * 60);
 pub const CONTENT_BUDGET: usize = 44_000;
 const UNDECRYPTABLE_FILE: &str = "undecryptable.json";
 const OWN_EVENTS_KEPT: usize = 1000;
-
-/// The connector could not be built from its settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SetupError {
-    /// What is wrong, naming the setting.
-    pub message: String,
-}
-
-impl fmt::Display for SetupError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for SetupError {}
 
 /// An event the account could not decrypt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -34,7 +34,7 @@ pub use inbound::BotIdentity;
 
 use super::{
     Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
-    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Upload,
+    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, SetupError, Upload,
 };
 use inbound::{message_event, platform_id};
 use perch_core::markdown::to_telegram_markdown_v2;
@@ -72,21 +72,6 @@ const MAX_CHARS: usize = 4096;
 const MAX_CAPTION: usize = 1024;
 /// The longest error text passed on, in characters (a server's error page can be huge).
 const MESSAGE_LIMIT: usize = 400;
-
-/// The connector could not be built from its settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SetupError {
-    /// What is wrong and what to change; never holds the token.
-    pub message: String,
-}
-
-impl fmt::Display for SetupError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for SetupError {}
 
 /// A connection to one Telegram bot.
 pub struct TelegramConnector {
