@@ -92,15 +92,7 @@ fn escaped(message: &Message) -> Message {
 /// A relayed `message` as the model sees it: its text under the relay's header
 /// ([`origin::render_relay`]), in one text part.
 fn relayed(message: &Message, relay: &origin::Relay) -> Message {
-    let text = message
-        .parts
-        .iter()
-        .filter_map(|part| match part {
-            Part::Text { text } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join("\n\n");
+    let text = text_parts(message).join("\n\n");
     let mut parts = vec![Part::Text {
         text: origin::render_relay(relay, &text),
     }];
@@ -210,6 +202,11 @@ pub fn unanswered_calls(branch: &[Entry]) -> Vec<(String, String)> {
 
 /// The text of a message, its text parts joined.
 pub fn text_of(message: &Message) -> String {
+    text_parts(message).join("")
+}
+
+/// A message's text parts, in order.
+fn text_parts(message: &Message) -> Vec<&str> {
     message
         .parts
         .iter()
@@ -217,8 +214,7 @@ pub fn text_of(message: &Message) -> String {
             Part::Text { text } => Some(text.as_str()),
             _ => None,
         })
-        .collect::<Vec<_>>()
-        .join("")
+        .collect()
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@
 use super::draft::{CallSlot, Decoder, Draft, json, str_at, stream_error, u64_at};
 use super::{Endpoint, ModelErrorKind, ModelReply, ModelRequest, StopReason, StreamEvent};
 use perch_core::config::Thinking;
+use perch_core::conversation::tool_calls;
 use perch_core::log::{Part, Role};
 use perch_core::sse::SseEvent;
 use serde_json::{Value, json};
@@ -42,20 +43,14 @@ pub(crate) fn body(endpoint: &Endpoint, request: &ModelRequest) -> Value {
                 }
             }
             Role::Assistant => {
-                let calls: Vec<Value> = message
-                    .parts
-                    .iter()
-                    .filter_map(|part| match part {
-                        Part::ToolCall {
-                            call_id,
-                            name,
-                            arguments,
-                        } => Some(json!({
+                let calls: Vec<Value> = tool_calls(message)
+                    .into_iter()
+                    .map(|(call_id, name, arguments)| {
+                        json!({
                             "id": call_id,
                             "type": "function",
                             "function": {"name": name, "arguments": arguments.to_string()},
-                        })),
-                        _ => None,
+                        })
                     })
                     .collect();
                 if texts.is_empty() && calls.is_empty() {
