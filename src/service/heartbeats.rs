@@ -8,7 +8,7 @@ use super::conversations::Conversations;
 use super::deliveries::Deliveries;
 use crate::agent::AgentDir;
 use crate::channel::BoxFuture;
-use crate::heartbeat::{self, Heartbeats, Host, HostLane, Ledger, SchedulerSetup};
+use crate::heartbeat::{self, Heartbeats, Host, HostLane, Ledger, SchedulerSetup, Steer};
 use crate::host::clock::Clock;
 use crate::lane::Runtime;
 use crate::lane::{Input, Steered};
@@ -18,7 +18,6 @@ use perch_core::alert::AlertKind;
 use perch_core::heartbeat::{SlotOutcome, Target};
 use perch_core::log::Trigger;
 use perch_core::name::{LaneName, ModelRef, TaskName};
-use perch_core::origin::Relay;
 use perch_core::prompt::Origin;
 use perch_core::spend::RunKind;
 use std::sync::Arc;
@@ -60,21 +59,20 @@ pub(super) fn start(
 }
 
 impl HeartbeatHost {
-    /// Adds a heartbeat's steer, relayed from `relay`, to `into`: to its active run at the next
-    /// tool boundary, or, when the lane is idle, as a run of its own. That run's reply stays in
-    /// the lane: a heartbeat reaches a chat only through `Message:`.
-    async fn steer_from_heartbeat(
-        &self,
-        into: &LaneName,
-        origin: Origin,
-        relay: Relay,
-        text: String,
-    ) -> Result<(), String> {
+    /// Adds a heartbeat's steer to its lane: to the lane's active run at the next tool
+    /// boundary, or, when the lane is idle, as a run of its own. That run's reply stays in the
+    /// lane: a heartbeat reaches a chat only through `Message:`.
+    async fn steer_from_heartbeat(&self, steer: Steer) -> Result<(), String> {
+        let Steer {
+            into,
+            origin,
+            relay,
+            text,
+        } = steer;
         let lane = self.conversations.hold(into.clone(), origin, None).await?;
         match lane.steer_relayed(relay.clone(), text.clone()).await {
             Ok(Steered::Delivered) => Ok(()),
             Ok(Steered::Idle) => {
-                let into = into.clone();
                 let (shutdown, drain) = (self.common.shutdown.clone(), self.common.drain);
                 // Among the service's tasks, so shutdown drains it like a conversation's run.
                 self.common.tasks.spawn(async move {
@@ -153,14 +151,8 @@ impl Host for HeartbeatHost {
         Box::pin(self.deliveries.post_to(target, text, Some(lane)))
     }
 
-    fn steer<'a>(
-        &'a self,
-        into: &'a LaneName,
-        origin: Origin,
-        relay: Relay,
-        text: String,
-    ) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(self.steer_from_heartbeat(into, origin, relay, text))
+    fn steer(&self, steer: Steer) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(self.steer_from_heartbeat(steer))
     }
 
     fn alert(&self, kind: AlertKind, text: String) {
