@@ -182,6 +182,39 @@ pub struct Arrival {
     pub journaled: oneshot::Sender<()>,
 }
 
+/// Whether a connector's receive loop goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Go,
+    Stop,
+}
+
+/// Hands `event` to perch through `inbound` and waits until it is journaled: [`Step::Go`] once
+/// it is, [`Step::Stop`] when `cancel` fires first; an error when perch stopped taking events
+/// before journaling it.
+async fn hand_over(
+    inbound: &mpsc::Sender<Arrival>,
+    cancel: &CancellationToken,
+    event: InboundEvent,
+) -> Result<Step, ConnectorError> {
+    let (journaled, ack) = oneshot::channel();
+    let arrival = Arrival { event, journaled };
+    tokio::select! {
+        biased;
+        () = cancel.cancelled() => Ok(Step::Stop),
+        handed = async {
+            inbound.send(arrival).await.map_err(|_| ())?;
+            ack.await.map_err(|_| ())
+        } => match handed {
+            Ok(()) => Ok(Step::Go),
+            Err(()) if cancel.is_cancelled() => Ok(Step::Stop),
+            Err(()) => Err(ConnectorError::Disconnected {
+                message: "perch stopped taking events before journaling this one".to_owned(),
+            }),
+        },
+    }
+}
+
 /// The connector's side of one receive attempt's "up" signal: marked when the platform first
 /// answered in this attempt (Telegram's `getMe` or first `getUpdates`, Discord's gateway READY,
 /// Matrix's first sync). Marking again does nothing.
