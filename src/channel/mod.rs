@@ -246,21 +246,27 @@ impl AttemptUpWait {
     }
 }
 
+/// What one receive attempt is given.
+#[derive(Debug)]
+pub struct ReceiveAttempt {
+    /// The cursor of the last event perch journaled (see [`InboundEvent::cursor`]).
+    pub resume: Option<String>,
+    /// The `platform_id` of the last journaled event per room, for platforms that back-fill
+    /// history after a start or reconnect.
+    pub since: Vec<(String, String)>,
+    /// Where every event goes.
+    pub inbound: mpsc::Sender<Arrival>,
+    /// Marked once the platform has answered in this attempt.
+    pub up: AttemptUp,
+    /// Ends the attempt.
+    pub cancel: CancellationToken,
+}
+
 /// The one effect boundary for chat platforms.
 pub trait Connector: Send + Sync + fmt::Debug {
-    /// Receives until `cancel` fires or the connection fails, handing every event to `inbound`.
-    /// `resume` is the cursor of the last event perch journaled (see [`InboundEvent::cursor`]);
-    /// `since` is the `platform_id` of the last journaled event per room, for platforms that
-    /// back-fill history after a start or reconnect. Events may repeat; perch deduplicates by
-    /// `platform_id`. `up` is marked once the platform has answered in this attempt.
-    fn receive<'a>(
-        &'a self,
-        resume: Option<String>,
-        since: Vec<(String, String)>,
-        inbound: mpsc::Sender<Arrival>,
-        up: AttemptUp,
-        cancel: CancellationToken,
-    ) -> BoxFuture<'a, Result<(), ConnectorError>>;
+    /// Receives until the attempt's `cancel` fires or the connection fails, handing every event
+    /// to its `inbound`. Events may repeat; perch deduplicates by `platform_id`.
+    fn receive(&self, attempt: ReceiveAttempt) -> BoxFuture<'_, Result<(), ConnectorError>>;
 
     /// Posts one message with `files` (the delivery's attachments, read from the workspace)
     /// attached. With files, the platform may need several messages (text, then each file); the

@@ -2,7 +2,7 @@
 //! waits, steps [`Link`] (perch-core's connection machine, which decides every state, backoff
 //! and wait) and carries out what it says.
 
-use crate::channel::{Arrival, AttemptUp, Connector, ConnectorError};
+use crate::channel::{Arrival, AttemptUp, Connector, ConnectorError, ReceiveAttempt};
 use perch_core::connection::{AttemptEnd, Begin, Connection, Link, LinkAction, LinkEvent};
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,8 +90,13 @@ impl<S: Fn(Connection) + Send> Receiver<S> {
         };
         let (up, mut came_up) = AttemptUp::pair();
         let connector = Arc::clone(&self.connector);
-        let receiving =
-            connector.receive(resume, since.to_vec(), events, up, self.shutdown.clone());
+        let receiving = connector.receive(ReceiveAttempt {
+            resume,
+            since: since.to_vec(),
+            inbound: events,
+            up,
+            cancel: self.shutdown.clone(),
+        });
         tokio::pin!(receiving);
         let result = tokio::select! {
             result = &mut receiving => result,
@@ -189,14 +194,10 @@ mod tests {
     }
 
     impl Connector for FakeConnector {
-        fn receive<'a>(
-            &'a self,
-            resume: Option<String>,
-            _since: Vec<(String, String)>,
-            _inbound: mpsc::Sender<Arrival>,
-            up: AttemptUp,
-            cancel: CancellationToken,
-        ) -> BoxFuture<'a, Result<(), ConnectorError>> {
+        fn receive(&self, attempt: ReceiveAttempt) -> BoxFuture<'_, Result<(), ConnectorError>> {
+            let ReceiveAttempt {
+                resume, up, cancel, ..
+            } = attempt;
             Box::pin(async move {
                 note(
                     &self.history,

@@ -45,7 +45,8 @@ pub use errors::FALLBACK_RETRY_AFTER;
 
 use super::{
     Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
-    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Step, Upload, hand_over,
+    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, ReceiveAttempt, Step, Upload,
+    hand_over,
 };
 use errors::{
     check_error, client_ended, connect_error, delivery_error, describe_download, disconnected,
@@ -530,15 +531,8 @@ fn intents() -> GatewayIntents {
 }
 
 impl Connector for DiscordConnector {
-    fn receive<'a>(
-        &'a self,
-        _resume: Option<String>,
-        since: Vec<(String, String)>,
-        inbound: mpsc::Sender<Arrival>,
-        up: super::AttemptUp,
-        cancel: CancellationToken,
-    ) -> BoxFuture<'a, Result<(), ConnectorError>> {
-        Box::pin(self.session(since, inbound, up, cancel))
+    fn receive(&self, attempt: ReceiveAttempt) -> BoxFuture<'_, Result<(), ConnectorError>> {
+        Box::pin(self.session(attempt.since, attempt.inbound, attempt.up, attempt.cancel))
     }
 
     fn post<'a>(

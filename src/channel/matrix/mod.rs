@@ -86,8 +86,8 @@ mod sync;
 #[cfg(test)]
 mod tests;
 use super::{
-    Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
-    DeliveryError, FetchError, Gate, InboundEvent, PlatformLimits, Receipt, SetupError, Upload,
+    Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery, DeliveryError,
+    FetchError, Gate, InboundEvent, PlatformLimits, Receipt, ReceiveAttempt, SetupError, Upload,
 };
 use chrono::{DateTime, Utc};
 use matrix_sdk::Client;
@@ -99,8 +99,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
-use tokio::sync::{OnceCell, mpsc, watch};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::{OnceCell, watch};
 
 /// The longest reply piece, in characters. Synapse refuses events over 65,536 bytes; a piece
 /// carries its text twice (plain and HTML), up to 4 bytes per character, and encryption adds a
@@ -210,15 +209,8 @@ impl Shared {
 }
 
 impl Connector for MatrixConnector {
-    fn receive<'a>(
-        &'a self,
-        resume: Option<String>,
-        since: Vec<(String, String)>,
-        inbound: mpsc::Sender<Arrival>,
-        up: super::AttemptUp,
-        cancel: CancellationToken,
-    ) -> BoxFuture<'a, Result<(), ConnectorError>> {
-        Box::pin(self.follow(resume, since, inbound, up, cancel))
+    fn receive(&self, attempt: ReceiveAttempt) -> BoxFuture<'_, Result<(), ConnectorError>> {
+        Box::pin(self.follow(attempt))
     }
 
     fn post<'a>(

@@ -5,7 +5,7 @@ use super::client::write_private;
 use super::{
     MatrixConnector, UNDECRYPTABLE_FILE, Undecryptable, UndecryptableReport, disconnected, note,
 };
-use crate::channel::{Arrival, ConnectorError, InboundEvent, Step, hand_over};
+use crate::channel::{Arrival, ConnectorError, InboundEvent, ReceiveAttempt, Step, hand_over};
 use chrono::{DateTime, Utc};
 use matrix_sdk::config::{SyncSettings, SyncToken};
 use matrix_sdk::deserialized_responses::{TimelineEvent, TimelineEventKind};
@@ -40,14 +40,14 @@ const JOIN_RETRY: Duration = Duration::from_millis(500);
 const UNDECRYPTABLE_KEPT: usize = 100;
 
 impl MatrixConnector {
-    pub(super) async fn follow(
-        &self,
-        resume: Option<String>,
-        since: Vec<(String, String)>,
-        inbound: mpsc::Sender<Arrival>,
-        up: crate::channel::AttemptUp,
-        cancel: CancellationToken,
-    ) -> Result<(), ConnectorError> {
+    pub(super) async fn follow(&self, attempt: ReceiveAttempt) -> Result<(), ConnectorError> {
+        let ReceiveAttempt {
+            resume,
+            since,
+            inbound,
+            up,
+            cancel,
+        } = attempt;
         let client = tokio::select! {
             biased;
             () = cancel.cancelled() => return Ok(()),

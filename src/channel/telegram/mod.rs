@@ -34,7 +34,8 @@ pub use inbound::BotIdentity;
 
 use super::{
     Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
-    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, SetupError, Upload,
+    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, ReceiveAttempt, SetupError,
+    Upload,
 };
 use inbound::{message_event, platform_id};
 use perch_core::markdown::to_telegram_markdown_v2;
@@ -507,15 +508,8 @@ impl TelegramConnector {
 }
 
 impl Connector for TelegramConnector {
-    fn receive<'a>(
-        &'a self,
-        resume: Option<String>,
-        _since: Vec<(String, String)>,
-        inbound: mpsc::Sender<Arrival>,
-        up: super::AttemptUp,
-        cancel: CancellationToken,
-    ) -> BoxFuture<'a, Result<(), ConnectorError>> {
-        Box::pin(self.poll(resume, inbound, up, cancel))
+    fn receive(&self, attempt: ReceiveAttempt) -> BoxFuture<'_, Result<(), ConnectorError>> {
+        Box::pin(self.poll(attempt.resume, attempt.inbound, attempt.up, attempt.cancel))
     }
 
     fn post<'a>(
