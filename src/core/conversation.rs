@@ -206,7 +206,7 @@ pub fn text_of(message: &Message) -> String {
 }
 
 /// A message's text parts, in order.
-fn text_parts(message: &Message) -> Vec<&str> {
+pub fn text_parts(message: &Message) -> Vec<&str> {
     message
         .parts
         .iter()
