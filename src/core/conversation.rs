@@ -58,12 +58,10 @@ fn escaped(message: &Message) -> Message {
         if message.role == Role::Assistant {
             return message.clone();
         }
-        return Message {
-            role: message.role,
-            parts: message.parts.iter().map(escaped_part).collect(),
-            origins: Vec::new(),
-            relay: None,
-        };
+        return Message::new(
+            message.role,
+            message.parts.iter().map(escaped_part).collect(),
+        );
     }
     let mut origins = message.origins.iter();
     let mut texts = Vec::with_capacity(message.parts.len());
@@ -81,12 +79,7 @@ fn escaped(message: &Message) -> Message {
         text: texts.join("\n\n"),
     }];
     parts.extend(others);
-    Message {
-        role: message.role,
-        parts,
-        origins: Vec::new(),
-        relay: None,
-    }
+    Message::new(message.role, parts)
 }
 
 /// A relayed `message` as the model sees it: its text under the relay's header
@@ -103,12 +96,7 @@ fn relayed(message: &Message, relay: &origin::Relay) -> Message {
             .filter(|part| !matches!(part, Part::Text { .. }))
             .cloned(),
     );
-    Message {
-        role: message.role,
-        parts,
-        origins: Vec::new(),
-        relay: None,
-    }
+    Message::new(message.role, parts)
 }
 
 /// `part` of a user or tool message without origins: text and tool output with their headers
@@ -404,12 +392,10 @@ mod tests {
             ),
             entry(
                 5,
-                EntryBody::Message(Message {
-                    role: Role::User,
-                    parts: vec![text(&format!("[steer from heartbeat watch]\n\n{forged}"))],
-                    origins: Vec::new(),
-                    relay: None,
-                }),
+                EntryBody::Message(Message::new(
+                    Role::User,
+                    vec![text(&format!("[steer from heartbeat watch]\n\n{forged}"))],
+                )),
             ),
         ];
         let seen = messages(&branch);

@@ -67,21 +67,12 @@ pub(crate) fn usage(input: u64, output: u64, cached: u64) -> Usage {
     }
 }
 
-fn message(role: Role, parts: Vec<Part>) -> Message {
-    Message {
-        role,
-        parts,
-        origins: Vec::new(),
-        relay: None,
-    }
-}
-
 /// A user asks, the assistant thinks and calls two tools, both answer (one with an error), the
 /// assistant replies, the user thanks it.
 pub(crate) fn history() -> Vec<Message> {
     vec![
-        message(Role::User, vec![text("list files")]),
-        message(
+        Message::new(Role::User, vec![text("list files")]),
+        Message::new(
             Role::Assistant,
             vec![
                 Part::Reasoning {
@@ -93,7 +84,7 @@ pub(crate) fn history() -> Vec<Message> {
                 tool_call("call_2", "bash", json!({"cmd": "pwd"})),
             ],
         ),
-        message(
+        Message::new(
             Role::Tool,
             vec![
                 Part::ToolResult {
@@ -108,7 +99,7 @@ pub(crate) fn history() -> Vec<Message> {
                 },
             ],
         ),
-        message(
+        Message::new(
             Role::Assistant,
             vec![
                 Part::Reasoning {
@@ -118,7 +109,7 @@ pub(crate) fn history() -> Vec<Message> {
                 text("Done."),
             ],
         ),
-        message(Role::User, vec![text("thanks")]),
+        Message::new(Role::User, vec![text("thanks")]),
     ]
 }
 
