@@ -57,16 +57,7 @@ impl Deliveries {
                         reason,
                     };
                     let settled = record.settled();
-                    self.outbox
-                        .settle(delivery.seq, record)
-                        .await
-                        .map_err(|error| error.to_string())?;
-                    self.tell_lane(
-                        &delivery.channel,
-                        &delivery.delivery,
-                        delivery.lane,
-                        settled,
-                    );
+                    self.settle_recovered(delivery, record, settled).await?;
                 }
                 Unreceipted::Expired => {
                     expired += 1;
@@ -74,22 +65,12 @@ impl Deliveries {
                         .metrics
                         .settled(&delivery.channel, DeliveryOutcome::Dropped);
                     let reason = "older than the outbox's time to live".to_owned();
-                    self.outbox
-                        .settle(
-                            delivery.seq,
-                            OutboxRecord::Dropped {
-                                intent: delivery.seq,
-                                reason: reason.clone(),
-                            },
-                        )
-                        .await
-                        .map_err(|error| error.to_string())?;
-                    self.tell_lane(
-                        &delivery.channel,
-                        &delivery.delivery,
-                        delivery.lane,
-                        Some(Settled::Dropped { reason }),
-                    );
+                    let record = OutboxRecord::Dropped {
+                        intent: delivery.seq,
+                        reason: reason.clone(),
+                    };
+                    let settled = Some(Settled::Dropped { reason });
+                    self.settle_recovered(delivery, record, settled).await?;
                 }
             }
         }
@@ -98,5 +79,25 @@ impl Deliveries {
             unknown,
             expired,
         })
+    }
+
+    /// Records `record`, which settles `delivery`, then tells the delivery's lane `settled`.
+    async fn settle_recovered(
+        &self,
+        delivery: Unsettled,
+        record: OutboxRecord,
+        settled: Option<Settled>,
+    ) -> Result<(), String> {
+        self.outbox
+            .settle(delivery.seq, record)
+            .await
+            .map_err(|error| error.to_string())?;
+        self.tell_lane(
+            &delivery.channel,
+            &delivery.delivery,
+            delivery.lane,
+            settled,
+        );
+        Ok(())
     }
 }
