@@ -10,8 +10,9 @@
 //!
 //! Reasoning parts in the history are not sent back: the API has no field for them.
 
-use super::draft::{CallSlot, Decoder, Draft, json, str_at, stream_error, u64_at};
-use super::{Endpoint, ModelErrorKind, ModelReply, ModelRequest, StopReason, StreamEvent};
+use super::body::{set_tools, tool_results};
+use super::draft::{CallSlot, Decoded, Decoder, Draft, json, str_at, stream_error, u64_at};
+use super::{Endpoint, ModelErrorKind, ModelRequest, StopReason, StreamEvent};
 use perch_core::config::Thinking;
 use perch_core::conversation::tool_calls;
 use perch_core::log::{Part, Role};
@@ -66,18 +67,9 @@ pub(crate) fn body(endpoint: &Endpoint, request: &ModelRequest) -> Value {
                 messages.push(assistant);
             }
             Role::Tool => {
-                for part in &message.parts {
-                    if let Part::ToolResult {
-                        call_id, output, ..
-                    } = part
-                    {
-                        messages.push(json!({
-                            "role": "tool",
-                            "tool_call_id": call_id,
-                            "content": output,
-                        }));
-                    }
-                }
+                messages.extend(tool_results(&message.parts).map(|(call_id, output)| {
+                    json!({"role": "tool", "tool_call_id": call_id, "content": output})
+                }));
                 if !texts.is_empty() {
                     messages.push(json!({"role": "user", "content": texts.join("\n\n")}));
                 }
@@ -91,22 +83,16 @@ pub(crate) fn body(endpoint: &Endpoint, request: &ModelRequest) -> Value {
         "stream_options": {"include_usage": true},
         "max_completion_tokens": endpoint.model.max_tokens,
     });
-    if !request.tools.is_empty() {
-        body["tools"] = request
-            .tools
-            .iter()
-            .map(|tool| {
-                json!({
-                    "type": "function",
-                    "function": {
-                        "name": tool.name,
-                        "description": tool.description,
-                        "parameters": tool.parameters,
-                    },
-                })
-            })
-            .collect();
-    }
+    set_tools(&mut body, request, |tool| {
+        json!({
+            "type": "function",
+            "function": {
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": tool.parameters,
+            },
+        })
+    });
     if endpoint.model.reasoning && request.thinking != Thinking::Off {
         body["reasoning_effort"] = json!(request.thinking.as_str());
     }
@@ -122,11 +108,7 @@ pub(crate) struct CompletionsDecoder {
 }
 
 impl Decoder for CompletionsDecoder {
-    fn event(
-        &mut self,
-        event: &SseEvent,
-        out: &mut Vec<StreamEvent>,
-    ) -> Result<Option<ModelReply>, ModelErrorKind> {
+    fn event(&mut self, event: &SseEvent, out: &mut Vec<StreamEvent>) -> Decoded {
         if event.data.trim() == "[DONE]" {
             let Some(finish) = self.finish.take() else {
                 return Err(ModelErrorKind::Garbage {
@@ -214,7 +196,8 @@ fn stop_reason(finish: &str) -> StopReason {
 mod tests {
     use super::*;
     use crate::model::test_support::{
-        endpoint, feed, history, request, request_with_bash, tool_call, usage,
+        assert_tool_use, endpoint, feed, history, reasoning_part, request, request_with_bash,
+        tool_call, usage,
     };
     use perch_core::config::Api;
 
@@ -309,21 +292,16 @@ mod tests {
             .to_string(),
             "[DONE]".to_owned(),
         ];
-        let (reply, out) = feed(&mut CompletionsDecoder::default(), &events).unwrap();
-        let reply = reply.unwrap();
-        assert_eq!(
-            reply.parts,
+        let out = assert_tool_use(
+            &mut CompletionsDecoder::default(),
+            &events,
             vec![
-                Part::Reasoning {
-                    text: "Two calls.".into(),
-                    signature: None,
-                },
+                reasoning_part("Two calls.", None),
                 tool_call("call_a", "read", json!({"path": "a"})),
                 tool_call("call_b", "bash", json!({"cmd": "ls"})),
-            ]
+            ],
+            usage(50, 9, 32),
         );
-        assert_eq!(reply.stop, StopReason::ToolUse);
-        assert_eq!(reply.usage, usage(50, 9, 32));
         assert_eq!(
             out,
             vec![

@@ -1,7 +1,9 @@
 //! Shared fixtures for the wire APIs' unit tests.
 
 use super::draft::Decoder;
-use super::{Endpoint, ModelErrorKind, ModelReply, ModelRequest, StreamEvent, ToolSpec, Usage};
+use super::{
+    Endpoint, ModelErrorKind, ModelReply, ModelRequest, StopReason, StreamEvent, ToolSpec, Usage,
+};
 use perch_core::config::{Api, ModelSpec, Thinking};
 use perch_core::log::{Message, Part, Role};
 use perch_core::sse::SseEvent;
@@ -51,6 +53,13 @@ pub(crate) fn text(text: &str) -> Part {
     Part::Text { text: text.into() }
 }
 
+pub(crate) fn reasoning_part(text: &str, signature: Option<&str>) -> Part {
+    Part::Reasoning {
+        text: text.into(),
+        signature: signature.map(str::to_owned),
+    }
+}
+
 pub(crate) fn tool_call(call_id: &str, name: &str, arguments: Value) -> Part {
     Part::ToolCall {
         call_id: call_id.into(),
@@ -75,10 +84,7 @@ pub(crate) fn history() -> Vec<Message> {
         Message::new(
             Role::Assistant,
             vec![
-                Part::Reasoning {
-                    text: "I should look.".into(),
-                    signature: None,
-                },
+                reasoning_part("I should look.", None),
                 text("Looking."),
                 tool_call("call_1", "bash", json!({"cmd": "ls"})),
                 tool_call("call_2", "bash", json!({"cmd": "pwd"})),
@@ -101,16 +107,26 @@ pub(crate) fn history() -> Vec<Message> {
         ),
         Message::new(
             Role::Assistant,
-            vec![
-                Part::Reasoning {
-                    text: "Answer now.".into(),
-                    signature: None,
-                },
-                text("Done."),
-            ],
+            vec![reasoning_part("Answer now.", None), text("Done.")],
         ),
         Message::new(Role::User, vec![text("thanks")]),
     ]
+}
+
+/// Feeds `events` to `decoder` and asserts they end in a reply of `parts` that stops for tool
+/// use, having used `usage`; returns what was displayed.
+pub(crate) fn assert_tool_use(
+    decoder: &mut dyn Decoder,
+    events: &[String],
+    parts: Vec<Part>,
+    usage: Usage,
+) -> Vec<StreamEvent> {
+    let (reply, out) = feed(decoder, events).unwrap();
+    let reply = reply.unwrap();
+    assert_eq!(reply.parts, parts);
+    assert_eq!(reply.stop, StopReason::ToolUse);
+    assert_eq!(reply.usage, usage);
+    out
 }
 
 /// Feeds each data string as one event; stops at the first reply or error.
