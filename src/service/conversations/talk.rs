@@ -2,7 +2,7 @@
 //! the pool, its runs (the reply delivered, the items consumed), steers and overflow notices.
 
 use super::super::channel::Channel;
-use super::super::deliveries::To;
+use super::super::deliveries::{Text, To};
 use super::super::lanes::LaneLease;
 use super::context::Context;
 use super::converse::Talk;
@@ -110,7 +110,7 @@ impl Talk for ConversationTalk {
                 .post(
                     &self.channel,
                     To::event(&item.event),
-                    OVERFLOW_NOTICE.to_owned(),
+                    Text::Written(OVERFLOW_NOTICE.to_owned()),
                     Vec::new(),
                     Some(lane),
                 )

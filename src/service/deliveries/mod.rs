@@ -20,7 +20,7 @@ mod room_queues;
 mod worker;
 
 pub(super) use handle::{Deliveries, Format, Posted};
-pub(super) use post::{To, outcome_reply};
+pub(super) use post::{Text, To, outcome_reply};
 
 use super::Common;
 use super::channel::Channels;

@@ -6,7 +6,7 @@
 use super::super::Common;
 use super::super::channel::{Channel, Channels};
 use super::super::conversations::Conversations;
-use super::super::deliveries::{Deliveries, Posted, To};
+use super::super::deliveries::{Deliveries, Posted, Text, To};
 use super::super::{earlier_lanes, generations};
 use super::handle::Request;
 use crate::agent::AgentDir;
@@ -154,7 +154,13 @@ impl IntakeTask {
             .format(&channel.loaded.config.name.to_string(), text)
             .await;
         self.deliveries
-            .post_formatted(channel, To::event(to), formatted, Vec::new(), lane)
+            .post(
+                channel,
+                To::event(to),
+                Text::Formatted(formatted),
+                Vec::new(),
+                lane,
+            )
             .await
     }
 
