@@ -486,21 +486,20 @@ impl Runner<'_> {
     }
 
     pub(super) async fn note(&mut self, note: Note) -> Result<(), LaneError> {
-        let entry = Entry {
-            id: self.new_id(),
-            parent: self.leaf(),
-            at: self.now(),
-            body: EntryBody::Note(note),
-        };
-        self.append_entry(entry).await
+        self.append_body(EntryBody::Note(note)).await
     }
 
     async fn entry(&mut self, message: Message) -> Result<(), LaneError> {
+        self.append_body(EntryBody::Message(message)).await
+    }
+
+    /// Appends `body` as a new entry under the leaf, now.
+    async fn append_body(&mut self, body: EntryBody) -> Result<(), LaneError> {
         let entry = Entry {
             id: self.new_id(),
             parent: self.leaf(),
             at: self.now(),
-            body: EntryBody::Message(message),
+            body,
         };
         self.append_entry(entry).await
     }

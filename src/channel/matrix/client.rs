@@ -385,19 +385,12 @@ async fn check_get(
     if let Some(token) = token {
         request = request.bearer_auth(token);
     }
-    let response = request
-        .send()
-        .await
-        .map_err(|error| CheckError::Unreachable {
-            message: on_one_line(&error.without_url()),
-        })?;
+    let unreachable = |error: matrix_sdk::reqwest::Error| CheckError::Unreachable {
+        message: on_one_line(&error.without_url()),
+    };
+    let response = request.send().await.map_err(unreachable)?;
     let status = response.status().as_u16();
-    let bytes = response
-        .bytes()
-        .await
-        .map_err(|error| CheckError::Unreachable {
-            message: on_one_line(&error.without_url()),
-        })?;
+    let bytes = response.bytes().await.map_err(unreachable)?;
     Ok((
         status,
         serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
