@@ -132,6 +132,7 @@ fn write(dir: &AgentDir, path: &Path, record: &EarlierLane) -> Result<(), String
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_support::agent_with;
     use super::*;
     use crate::log::LaneLog;
     use chrono::TimeZone;
@@ -152,11 +153,7 @@ mod tests {
     ];
 
     fn agent() -> (tempfile::TempDir, AgentDir) {
-        let temp = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(temp.path().join(".perch/sessions")).unwrap();
-        std::fs::write(temp.path().join("agent.lua"), "").unwrap();
-        let dir = AgentDir::open(temp.path()).unwrap();
-        (temp, dir)
+        agent_with(".perch/sessions")
     }
 
     fn channel(name: &str, rooms: &[(&str, &str)]) -> ChannelConfig {

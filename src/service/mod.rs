@@ -29,6 +29,8 @@ mod lanes;
 mod receive;
 mod recovery;
 mod status;
+#[cfg(test)]
+mod test_support;
 
 pub use lanes::LaneLimits;
 
