@@ -299,12 +299,7 @@ impl TelegramConnector {
             }
             other => other,
         };
-        match sent {
-            Ok(message) => Ok(Receipt {
-                platform_id: platform_id(&message),
-            }),
-            Err(error) => Err(self.delivery_error(error)),
-        }
+        self.receipt(sent)
     }
 
     async fn send_text(
@@ -331,12 +326,7 @@ impl TelegramConnector {
             }
             other => other,
         };
-        match sent {
-            Ok(message) => Ok(Receipt {
-                platform_id: platform_id(&message),
-            }),
-            Err(error) => Err(self.delivery_error(error)),
-        }
+        self.receipt(sent)
     }
 
     async fn send_message(
@@ -464,6 +454,14 @@ impl TelegramConnector {
                 message: self.describe(&other),
             },
         }
+    }
+
+    /// The receipt of a message Telegram took, or what its refusal means.
+    fn receipt(&self, sent: Result<Message, RequestError>) -> Result<Receipt, DeliveryError> {
+        sent.map(|message| Receipt {
+            platform_id: platform_id(&message),
+        })
+        .map_err(|error| self.delivery_error(error))
     }
 
     fn delivery_error(&self, error: RequestError) -> DeliveryError {
