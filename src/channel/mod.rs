@@ -148,6 +148,21 @@ impl fmt::Display for ConnectorError {
     }
 }
 
+/// A connector could not be built from its settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetupError {
+    /// What is wrong, naming the setting and what to change; never holds a credential.
+    pub message: String,
+}
+
+impl fmt::Display for SetupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for SetupError {}
+
 /// What a platform allows, for splitting and resending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlatformLimits {
@@ -165,6 +180,39 @@ pub struct PlatformLimits {
 pub struct Arrival {
     pub event: InboundEvent,
     pub journaled: oneshot::Sender<()>,
+}
+
+/// Whether a connector's receive loop goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Go,
+    Stop,
+}
+
+/// Hands `event` to perch through `inbound` and waits until it is journaled: [`Step::Go`] once
+/// it is, [`Step::Stop`] when `cancel` fires first; an error when perch stopped taking events
+/// before journaling it.
+async fn hand_over(
+    inbound: &mpsc::Sender<Arrival>,
+    cancel: &CancellationToken,
+    event: InboundEvent,
+) -> Result<Step, ConnectorError> {
+    let (journaled, ack) = oneshot::channel();
+    let arrival = Arrival { event, journaled };
+    tokio::select! {
+        biased;
+        () = cancel.cancelled() => Ok(Step::Stop),
+        handed = async {
+            inbound.send(arrival).await.map_err(|_| ())?;
+            ack.await.map_err(|_| ())
+        } => match handed {
+            Ok(()) => Ok(Step::Go),
+            Err(()) if cancel.is_cancelled() => Ok(Step::Stop),
+            Err(()) => Err(ConnectorError::Disconnected {
+                message: "perch stopped taking events before journaling this one".to_owned(),
+            }),
+        },
+    }
 }
 
 /// The connector's side of one receive attempt's "up" signal: marked when the platform first
@@ -198,21 +246,27 @@ impl AttemptUpWait {
     }
 }
 
+/// What one receive attempt is given.
+#[derive(Debug)]
+pub struct ReceiveAttempt {
+    /// The cursor of the last event perch journaled (see [`InboundEvent::cursor`]).
+    pub resume: Option<String>,
+    /// The `platform_id` of the last journaled event per room, for platforms that back-fill
+    /// history after a start or reconnect.
+    pub since: Vec<(String, String)>,
+    /// Where every event goes.
+    pub inbound: mpsc::Sender<Arrival>,
+    /// Marked once the platform has answered in this attempt.
+    pub up: AttemptUp,
+    /// Ends the attempt.
+    pub cancel: CancellationToken,
+}
+
 /// The one effect boundary for chat platforms.
 pub trait Connector: Send + Sync + fmt::Debug {
-    /// Receives until `cancel` fires or the connection fails, handing every event to `inbound`.
-    /// `resume` is the cursor of the last event perch journaled (see [`InboundEvent::cursor`]);
-    /// `since` is the `platform_id` of the last journaled event per room, for platforms that
-    /// back-fill history after a start or reconnect. Events may repeat; perch deduplicates by
-    /// `platform_id`. `up` is marked once the platform has answered in this attempt.
-    fn receive<'a>(
-        &'a self,
-        resume: Option<String>,
-        since: Vec<(String, String)>,
-        inbound: mpsc::Sender<Arrival>,
-        up: AttemptUp,
-        cancel: CancellationToken,
-    ) -> BoxFuture<'a, Result<(), ConnectorError>>;
+    /// Receives until the attempt's `cancel` fires or the connection fails, handing every event
+    /// to its `inbound`. Events may repeat; perch deduplicates by `platform_id`.
+    fn receive(&self, attempt: ReceiveAttempt) -> BoxFuture<'_, Result<(), ConnectorError>>;
 
     /// Posts one message with `files` (the delivery's attachments, read from the workspace)
     /// attached. With files, the platform may need several messages (text, then each file); the

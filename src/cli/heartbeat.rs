@@ -4,12 +4,8 @@
 use super::{STATUS_TIMEOUT, dir_or_current, emit, load_agent, printed, runtime};
 use crate::agent::{self, AgentDir};
 use crate::heartbeat;
-use crate::host::clock::system_clock;
 use crate::host::notify::Notifier;
-use crate::lane::RunLimits;
 use crate::model;
-use crate::sandbox::MachineSetup;
-use crate::service::ServiceSetup;
 use crate::store::control::{self, ControlRequest};
 use clap::Subcommand;
 use perch_core::control::{HeartbeatList, HeartbeatListed, HeartbeatRan, Resumed, RunEnd};
@@ -177,30 +173,13 @@ fn heartbeat_run_here(dir: &Path, name: &str, dry_run: bool) -> Result<RunEnd, S
         let lookup = |name: &str| std::env::var(name).ok();
         let endpoint = model::endpoint_for(&agent, lookup)?;
         let (end, ended) = tokio::sync::oneshot::channel();
-        let setup = ServiceSetup {
-            machine: MachineSetup::from_environment(),
-            model: model::connect(endpoint),
-            connectors: {
-                let agent_dir = agent.dir.clone();
-                std::sync::Arc::new(move |channel: &crate::agent::LoadedChannel| {
-                    crate::channel::connect(channel, &agent_dir, |name| std::env::var(name).ok())
-                })
-            },
-            clock: system_clock(),
-            limits: RunLimits::default(),
-            lanes: crate::service::LaneLimits::default(),
-            reconnect: std::time::Duration::from_secs(1),
-            heartbeat_reload: heartbeat::RELOAD_EVERY,
-            notifier: Notifier::disabled(),
-            drain: std::time::Duration::from_secs(30),
-            metrics: std::sync::Arc::new(crate::host::metrics::Metrics::default()),
-            metrics_listener: None,
-            once: Some(crate::service::HeartbeatOnce {
-                task: name.to_owned(),
-                dry_run,
-                end,
-            }),
+        let once = crate::service::HeartbeatOnce {
+            task: name.to_owned(),
+            dry_run,
+            end,
         };
+        let setup =
+            super::run::service_setup(&agent, endpoint, Notifier::disabled(), None, Some(once));
         crate::service::run(agent, setup, CancellationToken::new()).await?;
         let end = ended
             .await

@@ -3,7 +3,7 @@
 
 use super::{dir_or_current, emit, load_agent};
 use crate::agent::{LoadedAgent, LoadedChannel};
-use perch_core::config::{BusyPolicy, Platform, ToolDecl};
+use perch_core::config::{BusyPolicy, ChannelConfig, Platform, ToolDecl};
 use perch_core::spend::{HEARTBEAT_PAUSE_PERCENT, Money, SpendPolicy};
 use serde_json::json;
 use std::fmt::Write as _;
@@ -147,13 +147,7 @@ fn channel_json(channel: &LoadedChannel) -> serde_json::Value {
         BusyPolicy::Collect { window } => Some(window.as_secs()),
         _ => None,
     };
-    let hooks: Vec<&str> = [
-        ("on_message", config.on_message.is_some()),
-        ("format", config.format.is_some()),
-    ]
-    .into_iter()
-    .filter_map(|(hook, declared)| declared.then_some(hook))
-    .collect();
+    let hooks = declared_hooks(config);
     json!({
         "name": config.name,
         "file": channel.file,
@@ -203,17 +197,22 @@ fn channel_text(channel: &LoadedChannel) -> String {
         busy,
         credentials.join(", ")
     );
-    let hooks: Vec<&str> = [
+    let hooks = declared_hooks(config);
+    if !hooks.is_empty() {
+        line.push_str(&format!("; hooks {}", hooks.join(", ")));
+    }
+    line
+}
+
+/// The hooks a channel file declares, by name.
+fn declared_hooks(config: &ChannelConfig) -> Vec<&'static str> {
+    [
         ("on_message", config.on_message.is_some()),
         ("format", config.format.is_some()),
     ]
     .into_iter()
     .filter_map(|(hook, declared)| declared.then_some(hook))
-    .collect();
-    if !hooks.is_empty() {
-        line.push_str(&format!("; hooks {}", hooks.join(", ")));
-    }
-    line
+    .collect()
 }
 
 fn tool_json(tool: &ToolDecl) -> serde_json::Value {

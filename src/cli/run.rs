@@ -1,7 +1,7 @@
 //! `perch run`: the agent as a service, until SIGINT or SIGTERM.
 
 use super::{dir_or_current, load_agent, runtime};
-use crate::agent::{self, AgentDir};
+use crate::agent::{self, AgentDir, LoadedAgent};
 use crate::heartbeat;
 use crate::host::clock::system_clock;
 use crate::host::logging::LogFormat;
@@ -10,7 +10,7 @@ use crate::host::signals::StopSignals;
 use crate::lane::RunLimits;
 use crate::model;
 use crate::sandbox::MachineSetup;
-use crate::service::ServiceSetup;
+use crate::service::{HeartbeatOnce, ServiceSetup};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
@@ -35,6 +35,35 @@ pub struct RunArgs {
         default_missing_value = crate::host::metrics::DEFAULT_ADDR
     )]
     pub metrics: Option<std::net::SocketAddr>,
+}
+
+/// The service as a command line runs it, on this machine, the agent's model at `endpoint`
+/// and its channels' connectors, with the settings a deployment does not change.
+pub(super) fn service_setup(
+    agent: &LoadedAgent,
+    endpoint: model::Endpoint,
+    notifier: Notifier,
+    metrics_listener: Option<tokio::net::TcpListener>,
+    once: Option<HeartbeatOnce>,
+) -> ServiceSetup {
+    let agent_dir = agent.dir.clone();
+    ServiceSetup {
+        machine: MachineSetup::from_environment(),
+        model: model::connect(endpoint),
+        connectors: std::sync::Arc::new(move |channel: &crate::agent::LoadedChannel| {
+            crate::channel::connect(channel, &agent_dir, |name| std::env::var(name).ok())
+        }),
+        clock: system_clock(),
+        limits: RunLimits::default(),
+        lanes: crate::service::LaneLimits::default(),
+        reconnect: std::time::Duration::from_secs(1),
+        heartbeat_reload: heartbeat::RELOAD_EVERY,
+        notifier,
+        drain: std::time::Duration::from_secs(30),
+        metrics: std::sync::Arc::new(crate::host::metrics::Metrics::default()),
+        metrics_listener,
+        once,
+    }
 }
 
 /// The target of `perch run`'s own log lines: the binary's name, as for every line `main`
@@ -98,26 +127,7 @@ fn serve(
                     .map_err(|error| format!("--metrics={address}: cannot listen: {error}"))?,
             ),
         };
-        let setup = ServiceSetup {
-            machine: MachineSetup::from_environment(),
-            model: model::connect(endpoint),
-            connectors: {
-                let agent_dir = agent.dir.clone();
-                std::sync::Arc::new(move |channel: &crate::agent::LoadedChannel| {
-                    crate::channel::connect(channel, &agent_dir, |name| std::env::var(name).ok())
-                })
-            },
-            clock: system_clock(),
-            limits: RunLimits::default(),
-            lanes: crate::service::LaneLimits::default(),
-            reconnect: std::time::Duration::from_secs(1),
-            heartbeat_reload: heartbeat::RELOAD_EVERY,
-            notifier,
-            drain: std::time::Duration::from_secs(30),
-            metrics: std::sync::Arc::new(crate::host::metrics::Metrics::default()),
-            metrics_listener,
-            once: None,
-        };
+        let setup = service_setup(&agent, endpoint, notifier, metrics_listener, None);
         let shutdown = CancellationToken::new();
         let on_signal = shutdown.clone();
         let mut signals = StopSignals::listen()?;

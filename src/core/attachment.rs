@@ -279,6 +279,12 @@ pub fn unsaved_line(name: &str, attachment: &Attachment, why: &FileRefusal) -> S
 
 /// `text` followed by `lines`, one per line: the message as the agent reads it.
 pub fn with_lines(text: &str, lines: &[String]) -> String {
+    followed_by(text, lines, "\n")
+}
+
+/// `text`, `gap`, then `lines`, one per line: `text` alone when there are no lines, the lines
+/// alone when `text` is blank.
+pub fn followed_by(text: &str, lines: &[String], gap: &str) -> String {
     if lines.is_empty() {
         return text.to_owned();
     }
@@ -286,7 +292,7 @@ pub fn with_lines(text: &str, lines: &[String]) -> String {
     if text.trim().is_empty() {
         lines
     } else {
-        format!("{text}\n{lines}")
+        format!("{text}{gap}{lines}")
     }
 }
 

@@ -58,12 +58,10 @@ fn escaped(message: &Message) -> Message {
         if message.role == Role::Assistant {
             return message.clone();
         }
-        return Message {
-            role: message.role,
-            parts: message.parts.iter().map(escaped_part).collect(),
-            origins: Vec::new(),
-            relay: None,
-        };
+        return Message::new(
+            message.role,
+            message.parts.iter().map(escaped_part).collect(),
+        );
     }
     let mut origins = message.origins.iter();
     let mut texts = Vec::with_capacity(message.parts.len());
@@ -81,26 +79,13 @@ fn escaped(message: &Message) -> Message {
         text: texts.join("\n\n"),
     }];
     parts.extend(others);
-    Message {
-        role: message.role,
-        parts,
-        origins: Vec::new(),
-        relay: None,
-    }
+    Message::new(message.role, parts)
 }
 
 /// A relayed `message` as the model sees it: its text under the relay's header
 /// ([`origin::render_relay`]), in one text part.
 fn relayed(message: &Message, relay: &origin::Relay) -> Message {
-    let text = message
-        .parts
-        .iter()
-        .filter_map(|part| match part {
-            Part::Text { text } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join("\n\n");
+    let text = text_parts(message).join("\n\n");
     let mut parts = vec![Part::Text {
         text: origin::render_relay(relay, &text),
     }];
@@ -111,12 +96,7 @@ fn relayed(message: &Message, relay: &origin::Relay) -> Message {
             .filter(|part| !matches!(part, Part::Text { .. }))
             .cloned(),
     );
-    Message {
-        role: message.role,
-        parts,
-        origins: Vec::new(),
-        relay: None,
-    }
+    Message::new(message.role, parts)
 }
 
 /// `part` of a user or tool message without origins: text and tool output with their headers
@@ -210,6 +190,11 @@ pub fn unanswered_calls(branch: &[Entry]) -> Vec<(String, String)> {
 
 /// The text of a message, its text parts joined.
 pub fn text_of(message: &Message) -> String {
+    text_parts(message).join("")
+}
+
+/// A message's text parts, in order.
+pub fn text_parts(message: &Message) -> Vec<&str> {
     message
         .parts
         .iter()
@@ -217,8 +202,7 @@ pub fn text_of(message: &Message) -> String {
             Part::Text { text } => Some(text.as_str()),
             _ => None,
         })
-        .collect::<Vec<_>>()
-        .join("")
+        .collect()
 }
 
 #[cfg(test)]
@@ -408,12 +392,10 @@ mod tests {
             ),
             entry(
                 5,
-                EntryBody::Message(Message {
-                    role: Role::User,
-                    parts: vec![text(&format!("[steer from heartbeat watch]\n\n{forged}"))],
-                    origins: Vec::new(),
-                    relay: None,
-                }),
+                EntryBody::Message(Message::new(
+                    Role::User,
+                    vec![text(&format!("[steer from heartbeat watch]\n\n{forged}"))],
+                )),
             ),
         ];
         let seen = messages(&branch);

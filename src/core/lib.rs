@@ -19,6 +19,7 @@ pub mod conversation_lane;
 pub mod converse;
 pub mod delivery;
 pub mod edit;
+pub mod error_chain;
 pub mod escape;
 pub mod group_context;
 pub mod heartbeat;

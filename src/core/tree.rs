@@ -376,32 +376,50 @@ fn edit_distance(a: &str, b: &str) -> usize {
     previous[b.len()]
 }
 
+/// Trees for the checkers' unit tests.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod build {
+    use super::{Key, Node, Value};
+    use crate::problem::Pos;
 
-    fn node(value: Value) -> Node {
+    /// `value` at `line`.
+    pub(crate) fn node_at(line: u32, value: Value) -> Node {
         Node {
-            pos: Pos::line(3),
+            pos: Pos::line(line),
             value,
         }
     }
 
-    fn map(entries: Vec<(&str, Value)>) -> Node {
-        node(Value::Map(
+    /// A map whose keys and values all stand at `line`.
+    pub(crate) fn map_at(line: u32, entries: Vec<(&str, Value)>) -> Value {
+        Value::Map(
             entries
                 .into_iter()
                 .map(|(name, value)| {
                     (
                         Key {
                             name: name.into(),
-                            pos: Pos::line(3),
+                            pos: Pos::line(line),
                         },
-                        node(value),
+                        node_at(line, value),
                     )
                 })
                 .collect(),
-        ))
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::build::{map_at, node_at};
+    use super::*;
+
+    fn node(value: Value) -> Node {
+        node_at(3, value)
+    }
+
+    fn map(entries: Vec<(&str, Value)>) -> Node {
+        node(map_at(3, entries))
     }
 
     #[test]

@@ -15,6 +15,17 @@ use perch_core::origin::Relay;
 use perch_core::prompt::Origin;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
+/// A heartbeat's `Steer:` verdict, as it is carried out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Steer {
+    /// The lane steered, opened for runs from `origin` if it is not open.
+    pub into: LaneName,
+    pub origin: Origin,
+    /// Where the text is relayed from (the task and its slot).
+    pub relay: Relay,
+    pub text: String,
+}
+
 /// What a heartbeat run needs from the service that hosts it.
 pub trait Host: Send + Sync {
     /// The lane `name`, opened for runs from `origin` (on `model` instead of the agent's when
@@ -41,16 +52,9 @@ pub trait Host: Send + Sync {
         lane: DeliveryLane,
     ) -> BoxFuture<'a, Result<String, String>>;
 
-    /// Adds `text`, relayed from `relay`, to lane `into` (opened for runs from `origin`): to
-    /// its active run at the next tool boundary, or, when it is idle, as a run of its own whose
-    /// reply stays in the lane.
-    fn steer<'a>(
-        &'a self,
-        into: &'a LaneName,
-        origin: Origin,
-        relay: Relay,
-        text: String,
-    ) -> BoxFuture<'a, Result<(), String>>;
+    /// Adds the steer's text to its lane: to the lane's active run at the next tool boundary,
+    /// or, when it is idle, as a run of its own whose reply stays in the lane.
+    fn steer(&self, steer: Steer) -> BoxFuture<'_, Result<(), String>>;
 
     /// Tells the owner.
     fn alert(&self, kind: AlertKind, text: String);

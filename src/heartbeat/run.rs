@@ -3,7 +3,7 @@
 //! target, a `Steer:` into its steer lane, nothing for a dry run), the outcome noted in the lane
 //! and counted. [`SchedulerSetup::hosted`] gives the scheduler runs like this.
 
-use super::host::{Host, HostLane};
+use super::host::{Host, HostLane, Steer};
 use super::scheduler::{OnStop, RunJob, SchedulerSetup};
 use super::turn::{Turned, take_turn};
 use super::{Job, JobEnd, Mode};
@@ -99,7 +99,13 @@ async fn carry_out(host: &dyn Host, job: &Job, verdict: Verdict, op: OperationId
                 task: job.task.name.clone(),
                 slot: job.slot,
             };
-            match host.steer(&into, job.origin(), relay, text.clone()).await {
+            let steer = Steer {
+                into: into.clone(),
+                origin: job.origin(),
+                relay,
+                text: text.clone(),
+            };
+            match host.steer(steer).await {
                 Ok(()) => SlotOutcome::Steer { text, lane: into },
                 Err(reason) => SlotOutcome::Failed { reason },
             }
@@ -225,7 +231,7 @@ mod tests {
         notes: Vec<(LaneName, Note)>,
         commands: usize,
         posts: Vec<(String, String)>,
-        steers: Vec<(LaneName, Origin, Relay, String)>,
+        steers: Vec<Steer>,
         alerts: Vec<(AlertKind, String)>,
         counted: Vec<(String, SlotOutcome)>,
     }
@@ -332,14 +338,8 @@ mod tests {
             Box::pin(async move { posted })
         }
 
-        fn steer<'a>(
-            &'a self,
-            into: &'a LaneName,
-            origin: Origin,
-            relay: Relay,
-            text: String,
-        ) -> BoxFuture<'a, Result<(), String>> {
-            self.with(|recorded| recorded.steers.push((into.clone(), origin, relay, text)));
+        fn steer(&self, steer: Steer) -> BoxFuture<'_, Result<(), String>> {
+            self.with(|recorded| recorded.steers.push(steer));
             Box::pin(async { Ok(()) })
         }
 
@@ -501,19 +501,19 @@ mod tests {
             }
         );
         host.with(|recorded| {
-            let (into, origin, relay, text) = &recorded.steers[0];
+            let steer = &recorded.steers[0];
             assert_eq!(recorded.steers.len(), 1);
-            assert_eq!(into, &lane("ops-room"));
-            assert_eq!(origin.room.as_deref(), Some("watch"));
+            assert_eq!(steer.into, lane("ops-room"));
+            assert_eq!(steer.origin.room.as_deref(), Some("watch"));
             assert_eq!(
-                relay,
-                &Relay::HeartbeatSteer {
+                steer.relay,
+                Relay::HeartbeatSteer {
                     task: TaskName::try_from("watch").unwrap(),
                     slot: job("watch", Mode::Manual).slot,
                 }
             );
             assert_eq!(
-                text, "Review PR 7 before noon.",
+                steer.text, "Review PR 7 before noon.",
                 "the text is the verdict's; where it comes from is the relay's to say"
             );
             assert!(recorded.posts.is_empty());

@@ -487,7 +487,7 @@ impl Scheduler {
                 describe(&done.end.outcome)
             );
             let (task, slot) = (done.task.as_str(), done.slot.to_rfc3339());
-            let outcome = crate::host::metrics::outcome_label(&done.end.outcome);
+            let outcome = done.end.outcome.name();
             match &done.end.outcome {
                 SlotOutcome::Invalid { .. }
                 | SlotOutcome::Failed { .. }

@@ -43,19 +43,6 @@ impl DeliveryOutcome {
     }
 }
 
-/// The label `perch_heartbeat_outcomes_total` gives an outcome.
-pub fn outcome_label(outcome: &SlotOutcome) -> &'static str {
-    match outcome {
-        SlotOutcome::Silent => "silent",
-        SlotOutcome::Message { .. } => "message",
-        SlotOutcome::Steer { .. } => "steer",
-        SlotOutcome::Invalid { .. } => "invalid",
-        SlotOutcome::Failed { .. } => "failed",
-        SlotOutcome::Skipped { .. } => "skipped",
-        SlotOutcome::Interrupted { .. } => "interrupted",
-    }
-}
-
 /// Label values, in the order of the family's label names.
 type Labels = Vec<String>;
 
@@ -148,8 +135,7 @@ impl Metrics {
 
     /// A heartbeat run of `task` ended with `outcome`.
     pub fn heartbeat_outcome(&self, task: &str, outcome: &SlotOutcome) {
-        self.heartbeat_outcomes
-            .add(&[task, outcome_label(outcome)], 1);
+        self.heartbeat_outcomes.add(&[task, outcome.name()], 1);
     }
 
     pub fn set_inbox_depth(&self, depth: u64) {

@@ -214,20 +214,8 @@ type Events = Option<mpsc::UnboundedSender<LaneEvent>>;
 type Reply = oneshot::Sender<Result<Finished, LaneError>>;
 
 enum Request {
-    Send {
-        input: Input,
-        resume: Option<Resumption>,
-        events: Events,
-        reply: Reply,
-    },
-    Compact {
-        events: Events,
-        reply: Reply,
-    },
-    Note {
-        note: Note,
-        reply: oneshot::Sender<Result<(), LaneError>>,
-    },
+    /// Work that waits its turn behind the active run and the work queued before it.
+    Queue(Work),
     Steer {
         text: String,
         from: SteerFrom,
@@ -310,14 +298,7 @@ impl Lane {
 
     /// Runs `input`; if a run is active, it is queued as a follow-up and runs next.
     pub async fn send(&self, input: Input, events: Events) -> Result<Finished, LaneError> {
-        let (reply, answer) = oneshot::channel();
-        self.request(Request::Send {
-            input,
-            resume: None,
-            events,
-            reply,
-        })?;
-        answer.await.map_err(|_| LaneError::Closed)?
+        self.run(input, None, events).await
     }
 
     /// Continues a run a crash interrupted, taking the same inbox items (`input.consumes`): its
@@ -330,13 +311,22 @@ impl Lane {
         resumption: Resumption,
         events: Events,
     ) -> Result<Finished, LaneError> {
+        self.run(input, Some(resumption), events).await
+    }
+
+    async fn run(
+        &self,
+        input: Input,
+        resume: Option<Resumption>,
+        events: Events,
+    ) -> Result<Finished, LaneError> {
         let (reply, answer) = oneshot::channel();
-        self.request(Request::Send {
+        self.request(Request::Queue(Work::Run {
             input,
-            resume: Some(resumption),
+            resume,
             events,
             reply,
-        })?;
+        }))?;
         answer.await.map_err(|_| LaneError::Closed)?
     }
 
@@ -344,7 +334,7 @@ impl Lane {
     /// asks.
     pub async fn compact(&self, events: Events) -> Result<Finished, LaneError> {
         let (reply, answer) = oneshot::channel();
-        self.request(Request::Compact { events, reply })?;
+        self.request(Request::Queue(Work::Compact { events, reply }))?;
         answer.await.map_err(|_| LaneError::Closed)?
     }
 
@@ -352,7 +342,7 @@ impl Lane {
     /// tree, never shown to the model.
     pub async fn note(&self, note: Note) -> Result<(), LaneError> {
         let (reply, answer) = oneshot::channel();
-        self.request(Request::Note { note, reply })?;
+        self.request(Request::Queue(Work::Note { note, reply }))?;
         answer.await.map_err(|_| LaneError::Closed)?
     }
 
@@ -469,6 +459,7 @@ impl Shared {
     }
 }
 
+/// What a lane does in its turn, one at a time: a run, a compaction, a note.
 enum Work {
     Run {
         input: Input,
@@ -547,23 +538,7 @@ impl LaneTask {
                     return;
                 }
                 Event::Request(Some(request)) => match request {
-                    Request::Send {
-                        input,
-                        resume,
-                        events,
-                        reply,
-                    } => self.queue.push_back(Work::Run {
-                        input,
-                        resume,
-                        events,
-                        reply,
-                    }),
-                    Request::Compact { events, reply } => {
-                        self.queue.push_back(Work::Compact { events, reply });
-                    }
-                    Request::Note { note, reply } => {
-                        self.queue.push_back(Work::Note { note, reply });
-                    }
+                    Request::Queue(work) => self.queue.push_back(work),
                     Request::Steer { text, from, reply } => {
                         let answer = if active.is_some() {
                             self.shared

@@ -128,7 +128,7 @@ impl Runner<'_> {
         })
         .await?;
         let mut messages = conversation::messages(&self.branch);
-        messages.push(message(
+        messages.push(Message::new(
             Role::User,
             vec![Part::Text {
                 text: COMPACT_REQUEST.into(),
@@ -143,7 +143,7 @@ impl Runner<'_> {
         let mut model_failure = None;
         let (outcome, text) = match self.ask(op, &request, &mut 0, events).await? {
             Ok(reply) => {
-                let summary = text_of(&message(Role::Assistant, reply.parts));
+                let summary = text_of(&Message::new(Role::Assistant, reply.parts));
                 let summarised = self.leaf();
                 let entry = summary_entry(self.new_id(), &summary, summarised, self.now());
                 self.append_entry(entry).await?;
@@ -208,7 +208,7 @@ impl Runner<'_> {
                     });
                 }
             };
-            let assistant = message(Role::Assistant, reply.parts);
+            let assistant = Message::new(Role::Assistant, reply.parts);
             let text = text_of(&assistant);
             let calls = tool_calls(&assistant);
             self.entry(assistant).await?;
@@ -473,7 +473,7 @@ impl Runner<'_> {
             id,
             parent: self.leaf(),
             at: self.now(),
-            body: EntryBody::Message(message(
+            body: EntryBody::Message(Message::new(
                 Role::Tool,
                 vec![Part::ToolResult {
                     call_id,
@@ -486,21 +486,20 @@ impl Runner<'_> {
     }
 
     pub(super) async fn note(&mut self, note: Note) -> Result<(), LaneError> {
-        let entry = Entry {
-            id: self.new_id(),
-            parent: self.leaf(),
-            at: self.now(),
-            body: EntryBody::Note(note),
-        };
-        self.append_entry(entry).await
+        self.append_body(EntryBody::Note(note)).await
     }
 
     async fn entry(&mut self, message: Message) -> Result<(), LaneError> {
+        self.append_body(EntryBody::Message(message)).await
+    }
+
+    /// Appends `body` as a new entry under the leaf, now.
+    async fn append_body(&mut self, body: EntryBody) -> Result<(), LaneError> {
         let entry = Entry {
             id: self.new_id(),
             parent: self.leaf(),
             at: self.now(),
-            body: EntryBody::Message(message),
+            body,
         };
         self.append_entry(entry).await
     }
@@ -542,22 +541,13 @@ impl Runner<'_> {
     }
 }
 
-fn message(role: Role, parts: Vec<Part>) -> Message {
-    Message {
-        role,
-        parts,
-        origins: Vec::new(),
-        relay: None,
-    }
-}
-
 /// A user entry: each chat message as a text part with its origin, or `text` alone, relayed
 /// from `relay` when perch relays it.
 fn user_message(text: String, said: Vec<Said>, relay: Option<Relay>) -> Message {
     if said.is_empty() {
         return Message {
             relay,
-            ..message(Role::User, vec![Part::Text { text }])
+            ..Message::new(Role::User, vec![Part::Text { text }])
         };
     }
     let (origins, parts) = said

@@ -12,7 +12,7 @@
 use super::error::LogError;
 use super::segment::{Access, Segment, segment_numbers, segment_path};
 use perch_core::config::Replay;
-use perch_core::log::{EntryBody, ItemRuns, LaneState, Line, Outcome, Part, Record, Role, Summary};
+use perch_core::log::{EntryBody, ItemRuns, LaneState, Line, Outcome, Record, Role, Summary};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -152,14 +152,7 @@ fn find_runs(
             && let EntryBody::Message(message) = entry.body
             && message.role == Role::Assistant
         {
-            let said: String = message
-                .parts
-                .iter()
-                .filter_map(|part| match part {
-                    Part::Text { text } => Some(text.as_str()),
-                    _ => None,
-                })
-                .collect();
+            let said = perch_core::conversation::text_of(&message);
             if !said.is_empty() {
                 text = said;
                 break;

@@ -115,43 +115,11 @@ fn from_lua_options() -> mlua::serde::DeserializeOptions {
 /// `store.get(key)`, `store.set(key, value)` and `store.delete(key)`.
 fn store_table(lua: &Lua, file: &str, live: &Arc<Mutex<LiveStore>>) -> mlua::Result<Table> {
     let table = lua.create_table()?;
-    let open = |lua: &Lua, live: &Arc<Mutex<LiveStore>>, file: &str, function: &str| {
-        if lock_store(live).closed {
-            return Err(CallError::raise(
-                lua,
-                file,
-                format!("store.{function}: the store is usable only while the hook runs"),
-                "use the store argument of the current call",
-            ));
-        }
-        Ok(())
-    };
-    let key_of = |lua: &Lua, file: &str, function: &str, key: LuaValue| match key {
-        LuaValue::String(text) => text.to_str().map(|text| text.to_owned()).map_err(|_| {
-            CallError::raise(
-                lua,
-                file,
-                format!("store.{function}: the key is not UTF-8"),
-                "use a text key",
-            )
-        }),
-        other => Err(CallError::raise(
-            lua,
-            file,
-            format!(
-                "store.{function} takes a string key, got {}",
-                other.type_name()
-            ),
-            "call it as store.get(\"key\"), with a dot",
-        )),
-    };
-
     let (get_live, get_file) = (Arc::clone(live), file.to_owned());
     table.raw_set(
         "get",
         lua.create_function(move |lua, key: LuaValue| {
-            open(lua, &get_live, &get_file, "get")?;
-            let key = key_of(lua, &get_file, "get", key)?;
+            let key = open_key(lua, &get_live, &get_file, "get", key)?;
             match lock_store(&get_live).store.get(&key) {
                 Some(value) => lua.to_value_with(value, TO_LUA),
                 None => Ok(LuaValue::Nil),
@@ -163,8 +131,7 @@ fn store_table(lua: &Lua, file: &str, live: &Arc<Mutex<LiveStore>>) -> mlua::Res
     table.raw_set(
         "set",
         lua.create_function(move |lua, (key, value): (LuaValue, LuaValue)| {
-            open(lua, &set_live, &set_file, "set")?;
-            let key = key_of(lua, &set_file, "set", key)?;
+            let key = open_key(lua, &set_live, &set_file, "set", key)?;
             let value: serde_json::Value = match value {
                 LuaValue::Nil => serde_json::Value::Null,
                 value => lua
@@ -196,13 +163,50 @@ fn store_table(lua: &Lua, file: &str, live: &Arc<Mutex<LiveStore>>) -> mlua::Res
     table.raw_set(
         "delete",
         lua.create_function(move |lua, key: LuaValue| {
-            open(lua, &delete_live, &delete_file, "delete")?;
-            let key = key_of(lua, &delete_file, "delete", key)?;
+            let key = open_key(lua, &delete_live, &delete_file, "delete", key)?;
             lock_store(&delete_live).store.delete(&key);
             Ok(())
         })?,
     )?;
     Ok(table)
+}
+
+/// The key a store function `function` of `file` was called with, once the store is found
+/// still open (usable only while the hook runs) and the key a UTF-8 string.
+fn open_key(
+    lua: &Lua,
+    live: &Arc<Mutex<LiveStore>>,
+    file: &str,
+    function: &str,
+    key: LuaValue,
+) -> mlua::Result<String> {
+    if lock_store(live).closed {
+        return Err(CallError::raise(
+            lua,
+            file,
+            format!("store.{function}: the store is usable only while the hook runs"),
+            "use the store argument of the current call",
+        ));
+    }
+    match key {
+        LuaValue::String(text) => text.to_str().map(|text| text.to_owned()).map_err(|_| {
+            CallError::raise(
+                lua,
+                file,
+                format!("store.{function}: the key is not UTF-8"),
+                "use a text key",
+            )
+        }),
+        other => Err(CallError::raise(
+            lua,
+            file,
+            format!(
+                "store.{function} takes a string key, got {}",
+                other.type_name()
+            ),
+            "call it as store.get(\"key\"), with a dot",
+        )),
+    }
 }
 
 /// `file:line: message`, without the fix.

@@ -527,10 +527,8 @@ fn close_handlers_and_loops_in_c_cannot_escape_the_instruction_limit() {
     }
 }
 
-#[test]
-fn metatables_perch_set_are_not_handed_out() {
-    let source = "channel { hook = function(msg)\n  \
-                  return { list = type(getmetatable(msg.list)) ~= 'table', text = getmetatable('') == nil }\nend }";
+/// The channel file `source` evaluated, and the function its `channel { hook = ... }` holds.
+fn channel_hook(source: &str) -> (Evaluation, FunctionId) {
     let evaluation = evaluate("channels/ops.lua", source, &["channel"], Limits::CONFIG)
         .unwrap_or_else(|problems| panic!("{problems:?}"));
     let Value::Map(entries) = &evaluation.declarations()[0].args[0].value else {
@@ -539,6 +537,14 @@ fn metatables_perch_set_are_not_handed_out() {
     let Value::Function(hook) = entries[0].1.value else {
         panic!("not a function");
     };
+    (evaluation, hook)
+}
+
+#[test]
+fn metatables_perch_set_are_not_handed_out() {
+    let source = "channel { hook = function(msg)\n  \
+                  return { list = type(getmetatable(msg.list)) ~= 'table', text = getmetatable('') == nil }\nend }";
+    let (evaluation, hook) = channel_hook(source);
     let returned = evaluation.call_hook_blocking(
         hook,
         &serde_json::json!({ "list": [1, 2] }),
@@ -659,14 +665,7 @@ async fn a_store_kept_past_its_call_cannot_be_used() {
     let source = "local kept\nchannel { hook = function(msg, store)\n  if kept then\n    \
                   kept.set('k', 1)\n  end\n  kept = store\n  store.set('n', msg.n)\n  \
                   return { text = store.get('missing') or 'none', n = msg.n }\nend }";
-    let evaluation = evaluate("channels/ops.lua", source, &["channel"], Limits::CONFIG)
-        .unwrap_or_else(|problems| panic!("{problems:?}"));
-    let Value::Map(entries) = &evaluation.declarations()[0].args[0].value else {
-        panic!("not a map");
-    };
-    let Value::Function(hook) = entries[0].1.value else {
-        panic!("not a function");
-    };
+    let (evaluation, hook) = channel_hook(source);
     let mut store = HookStore::default();
     let first = evaluation
         .call_hook(

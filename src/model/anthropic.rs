@@ -13,8 +13,9 @@
 //! with a signed block; otherwise (a redacted block, a reply from before signatures were kept) it
 //! goes without `thinking`, and thinking applies again from the next user message.
 
-use super::draft::{CallSlot, Decoder, Draft, json, str_at, stream_error, u64_at};
-use super::{Endpoint, ModelErrorKind, ModelReply, ModelRequest, StopReason, StreamEvent};
+use super::body::{set_system, set_tools};
+use super::draft::{CallSlot, Decoded, Decoder, Draft, str_at, stream_error, typed, u64_at};
+use super::{Endpoint, ModelErrorKind, ModelRequest, StopReason, StreamEvent};
 use perch_core::config::Thinking;
 use perch_core::log::{Message, Part, Role};
 use perch_core::sse::SseEvent;
@@ -56,22 +57,12 @@ pub(crate) fn body(endpoint: &Endpoint, request: &ModelRequest) -> Value {
         "stream": true,
         "messages": messages,
     });
-    if !request.system.is_empty() {
-        body["system"] = json!(request.system);
-    }
-    if !request.tools.is_empty() {
-        body["tools"] = request
-            .tools
-            .iter()
-            .map(|tool| {
-                json!({
-                    "name": tool.name,
-                    "description": tool.description,
-                    "input_schema": tool.parameters,
-                })
-            })
-            .collect();
-    }
+    set_system(&mut body, "system", request);
+    set_tools(
+        &mut body,
+        request,
+        |tool| json!({"name": tool.name, "description": tool.description, "input_schema": tool.parameters}),
+    );
     if let Some(budget) = budget {
         body["thinking"] = json!({"type": "enabled", "budget_tokens": budget});
     }
@@ -177,17 +168,10 @@ pub(crate) struct AnthropicDecoder {
 }
 
 impl Decoder for AnthropicDecoder {
-    fn event(
-        &mut self,
-        event: &SseEvent,
-        out: &mut Vec<StreamEvent>,
-    ) -> Result<Option<ModelReply>, ModelErrorKind> {
-        let data = json(event)?;
-        let kind = str_at(&data, "/type")
-            .or(event.event.as_deref())
-            .unwrap_or("");
+    fn event(&mut self, event: &SseEvent, out: &mut Vec<StreamEvent>) -> Decoded {
+        let (data, kind) = typed(event)?;
         let index = data.get("index").and_then(Value::as_u64).unwrap_or(0);
-        match kind {
+        match kind.as_str() {
             "message_start" => {
                 if let Some(usage) = data.pointer("/message/usage") {
                     self.usage(usage);
@@ -316,20 +300,16 @@ fn stop_reason(reason: &str) -> StopReason {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::test_support::{endpoint, feed, history, request};
-    use crate::model::{ToolSpec, Usage};
+    use crate::model::test_support::{
+        assert_tool_use, endpoint, feed, history, reasoning_part, request, request_with_bash, text,
+        tool_call, usage,
+    };
     use perch_core::config::Api;
 
     #[test]
     fn the_body_carries_system_blocks_tools_and_thinking() {
         let endpoint = endpoint(Api::AnthropicMessages, true);
-        let mut request = request(history());
-        request.tools = vec![ToolSpec {
-            name: "bash".into(),
-            description: "Run a command".into(),
-            parameters: json!({"type": "object"}),
-        }];
-        request.thinking = Thinking::Low;
+        let request = request_with_bash(json!({"type": "object"}), Thinking::Low);
         assert_eq!(
             body(&endpoint, &request),
             json!({
@@ -394,13 +374,8 @@ mod tests {
             .unwrap();
         turn.parts
             .retain(|part| !matches!(part, Part::Reasoning { .. }));
-        turn.parts.insert(
-            0,
-            Part::Reasoning {
-                text: "I should look.".into(),
-                signature: Some("sig-1".into()),
-            },
-        );
+        turn.parts
+            .insert(0, reasoning_part("I should look.", Some("sig-1")));
         let sent = body(&reasoning, &request);
         assert_eq!(sent["thinking"]["type"], "enabled");
         let assistant = sent["messages"]
@@ -425,7 +400,7 @@ mod tests {
 
     #[test]
     fn blocks_assemble_with_usage_and_stop() {
-        let events: Vec<String> = [
+        let events = [
             json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": [],
                    "usage": {"input_tokens": 10, "cache_creation_input_tokens": 5, "cache_read_input_tokens": 100, "output_tokens": 1}}}),
             json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
@@ -447,41 +422,17 @@ mod tests {
             json!({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null}, "usage": {"output_tokens": 42}}),
             json!({"type": "message_stop"}),
         ]
-        .iter()
-        .map(Value::to_string)
-        .collect();
-        let (reply, out) = feed(&mut AnthropicDecoder::default(), &events).unwrap();
-        let reply = reply.unwrap();
-        assert_eq!(
-            reply.parts,
+        .map(|event| event.to_string());
+        let out = assert_tool_use(
+            &mut AnthropicDecoder::default(),
+            &events,
             vec![
-                Part::Reasoning {
-                    text: "Let me check.".into(),
-                    signature: Some("EqQB".into()),
-                },
-                Part::Text {
-                    text: "Checking.".into()
-                },
-                Part::ToolCall {
-                    call_id: "toolu_1".into(),
-                    name: "bash".into(),
-                    arguments: json!({"cmd": "ls"})
-                },
-                Part::ToolCall {
-                    call_id: "toolu_2".into(),
-                    name: "now".into(),
-                    arguments: json!({})
-                },
-            ]
-        );
-        assert_eq!(reply.stop, StopReason::ToolUse);
-        assert_eq!(
-            reply.usage,
-            Usage {
-                input: 115,
-                output: 42,
-                cached: 100
-            }
+                reasoning_part("Let me check.", Some("EqQB")),
+                text("Checking."),
+                tool_call("toolu_1", "bash", json!({"cmd": "ls"})),
+                tool_call("toolu_2", "now", json!({})),
+            ],
+            usage(115, 42, 100),
         );
         assert_eq!(out.len(), 5);
     }

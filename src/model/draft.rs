@@ -6,15 +6,13 @@ use super::{ModelErrorKind, ModelReply, StopReason, StreamEvent, Usage};
 use perch_core::log::Part;
 use perch_core::sse::SseEvent;
 
+/// What a [`Decoder`] makes of an event: the reply once the event that ends the stream has come.
+pub(crate) type Decoded = Result<Option<ModelReply>, ModelErrorKind>;
+
 /// Turns one API's events into a reply.
 pub(crate) trait Decoder: Send {
-    /// Takes the next event, pushing what should be displayed onto `out`. Returns the reply once
-    /// the event that ends the stream has come.
-    fn event(
-        &mut self,
-        event: &SseEvent,
-        out: &mut Vec<StreamEvent>,
-    ) -> Result<Option<ModelReply>, ModelErrorKind>;
+    /// Takes the next event, pushing what should be displayed onto `out`.
+    fn event(&mut self, event: &SseEvent, out: &mut Vec<StreamEvent>) -> Decoded;
 }
 
 /// A reply under construction, in the order its parts arrived.
@@ -237,6 +235,17 @@ pub(crate) fn json(event: &SseEvent) -> Result<serde_json::Value, ModelErrorKind
     serde_json::from_str(&event.data).map_err(|error| ModelErrorKind::Garbage {
         detail: format!("an event is not JSON ({error}): {}", excerpt(&event.data)),
     })
+}
+
+/// An event of a stream of named events: its JSON data, and its type (the data's `type`, else
+/// the event's name).
+pub(crate) fn typed(event: &SseEvent) -> Result<(serde_json::Value, String), ModelErrorKind> {
+    let data = json(event)?;
+    let kind = str_at(&data, "/type")
+        .or(event.event.as_deref())
+        .unwrap_or("")
+        .to_owned();
+    Ok((data, kind))
 }
 
 pub(crate) fn str_at<'v>(value: &'v serde_json::Value, pointer: &str) -> Option<&'v str> {

@@ -6,6 +6,7 @@
 //! Error text from the server is cut short and has the key removed before anything keeps it.
 
 use super::{ModelErrorKind, SetupProblem};
+use perch_core::error_chain::on_one_line;
 use perch_core::secret::Secret;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -79,13 +80,8 @@ impl Http {
             .header("content-type", "application/json")
             .header("accept", "text/event-stream")
             .body(body);
-        let request = authorize(request, auth);
         let secret = auth.secret();
-        let mut response = request
-            .send()
-            .await
-            .map_err(|error| send_error(&error, secret))?;
-        let status = response.status().as_u16();
+        let (mut response, status) = send(authorize(request, auth), secret).await?;
         if (200..300).contains(&status) {
             let content_type = header(&response, "content-type");
             if let Some(content_type) = content_type
@@ -107,13 +103,7 @@ impl Http {
                 secret: secret.cloned(),
             });
         }
-        let retry_after = retry_after(
-            header(&response, "retry-after-ms").as_deref(),
-            header(&response, "retry-after").as_deref(),
-            chrono::Utc::now(),
-        );
-        let text = read_error_body(&mut response).await;
-        Err(status_error(status, retry_after, &text, secret))
+        Err(failure(response, status, secret).await)
     }
 }
 
@@ -124,22 +114,40 @@ impl Http {
         let client = self.client_for(url)?;
         let request = authorize(client.get(url).header("accept", "application/json"), auth);
         let secret = auth.secret();
-        let mut response = request
-            .send()
-            .await
-            .map_err(|error| send_error(&error, secret))?;
-        let status = response.status().as_u16();
-        let text = read_error_body(&mut response).await;
+        let (mut response, status) = send(request, secret).await?;
         if (200..300).contains(&status) {
-            return Ok(text);
+            return Ok(read_error_body(&mut response).await);
         }
-        let retry_after = retry_after(
-            header(&response, "retry-after-ms").as_deref(),
-            header(&response, "retry-after").as_deref(),
-            chrono::Utc::now(),
-        );
-        Err(status_error(status, retry_after, &text, secret))
+        Err(failure(response, status, secret).await)
     }
+}
+
+/// Sends `request`: the response and its status, or what a failure to send means.
+async fn send(
+    request: reqwest::RequestBuilder,
+    secret: Option<&Secret>,
+) -> Result<(reqwest::Response, u16), ModelErrorKind> {
+    let response = request
+        .send()
+        .await
+        .map_err(|error| send_error(&error, secret))?;
+    let status = response.status().as_u16();
+    Ok((response, status))
+}
+
+/// What a response with the unsuccessful `status` means, its wait and its body read.
+async fn failure(
+    mut response: reqwest::Response,
+    status: u16,
+    secret: Option<&Secret>,
+) -> ModelErrorKind {
+    let retry_after = retry_after(
+        header(&response, "retry-after-ms").as_deref(),
+        header(&response, "retry-after").as_deref(),
+        chrono::Utc::now(),
+    );
+    let text = read_error_body(&mut response).await;
+    status_error(status, retry_after, &text, secret)
 }
 
 fn authorize(request: reqwest::RequestBuilder, auth: Auth<'_>) -> reqwest::RequestBuilder {
@@ -169,7 +177,7 @@ impl ByteStream {
             Err(error) if error.is_timeout() => Err(ModelErrorKind::Timeout),
             Err(error) => Err(ModelErrorKind::Disconnected {
                 detail: redact(
-                    &format!("the reply broke off: {}", describe(&error)),
+                    &format!("the reply broke off: {}", on_one_line(&error)),
                     self.secret.as_ref(),
                 ),
             }),
@@ -198,7 +206,7 @@ pub fn check_trust_store() -> Result<(), SetupProblem> {
 /// practice is a machine without CA certificates (a minimal image without the distribution's
 /// package), which the platform verifier reports only as text.
 fn setup_problem(error: &reqwest::Error) -> SetupProblem {
-    let detail = describe(error);
+    let detail = on_one_line(error);
     if detail.contains("No CA certificates") {
         SetupProblem {
             problem: format!(
@@ -266,23 +274,8 @@ fn send_error(error: &reqwest::Error, secret: Option<&Secret>) -> ModelErrorKind
         "the request failed"
     };
     ModelErrorKind::Disconnected {
-        detail: redact(&format!("{what}: {}", describe(error)), secret),
+        detail: redact(&format!("{what}: {}", on_one_line(error)), secret),
     }
-}
-
-/// The error and its causes on one line, without the URL.
-fn describe(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// The kind of error an HTTP status and its body mean.
@@ -450,50 +443,53 @@ mod tests {
             }
         );
         let quota = r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
-        assert_eq!(
-            status_error(429, None, quota, None),
-            ModelErrorKind::OutOfCredit {
-                status: 429,
-                message: "You exceeded your current quota (insufficient_quota)".into()
-            }
-        );
         let credit = r#"{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API."}}"#;
-        assert_eq!(
-            status_error(400, None, credit, None),
-            ModelErrorKind::OutOfCredit {
-                status: 400,
-                message: "Your credit balance is too low to access the Anthropic API. (invalid_request_error)".into()
-            }
-        );
-        assert_eq!(
-            status_error(402, None, "", None),
-            ModelErrorKind::OutOfCredit {
-                status: 402,
-                message: "HTTP 402".into()
-            }
-        );
         let anthropic = r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"},"request_id":"req_1"}"#;
-        assert_eq!(
-            status_error(529, None, anthropic, None),
-            ModelErrorKind::Server {
-                status: 529,
-                message: "Overloaded (overloaded_error)".into()
-            }
-        );
-        assert_eq!(
-            status_error(502, None, "<html>Bad gateway</html>", None),
-            ModelErrorKind::Server {
-                status: 502,
-                message: "<html>Bad gateway</html>".into()
-            }
-        );
-        assert_eq!(
-            status_error(404, None, "", None),
-            ModelErrorKind::Rejected {
-                status: 404,
-                message: "HTTP 404".into()
-            }
-        );
+        let out_of_credit = |status, message: &str| ModelErrorKind::OutOfCredit {
+            status,
+            message: message.into(),
+        };
+        let server = |status, message: &str| ModelErrorKind::Server {
+            status,
+            message: message.into(),
+        };
+        let table = [
+            (
+                429,
+                quota,
+                out_of_credit(429, "You exceeded your current quota (insufficient_quota)"),
+            ),
+            (
+                400,
+                credit,
+                out_of_credit(
+                    400,
+                    "Your credit balance is too low to access the Anthropic API. (invalid_request_error)",
+                ),
+            ),
+            (402, "", out_of_credit(402, "HTTP 402")),
+            (529, anthropic, server(529, "Overloaded (overloaded_error)")),
+            (
+                502,
+                "<html>Bad gateway</html>",
+                server(502, "<html>Bad gateway</html>"),
+            ),
+            (
+                404,
+                "",
+                ModelErrorKind::Rejected {
+                    status: 404,
+                    message: "HTTP 404".into(),
+                },
+            ),
+        ];
+        for (status, body, kind) in table {
+            assert_eq!(
+                status_error(status, None, body, None),
+                kind,
+                "{status} {body}"
+            );
+        }
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! APIs behind it, and the types a turn is made of.
 
 mod anthropic;
+mod body;
 mod client;
 mod draft;
 mod http;

@@ -10,9 +10,11 @@
 //!
 //! Reasoning parts in the history are not sent back: the API has no field for them.
 
-use super::draft::{CallSlot, Decoder, Draft, json, str_at, stream_error, u64_at};
-use super::{Endpoint, ModelErrorKind, ModelReply, ModelRequest, StopReason, StreamEvent};
+use super::body::{set_tools, tool_results};
+use super::draft::{CallSlot, Decoded, Decoder, Draft, json, str_at, stream_error, u64_at};
+use super::{Endpoint, ModelErrorKind, ModelRequest, StopReason, StreamEvent};
 use perch_core::config::Thinking;
+use perch_core::conversation::tool_calls;
 use perch_core::log::{Part, Role};
 use perch_core::sse::SseEvent;
 use serde_json::{Value, json};
@@ -42,20 +44,14 @@ pub(crate) fn body(endpoint: &Endpoint, request: &ModelRequest) -> Value {
                 }
             }
             Role::Assistant => {
-                let calls: Vec<Value> = message
-                    .parts
-                    .iter()
-                    .filter_map(|part| match part {
-                        Part::ToolCall {
-                            call_id,
-                            name,
-                            arguments,
-                        } => Some(json!({
+                let calls: Vec<Value> = tool_calls(message)
+                    .into_iter()
+                    .map(|(call_id, name, arguments)| {
+                        json!({
                             "id": call_id,
                             "type": "function",
                             "function": {"name": name, "arguments": arguments.to_string()},
-                        })),
-                        _ => None,
+                        })
                     })
                     .collect();
                 if texts.is_empty() && calls.is_empty() {
@@ -71,18 +67,9 @@ pub(crate) fn body(endpoint: &Endpoint, request: &ModelRequest) -> Value {
                 messages.push(assistant);
             }
             Role::Tool => {
-                for part in &message.parts {
-                    if let Part::ToolResult {
-                        call_id, output, ..
-                    } = part
-                    {
-                        messages.push(json!({
-                            "role": "tool",
-                            "tool_call_id": call_id,
-                            "content": output,
-                        }));
-                    }
-                }
+                messages.extend(tool_results(&message.parts).map(|(call_id, output)| {
+                    json!({"role": "tool", "tool_call_id": call_id, "content": output})
+                }));
                 if !texts.is_empty() {
                     messages.push(json!({"role": "user", "content": texts.join("\n\n")}));
                 }
@@ -96,22 +83,16 @@ pub(crate) fn body(endpoint: &Endpoint, request: &ModelRequest) -> Value {
         "stream_options": {"include_usage": true},
         "max_completion_tokens": endpoint.model.max_tokens,
     });
-    if !request.tools.is_empty() {
-        body["tools"] = request
-            .tools
-            .iter()
-            .map(|tool| {
-                json!({
-                    "type": "function",
-                    "function": {
-                        "name": tool.name,
-                        "description": tool.description,
-                        "parameters": tool.parameters,
-                    },
-                })
-            })
-            .collect();
-    }
+    set_tools(&mut body, request, |tool| {
+        json!({
+            "type": "function",
+            "function": {
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": tool.parameters,
+            },
+        })
+    });
     if endpoint.model.reasoning && request.thinking != Thinking::Off {
         body["reasoning_effort"] = json!(request.thinking.as_str());
     }
@@ -127,11 +108,7 @@ pub(crate) struct CompletionsDecoder {
 }
 
 impl Decoder for CompletionsDecoder {
-    fn event(
-        &mut self,
-        event: &SseEvent,
-        out: &mut Vec<StreamEvent>,
-    ) -> Result<Option<ModelReply>, ModelErrorKind> {
+    fn event(&mut self, event: &SseEvent, out: &mut Vec<StreamEvent>) -> Decoded {
         if event.data.trim() == "[DONE]" {
             let Some(finish) = self.finish.take() else {
                 return Err(ModelErrorKind::Garbage {
@@ -218,20 +195,19 @@ fn stop_reason(finish: &str) -> StopReason {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::test_support::{endpoint, feed, history, request};
-    use crate::model::{ToolSpec, Usage};
+    use crate::model::test_support::{
+        assert_tool_use, endpoint, feed, history, reasoning_part, request, request_with_bash,
+        tool_call, usage,
+    };
     use perch_core::config::Api;
 
     #[test]
     fn the_body_carries_system_history_tools_and_effort() {
         let endpoint = endpoint(Api::OpenAiCompletions, true);
-        let mut request = request(history());
-        request.tools = vec![ToolSpec {
-            name: "bash".into(),
-            description: "Run a command".into(),
-            parameters: json!({"type": "object", "properties": {"cmd": {"type": "string"}}}),
-        }];
-        request.thinking = Thinking::High;
+        let request = request_with_bash(
+            json!({"type": "object", "properties": {"cmd": {"type": "string"}}}),
+            Thinking::High,
+        );
         assert_eq!(
             body(&endpoint, &request),
             json!({
@@ -316,35 +292,15 @@ mod tests {
             .to_string(),
             "[DONE]".to_owned(),
         ];
-        let (reply, out) = feed(&mut CompletionsDecoder::default(), &events).unwrap();
-        let reply = reply.unwrap();
-        assert_eq!(
-            reply.parts,
+        let out = assert_tool_use(
+            &mut CompletionsDecoder::default(),
+            &events,
             vec![
-                Part::Reasoning {
-                    text: "Two calls.".into(),
-                    signature: None,
-                },
-                Part::ToolCall {
-                    call_id: "call_a".into(),
-                    name: "read".into(),
-                    arguments: json!({"path": "a"})
-                },
-                Part::ToolCall {
-                    call_id: "call_b".into(),
-                    name: "bash".into(),
-                    arguments: json!({"cmd": "ls"})
-                },
-            ]
-        );
-        assert_eq!(reply.stop, StopReason::ToolUse);
-        assert_eq!(
-            reply.usage,
-            Usage {
-                input: 50,
-                output: 9,
-                cached: 32
-            }
+                reasoning_part("Two calls.", None),
+                tool_call("call_a", "read", json!({"path": "a"})),
+                tool_call("call_b", "bash", json!({"cmd": "ls"})),
+            ],
+            usage(50, 9, 32),
         );
         assert_eq!(
             out,

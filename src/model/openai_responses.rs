@@ -12,8 +12,9 @@
 //! history as `input` items. Reasoning parts in the history are not sent back: they would need
 //! the encrypted reasoning items, which perch does not keep.
 
-use super::draft::{CallSlot, Decoder, Draft, json, str_at, stream_error, u64_at};
-use super::{Endpoint, ModelErrorKind, ModelReply, ModelRequest, StopReason, StreamEvent};
+use super::body::{set_system, set_tools, tool_results};
+use super::draft::{CallSlot, Decoded, Decoder, Draft, str_at, stream_error, typed, u64_at};
+use super::{Endpoint, ModelErrorKind, ModelRequest, StopReason, StreamEvent};
 use perch_core::config::Thinking;
 use perch_core::log::{Part, Role};
 use perch_core::sse::SseEvent;
@@ -54,18 +55,9 @@ pub(crate) fn body(endpoint: &Endpoint, request: &ModelRequest) -> Value {
                 flush_assistant_text(&mut input, &mut texts);
             }
             Role::Tool => {
-                for part in &message.parts {
-                    if let Part::ToolResult {
-                        call_id, output, ..
-                    } = part
-                    {
-                        input.push(json!({
-                            "type": "function_call_output",
-                            "call_id": call_id,
-                            "output": output,
-                        }));
-                    }
-                }
+                input.extend(tool_results(&message.parts).map(|(call_id, output)| {
+                    json!({"type": "function_call_output", "call_id": call_id, "output": output})
+                }));
                 push_user_text(&mut input, &message.parts);
             }
         }
@@ -77,24 +69,16 @@ pub(crate) fn body(endpoint: &Endpoint, request: &ModelRequest) -> Value {
         "store": false,
         "max_output_tokens": endpoint.model.max_tokens,
     });
-    if !request.system.is_empty() {
-        body["instructions"] = json!(request.system);
-    }
-    if !request.tools.is_empty() {
-        body["tools"] = request
-            .tools
-            .iter()
-            .map(|tool| {
-                json!({
-                    "type": "function",
-                    "name": tool.name,
-                    "description": tool.description,
-                    "parameters": tool.parameters,
-                    "strict": false,
-                })
-            })
-            .collect();
-    }
+    set_system(&mut body, "instructions", request);
+    set_tools(&mut body, request, |tool| {
+        json!({
+            "type": "function",
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+            "strict": false,
+        })
+    });
     if endpoint.model.reasoning && request.thinking != Thinking::Off {
         body["reasoning"] = json!({"effort": request.thinking.as_str(), "summary": "auto"});
     }
@@ -135,16 +119,9 @@ pub(crate) struct ResponsesDecoder {
 }
 
 impl Decoder for ResponsesDecoder {
-    fn event(
-        &mut self,
-        event: &SseEvent,
-        out: &mut Vec<StreamEvent>,
-    ) -> Result<Option<ModelReply>, ModelErrorKind> {
-        let data = json(event)?;
-        let kind = str_at(&data, "/type")
-            .or(event.event.as_deref())
-            .unwrap_or("");
-        match kind {
+    fn event(&mut self, event: &SseEvent, out: &mut Vec<StreamEvent>) -> Decoded {
+        let (data, kind) = typed(event)?;
+        match kind.as_str() {
             "response.output_text.delta" => {
                 self.draft.text(str_at(&data, "/delta").unwrap_or(""), out);
             }
@@ -261,20 +238,15 @@ impl ResponsesDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::test_support::{endpoint, feed, history, request};
-    use crate::model::{ToolSpec, Usage};
+    use crate::model::test_support::{
+        assert_tool_use, endpoint, feed, reasoning_part, request_with_bash, text, tool_call, usage,
+    };
     use perch_core::config::Api;
 
     #[test]
     fn the_body_carries_instructions_input_items_tools_and_effort() {
         let endpoint = endpoint(Api::OpenAiResponses, true);
-        let mut request = request(history());
-        request.tools = vec![ToolSpec {
-            name: "bash".into(),
-            description: "Run a command".into(),
-            parameters: json!({"type": "object"}),
-        }];
-        request.thinking = Thinking::Medium;
+        let mut request = request_with_bash(json!({"type": "object"}), Thinking::Medium);
         assert_eq!(
             body(&endpoint, &request),
             json!({
@@ -310,7 +282,7 @@ mod tests {
 
     #[test]
     fn items_text_reasoning_and_calls_assemble_in_order() {
-        let events: Vec<String> = [
+        let events = [
             json!({"type": "response.created", "response": {"id": "resp_1", "status": "in_progress"}}),
             json!({"type": "response.output_item.added", "output_index": 0,
                    "item": {"id": "rs_1", "type": "reasoning", "summary": []}}),
@@ -332,41 +304,17 @@ mod tests {
                    "usage": {"input_tokens": 120, "input_tokens_details": {"cached_tokens": 64},
                              "output_tokens": 30, "output_tokens_details": {"reasoning_tokens": 12}, "total_tokens": 150}}}),
         ]
-        .iter()
-        .map(Value::to_string)
-        .collect();
-        let (reply, out) = feed(&mut ResponsesDecoder::default(), &events).unwrap();
-        let reply = reply.unwrap();
-        assert_eq!(
-            reply.parts,
+        .map(|event| event.to_string());
+        let out = assert_tool_use(
+            &mut ResponsesDecoder::default(),
+            &events,
             vec![
-                Part::Reasoning {
-                    text: "**Plan**".into(),
-                    signature: None,
-                },
-                Part::Text {
-                    text: "On it".into()
-                },
-                Part::ToolCall {
-                    call_id: "call_1".into(),
-                    name: "read".into(),
-                    arguments: json!({"path": "a"})
-                },
-                Part::ToolCall {
-                    call_id: "call_2".into(),
-                    name: "bash".into(),
-                    arguments: json!({"cmd": "ls"})
-                },
-            ]
-        );
-        assert_eq!(reply.stop, StopReason::ToolUse);
-        assert_eq!(
-            reply.usage,
-            Usage {
-                input: 120,
-                output: 30,
-                cached: 64
-            }
+                reasoning_part("**Plan**", None),
+                text("On it"),
+                tool_call("call_1", "read", json!({"path": "a"})),
+                tool_call("call_2", "bash", json!({"cmd": "ls"})),
+            ],
+            usage(120, 30, 64),
         );
         assert_eq!(out.len(), 4);
     }

@@ -1,11 +1,13 @@
 //! Shared fixtures for the wire APIs' unit tests.
 
 use super::draft::Decoder;
-use super::{Endpoint, ModelErrorKind, ModelReply, ModelRequest, StreamEvent};
+use super::{
+    Endpoint, ModelErrorKind, ModelReply, ModelRequest, StopReason, StreamEvent, ToolSpec, Usage,
+};
 use perch_core::config::{Api, ModelSpec, Thinking};
 use perch_core::log::{Message, Part, Role};
 use perch_core::sse::SseEvent;
-use serde_json::json;
+use serde_json::{Value, json};
 use std::time::Duration;
 
 pub(crate) fn endpoint(api: Api, reasoning: bool) -> Endpoint {
@@ -34,45 +36,63 @@ pub(crate) fn request(messages: Vec<Message>) -> ModelRequest {
     }
 }
 
-fn text(text: &str) -> Part {
+/// [`history`] asked with `thinking`, offering one tool, `bash`, whose arguments `parameters`
+/// describes.
+pub(crate) fn request_with_bash(parameters: Value, thinking: Thinking) -> ModelRequest {
+    let mut request = request(history());
+    request.tools = vec![ToolSpec {
+        name: "bash".into(),
+        description: "Run a command".into(),
+        parameters,
+    }];
+    request.thinking = thinking;
+    request
+}
+
+pub(crate) fn text(text: &str) -> Part {
     Part::Text { text: text.into() }
+}
+
+pub(crate) fn reasoning_part(text: &str, signature: Option<&str>) -> Part {
+    Part::Reasoning {
+        text: text.into(),
+        signature: signature.map(str::to_owned),
+    }
+}
+
+pub(crate) fn tool_call(call_id: &str, name: &str, arguments: Value) -> Part {
+    Part::ToolCall {
+        call_id: call_id.into(),
+        name: name.into(),
+        arguments,
+    }
+}
+
+pub(crate) fn usage(input: u64, output: u64, cached: u64) -> Usage {
+    Usage {
+        input,
+        output,
+        cached,
+    }
 }
 
 /// A user asks, the assistant thinks and calls two tools, both answer (one with an error), the
 /// assistant replies, the user thanks it.
 pub(crate) fn history() -> Vec<Message> {
     vec![
-        Message {
-            role: Role::User,
-            parts: vec![text("list files")],
-            origins: Vec::new(),
-            relay: None,
-        },
-        Message {
-            role: Role::Assistant,
-            parts: vec![
-                Part::Reasoning {
-                    text: "I should look.".into(),
-                    signature: None,
-                },
+        Message::new(Role::User, vec![text("list files")]),
+        Message::new(
+            Role::Assistant,
+            vec![
+                reasoning_part("I should look.", None),
                 text("Looking."),
-                Part::ToolCall {
-                    call_id: "call_1".into(),
-                    name: "bash".into(),
-                    arguments: json!({"cmd": "ls"}),
-                },
-                Part::ToolCall {
-                    call_id: "call_2".into(),
-                    name: "bash".into(),
-                    arguments: json!({"cmd": "pwd"}),
-                },
+                tool_call("call_1", "bash", json!({"cmd": "ls"})),
+                tool_call("call_2", "bash", json!({"cmd": "pwd"})),
             ],
-            origins: Vec::new(),
-            relay: None,
-        },
-        Message {
-            role: Role::Tool,
-            parts: vec![
+        ),
+        Message::new(
+            Role::Tool,
+            vec![
                 Part::ToolResult {
                     call_id: "call_1".into(),
                     output: "a.txt".into(),
@@ -84,28 +104,29 @@ pub(crate) fn history() -> Vec<Message> {
                     is_error: true,
                 },
             ],
-            origins: Vec::new(),
-            relay: None,
-        },
-        Message {
-            role: Role::Assistant,
-            parts: vec![
-                Part::Reasoning {
-                    text: "Answer now.".into(),
-                    signature: None,
-                },
-                text("Done."),
-            ],
-            origins: Vec::new(),
-            relay: None,
-        },
-        Message {
-            role: Role::User,
-            parts: vec![text("thanks")],
-            origins: Vec::new(),
-            relay: None,
-        },
+        ),
+        Message::new(
+            Role::Assistant,
+            vec![reasoning_part("Answer now.", None), text("Done.")],
+        ),
+        Message::new(Role::User, vec![text("thanks")]),
     ]
+}
+
+/// Feeds `events` to `decoder` and asserts they end in a reply of `parts` that stops for tool
+/// use, having used `usage`; returns what was displayed.
+pub(crate) fn assert_tool_use(
+    decoder: &mut dyn Decoder,
+    events: &[String],
+    parts: Vec<Part>,
+    usage: Usage,
+) -> Vec<StreamEvent> {
+    let (reply, out) = feed(decoder, events).unwrap();
+    let reply = reply.unwrap();
+    assert_eq!(reply.parts, parts);
+    assert_eq!(reply.stop, StopReason::ToolUse);
+    assert_eq!(reply.usage, usage);
+    out
 }
 
 /// Feeds each data string as one event; stops at the first reply or error.

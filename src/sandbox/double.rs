@@ -200,10 +200,7 @@ impl NamespaceDouble {
         command: Command,
         cancel: CancellationToken,
     ) -> Result<Output, SandboxError> {
-        let failed = |reason: String| SandboxError::Failed {
-            action: "run a command in",
-            reason,
-        };
+        let failed = SandboxError::run_failed;
         let target = init.to_string();
         let mut process = tokio::process::Command::new("setpriv");
         process
@@ -348,10 +345,9 @@ impl Sandbox for NamespaceDouble {
                 match alive {
                     Some(init) => init,
                     None => {
-                        return Err(SandboxError::Failed {
-                            action: "run a command in",
-                            reason: "the machine is not running".into(),
-                        });
+                        return Err(SandboxError::run_failed(
+                            "the machine is not running".into(),
+                        ));
                     }
                 }
             };

@@ -227,10 +227,7 @@ impl Microvm {
         command: Command,
         cancel: CancellationToken,
     ) -> Result<Output, SandboxError> {
-        let failed = |reason: String| SandboxError::Failed {
-            action: "run a command in",
-            reason,
-        };
+        let failed = SandboxError::run_failed;
         let machine = self
             .machine
             .lock()

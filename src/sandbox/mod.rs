@@ -314,6 +314,16 @@ pub enum SandboxError {
     },
 }
 
+impl SandboxError {
+    /// The machine could not run a command, for `reason`.
+    pub fn run_failed(reason: String) -> SandboxError {
+        SandboxError::Failed {
+            action: "run a command in",
+            reason,
+        }
+    }
+}
+
 impl fmt::Display for SandboxError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

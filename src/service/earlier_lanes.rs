@@ -132,6 +132,7 @@ fn write(dir: &AgentDir, path: &Path, record: &EarlierLane) -> Result<(), String
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_support::agent_with;
     use super::*;
     use crate::log::LaneLog;
     use chrono::TimeZone;
@@ -152,11 +153,7 @@ mod tests {
     ];
 
     fn agent() -> (tempfile::TempDir, AgentDir) {
-        let temp = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(temp.path().join(".perch/sessions")).unwrap();
-        std::fs::write(temp.path().join("agent.lua"), "").unwrap();
-        let dir = AgentDir::open(temp.path()).unwrap();
-        (temp, dir)
+        agent_with(".perch/sessions")
     }
 
     fn channel(name: &str, rooms: &[(&str, &str)]) -> ChannelConfig {
@@ -295,10 +292,9 @@ mod tests {
         );
     }
 
-    #[tokio::test(flavor = "multi_thread")]
-    async fn of_two_threads_whose_earlier_lanes_collide_only_the_one_that_wrote_it_keeps_it() {
-        let (_temp, dir) = agent();
-        let mx = channel("mx", &[]);
+    /// The earlier version's lane of Matrix thread 0 in the hideout, written with two messages
+    /// said in `threads`.
+    async fn earlier_lane_of_thread_0_said_in(dir: &AgentDir, threads: [&str; 2]) -> EarlierName {
         let earlier = Conversation {
             channel: "mx",
             room: HIDEOUT,
@@ -306,15 +302,18 @@ mod tests {
         }
         .earlier_lane()
         .unwrap();
-        write_lane(
-            &dir,
-            earlier.lane.as_str(),
-            vec![
-                said("mx", HIDEOUT, Some(THREADS[0])),
-                said("mx", HIDEOUT, Some(THREADS[0])),
-            ],
-        )
-        .await;
+        let messages = threads
+            .map(|thread| said("mx", HIDEOUT, Some(thread)))
+            .to_vec();
+        write_lane(dir, earlier.lane.as_str(), messages).await;
+        earlier
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn of_two_threads_whose_earlier_lanes_collide_only_the_one_that_wrote_it_keeps_it() {
+        let (_temp, dir) = agent();
+        let mx = channel("mx", &[]);
+        let earlier = earlier_lane_of_thread_0_said_in(&dir, [THREADS[0], THREADS[0]]).await;
         assert_eq!(
             first_lane(&dir, &mx, HIDEOUT, Some(THREADS[0])).unwrap(),
             earlier.lane
@@ -338,22 +337,7 @@ mod tests {
     async fn an_earlier_lane_two_conversations_shared_is_kept_by_neither() {
         let (_temp, dir) = agent();
         let mx = channel("mx", &[]);
-        let earlier = Conversation {
-            channel: "mx",
-            room: HIDEOUT,
-            thread: Some(THREADS[0]),
-        }
-        .earlier_lane()
-        .unwrap();
-        write_lane(
-            &dir,
-            earlier.lane.as_str(),
-            vec![
-                said("mx", HIDEOUT, Some(THREADS[0])),
-                said("mx", HIDEOUT, Some(THREADS[1])),
-            ],
-        )
-        .await;
+        earlier_lane_of_thread_0_said_in(&dir, [THREADS[0], THREADS[1]]).await;
         for thread in THREADS {
             assert_eq!(
                 first_lane(&dir, &mx, HIDEOUT, Some(thread)).unwrap(),

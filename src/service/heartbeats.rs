@@ -3,15 +3,13 @@
 //! check's machine, the spend cap, posts through the deliveries, steers, owner alerts, metrics
 //! and the shutdown drain. The run itself is the heartbeat module's.
 
+use super::Common;
 use super::conversations::Conversations;
 use super::deliveries::Deliveries;
-use super::drain::Drain;
 use crate::agent::AgentDir;
 use crate::channel::BoxFuture;
-use crate::heartbeat::{self, Heartbeats, Host, HostLane, Ledger, SchedulerSetup};
-use crate::host::alert::Alerts;
+use crate::heartbeat::{self, Heartbeats, Host, HostLane, Ledger, SchedulerSetup, Steer};
 use crate::host::clock::Clock;
-use crate::host::metrics::Metrics;
 use crate::lane::Runtime;
 use crate::lane::{Input, Steered};
 use crate::sandbox::{Command, Output, SandboxError};
@@ -20,13 +18,11 @@ use perch_core::alert::AlertKind;
 use perch_core::heartbeat::{SlotOutcome, Target};
 use perch_core::log::Trigger;
 use perch_core::name::{LaneName, ModelRef, TaskName};
-use perch_core::origin::Relay;
 use perch_core::prompt::Origin;
 use perch_core::spend::RunKind;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
 /// The heartbeat runs' host: handles, never the owners' state.
@@ -34,12 +30,8 @@ pub(super) struct HeartbeatHost {
     pub(super) conversations: Conversations,
     pub(super) deliveries: Deliveries,
     pub(super) runtime: Arc<Runtime>,
-    pub(super) alerts: Alerts,
-    pub(super) metrics: Arc<Metrics>,
-    /// The service's tasks: a run holds a place among them, so shutdown drains it.
-    pub(super) tasks: TaskTracker,
-    pub(super) shutdown: CancellationToken,
-    pub(super) drain: Drain,
+    /// A run holds a place among its tasks, so shutdown drains it.
+    pub(super) common: Common,
 }
 
 /// Starts the heartbeat scheduler of `dir` over the ledger in `.perch/heartbeats/`, hosted by
@@ -54,7 +46,7 @@ pub(super) fn start(
     let agent = host.runtime.agent();
     let env = heartbeat::heartbeat_env(agent, heartbeat::host_tz());
     let (ledger, records) = Ledger::open(dir, clock.clone()).map_err(|error| error.to_string())?;
-    let shutdown = host.shutdown.clone();
+    let shutdown = host.common.shutdown.clone();
     let setup = SchedulerSetup::hosted(
         Arc::new(host),
         dir.clone(),
@@ -67,24 +59,23 @@ pub(super) fn start(
 }
 
 impl HeartbeatHost {
-    /// Adds a heartbeat's steer, relayed from `relay`, to `into`: to its active run at the next
-    /// tool boundary, or, when the lane is idle, as a run of its own. That run's reply stays in
-    /// the lane: a heartbeat reaches a chat only through `Message:`.
-    async fn steer_from_heartbeat(
-        &self,
-        into: &LaneName,
-        origin: Origin,
-        relay: Relay,
-        text: String,
-    ) -> Result<(), String> {
+    /// Adds a heartbeat's steer to its lane: to the lane's active run at the next tool
+    /// boundary, or, when the lane is idle, as a run of its own. That run's reply stays in the
+    /// lane: a heartbeat reaches a chat only through `Message:`.
+    async fn steer_from_heartbeat(&self, steer: Steer) -> Result<(), String> {
+        let Steer {
+            into,
+            origin,
+            relay,
+            text,
+        } = steer;
         let lane = self.conversations.hold(into.clone(), origin, None).await?;
         match lane.steer_relayed(relay.clone(), text.clone()).await {
             Ok(Steered::Delivered) => Ok(()),
             Ok(Steered::Idle) => {
-                let into = into.clone();
-                let (shutdown, drain) = (self.shutdown.clone(), self.drain);
+                let (shutdown, drain) = (self.common.shutdown.clone(), self.common.drain);
                 // Among the service's tasks, so shutdown drains it like a conversation's run.
-                self.tasks.spawn(async move {
+                self.common.tasks.spawn(async move {
                     let input = Input {
                         text,
                         consumes: Vec::new(),
@@ -160,25 +151,21 @@ impl Host for HeartbeatHost {
         Box::pin(self.deliveries.post_to(target, text, Some(lane)))
     }
 
-    fn steer<'a>(
-        &'a self,
-        into: &'a LaneName,
-        origin: Origin,
-        relay: Relay,
-        text: String,
-    ) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(self.steer_from_heartbeat(into, origin, relay, text))
+    fn steer(&self, steer: Steer) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(self.steer_from_heartbeat(steer))
     }
 
     fn alert(&self, kind: AlertKind, text: String) {
-        self.alerts.alert(kind, text);
+        self.common.alerts.alert(kind, text);
     }
 
     fn count_outcome(&self, task: &TaskName, outcome: &SlotOutcome) {
-        self.metrics.heartbeat_outcome(task.as_str(), outcome);
+        self.common
+            .metrics
+            .heartbeat_outcome(task.as_str(), outcome);
     }
 
     fn track_run(&self) -> TaskTrackerToken {
-        self.tasks.token()
+        self.common.tasks.token()
     }
 }

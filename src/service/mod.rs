@@ -16,6 +16,7 @@
 //! owners, connects the channels and pings systemd's watchdog; no reply is sent from that loop,
 //! nor an arrival taken in, so a platform's rate limit never holds up the watchdog.
 
+mod ask;
 mod channel;
 mod conversations;
 mod deliveries;
@@ -27,6 +28,8 @@ mod lanes;
 mod receive;
 mod recovery;
 mod status;
+#[cfg(test)]
+mod test_support;
 
 pub use lanes::LaneLimits;
 
@@ -170,12 +173,10 @@ pub async fn run(
         runtime: Arc::clone(&runtime),
         intake: owners.intake.clone(),
         deliveries: owners.deliveries.clone(),
-        metrics: Arc::clone(&common.metrics),
         heartbeats: OnceLock::new(),
         channels_paused: paused.clone(),
         restart_needed: restart_seen,
-        clock: clock.clone(),
-        shutdown: shutdown.clone(),
+        common: common.clone(),
     });
     serve_outside(
         &outside,
@@ -252,16 +253,20 @@ pub async fn run(
     starts::write_starts(&dir.starts_file(), &stopped)
 }
 
-/// What every owner is started with.
+/// What every owner, the heartbeats' host and the outside share, fixed at start.
+#[derive(Clone)]
 struct Common {
     clock: Clock,
     metrics: Arc<Metrics>,
     alerts: Alerts,
-    /// The tasks shutdown waits for (conversations, runs, delivery workers).
+    /// The tasks shutdown waits for (conversations, runs, delivery workers, heartbeat runs).
     tasks: TaskTracker,
+    /// perch is stopping: no arrival is taken any more, and a delivery's retry wait is cut
+    /// short (the delivery is left unsettled for the next start).
     shutdown: CancellationToken,
     /// Ends the owners, once the service has drained.
     closing: CancellationToken,
+    /// How long a run in progress at shutdown may go on.
     drain: Drain,
 }
 
@@ -307,12 +312,7 @@ fn start_owners(
         format: intake.formatter(),
         workspace: dir.workspace(),
         writer: pool.writer(dir.sessions_dir(), common.clock.clone()),
-        metrics: Arc::clone(&common.metrics),
-        alerts: common.alerts.clone(),
-        clock: common.clock.clone(),
-        shutdown: common.shutdown.clone(),
-        tasks: common.tasks.clone(),
-        closing: common.closing.clone(),
+        common: common.clone(),
     });
     let (conversations, conversing) = conversations::start(ConversationsSetup {
         runtime: Arc::clone(runtime),
@@ -321,11 +321,7 @@ fn start_owners(
         channels: Arc::clone(channels),
         pool,
         limits: setup.limits,
-        metrics: Arc::clone(&common.metrics),
-        tasks: common.tasks.clone(),
-        drain: common.drain,
-        shutdown: common.shutdown.clone(),
-        closing: common.closing.clone(),
+        common: common.clone(),
     });
     let (arrivals, incoming) = mpsc::channel::<(String, Arrival)>(256);
     let taking = intake::start(
@@ -342,11 +338,7 @@ fn start_owners(
             conversations: conversations.clone(),
             deliveries: deliveries.clone(),
             dir: dir.clone(),
-            clock: common.clock.clone(),
-            metrics: Arc::clone(&common.metrics),
-            alerts: common.alerts.clone(),
-            shutdown: common.shutdown.clone(),
-            closing: common.closing.clone(),
+            common: common.clone(),
         },
     );
     Owners {
@@ -408,11 +400,7 @@ fn start_heartbeats(
         conversations: owners.conversations.clone(),
         deliveries: owners.deliveries.clone(),
         runtime: Arc::clone(runtime),
-        alerts: common.alerts.clone(),
-        metrics: Arc::clone(&common.metrics),
-        tasks: common.tasks.clone(),
-        shutdown: common.shutdown.clone(),
-        drain: common.drain,
+        common: common.clone(),
     };
     let clock = common.clock.clone();
     heartbeats::start(host, dir, clock, setup.heartbeat_reload, scheduled)
@@ -475,7 +463,7 @@ fn serve_outside(
     let answering = Arc::clone(outside);
     tokio::spawn(control::serve(
         control_listener,
-        outside.shutdown.clone(),
+        outside.common.shutdown.clone(),
         move |request| {
             let outside = Arc::clone(&answering);
             async move { outside.control(request).await }
@@ -485,7 +473,7 @@ fn serve_outside(
         let counting = Arc::clone(outside);
         tokio::spawn(crate::host::metrics::serve(
             listener,
-            outside.shutdown.clone(),
+            outside.common.shutdown.clone(),
             move || {
                 let outside = Arc::clone(&counting);
                 async move { outside.metrics_text().await }

@@ -2,7 +2,7 @@
 //! waits, steps [`Link`] (perch-core's connection machine, which decides every state, backoff
 //! and wait) and carries out what it says.
 
-use crate::channel::{Arrival, AttemptUp, Connector, ConnectorError};
+use crate::channel::{Arrival, AttemptUp, Connector, ConnectorError, ReceiveAttempt};
 use perch_core::connection::{AttemptEnd, Begin, Connection, Link, LinkAction, LinkEvent};
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,8 +90,13 @@ impl<S: Fn(Connection) + Send> Receiver<S> {
         };
         let (up, mut came_up) = AttemptUp::pair();
         let connector = Arc::clone(&self.connector);
-        let receiving =
-            connector.receive(resume, since.to_vec(), events, up, self.shutdown.clone());
+        let receiving = connector.receive(ReceiveAttempt {
+            resume,
+            since: since.to_vec(),
+            inbound: events,
+            up,
+            cancel: self.shutdown.clone(),
+        });
         tokio::pin!(receiving);
         let result = tokio::select! {
             result = &mut receiving => result,
@@ -189,14 +194,10 @@ mod tests {
     }
 
     impl Connector for FakeConnector {
-        fn receive<'a>(
-            &'a self,
-            resume: Option<String>,
-            _since: Vec<(String, String)>,
-            _inbound: mpsc::Sender<Arrival>,
-            up: AttemptUp,
-            cancel: CancellationToken,
-        ) -> BoxFuture<'a, Result<(), ConnectorError>> {
+        fn receive(&self, attempt: ReceiveAttempt) -> BoxFuture<'_, Result<(), ConnectorError>> {
+            let ReceiveAttempt {
+                resume, up, cancel, ..
+            } = attempt;
             Box::pin(async move {
                 note(
                     &self.history,
@@ -310,6 +311,14 @@ mod tests {
             .collect()
     }
 
+    const RECEIVE: &str = "receive from Some(\"7\")";
+    const RECONNECTING: &str = "reconnecting: disconnected: the server went away";
+
+    /// An attempt at `at` that drops at once, and the connecting again at `next`.
+    fn drops(at: u64, next: u64) -> [(u64, &'static str); 3] {
+        [(at, RECEIVE), (at, RECONNECTING), (next, "connecting")]
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_channel_that_keeps_dropping_reconnects_after_doubling_waits() {
         let (history, over) = receive(
@@ -319,26 +328,14 @@ mod tests {
         )
         .await;
         assert!(over);
-        let reconnecting = "reconnecting: disconnected: the server went away";
-        assert_eq!(
-            history,
-            strings(&[
-                (0, "receive from Some(\"7\")"),
-                (0, reconnecting),
-                (1000, "connecting"),
-                (1000, "receive from Some(\"7\")"),
-                (1000, reconnecting),
-                (3000, "connecting"),
-                (3000, "receive from Some(\"7\")"),
-                (3000, reconnecting),
-                (7000, "connecting"),
-                (7000, "receive from Some(\"7\")"),
-                (7000, reconnecting),
-                (15000, "connecting"),
-                (15000, "receive from Some(\"7\")"),
-                (20000, "ended"),
-            ])
-        );
+        let expected = [
+            &drops(0, 1000) as &[_],
+            &drops(1000, 3000),
+            &drops(3000, 7000),
+            &drops(7000, 15000),
+            &[(15000, RECEIVE), (20000, "ended")],
+        ];
+        assert_eq!(history, strings(&expected.concat()));
     }
 
     #[tokio::test(start_paused = true)]
@@ -351,22 +348,20 @@ mod tests {
             }),
         };
         let (history, _) = receive(vec![dropped(0), refused], Begin::Now, 700_000).await;
-        assert_eq!(
-            history,
-            strings(&[
-                (0, "receive from Some(\"7\")"),
-                (0, "reconnecting: disconnected: the server went away"),
-                (1000, "connecting"),
-                (1000, "receive from Some(\"7\")"),
+        let expected = [
+            &drops(0, 1000) as &[_],
+            &[
+                (1000, RECEIVE),
                 (
                     1000,
-                    "stopped: Telegram refused the bot token (401 Unauthorized)"
+                    "stopped: Telegram refused the bot token (401 Unauthorized)",
                 ),
                 (601_000, "connecting"),
-                (601_000, "receive from Some(\"7\")"),
+                (601_000, RECEIVE),
                 (700_000, "ended"),
-            ])
-        );
+            ],
+        ];
+        assert_eq!(history, strings(&expected.concat()));
     }
 
     #[tokio::test(start_paused = true)]
@@ -382,26 +377,14 @@ mod tests {
             30_000,
         )
         .await;
-        let reconnecting = "reconnecting: disconnected: the server went away";
-        assert_eq!(
-            history,
-            strings(&[
-                (0, "receive from Some(\"7\")"),
-                (0, reconnecting),
-                (1000, "connecting"),
-                (1000, "receive from Some(\"7\")"),
-                (1000, reconnecting),
-                (3000, "connecting"),
-                (3000, "receive from Some(\"7\")"),
-                (3000, "receiving"),
-                (9000, "connecting"),
-                (9000, "receive from Some(\"7\")"),
-                (9000, reconnecting),
-                (10000, "connecting"),
-                (10000, "receive from Some(\"7\")"),
-                (30000, "ended"),
-            ])
-        );
+        let expected = [
+            &drops(0, 1000) as &[_],
+            &drops(1000, 3000),
+            &[(3000, RECEIVE), (3000, "receiving"), (9000, "connecting")],
+            &drops(9000, 10000),
+            &[(10000, RECEIVE), (30000, "ended")],
+        ];
+        assert_eq!(history, strings(&expected.concat()));
     }
 
     #[tokio::test(start_paused = true)]
@@ -409,20 +392,13 @@ mod tests {
         let (history, _) = receive(vec![dropped(0)], Begin::Now, 500).await;
         assert_eq!(
             history,
-            strings(&[
-                (0, "receive from Some(\"7\")"),
-                (0, "reconnecting: disconnected: the server went away"),
-                (500, "ended"),
-            ]),
+            strings(&[(0, RECEIVE), (0, RECONNECTING), (500, "ended")]),
             "no attempt after the shutdown"
         );
         let started = Instant::now();
         let (history, over) = receive(Vec::new(), Begin::Now, 3_000).await;
         assert!(over);
-        assert_eq!(
-            history,
-            strings(&[(0, "receive from Some(\"7\")"), (3000, "ended")])
-        );
+        assert_eq!(history, strings(&[(0, RECEIVE), (3000, "ended")]));
         assert_eq!(started.elapsed(), Duration::from_secs(3));
     }
 
@@ -439,11 +415,7 @@ mod tests {
         assert!(history[0].1.starts_with("paused until "), "{history:?}");
         assert_eq!(
             history[1..],
-            strings(&[
-                (90000, "connecting"),
-                (90000, "receive from Some(\"7\")"),
-                (100_000, "ended"),
-            ])
+            strings(&[(90000, "connecting"), (90000, RECEIVE), (100_000, "ended"),])
         );
     }
 

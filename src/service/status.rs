@@ -2,13 +2,12 @@
 //! systemd's status line, owner alerts, and the watch on the files loaded at start. It talks to
 //! the owners through their handles.
 
+use super::Common;
 use super::channel::Channels;
 use super::deliveries::Deliveries;
 use super::intake::Intake;
 use crate::agent::AgentDir;
 use crate::heartbeat::{self, Heartbeats};
-use crate::host::clock::Clock;
-use crate::host::metrics::Metrics;
 use crate::host::notify::status_line;
 use crate::lane::Runtime;
 use crate::store::control::ControlRequest;
@@ -30,7 +29,6 @@ pub(super) struct Outside {
     pub(super) runtime: Arc<Runtime>,
     pub(super) intake: Intake,
     pub(super) deliveries: Deliveries,
-    pub(super) metrics: Arc<Metrics>,
     /// The heartbeat scheduler, set once when it starts (a std `OnceLock`: written once, then
     /// only read, never waited on).
     pub(super) heartbeats: OnceLock<Heartbeats>,
@@ -38,18 +36,20 @@ pub(super) struct Outside {
     pub(super) channels_paused: Option<String>,
     /// The files loaded at start that changed since: a restart applies them.
     pub(super) restart_needed: watch::Receiver<Vec<String>>,
-    pub(super) clock: Clock,
-    pub(super) shutdown: CancellationToken,
+    pub(super) common: Common,
 }
 
 impl Outside {
     /// `GET /metrics`: the counters, with the inbox's depth and the machine's boots read now.
     pub(super) async fn metrics_text(&self) -> String {
         let depth = self.inbox.depth().await;
-        self.metrics
+        self.common
+            .metrics
             .set_inbox_depth(u64::try_from(depth).unwrap_or(u64::MAX));
-        self.metrics.set_vm_boots(self.runtime.machine().boots());
-        self.metrics.render()
+        self.common
+            .metrics
+            .set_vm_boots(self.runtime.machine().boots());
+        self.common.metrics.render()
     }
 
     /// Starts the alert task: it takes what is raised (the crash-loop breaker, a stopped or
@@ -71,8 +71,8 @@ impl Outside {
         tokio::spawn(crate::host::alert::deliver(
             raised,
             post,
-            self.clock.clone(),
-            self.shutdown.clone(),
+            self.common.clock.clone(),
+            self.common.shutdown.clone(),
         ));
     }
 

@@ -86,14 +86,11 @@ fn remove(path: &Path) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_support::agent_with;
     use super::*;
 
     fn agent() -> (tempfile::TempDir, AgentDir) {
-        let temp = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(temp.path().join(".perch")).unwrap();
-        std::fs::write(temp.path().join("agent.lua"), "").unwrap();
-        let dir = AgentDir::open(temp.path()).unwrap();
-        (temp, dir)
+        agent_with(".perch")
     }
 
     fn name(text: &str) -> LaneName {

@@ -158,15 +158,7 @@ pub fn reply_files(workspace: &Path, reply: &str) -> (String, Vec<OutboundFile>)
 
 /// `text` with `notes` after it, a paragraph apart.
 pub fn with_notes(text: &str, notes: &[String]) -> String {
-    if notes.is_empty() {
-        return text.to_owned();
-    }
-    let notes = notes.join("\n");
-    if text.trim().is_empty() {
-        notes
-    } else {
-        format!("{text}\n\n{notes}")
-    }
+    perch_core::attachment::followed_by(text, notes, "\n\n")
 }
 
 /// Reads the files a delivery attaches, for sending; a file that can no longer be sent (gone,

@@ -14,7 +14,9 @@ fn read(file: &str) -> String {
 
 /// The first word of each line of the `text` code block under `heading`.
 fn layout(markdown: &str, heading: &str) -> Vec<String> {
-    let section = &markdown[markdown.find(heading).unwrap_or_else(|| panic!("{heading}"))..];
+    let section = &markdown[markdown
+        .find(heading)
+        .unwrap_or_else(|| panic!("{heading}"))..];
     let block = &section[section.find("```text\n").expect("a layout block") + 8..];
     let block = &block[..block.find("\n```").expect("the block's end")];
     block
@@ -59,8 +61,15 @@ fn folders(under: &Path, into: &mut BTreeSet<String>) {
 fn every_path_architecture_md_names_exists_and_every_src_folder_is_in_its_layout() {
     let architecture = read("ARCHITECTURE.md");
     let listed = layout(&architecture, "## Layout");
-    assert!(listed.len() > 30, "the layout lists every folder: {listed:?}");
-    assert_eq!(missing(listed.clone()), Vec::<String>::new(), "in the layout");
+    assert!(
+        listed.len() > 30,
+        "the layout lists every folder: {listed:?}"
+    );
+    assert_eq!(
+        missing(listed.clone()),
+        Vec::<String>::new(),
+        "in the layout"
+    );
     let named = named_paths(&architecture);
     assert!(named.len() > 40, "the walks name their files: {named:?}");
     assert_eq!(missing(named), Vec::<String>::new(), "named in the text");
@@ -70,7 +79,10 @@ fn every_path_architecture_md_names_exists_and_every_src_folder_is_in_its_layout
         .iter()
         .filter(|folder| !listed.contains(folder))
         .collect();
-    assert!(unnamed.is_empty(), "folders missing from the layout: {unnamed:?}");
+    assert!(
+        unnamed.is_empty(),
+        "folders missing from the layout: {unnamed:?}"
+    );
 }
 
 #[test]
@@ -79,7 +91,10 @@ fn every_path_readme_s_layout_names_exists_and_readme_no_longer_holds_the_archit
     let listed = layout(&readme, "## Architecture");
     assert!(listed.len() >= 6, "{listed:?}");
     assert_eq!(missing(listed), Vec::<String>::new(), "in README's layout");
-    assert!(readme.contains("](ARCHITECTURE.md)"), "README links to ARCHITECTURE.md");
+    assert!(
+        readme.contains("](ARCHITECTURE.md)"),
+        "README links to ARCHITECTURE.md"
+    );
     for moved in ["### The session log", "### The agent loop", "### Journals"] {
         assert!(!readme.contains(moved), "README still holds {moved}");
     }

@@ -19,7 +19,10 @@ fn start_limited(agent: &Agent) -> Perch {
         .arg(run.get_program())
         .args(run.get_args())
         .env_clear()
-        .envs(run.get_envs().filter_map(|(key, value)| Some((key, value?))))
+        .envs(
+            run.get_envs()
+                .filter_map(|(key, value)| Some((key, value?))),
+        )
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
@@ -61,10 +64,10 @@ fn burst(telegram: &FakeTelegram, people: &[User], answered_before: usize) {
         );
     }
     let total = answered_before + people.len();
-    Poll::within(Duration::from_secs(60)).until(
-        &format!("{} conversations answered", people.len()),
-        || telegram.sent_count() >= total,
-    );
+    Poll::within(Duration::from_secs(60))
+        .until(&format!("{} conversations answered", people.len()), || {
+            telegram.sent_count() >= total
+        });
 }
 
 #[test]

@@ -122,16 +122,5 @@ pub(super) fn delivery_error(error: serenity::Error) -> DeliveryError {
 
 /// A download error on one line, without the URL (a signed CDN link).
 pub(super) fn describe_download(error: reqwest012::Error) -> String {
-    let error = error.without_url();
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(&error);
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
+    perch_core::error_chain::on_one_line(&error.without_url())
 }

@@ -45,7 +45,8 @@ pub use errors::FALLBACK_RETRY_AFTER;
 
 use super::{
     Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
-    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Upload,
+    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, ReceiveAttempt, Step, Upload,
+    hand_over,
 };
 use errors::{
     check_error, client_ended, connect_error, delivery_error, describe_download, disconnected,
@@ -62,7 +63,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
@@ -530,15 +531,8 @@ fn intents() -> GatewayIntents {
 }
 
 impl Connector for DiscordConnector {
-    fn receive<'a>(
-        &'a self,
-        _resume: Option<String>,
-        since: Vec<(String, String)>,
-        inbound: mpsc::Sender<Arrival>,
-        up: super::AttemptUp,
-        cancel: CancellationToken,
-    ) -> BoxFuture<'a, Result<(), ConnectorError>> {
-        Box::pin(self.session(since, inbound, up, cancel))
+    fn receive(&self, attempt: ReceiveAttempt) -> BoxFuture<'_, Result<(), ConnectorError>> {
+        Box::pin(self.session(attempt.since, attempt.inbound, attempt.up, attempt.cancel))
     }
 
     fn post<'a>(
@@ -596,11 +590,6 @@ enum GatewayItem {
     Other,
 }
 
-enum Step {
-    Go,
-    Stop,
-}
-
 /// The last message id per room (the back-fill marks) and which rooms are direct messages.
 struct Rooms {
     marks: BTreeMap<ChannelId, MessageId>,
@@ -648,20 +637,7 @@ impl Handoff<'_> {
     }
 
     async fn hand_event(&self, event: InboundEvent) -> Result<Step, ConnectorError> {
-        let (journaled, ack) = oneshot::channel();
-        let arrival = Arrival { event, journaled };
-        tokio::select! {
-            biased;
-            () = self.cancel.cancelled() => Ok(Step::Stop),
-            handed = async {
-                self.inbound.send(arrival).await.map_err(|_| ())?;
-                ack.await.map_err(|_| ())
-            } => match handed {
-                Ok(()) => Ok(Step::Go),
-                Err(()) if self.cancel.is_cancelled() => Ok(Step::Stop),
-                Err(()) => Err(disconnected("perch stopped taking events before journaling this one")),
-            },
-        }
+        hand_over(self.inbound, self.cancel, event).await
     }
 }
 

@@ -12,6 +12,7 @@ use matrix_sdk::config::RequestConfig;
 use matrix_sdk::ruma::api::error::ErrorKind;
 use matrix_sdk::ruma::{OwnedUserId, UserId};
 use matrix_sdk::store::RoomLoadSettings;
+use perch_core::error_chain::on_one_line;
 use perch_core::redact::{REDACTED, redact_value};
 use perch_core::secret::Secret;
 use serde::Serialize;
@@ -384,38 +385,16 @@ async fn check_get(
     if let Some(token) = token {
         request = request.bearer_auth(token);
     }
-    let response = request
-        .send()
-        .await
-        .map_err(|error| CheckError::Unreachable {
-            message: describe_error(&error.without_url()),
-        })?;
+    let unreachable = |error: matrix_sdk::reqwest::Error| CheckError::Unreachable {
+        message: on_one_line(&error.without_url()),
+    };
+    let response = request.send().await.map_err(unreachable)?;
     let status = response.status().as_u16();
-    let bytes = response
-        .bytes()
-        .await
-        .map_err(|error| CheckError::Unreachable {
-            message: describe_error(&error.without_url()),
-        })?;
+    let bytes = response.bytes().await.map_err(unreachable)?;
     Ok((
         status,
         serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
     ))
-}
-
-/// The error and its causes on one line.
-fn describe_error(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 fn parse_user(user: &str) -> Result<OwnedUserId, String> {

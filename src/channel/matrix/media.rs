@@ -106,35 +106,26 @@ impl MatrixConnector {
 pub(super) fn media_attachment(
     msgtype: &MessageType,
 ) -> Option<(&str, Option<&FormattedBody>, Attachment)> {
+    // The four contents are different types with the same fields and methods.
+    macro_rules! described {
+        ($content:expr) => {
+            (
+                $content.caption(),
+                $content.formatted_caption(),
+                $content.filename(),
+                $content
+                    .info
+                    .as_ref()
+                    .and_then(|info| info.mimetype.clone()),
+                $content.info.as_ref().and_then(|info| info.size),
+            )
+        };
+    }
     let (caption, formatted, name, mimetype, size) = match msgtype {
-        MessageType::File(file) => (
-            file.caption(),
-            file.formatted_caption(),
-            file.filename(),
-            file.info.as_ref().and_then(|info| info.mimetype.clone()),
-            file.info.as_ref().and_then(|info| info.size),
-        ),
-        MessageType::Image(image) => (
-            image.caption(),
-            image.formatted_caption(),
-            image.filename(),
-            image.info.as_ref().and_then(|info| info.mimetype.clone()),
-            image.info.as_ref().and_then(|info| info.size),
-        ),
-        MessageType::Audio(audio) => (
-            audio.caption(),
-            audio.formatted_caption(),
-            audio.filename(),
-            audio.info.as_ref().and_then(|info| info.mimetype.clone()),
-            audio.info.as_ref().and_then(|info| info.size),
-        ),
-        MessageType::Video(video) => (
-            video.caption(),
-            video.formatted_caption(),
-            video.filename(),
-            video.info.as_ref().and_then(|info| info.mimetype.clone()),
-            video.info.as_ref().and_then(|info| info.size),
-        ),
+        MessageType::File(file) => described!(file),
+        MessageType::Image(image) => described!(image),
+        MessageType::Audio(audio) => described!(audio),
+        MessageType::Video(video) => described!(video),
         _ => return None,
     };
     let (source, encrypted) = match media_source(msgtype)? {

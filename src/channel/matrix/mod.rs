@@ -86,8 +86,8 @@ mod sync;
 #[cfg(test)]
 mod tests;
 use super::{
-    Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
-    DeliveryError, FetchError, Gate, InboundEvent, PlatformLimits, Receipt, Upload,
+    Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery, DeliveryError,
+    FetchError, Gate, InboundEvent, PlatformLimits, Receipt, ReceiveAttempt, SetupError, Upload,
 };
 use chrono::{DateTime, Utc};
 use matrix_sdk::Client;
@@ -99,8 +99,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
-use tokio::sync::{OnceCell, mpsc, watch};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::{OnceCell, watch};
 
 /// The longest reply piece, in characters. Synapse refuses events over 65,536 bytes; a piece
 /// carries its text twice (plain and HTML), up to 4 bytes per character, and encryption adds a
@@ -124,21 +123,6 @@ pub const RESEND_WINDOW: Duration = Duration::from_secs(30 * 60);
 pub const CONTENT_BUDGET: usize = 44_000;
 const UNDECRYPTABLE_FILE: &str = "undecryptable.json";
 const OWN_EVENTS_KEPT: usize = 1000;
-
-/// The connector could not be built from its settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SetupError {
-    /// What is wrong, naming the setting.
-    pub message: String,
-}
-
-impl fmt::Display for SetupError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for SetupError {}
 
 /// An event the account could not decrypt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -225,15 +209,8 @@ impl Shared {
 }
 
 impl Connector for MatrixConnector {
-    fn receive<'a>(
-        &'a self,
-        resume: Option<String>,
-        since: Vec<(String, String)>,
-        inbound: mpsc::Sender<Arrival>,
-        up: super::AttemptUp,
-        cancel: CancellationToken,
-    ) -> BoxFuture<'a, Result<(), ConnectorError>> {
-        Box::pin(self.follow(resume, since, inbound, up, cancel))
+    fn receive(&self, attempt: ReceiveAttempt) -> BoxFuture<'_, Result<(), ConnectorError>> {
+        Box::pin(self.follow(attempt))
     }
 
     fn post<'a>(

@@ -5,7 +5,7 @@ use super::client::write_private;
 use super::{
     MatrixConnector, UNDECRYPTABLE_FILE, Undecryptable, UndecryptableReport, disconnected, note,
 };
-use crate::channel::{Arrival, ConnectorError, InboundEvent};
+use crate::channel::{Arrival, ConnectorError, InboundEvent, ReceiveAttempt, Step, hand_over};
 use chrono::{DateTime, Utc};
 use matrix_sdk::config::{SyncSettings, SyncToken};
 use matrix_sdk::deserialized_responses::{TimelineEvent, TimelineEventKind};
@@ -27,7 +27,7 @@ use matrix_sdk::{Client, Room, RoomState};
 use perch_core::admission::Precheck;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -40,14 +40,14 @@ const JOIN_RETRY: Duration = Duration::from_millis(500);
 const UNDECRYPTABLE_KEPT: usize = 100;
 
 impl MatrixConnector {
-    pub(super) async fn follow(
-        &self,
-        resume: Option<String>,
-        since: Vec<(String, String)>,
-        inbound: mpsc::Sender<Arrival>,
-        up: crate::channel::AttemptUp,
-        cancel: CancellationToken,
-    ) -> Result<(), ConnectorError> {
+    pub(super) async fn follow(&self, attempt: ReceiveAttempt) -> Result<(), ConnectorError> {
+        let ReceiveAttempt {
+            resume,
+            since,
+            inbound,
+            up,
+            cancel,
+        } = attempt;
         let client = tokio::select! {
             biased;
             () = cancel.cancelled() => return Ok(()),
@@ -236,11 +236,6 @@ impl MatrixConnector {
     }
 }
 
-enum Step {
-    Go,
-    Stop,
-}
-
 pub(super) struct Me {
     pub(super) id: OwnedUserId,
     pub(super) display_name: Option<String>,
@@ -253,22 +248,7 @@ struct Handoff<'a> {
 
 impl Handoff<'_> {
     async fn hand(&self, event: InboundEvent) -> Result<Step, ConnectorError> {
-        let (journaled, ack) = oneshot::channel();
-        let arrival = Arrival { event, journaled };
-        tokio::select! {
-            biased;
-            () = self.cancel.cancelled() => Ok(Step::Stop),
-            handed = async {
-                self.inbound.send(arrival).await.map_err(|_| ())?;
-                ack.await.map_err(|_| ())
-            } => match handed {
-                Ok(()) => Ok(Step::Go),
-                Err(()) if self.cancel.is_cancelled() => Ok(Step::Stop),
-                Err(()) => Err(disconnected(
-                    "perch stopped taking events before journaling this one",
-                )),
-            },
-        }
+        hand_over(self.inbound, self.cancel, event).await
     }
 }
 

@@ -34,7 +34,8 @@ pub use inbound::BotIdentity;
 
 use super::{
     Arrival, Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery,
-    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Upload,
+    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, ReceiveAttempt, SetupError,
+    Upload,
 };
 use inbound::{message_event, platform_id};
 use perch_core::markdown::to_telegram_markdown_v2;
@@ -72,21 +73,6 @@ const MAX_CHARS: usize = 4096;
 const MAX_CAPTION: usize = 1024;
 /// The longest error text passed on, in characters (a server's error page can be huge).
 const MESSAGE_LIMIT: usize = 400;
-
-/// The connector could not be built from its settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SetupError {
-    /// What is wrong and what to change; never holds the token.
-    pub message: String,
-}
-
-impl fmt::Display for SetupError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for SetupError {}
 
 /// A connection to one Telegram bot.
 pub struct TelegramConnector {
@@ -313,12 +299,7 @@ impl TelegramConnector {
             }
             other => other,
         };
-        match sent {
-            Ok(message) => Ok(Receipt {
-                platform_id: platform_id(&message),
-            }),
-            Err(error) => Err(self.delivery_error(error)),
-        }
+        self.receipt(sent)
     }
 
     async fn send_text(
@@ -345,12 +326,7 @@ impl TelegramConnector {
             }
             other => other,
         };
-        match sent {
-            Ok(message) => Ok(Receipt {
-                platform_id: platform_id(&message),
-            }),
-            Err(error) => Err(self.delivery_error(error)),
-        }
+        self.receipt(sent)
     }
 
     async fn send_message(
@@ -480,6 +456,14 @@ impl TelegramConnector {
         }
     }
 
+    /// The receipt of a message Telegram took, or what its refusal means.
+    fn receipt(&self, sent: Result<Message, RequestError>) -> Result<Receipt, DeliveryError> {
+        sent.map(|message| Receipt {
+            platform_id: platform_id(&message),
+        })
+        .map_err(|error| self.delivery_error(error))
+    }
+
     fn delivery_error(&self, error: RequestError) -> DeliveryError {
         match error {
             RequestError::RetryAfter(wait) => DeliveryError::RateLimited {
@@ -507,17 +491,7 @@ impl TelegramConnector {
 
     /// The error and its causes on one line, with the token removed.
     fn describe(&self, error: &(dyn std::error::Error + 'static)) -> String {
-        let mut text = error.to_string();
-        let mut source = error.source();
-        while let Some(cause) = source {
-            let cause_text = cause.to_string();
-            if !text.contains(&cause_text) {
-                text.push_str(": ");
-                text.push_str(&cause_text);
-            }
-            source = cause.source();
-        }
-        self.redact(&text)
+        self.redact(&perch_core::error_chain::on_one_line(error))
     }
 
     /// `text` without the token (or anything shaped like one), cut to [`MESSAGE_LIMIT`]
@@ -532,15 +506,8 @@ impl TelegramConnector {
 }
 
 impl Connector for TelegramConnector {
-    fn receive<'a>(
-        &'a self,
-        resume: Option<String>,
-        _since: Vec<(String, String)>,
-        inbound: mpsc::Sender<Arrival>,
-        up: super::AttemptUp,
-        cancel: CancellationToken,
-    ) -> BoxFuture<'a, Result<(), ConnectorError>> {
-        Box::pin(self.poll(resume, inbound, up, cancel))
+    fn receive(&self, attempt: ReceiveAttempt) -> BoxFuture<'_, Result<(), ConnectorError>> {
+        Box::pin(self.poll(attempt.resume, attempt.inbound, attempt.up, attempt.cancel))
     }
 
     fn post<'a>(

@@ -213,30 +213,14 @@ fn read_owner(checker: &mut Checker, node: &Node, path: &Path) -> Option<Target>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tree::Key;
+    use crate::tree::build::{map_at, node_at};
 
     fn node(value: Value) -> Node {
-        Node {
-            pos: Pos::line(4),
-            value,
-        }
+        node_at(4, value)
     }
 
     fn map(entries: Vec<(&str, Value)>) -> Value {
-        Value::Map(
-            entries
-                .into_iter()
-                .map(|(name, value)| {
-                    (
-                        Key {
-                            name: name.to_owned(),
-                            pos: Pos::line(4),
-                        },
-                        node(value),
-                    )
-                })
-                .collect(),
-        )
+        map_at(4, entries)
     }
 
     fn check(extra: Vec<(&str, Value)>) -> Result<AgentConfig, Vec<String>> {

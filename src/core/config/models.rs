@@ -243,20 +243,15 @@ fn read_models(checker: &mut Checker, node: &Node, path: &Path) -> Vec<ModelSpec
             .required(checker, "id", "id: the model's name at the provider")
             .and_then(|node| checker.non_empty_str(node, &path.key("id")))
             .map(str::to_owned);
-        let context_window = fields
-            .required(
-                checker,
-                "contextWindow",
-                "contextWindow: the model's context size in tokens",
-            )
-            .and_then(|node| checker.int_in(node, &path.key("contextWindow"), 1024..=100_000_000));
-        let max_tokens = fields
-            .required(
-                checker,
-                "maxTokens",
-                "maxTokens: the most tokens one reply may use",
-            )
-            .and_then(|node| checker.int_in(node, &path.key("maxTokens"), 1..=100_000_000));
+        let [context_window, max_tokens] = [
+            ("contextWindow", "the model's context size in tokens", 1024),
+            ("maxTokens", "the most tokens one reply may use", 1),
+        ]
+        .map(|(key, what, least)| {
+            fields
+                .required(checker, key, &format!("{key}: {what}"))
+                .and_then(|node| checker.int_in(node, &path.key(key), least..=100_000_000))
+        });
         let reasoning = fields
             .optional("reasoning")
             .and_then(|node| checker.bool(node, &path.key("reasoning")))

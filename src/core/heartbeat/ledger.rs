@@ -94,6 +94,34 @@ pub enum SlotOutcome {
     Interrupted { reason: String },
 }
 
+impl SlotOutcome {
+    /// The outcome's name, as the ledger writes it: `silent`, `message`, `steer`, `invalid`,
+    /// `failed`, `skipped` or `interrupted`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SlotOutcome::Silent => "silent",
+            SlotOutcome::Message { .. } => "message",
+            SlotOutcome::Steer { .. } => "steer",
+            SlotOutcome::Invalid { .. } => "invalid",
+            SlotOutcome::Failed { .. } => "failed",
+            SlotOutcome::Skipped { .. } => "skipped",
+            SlotOutcome::Interrupted { .. } => "interrupted",
+        }
+    }
+
+    /// Why the run carried out no verdict: an invalid, failed, skipped or interrupted run's
+    /// reason.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            SlotOutcome::Silent | SlotOutcome::Message { .. } | SlotOutcome::Steer { .. } => None,
+            SlotOutcome::Invalid { reason }
+            | SlotOutcome::Failed { reason }
+            | SlotOutcome::Skipped { reason }
+            | SlotOutcome::Interrupted { reason } => Some(reason),
+        }
+    }
+}
+
 impl LedgerRecord {
     /// The task the record is about.
     pub fn task(&self) -> &TaskName {

@@ -138,24 +138,24 @@ mod tests {
 
     #[test]
     fn verdicts_are_read_after_trimming_the_reply() {
-        assert_eq!(judge("SILENCE"), Ok(Verdict::Silence));
-        assert_eq!(judge("\n  SILENCE \n"), Ok(Verdict::Silence));
-        assert_eq!(
-            judge("Message: the build is red"),
-            Ok(Verdict::Message("the build is red".into()))
-        );
-        assert_eq!(
-            judge("  Message: line one\n\n- line two\n"),
-            Ok(Verdict::Message("line one\n\n- line two".into()))
-        );
-        assert_eq!(
-            judge("Steer: look at the inbox"),
-            Ok(Verdict::Steer("look at the inbox".into()))
-        );
-        assert_eq!(
-            judge("Message: SILENCE"),
-            Ok(Verdict::Message("SILENCE".into()))
-        );
+        let message = |text: &str| Verdict::Message(text.into());
+        let cases = [
+            ("SILENCE", Verdict::Silence),
+            ("\n  SILENCE \n", Verdict::Silence),
+            ("Message: the build is red", message("the build is red")),
+            (
+                "  Message: line one\n\n- line two\n",
+                message("line one\n\n- line two"),
+            ),
+            (
+                "Steer: look at the inbox",
+                Verdict::Steer("look at the inbox".into()),
+            ),
+            ("Message: SILENCE", message("SILENCE")),
+        ];
+        for (reply, verdict) in cases {
+            assert_eq!(judge(reply), Ok(verdict), "{reply:?}");
+        }
     }
 
     #[test]

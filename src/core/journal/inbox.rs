@@ -82,6 +82,37 @@ mod tests {
         serde_json::from_str(body).unwrap()
     }
 
+    /// Ada's direct message in Telegram's room 42: the event the records below vary.
+    fn adas_hello() -> InboundEvent {
+        InboundEvent {
+            platform_id: "42:17".into(),
+            cursor: Some("1001".into()),
+            room: "42".into(),
+            thread: None,
+            sender: Sender {
+                id: "42".into(),
+                name: "Ada".into(),
+                is_bot: false,
+            },
+            direct: true,
+            addressed: true,
+            text: "hello".into(),
+            sent_at: chrono::Utc
+                .with_ymd_and_hms(2026, 12, 2, 5, 59, 58)
+                .unwrap(),
+            attachments: Vec::new(),
+            replying_to: None,
+            edit_of: None,
+            refused: None,
+        }
+    }
+
+    /// `record` is written as `line`, and `line` read back is `record`.
+    fn assert_golden(record: &InboxRecord, line: &str) {
+        assert_eq!(serde_json::to_string(record).unwrap(), line);
+        assert_eq!(&InboxRecord::read(&item(line)).unwrap(), record);
+    }
+
     #[test]
     fn an_event_the_connector_refused_golden() {
         let record = InboxRecord::Event {
@@ -90,22 +121,15 @@ mod tests {
                 platform_id: "$ev".into(),
                 cursor: Some("s1".into()),
                 room: "!lobby:example.org".into(),
-                thread: None,
                 sender: Sender {
                     id: "@mallory:example.org".into(),
                     name: "mallory".into(),
                     is_bot: false,
                 },
                 direct: false,
-                addressed: true,
                 text: "hi".into(),
-                sent_at: chrono::Utc
-                    .with_ymd_and_hms(2026, 12, 2, 5, 59, 58)
-                    .unwrap(),
-                attachments: Vec::new(),
-                replying_to: None,
-                edit_of: None,
                 refused: Some("neither the room nor the sender is allowed".into()),
+                ..adas_hello()
             }),
         };
         let line = concat!(
@@ -115,43 +139,21 @@ mod tests {
             r#""sent_at":"2026-12-02T05:59:58Z","#,
             r#""refused":"neither the room nor the sender is allowed"}}"#
         );
-        assert_eq!(serde_json::to_string(&record).unwrap(), line);
-        assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
+        assert_golden(&record, line);
     }
 
     #[test]
     fn an_event_record_golden() {
         let record = InboxRecord::Event {
             channel: "tg".into(),
-            event: Box::new(InboundEvent {
-                platform_id: "42:17".into(),
-                cursor: Some("1001".into()),
-                room: "42".into(),
-                thread: None,
-                sender: Sender {
-                    id: "42".into(),
-                    name: "Ada".into(),
-                    is_bot: false,
-                },
-                direct: true,
-                addressed: true,
-                text: "hello".into(),
-                sent_at: chrono::Utc
-                    .with_ymd_and_hms(2026, 12, 2, 5, 59, 58)
-                    .unwrap(),
-                attachments: Vec::new(),
-                replying_to: None,
-                edit_of: None,
-                refused: None,
-            }),
+            event: Box::new(adas_hello()),
         };
         let line = concat!(
             r#"{"type":"event","channel":"tg","event":{"platform_id":"42:17","cursor":"1001","#,
             r#""room":"42","thread":null,"sender":{"id":"42","name":"Ada","is_bot":false},"#,
             r#""direct":true,"addressed":true,"text":"hello","sent_at":"2026-12-02T05:59:58Z"}}"#
         );
-        assert_eq!(serde_json::to_string(&record).unwrap(), line);
-        assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
+        assert_golden(&record, line);
     }
 
     #[test]
@@ -164,8 +166,7 @@ mod tests {
             },
         };
         let line = r#"{"type":"verdict","event":3,"verdict":{"verdict":"item","lane":"tg-42","text":"hello"}}"#;
-        assert_eq!(serde_json::to_string(&record).unwrap(), line);
-        assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
+        assert_golden(&record, line);
     }
 
     #[test]
@@ -173,20 +174,8 @@ mod tests {
         let event = InboundEvent {
             platform_id: "42:17:edited:1796104800".into(),
             cursor: Some("1002".into()),
-            room: "42".into(),
-            thread: None,
-            sender: Sender {
-                id: "42".into(),
-                name: "Ada".into(),
-                is_bot: false,
-            },
-            direct: true,
             addressed: false,
             text: "hello again".into(),
-            sent_at: chrono::Utc
-                .with_ymd_and_hms(2026, 12, 2, 5, 59, 58)
-                .unwrap(),
-            attachments: Vec::new(),
             replying_to: Some(Box::new(crate::journal::event::Quote {
                 platform_id: "42:16".into(),
                 author: Some(Sender {
@@ -197,7 +186,7 @@ mod tests {
                 text: "hi".into(),
             })),
             edit_of: Some("42:17".into()),
-            refused: None,
+            ..adas_hello()
         };
         let record = InboxRecord::Event {
             channel: "tg".into(),
@@ -210,15 +199,15 @@ mod tests {
             r#""sent_at":"2026-12-02T05:59:58Z","replying_to":{"platform_id":"42:16","#,
             r#""author":{"id":"7","name":"perch","is_bot":true},"text":"hi"},"edit_of":"42:17"}}"#
         );
-        assert_eq!(serde_json::to_string(&record).unwrap(), line);
-        assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
+        assert_golden(&record, line);
         let disposition = InboxRecord::Disposition {
             event: 4,
             disposition: Disposition::Edited,
         };
-        let line = r#"{"type":"verdict","event":4,"verdict":{"verdict":"edited"}}"#;
-        assert_eq!(serde_json::to_string(&disposition).unwrap(), line);
-        assert_eq!(InboxRecord::read(&item(line)).unwrap(), disposition);
+        assert_golden(
+            &disposition,
+            r#"{"type":"verdict","event":4,"verdict":{"verdict":"edited"}}"#,
+        );
         assert_eq!(Disposition::Edited.admitted(), Admitted::No);
     }
 
@@ -261,16 +250,16 @@ mod tests {
                 event: 3,
                 disposition,
             };
-            assert_eq!(serde_json::to_string(&record).unwrap(), line);
-            assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
+            assert_golden(&record, line);
         }
         let mark = InboxRecord::Deciding {
             event: 3,
             hook: "channels/tg.lua".into(),
         };
-        let line = r#"{"type":"deciding","event":3,"hook":"channels/tg.lua"}"#;
-        assert_eq!(serde_json::to_string(&mark).unwrap(), line);
-        assert_eq!(InboxRecord::read(&item(line)).unwrap(), mark);
+        assert_golden(
+            &mark,
+            r#"{"type":"deciding","event":3,"hook":"channels/tg.lua"}"#,
+        );
     }
 
     #[test]
@@ -288,11 +277,7 @@ mod tests {
                     is_bot: false,
                 },
                 direct: false,
-                addressed: true,
                 text: "see the file".into(),
-                sent_at: chrono::Utc
-                    .with_ymd_and_hms(2026, 12, 2, 5, 59, 58)
-                    .unwrap(),
                 attachments: vec![crate::attachment::Attachment {
                     source: "mxc://x/abc".into(),
                     name: Some("report.pdf".into()),
@@ -305,8 +290,7 @@ mod tests {
                     author: None,
                     text: String::new(),
                 })),
-                edit_of: None,
-                refused: None,
+                ..adas_hello()
             }),
         };
         let line = concat!(
@@ -317,8 +301,7 @@ mod tests {
             r#""name":"report.pdf","content_type":"application/pdf","size":1234,"#,
             r#""encrypted":true}],"replying_to":{"platform_id":"$q:x","text":""}}}"#
         );
-        assert_eq!(serde_json::to_string(&record).unwrap(), line);
-        assert_eq!(InboxRecord::read(&item(line)).unwrap(), record);
+        assert_golden(&record, line);
     }
 
     #[test]

@@ -102,20 +102,24 @@ mod tests {
         serde_json::from_str(body).unwrap()
     }
 
+    fn hi() -> Delivery {
+        Delivery {
+            id: "d0123456789abcdef01234567".into(),
+            room: "42".into(),
+            thread: None,
+            reply_to: Some("42:17".into()),
+            text: "hi".into(),
+            attachments: Vec::new(),
+        }
+    }
+
     #[test]
     fn outbox_records_golden() {
         let table = [
             (
                 OutboxRecord::Intent {
                     channel: "tg".into(),
-                    delivery: Delivery {
-                        id: "d0123456789abcdef01234567".into(),
-                        room: "42".into(),
-                        thread: None,
-                        reply_to: Some("42:17".into()),
-                        text: "hi".into(),
-                        attachments: Vec::new(),
-                    },
+                    delivery: hi(),
                     lane: None,
                 },
                 concat!(
@@ -126,14 +130,7 @@ mod tests {
             (
                 OutboxRecord::Intent {
                     channel: "tg".into(),
-                    delivery: Delivery {
-                        id: "d0123456789abcdef01234567".into(),
-                        room: "42".into(),
-                        thread: None,
-                        reply_to: Some("42:17".into()),
-                        text: "hi".into(),
-                        attachments: Vec::new(),
-                    },
+                    delivery: hi(),
                     lane: Some(DeliveryLane::new(
                         LaneName::try_from("tg-42").unwrap(),
                         Some(OperationId::from_bytes([1; 16])),

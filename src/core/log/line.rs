@@ -208,6 +208,18 @@ pub struct Message {
     pub relay: Option<Relay>,
 }
 
+impl Message {
+    /// A message with neither origins nor a relay: perch's own, the model's, or a tool's.
+    pub fn new(role: Role, parts: Vec<Part>) -> Message {
+        Message {
+            role,
+            parts,
+            origins: Vec::new(),
+            relay: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {

@@ -247,6 +247,14 @@ mod tests {
         EntryId::from_bytes([n; 16])
     }
 
+    /// The entry `n` under the entry `parent`.
+    fn entry(n: u8, parent: Option<u8>) -> Summary {
+        Summary::Entry {
+            id: id(n),
+            parent: parent.map(id),
+        }
+    }
+
     fn op(n: u8) -> OperationId {
         OperationId::from_bytes([n; 16])
     }
@@ -268,26 +276,11 @@ mod tests {
     fn branches_follow_parents_not_file_order() {
         let state = fold(&[
             HEADER,
-            Summary::Entry {
-                id: id(1),
-                parent: None,
-            },
-            Summary::Entry {
-                id: id(2),
-                parent: Some(id(1)),
-            },
-            Summary::Entry {
-                id: id(3),
-                parent: Some(id(2)),
-            },
-            Summary::Entry {
-                id: id(4),
-                parent: Some(id(1)),
-            },
-            Summary::Entry {
-                id: id(5),
-                parent: Some(id(4)),
-            },
+            entry(1, None),
+            entry(2, Some(1)),
+            entry(3, Some(2)),
+            entry(4, Some(1)),
+            entry(5, Some(4)),
         ]);
         assert_eq!(state.leaf(), Some(id(5)));
         assert_eq!(state.branch(id(5)), (vec![1, 4, 5], None));
@@ -302,19 +295,13 @@ mod tests {
         let state = fold(&[
             HEADER,
             Summary::OperationStarted { op: op(1) },
-            Summary::Entry {
-                id: id(1),
-                parent: None,
-            },
+            entry(1, None),
             Summary::ToolStarted {
                 op: op(1),
                 result: id(2),
                 replay: Replay::Safe,
             },
-            Summary::Entry {
-                id: id(2),
-                parent: Some(id(1)),
-            },
+            entry(2, Some(1)),
             Summary::ToolStarted {
                 op: op(1),
                 result: id(3),
@@ -337,30 +324,15 @@ mod tests {
 
     #[test]
     fn appends_that_break_the_tree_are_refused() {
-        let state = fold(&[
-            HEADER,
-            Summary::Entry {
-                id: id(1),
-                parent: None,
-            },
-        ]);
-        let orphan = Summary::Entry {
-            id: id(2),
-            parent: Some(id(9)),
-        };
+        let state = fold(&[HEADER, entry(1, None)]);
+        let orphan = entry(2, Some(9));
         assert_eq!(
             state.check(&orphan, |_| false),
             Err(Violation::UnknownParent(id(9)))
         );
         assert_eq!(state.check(&orphan, |other| other == id(9)), Ok(()));
         assert_eq!(
-            state.check(
-                &Summary::Entry {
-                    id: id(1),
-                    parent: None
-                },
-                |_| false
-            ),
+            state.check(&entry(1, None), |_| false),
             Err(Violation::DuplicateEntry(id(1)))
         );
         assert_eq!(
@@ -387,10 +359,7 @@ mod tests {
             previous_leaf: Some(id(7)),
         }]);
         let mut state = state;
-        let next = Summary::Entry {
-            id: id(8),
-            parent: Some(id(7)),
-        };
+        let next = entry(8, Some(7));
         state.check(&next, |other| other == id(7)).unwrap();
         state.apply(&next);
         assert_eq!(state.branch(id(8)), (vec![1], Some(id(7))));

@@ -330,14 +330,7 @@ impl Assembler {
                         };
                     }
                 }
-                let texts: Vec<&str> = message
-                    .parts
-                    .iter()
-                    .filter_map(|part| match part {
-                        Part::Text { text } => Some(text.as_str()),
-                        _ => None,
-                    })
-                    .collect();
+                let texts = crate::conversation::text_parts(message);
                 let messages = texts
                     .iter()
                     .enumerate()
@@ -649,9 +642,7 @@ fn heartbeat_outcome(entry: EntryId, note: &HeartbeatNote, r: &Redaction) -> Eve
     let mut target = None;
     let mut delivery = None;
     let mut steered_lane = None;
-    let mut reason = None;
-    let name = match &note.outcome {
-        SlotOutcome::Silent => "silent",
+    match &note.outcome {
         SlotOutcome::Message {
             text: said,
             target: to,
@@ -660,42 +651,25 @@ fn heartbeat_outcome(entry: EntryId, note: &HeartbeatNote, r: &Redaction) -> Eve
             text = Some(r.apply(said));
             target = (!to.is_empty()).then(|| r.apply(to));
             delivery = (!id.is_empty()).then(|| r.apply(id));
-            "message"
         }
         SlotOutcome::Steer { text: said, lane } => {
             text = Some(r.apply(said));
             steered_lane = Some(lane.to_string());
-            "steer"
         }
-        SlotOutcome::Invalid { reason: why } => {
-            reason = Some(r.apply(why));
-            "invalid"
-        }
-        SlotOutcome::Failed { reason: why } => {
-            reason = Some(r.apply(why));
-            "failed"
-        }
-        SlotOutcome::Skipped { reason: why } => {
-            reason = Some(r.apply(why));
-            "skipped"
-        }
-        SlotOutcome::Interrupted { reason: why } => {
-            reason = Some(r.apply(why));
-            "interrupted"
-        }
-    };
+        _ => {}
+    }
     EventKind::HeartbeatOutcome {
         entry,
         task: r.apply(note.task.as_str()),
         slot: note.slot.to_rfc3339(),
         run: r.apply(&note.run),
         mode: note.mode.map_or("", |mode| mode.as_str()).to_owned(),
-        outcome: name.into(),
+        outcome: note.outcome.name().into(),
         text,
         target,
         delivery,
         steered_lane,
-        reason,
+        reason: note.outcome.reason().map(|why| r.apply(why)),
     }
 }
 

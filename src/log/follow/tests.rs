@@ -17,12 +17,10 @@ fn text(n: u32, words: &str) -> Line {
         id: EntryId::from_bytes(id),
         parent: None,
         at: clock().now(),
-        body: EntryBody::Message(Message {
-            role: Role::User,
-            parts: vec![Part::Text { text: words.into() }],
-            origins: Vec::new(),
-            relay: None,
-        }),
+        body: EntryBody::Message(Message::new(
+            Role::User,
+            vec![Part::Text { text: words.into() }],
+        )),
     })
 }
 

@@ -1,9 +1,8 @@
 //! What every conversation's task, and the conversations' owner, work with.
 
+use super::super::Common;
 use super::super::deliveries::Deliveries;
-use super::super::drain::Drain;
 use super::super::lanes::{LaneLease, LanePool};
-use crate::host::metrics::Metrics;
 use crate::lane::Runtime;
 use crate::lane::{Lane, RunLimits};
 use crate::store::inbox::Inbox;
@@ -12,7 +11,6 @@ use perch_core::prompt::Origin;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_util::task::TaskTracker;
 
 pub(super) struct Context {
     pub(super) runtime: Arc<Runtime>,
@@ -21,10 +19,8 @@ pub(super) struct Context {
     /// The open lanes, shared with the conversations' tasks, and with nothing else.
     pub(super) pool: LanePool,
     pub(super) limits: RunLimits,
-    pub(super) metrics: Arc<Metrics>,
-    /// Every conversation's task and run, waited for at shutdown.
-    pub(super) tasks: TaskTracker,
-    pub(super) drain: Drain,
+    /// Its tasks are every conversation's task and run, waited for at shutdown.
+    pub(super) common: Common,
     pub(super) workspace: PathBuf,
 }
 

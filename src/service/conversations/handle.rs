@@ -1,5 +1,6 @@
 //! The conversations' handle, and the requests it sends their owner task.
 
+use super::super::ask::ask;
 use super::super::lanes::LaneLease;
 use crate::store::inbox::PendingItem;
 use perch_core::name::{LaneName, ModelRef};
@@ -61,11 +62,9 @@ impl Conversations {
     /// `/stop` in the conversation of `lane`: what runs in its lane is aborted (the
     /// conversation's run, by its machine, or a heartbeat's). Whether the lane was open.
     pub(in crate::service) async fn stop(&self, lane: LaneName) -> bool {
-        let (reply, answer) = oneshot::channel();
-        if self.requests.send(Request::Stop { lane, reply }).is_err() {
-            return false;
-        }
-        answer.await.unwrap_or(false)
+        ask(&self.requests, |reply| Request::Stop { lane, reply })
+            .await
+            .unwrap_or(false)
     }
 
     /// Holds the lane `name`, opened (and recovered) first if it is not open, for runs from
@@ -78,37 +77,31 @@ impl Conversations {
         origin: Origin,
         model: Option<ModelRef>,
     ) -> Result<LaneLease, String> {
-        let (reply, answer) = oneshot::channel();
-        self.requests
-            .send(Request::Hold {
-                name,
-                origin,
-                model,
-                reply,
-            })
-            .map_err(|_| "perch is stopping".to_owned())?;
-        answer.await.map_err(|_| "perch is stopping".to_owned())?
+        ask(&self.requests, |reply| Request::Hold {
+            name,
+            origin,
+            model,
+            reply,
+        })
+        .await
+        .ok_or_else(|| "perch is stopping".to_owned())?
     }
 
     /// Closes every lane; whether every one closed cleanly.
     pub(in crate::service) async fn close_all(&self) -> bool {
-        let (reply, answer) = oneshot::channel();
-        if self.requests.send(Request::CloseAll { reply }).is_err() {
-            return false;
-        }
-        answer.await.unwrap_or(false)
+        ask(&self.requests, |reply| Request::CloseAll { reply })
+            .await
+            .unwrap_or(false)
     }
 
     pub(super) async fn retire(&self, lane: LaneName, taken: u64) -> bool {
-        let (reply, answer) = oneshot::channel();
-        if self
-            .requests
-            .send(Request::Retire { lane, taken, reply })
-            .is_err()
-        {
-            return true;
-        }
-        answer.await.unwrap_or(true)
+        ask(&self.requests, |reply| Request::Retire {
+            lane,
+            taken,
+            reply,
+        })
+        .await
+        .unwrap_or(true)
     }
 
     pub(super) fn ended(&self, lane: LaneName) {

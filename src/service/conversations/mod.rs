@@ -12,11 +12,10 @@ mod talk;
 pub(super) use handle::Conversations;
 pub(super) use talk::lane_name;
 
+use super::Common;
 use super::channel::Channels;
 use super::deliveries::Deliveries;
-use super::drain::Drain;
 use super::lanes::LanePool;
-use crate::host::metrics::Metrics;
 use crate::lane::RunLimits;
 use crate::lane::Runtime;
 use crate::store::inbox::Inbox;
@@ -24,8 +23,6 @@ use context::Context;
 use owner::Owner;
 use std::sync::Arc;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 /// What the conversations are started with.
 pub(super) struct ConversationsSetup {
@@ -36,13 +33,7 @@ pub(super) struct ConversationsSetup {
     /// The open lanes; the conversations own them from now on.
     pub(super) pool: LanePool,
     pub(super) limits: RunLimits,
-    pub(super) metrics: Arc<Metrics>,
-    /// Every conversation's task and run, waited for at shutdown.
-    pub(super) tasks: TaskTracker,
-    pub(super) drain: Drain,
-    pub(super) shutdown: CancellationToken,
-    /// Ends the owner, once the service has drained.
-    pub(super) closing: CancellationToken,
+    pub(super) common: Common,
 }
 
 /// Starts the conversations' owner; returns its handle and the owner's task.
@@ -56,17 +47,8 @@ pub(super) fn start(setup: ConversationsSetup) -> (Conversations, tokio::task::J
         deliveries: setup.deliveries,
         pool: setup.pool,
         limits: setup.limits,
-        metrics: setup.metrics,
-        tasks: setup.tasks,
-        drain: setup.drain,
+        common: setup.common,
     });
-    let owner = Owner::new(
-        received,
-        handle.clone(),
-        context,
-        setup.channels,
-        setup.shutdown,
-        setup.closing,
-    );
+    let owner = Owner::new(received, handle.clone(), context, setup.channels);
     (handle, tokio::spawn(owner.run()))
 }

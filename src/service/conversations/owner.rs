@@ -15,7 +15,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
 /// One conversation with a task: where its events go, and how many items went there.
 struct Entry {
@@ -31,9 +30,6 @@ pub(super) struct Owner {
     pub(super) channels: Channels,
     /// How long a conversation waits for another message before it ends.
     pub(super) idle_after: Duration,
-    pub(super) shutdown: CancellationToken,
-    /// Ends the owner, once the service has drained.
-    pub(super) closing: CancellationToken,
     conversations: HashMap<LaneName, Entry>,
 }
 
@@ -43,8 +39,6 @@ impl Owner {
         handle: Conversations,
         context: Arc<Context>,
         channels: Channels,
-        shutdown: CancellationToken,
-        closing: CancellationToken,
     ) -> Owner {
         Owner {
             requests,
@@ -52,15 +46,13 @@ impl Owner {
             idle_after: context.pool.limits().conversation_idle,
             context,
             channels,
-            shutdown,
-            closing,
             conversations: HashMap::new(),
         }
     }
 
     pub(super) async fn run(mut self) {
         let sweeping = self.context.pool.clone();
-        let shutdown = self.shutdown.clone();
+        let shutdown = self.context.common.shutdown.clone();
         tokio::spawn(async move { sweeping.close_idle_until(shutdown).await });
         loop {
             let request = tokio::select! {
@@ -68,7 +60,7 @@ impl Owner {
                     Some(request) => request,
                     None => return,
                 },
-                () = self.closing.cancelled() => return,
+                () = self.context.common.closing.cancelled() => return,
             };
             match request {
                 Request::Dispatch { lane, item } => self.dispatch(lane, *item),
@@ -150,8 +142,8 @@ impl Owner {
             },
             channel,
         };
-        let (handle, shutdown) = (self.handle.clone(), self.shutdown.clone());
-        self.context.tasks.spawn(async move {
+        let (handle, shutdown) = (self.handle.clone(), self.context.common.shutdown.clone());
+        self.context.common.tasks.spawn(async move {
             if let Err(error) = converse(talk, received, rules, shutdown).await {
                 tracing::error!(channel = %channel_name, lane = %lane, "{error}");
             }
@@ -186,6 +178,7 @@ impl Owner {
 
     fn count(&self) {
         self.context
+            .common
             .metrics
             .set_conversations_active(u64::try_from(self.conversations.len()).unwrap_or(u64::MAX));
     }

@@ -2,7 +2,7 @@
 //! the pool, its runs (the reply delivered, the items consumed), steers and overflow notices.
 
 use super::super::channel::Channel;
-use super::super::deliveries::To;
+use super::super::deliveries::{Text, To};
 use super::super::lanes::LaneLease;
 use super::context::Context;
 use super::converse::Talk;
@@ -63,7 +63,7 @@ impl Talk for ConversationTalk {
         let lane: Lane = (**lease).clone();
         let channel = Arc::clone(&self.channel);
         let (lane_name, channel_name) = (self.name.to_string(), self.origin.channel.clone());
-        self.context.tasks.spawn(async move {
+        self.context.common.tasks.spawn(async move {
             if let Err(error) = answer(&context, &lane, &channel, batch, resume).await {
                 tracing::error!(channel = %channel_name, lane = %lane_name, "{error}");
             }
@@ -110,7 +110,7 @@ impl Talk for ConversationTalk {
                 .post(
                     &self.channel,
                     To::event(&item.event),
-                    OVERFLOW_NOTICE.to_owned(),
+                    Text::Written(OVERFLOW_NOTICE.to_owned()),
                     Vec::new(),
                     Some(lane),
                 )
@@ -134,7 +134,14 @@ impl Talk for ConversationTalk {
                     let _ = lane.abort();
                 }
             };
-            if self.context.drain.finish(&mut run, abort).await.is_none() {
+            if self
+                .context
+                .common
+                .drain
+                .finish(&mut run, abort)
+                .await
+                .is_none()
+            {
                 run.abort();
             }
         })
@@ -145,7 +152,7 @@ impl Talk for ConversationTalk {
     }
 
     fn open_failed(&self, error: &str, failures: u32, waiting: usize, wait: Duration) {
-        self.context.metrics.lane_open_failed();
+        self.context.common.metrics.lane_open_failed();
         let (name, channel) = (&self.name, &self.origin.channel);
         tracing::warn!(
             channel = %channel,

@@ -1,10 +1,9 @@
 //! The deliveries' handle, and the requests it sends their owner task.
 
+use super::super::Common;
+use super::super::ask::ask;
 use super::super::channel::{Channel, Channels};
 use crate::channel::{BoxFuture, Delivery};
-use crate::host::alert::Alerts;
-use crate::host::clock::Clock;
-use crate::host::metrics::Metrics;
 use crate::store::outbox::{DeliveryLane, Outbox};
 use perch_core::log::{Record, Settled};
 use perch_core::name::LaneName;
@@ -101,9 +100,7 @@ pub(in crate::service) struct Deliveries {
     pub(super) format: Format,
     pub(super) workspace: PathBuf,
     pub(super) outbox: Outbox,
-    pub(super) metrics: Arc<Metrics>,
-    pub(super) alerts: Alerts,
-    pub(super) clock: Clock,
+    pub(super) common: Common,
 }
 
 impl Deliveries {
@@ -116,16 +113,14 @@ impl Deliveries {
         deliveries: Vec<Delivery>,
         lane: Option<DeliveryLane>,
     ) -> Result<Posted, String> {
-        let (reply, answer) = oneshot::channel();
-        self.requests
-            .send(Request::Hand {
-                channel: Arc::clone(channel),
-                deliveries,
-                lane,
-                reply,
-            })
-            .map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
+        ask(&self.requests, |reply| Request::Hand {
+            channel: Arc::clone(channel),
+            deliveries,
+            lane,
+            reply,
+        })
+        .await
+        .ok_or_else(stopped)?
     }
 
     /// Queues deliveries recorded before, as one reply, to their room's worker.
@@ -144,31 +139,23 @@ impl Deliveries {
 
     /// The next reply for `room`'s worker; `None` when the worker must end.
     pub(super) async fn next(&self, room: RoomKey) -> Option<Handed> {
-        let (reply, answer) = oneshot::channel();
-        self.requests.send(Request::Next { room, reply }).ok()?;
-        answer.await.ok().flatten()
+        ask(&self.requests, |reply| Request::Next { room, reply })
+            .await
+            .flatten()
     }
 
     /// Everything still queued to `room`, whose worker ends early.
     pub(super) async fn abandon(&self, room: RoomKey) -> VecDeque<Handed> {
-        let (reply, answer) = oneshot::channel();
-        if self
-            .requests
-            .send(Request::Abandon { room, reply })
-            .is_err()
-        {
-            return VecDeque::new();
-        }
-        answer.await.unwrap_or_default()
+        ask(&self.requests, |reply| Request::Abandon { room, reply })
+            .await
+            .unwrap_or_default()
     }
 
     /// The next record for `lane`'s writer; `None` when the writer must end.
     pub(super) async fn next_record(&self, lane: LaneName) -> Option<Record> {
-        let (reply, answer) = oneshot::channel();
-        self.requests
-            .send(Request::NextRecord { lane, reply })
-            .ok()?;
-        answer.await.ok().flatten()
+        ask(&self.requests, |reply| Request::NextRecord { lane, reply })
+            .await
+            .flatten()
     }
 
     /// Appends a `delivery_settled` record to the delivery's lane, once its settlement is in
@@ -190,7 +177,7 @@ impl Deliveries {
             op: lane.op,
             answers: delivery.reply_to.clone(),
             settled,
-            at: self.clock.now(),
+            at: self.common.clock.now(),
         };
         let _ = self.requests.send(Request::Record {
             lane: lane.lane,

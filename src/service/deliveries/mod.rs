@@ -20,21 +20,17 @@ mod room_queues;
 mod worker;
 
 pub(super) use handle::{Deliveries, Format, Posted};
-pub(super) use post::{To, outcome_reply};
+pub(super) use post::{Text, To, outcome_reply};
 
+use super::Common;
 use super::channel::Channels;
 use super::lanes::LaneWriter;
-use crate::host::alert::Alerts;
-use crate::host::clock::Clock;
-use crate::host::metrics::Metrics;
 use crate::store::outbox::Outbox;
 use owner::Owner;
 use room_queues::RoomQueues;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use worker::Workers;
 
 /// What the deliveries are started with.
@@ -47,15 +43,8 @@ pub(super) struct DeliveriesSetup {
     pub(super) workspace: PathBuf,
     /// Appends each settlement to the delivery's lane.
     pub(super) writer: LaneWriter,
-    pub(super) metrics: Arc<Metrics>,
-    pub(super) alerts: Alerts,
-    pub(super) clock: Clock,
-    /// Cuts a retry's wait short: the delivery is left unsettled for the next start.
-    pub(super) shutdown: CancellationToken,
-    /// The service's tasks, which shutdown waits for: the workers are among them.
-    pub(super) tasks: TaskTracker,
-    /// Ends the owner, once the service has drained.
-    pub(super) closing: CancellationToken,
+    /// The workers are among its tasks.
+    pub(super) common: Common,
 }
 
 /// Starts the deliveries' owner; returns its handle and the owner's task.
@@ -67,17 +56,13 @@ pub(super) fn start(setup: DeliveriesSetup) -> (Deliveries, tokio::task::JoinHan
         format: setup.format,
         workspace: setup.workspace.clone(),
         outbox: setup.outbox.clone(),
-        metrics: Arc::clone(&setup.metrics),
-        alerts: setup.alerts.clone(),
-        clock: setup.clock,
+        common: setup.common.clone(),
     };
     let workers = Arc::new(Workers {
         deliveries: deliveries.clone(),
         outbox: setup.outbox.clone(),
-        metrics: setup.metrics,
-        alerts: setup.alerts,
         workspace: setup.workspace,
-        shutdown: setup.shutdown,
+        common: setup.common.clone(),
     });
     let owner = Owner {
         requests: received,
@@ -86,8 +71,7 @@ pub(super) fn start(setup: DeliveriesSetup) -> (Deliveries, tokio::task::JoinHan
         outbox: setup.outbox,
         workers,
         writer: setup.writer,
-        tasks: setup.tasks,
-        closing: setup.closing,
+        common: setup.common,
     };
     (deliveries, tokio::spawn(owner.run()))
 }

@@ -1,6 +1,7 @@
 //! The deliveries' owner: one task that records each reply's intents, in order, and keeps every
 //! room's queue and every lane's waiting records, starting a worker for each that holds anything.
 
+use super::super::Common;
 use super::super::channel::Channel;
 use super::super::lanes::LaneWriter;
 use super::handle::{Handed, Posted, Recorded, Request, RoomKey};
@@ -12,8 +13,6 @@ use perch_core::log::Record;
 use perch_core::name::LaneName;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 pub(super) struct Owner {
     pub(super) requests: mpsc::UnboundedReceiver<Request>,
@@ -22,10 +21,8 @@ pub(super) struct Owner {
     pub(super) outbox: Outbox,
     pub(super) workers: Arc<Workers>,
     pub(super) writer: LaneWriter,
-    /// The service's tasks, which shutdown waits for: the workers are among them.
-    pub(super) tasks: TaskTracker,
-    /// Ends the owner once the service has drained.
-    pub(super) closing: CancellationToken,
+    /// The workers are among its tasks.
+    pub(super) common: Common,
 }
 
 impl Owner {
@@ -36,7 +33,7 @@ impl Owner {
                     Some(request) => request,
                     None => return,
                 },
-                () = self.closing.cancelled() => return,
+                () = self.common.closing.cancelled() => return,
             };
             match request {
                 Request::Hand {
@@ -61,7 +58,7 @@ impl Owner {
                 }
                 Request::Record { lane, record } => {
                     if self.records.push(&lane, record) {
-                        self.tasks.spawn(write_records(
+                        self.common.tasks.spawn(write_records(
                             self.workers.deliveries.clone(),
                             self.writer.clone(),
                             lane,
@@ -134,7 +131,7 @@ impl Owner {
             settled,
         };
         if self.rooms.push(&key, handed) {
-            self.tasks.spawn(Arc::clone(&self.workers).work(key));
+            self.common.tasks.spawn(Arc::clone(&self.workers).work(key));
         }
     }
 }

@@ -30,44 +30,42 @@ impl<'a> To<'a> {
     }
 }
 
+/// A reply's text: as written, for the channel's `format` hook, or already formatted (by the
+/// channel hooks' owner itself).
+pub(in crate::service) enum Text {
+    Written(String),
+    Formatted(String),
+}
+
 impl Deliveries {
-    /// Formats `text` with the channel's `format` hook (intake runs it, and keeps the text as
-    /// written when the hook fails), splits it, records it and hands it to its room's worker;
-    /// returns once every intent is fsynced.
-    /// How each piece settles is appended to `lane`'s session log.
+    /// Formats a written text with the channel's `format` hook (intake runs it, and keeps the
+    /// text as written when the hook fails), splits it, records it and hands it to its room's
+    /// worker; returns once every intent is fsynced.
+    /// How each piece settles is appended to `lane`'s session log. If the platform refuses the
+    /// last piece with its files, the worker sends it again without them, saying so.
     pub(in crate::service) async fn post(
         &self,
         channel: &Arc<Channel>,
         to: To<'_>,
-        text: String,
+        text: Text,
         files: Vec<OutboundFile>,
         lane: Option<DeliveryLane>,
     ) -> Result<Posted, String> {
-        let name = channel.loaded.config.name.to_string();
-        let formatted = (self.format)(name.clone(), text.clone())
-            .await
-            .unwrap_or_else(|error| {
-                tracing::warn!(
-                    channel = %name,
-                    "the reply was not formatted ({error}); sending it as written"
-                );
-                text
-            });
-        self.post_formatted(channel, to, formatted, files, lane)
-            .await
-    }
-
-    /// [`Deliveries::post`] of a text already formatted: for the channel hooks' owner itself.
-    /// If the platform refuses the last piece with its files, the worker sends it again
-    /// without them, saying so.
-    pub(in crate::service) async fn post_formatted(
-        &self,
-        channel: &Arc<Channel>,
-        to: To<'_>,
-        formatted: String,
-        files: Vec<OutboundFile>,
-        lane: Option<DeliveryLane>,
-    ) -> Result<Posted, String> {
+        let formatted = match text {
+            Text::Formatted(formatted) => formatted,
+            Text::Written(text) => {
+                let name = channel.loaded.config.name.to_string();
+                (self.format)(name.clone(), text.clone())
+                    .await
+                    .unwrap_or_else(|error| {
+                        tracing::warn!(
+                            channel = %name,
+                            "the reply was not formatted ({error}); sending it as written"
+                        );
+                        text
+                    })
+            }
+        };
         let mut pieces = split_message(&formatted, channel.connector.limits().max_chars);
         if pieces.is_empty() && !files.is_empty() {
             pieces.push(String::new());
@@ -108,9 +106,15 @@ impl Deliveries {
             return Ok(());
         };
         crate::host::failpoint::hit("before:delivery_intent");
-        self.post(channel, To::event(to), reply, files, Some(lane))
-            .await
-            .map(drop)
+        self.post(
+            channel,
+            To::event(to),
+            Text::Written(reply),
+            files,
+            Some(lane),
+        )
+        .await
+        .map(drop)
     }
 
     /// Delivers a message to a heartbeat's or an alert's target room, through the outbox, and
@@ -138,7 +142,13 @@ impl Deliveries {
             reply_to: None,
         };
         let ids = self
-            .post(channel, to, text.to_owned(), Vec::new(), lane)
+            .post(
+                channel,
+                to,
+                Text::Written(text.to_owned()),
+                Vec::new(),
+                lane,
+            )
             .await?
             .settled()
             .await?;

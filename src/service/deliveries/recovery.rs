@@ -40,9 +40,10 @@ impl Deliveries {
                         delivery.delivery.id,
                         delivery.channel
                     );
-                    self.metrics
+                    self.common
+                        .metrics
                         .settled(&delivery.channel, DeliveryOutcome::Unknown);
-                    self.alerts.alert(
+                    self.common.alerts.alert(
                         AlertKind::DeliveryUnknown,
                         format!(
                             "delivery {} to {} room {} has an unknown fate: perch stopped \
@@ -56,38 +57,20 @@ impl Deliveries {
                         reason,
                     };
                     let settled = record.settled();
-                    self.outbox
-                        .settle(delivery.seq, record)
-                        .await
-                        .map_err(|error| error.to_string())?;
-                    self.tell_lane(
-                        &delivery.channel,
-                        &delivery.delivery,
-                        delivery.lane,
-                        settled,
-                    );
+                    self.settle_recovered(delivery, record, settled).await?;
                 }
                 Unreceipted::Expired => {
                     expired += 1;
-                    self.metrics
+                    self.common
+                        .metrics
                         .settled(&delivery.channel, DeliveryOutcome::Dropped);
                     let reason = "older than the outbox's time to live".to_owned();
-                    self.outbox
-                        .settle(
-                            delivery.seq,
-                            OutboxRecord::Dropped {
-                                intent: delivery.seq,
-                                reason: reason.clone(),
-                            },
-                        )
-                        .await
-                        .map_err(|error| error.to_string())?;
-                    self.tell_lane(
-                        &delivery.channel,
-                        &delivery.delivery,
-                        delivery.lane,
-                        Some(Settled::Dropped { reason }),
-                    );
+                    let record = OutboxRecord::Dropped {
+                        intent: delivery.seq,
+                        reason: reason.clone(),
+                    };
+                    let settled = Some(Settled::Dropped { reason });
+                    self.settle_recovered(delivery, record, settled).await?;
                 }
             }
         }
@@ -96,5 +79,25 @@ impl Deliveries {
             unknown,
             expired,
         })
+    }
+
+    /// Records `record`, which settles `delivery`, then tells the delivery's lane `settled`.
+    async fn settle_recovered(
+        &self,
+        delivery: Unsettled,
+        record: OutboxRecord,
+        settled: Option<Settled>,
+    ) -> Result<(), String> {
+        self.outbox
+            .settle(delivery.seq, record)
+            .await
+            .map_err(|error| error.to_string())?;
+        self.tell_lane(
+            &delivery.channel,
+            &delivery.delivery,
+            delivery.lane,
+            settled,
+        );
+        Ok(())
     }
 }

@@ -2,12 +2,12 @@
 //! carrying out [`after_failure`], the retry policy; and a lane's writer, appending the records
 //! waiting for it. Each ends when its queue is empty.
 
+use super::super::Common;
 use super::super::channel::Channel;
 use super::super::lanes::LaneWriter;
 use super::handle::{Deliveries, Handed, Recorded, RoomKey};
 use crate::channel::{Delivery, DeliveryError};
-use crate::host::alert::Alerts;
-use crate::host::metrics::{DeliveryOutcome, Metrics};
+use crate::host::metrics::DeliveryOutcome;
 use crate::store::outbox::{DeliveryLane, Outbox, OutboxRecord};
 use perch_core::alert::AlertKind;
 use perch_core::delivery::{
@@ -17,19 +17,17 @@ use perch_core::name::LaneName;
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
-use tokio_util::sync::CancellationToken;
 
 /// What every room's worker shares.
 pub(super) struct Workers {
     /// Where each worker takes its room's next reply from, and tells lanes.
     pub(super) deliveries: Deliveries,
     pub(super) outbox: Outbox,
-    pub(super) metrics: Arc<Metrics>,
-    pub(super) alerts: Alerts,
     /// Where the files a delivery attaches are read from.
     pub(super) workspace: PathBuf,
-    /// Cuts a retry's wait short: the delivery is left unsettled for the next start.
-    pub(super) shutdown: CancellationToken,
+    /// Its `shutdown` cuts a retry's wait short: the delivery is left unsettled for the next
+    /// start.
+    pub(super) common: Common,
 }
 
 /// Why a worker stopped delivering a reply before every piece was settled.
@@ -224,7 +222,7 @@ impl Workers {
                     }
                     if !wait.is_zero() {
                         tokio::select! {
-                            () = self.shutdown.cancelled() => {
+                            () = self.common.shutdown.cancelled() => {
                                 return Err(Unfinished::Stopping { unsent: vec![intent] });
                             }
                             () = tokio::time::sleep(wait) => {}
@@ -241,7 +239,7 @@ impl Workers {
                     };
                 }
                 Retry::Unknown => {
-                    self.alerts.alert(
+                    self.common.alerts.alert(
                         AlertKind::DeliveryUnknown,
                         format!(
                             "delivery {} to {} room {} has an unknown fate: {error}. It may or \
@@ -270,7 +268,8 @@ impl Workers {
             settled,
         );
         if let Some(outcome) = outcome {
-            self.metrics
+            self.common
+                .metrics
                 .delivered(&channel.loaded.config.name.to_string(), outcome);
         }
         Ok(refused)

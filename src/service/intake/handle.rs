@@ -1,5 +1,6 @@
 //! Intake's handle, and the requests it sends intake's task.
 
+use super::super::ask::ask;
 use super::super::deliveries::Format;
 use crate::store::inbox::Backlog;
 use perch_core::pairing::Approved;
@@ -44,40 +45,29 @@ impl Intake {
         Arc::new(move |channel: String, text: String| {
             let intake = intake.clone();
             Box::pin(async move {
-                let (reply, answer) = oneshot::channel();
-                intake
-                    .requests
-                    .send(Request::Format {
-                        channel,
-                        text,
-                        reply,
-                    })
-                    .map_err(|_| stopped())?;
-                answer.await.map_err(|_| stopped())?
+                ask(&intake.requests, |reply| Request::Format {
+                    channel,
+                    text,
+                    reply,
+                })
+                .await
+                .ok_or_else(stopped)?
             })
         })
     }
 
     /// Approves the pending pairing `code`: its sender may talk to the agent from now on.
     pub(in crate::service) async fn approve(&self, code: String) -> Result<Approved, String> {
-        let (reply, answer) = oneshot::channel();
-        self.requests
-            .send(Request::Approve { code, reply })
-            .map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
+        ask(&self.requests, |reply| Request::Approve { code, reply })
+            .await
+            .ok_or_else(stopped)?
     }
 
     /// How many pairing codes are pending.
     pub(in crate::service) async fn pairings_pending(&self) -> usize {
-        let (reply, answer) = oneshot::channel();
-        if self
-            .requests
-            .send(Request::PairingsPending { reply })
-            .is_err()
-        {
-            return 0;
-        }
-        answer.await.unwrap_or(0)
+        ask(&self.requests, |reply| Request::PairingsPending { reply })
+            .await
+            .unwrap_or(0)
     }
 
     /// Recovers the inbox's `backlog` (see intake's recovery); `replied_to` are the events a
@@ -87,15 +77,13 @@ impl Intake {
         backlog: Backlog,
         replied_to: HashSet<(String, String)>,
     ) -> Result<InboxRecovered, String> {
-        let (reply, answer) = oneshot::channel();
-        self.requests
-            .send(Request::Recover {
-                backlog: Box::new(backlog),
-                replied_to,
-                reply,
-            })
-            .map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
+        ask(&self.requests, |reply| Request::Recover {
+            backlog: Box::new(backlog),
+            replied_to,
+            reply,
+        })
+        .await
+        .ok_or_else(stopped)?
     }
 }
 

@@ -10,15 +10,13 @@ mod task;
 
 pub(super) use handle::Intake;
 
+use super::Common;
 use super::channel::Channels;
 use super::conversations::Conversations;
 use super::deliveries::Deliveries;
 use crate::agent::AgentDir;
 use crate::channel::Arrival;
 use crate::channel::hooks::ChannelHooks;
-use crate::host::alert::Alerts;
-use crate::host::clock::Clock;
-use crate::host::metrics::Metrics;
 use crate::store::inbox::{Backlog, Inbox};
 use crate::store::outbox::Outbox;
 use handle::Request;
@@ -26,10 +24,8 @@ use perch_core::group_context::GroupContext;
 use perch_core::pairing::Pairing;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use task::{IntakeTask, context_line};
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
 /// Intake's handle, before its task starts: the deliveries it formats for need it first.
 pub(super) fn handle() -> (Intake, Requests) {
@@ -54,12 +50,7 @@ pub(super) struct IntakeSetup {
     pub(super) conversations: Conversations,
     pub(super) deliveries: Deliveries,
     pub(super) dir: AgentDir,
-    pub(super) clock: Clock,
-    pub(super) metrics: Arc<Metrics>,
-    pub(super) alerts: Alerts,
-    pub(super) shutdown: CancellationToken,
-    /// Ends the task, once the service has drained.
-    pub(super) closing: CancellationToken,
+    pub(super) common: Common,
 }
 
 /// Starts intake's task on `requests`.
@@ -82,11 +73,7 @@ pub(super) fn start(requests: Requests, setup: IntakeSetup) -> tokio::task::Join
         conversations: setup.conversations,
         deliveries: setup.deliveries,
         dir: setup.dir,
-        clock: setup.clock,
-        metrics: setup.metrics,
-        alerts: setup.alerts,
-        shutdown: setup.shutdown,
-        closing: setup.closing,
+        common: setup.common,
     };
     tokio::spawn(task.run())
 }

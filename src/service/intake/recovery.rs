@@ -1,7 +1,7 @@
 //! After a restart: the inbox items still waiting, and the events still to decide.
 
 use super::super::conversations::lane_name;
-use super::super::deliveries::{To, outcome_reply};
+use super::super::deliveries::{Text, To, outcome_reply};
 use super::task::{IntakeTask, Reply};
 use crate::log::taken_run;
 use crate::store::inbox::{Backlog, Disposition, consumes_id};
@@ -65,10 +65,10 @@ impl IntakeTask {
                             let name = channel.loaded.config.name.to_string();
                             let formatted = self.format(&name, reply).await;
                             self.deliveries
-                                .post_formatted(
+                                .post(
                                     &channel,
                                     To::event(&item.event),
-                                    formatted,
+                                    Text::Formatted(formatted),
                                     files,
                                     Some(lane),
                                 )

@@ -3,18 +3,16 @@
 //! for a platform: a reply is recorded in the outbox and handed to its room's delivery worker,
 //! and the event is consumed once that record is fsynced.
 
+use super::super::Common;
 use super::super::channel::{Channel, Channels};
 use super::super::conversations::Conversations;
-use super::super::deliveries::{Deliveries, Posted, To};
+use super::super::deliveries::{Deliveries, Posted, Text, To};
 use super::super::earlier_lanes;
 use crate::store::generations;
 use super::handle::Request;
 use crate::agent::AgentDir;
 use crate::channel::hooks::{ChannelHooks, HookVerdict};
 use crate::channel::{Arrival, InboundEvent};
-use crate::host::alert::Alerts;
-use crate::host::clock::Clock;
-use crate::host::metrics::Metrics;
 use crate::store::inbox::{Disposition, Inbox, PendingItem, Recorded};
 use crate::store::outbox::{DeliveryLane, Outbox};
 use perch_core::admission::{Admission, Arrived, Gate, admit};
@@ -29,7 +27,6 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
 /// Intake's task and everything it owns. It is serial (one arrival, then one request, at a
 /// time), so its state needs no lock.
@@ -61,13 +58,9 @@ pub(super) struct IntakeTask {
     pub(super) conversations: Conversations,
     pub(super) deliveries: Deliveries,
     pub(super) dir: AgentDir,
-    pub(super) clock: Clock,
-    pub(super) metrics: Arc<Metrics>,
-    pub(super) alerts: Alerts,
-    /// Stops the taking of arrivals.
-    pub(super) shutdown: CancellationToken,
-    /// Ends the task, once the service has drained (replies formatted until then).
-    pub(super) closing: CancellationToken,
+    /// Its `shutdown` stops the taking of arrivals; its `closing` ends the task, once the
+    /// service has drained (replies are formatted until then).
+    pub(super) common: Common,
 }
 
 /// Whether an event about to be decided is still owed its reply (a chat command's, a pairing
@@ -88,17 +81,17 @@ impl IntakeTask {
         loop {
             tokio::select! {
                 biased;
-                () = self.closing.cancelled() => return,
+                () = self.common.closing.cancelled() => return,
                 request = self.requests.recv() => match request {
                     Some(request) => self.answer(request).await,
                     None => return,
                 },
-                () = self.shutdown.cancelled(), if receiving => receiving = false,
+                () = self.common.shutdown.cancelled(), if receiving => receiving = false,
                 arrival = self.arrivals.recv(), if receiving => match arrival {
                     Some((channel, arrival)) => {
                         if let Err(error) = self.arrive(&channel, arrival).await {
                             tracing::error!(channel = %channel, "an arrival on {channel} failed: {error}");
-                            self.alerts.alert(
+                            self.common.alerts.alert(
                                 AlertKind::Intake,
                                 format!("a message on channel {channel} could not be taken in: {error}"),
                             );
@@ -162,13 +155,19 @@ impl IntakeTask {
             .format(&channel.loaded.config.name.to_string(), text)
             .await;
         self.deliveries
-            .post_formatted(channel, To::event(to), formatted, Vec::new(), lane)
+            .post(
+                channel,
+                To::event(to),
+                Text::Formatted(formatted),
+                Vec::new(),
+                lane,
+            )
             .await
     }
 
     /// Approves the pending pairing `code`, durably, and tells the connectors.
     fn approve(&mut self, code: &str) -> Result<Approved, String> {
-        let approved = match self.pairing.approve(code, self.clock.now()) {
+        let approved = match self.pairing.approve(code, self.common.clock.now()) {
             Approval::Approved(approved) => {
                 crate::store::pairing::write_pairing(&self.pairing_path, &self.pairing)
                     .map(|()| approved)
@@ -190,7 +189,7 @@ impl IntakeTask {
         crate::host::failpoint::hit("after:inbox_journaled");
         let _ = journaled.send(());
         if let Recorded::New { seq } = recorded {
-            self.metrics.event_in(channel);
+            self.common.metrics.event_in(channel);
             self.decide(seq, channel, event, Reply::Due).await?;
         }
         Ok(())
@@ -230,7 +229,7 @@ impl IntakeTask {
         let admission = admit(
             config,
             &arrived,
-            self.clock.now(),
+            self.common.clock.now(),
             |sender| self.pairing.is_approved(channel, sender),
             bot_turns,
         );
@@ -286,8 +285,12 @@ impl IntakeTask {
                 }
             }
             (Admission::Context, _) => {
-                self.context
-                    .push(channel, &event.room, context_line(&event), self.clock.now());
+                self.context.push(
+                    channel,
+                    &event.room,
+                    context_line(&event),
+                    self.common.clock.now(),
+                );
                 Disposition::Context
             }
             (Admission::Stale, _) => Disposition::Stale,
@@ -299,7 +302,7 @@ impl IntakeTask {
                     reason: "unknown sender in a direct message; pairing offered".into(),
                 },
                 Err(error) => {
-                    self.alerts.alert(
+                    self.common.alerts.alert(
                         AlertKind::Intake,
                         format!(
                             "a pairing code for {} on channel {channel} could not be recorded, so none was offered: {error}",
@@ -325,7 +328,9 @@ impl IntakeTask {
             self.settle(seq, disposition).await?;
             return self.consume_marks(deciding).await;
         };
-        let earlier = self.context.take(channel, &event.room, self.clock.now());
+        let earlier = self
+            .context
+            .take(channel, &event.room, self.common.clock.now());
         let disposition_seq = self
             .inbox
             .record_disposition(seq, disposition)
@@ -432,7 +437,7 @@ impl IntakeTask {
             &event.sender.id,
             &event.sender.name,
             code,
-            self.clock.now(),
+            self.common.clock.now(),
         );
         if matches!(issued, Issued::New(_) | Issued::Busy { .. })
             && let Err(error) =
@@ -457,7 +462,7 @@ impl IntakeTask {
                     terminal::shown(&event.sender.name),
                     terminal::shown(&event.sender.id)
                 );
-                self.alerts.alert(
+                self.common.alerts.alert(
                     AlertKind::PairingFull,
                     format!(
                         "every pairing code of channel {channel_name} is taken, so new senders \

@@ -4,8 +4,9 @@
 
 use perch::agent::{self, AgentDir, LoadedChannel};
 use perch::channel::{
-    Arrival, Attachment, AttemptUp, BoxFuture as ChannelFuture, Connector, ConnectorError,
-    Delivery, DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, Sender, Upload,
+    Arrival, Attachment, BoxFuture as ChannelFuture, Connector, ConnectorError, Delivery,
+    DeliveryError, FetchError, InboundEvent, PlatformLimits, Receipt, ReceiveAttempt, Sender,
+    Upload,
 };
 use perch::host::Places;
 use perch::host::clock::system_clock;
@@ -189,14 +190,13 @@ struct FedConnector {
 }
 
 impl Connector for FedConnector {
-    fn receive<'a>(
-        &'a self,
-        _resume: Option<String>,
-        _since: Vec<(String, String)>,
-        inbound: mpsc::Sender<Arrival>,
-        up: AttemptUp,
-        cancel: CancellationToken,
-    ) -> ChannelFuture<'a, Result<(), ConnectorError>> {
+    fn receive(&self, attempt: ReceiveAttempt) -> ChannelFuture<'_, Result<(), ConnectorError>> {
+        let ReceiveAttempt {
+            inbound,
+            up,
+            cancel,
+            ..
+        } = attempt;
         Box::pin(async move {
             up.mark();
             let Some(mut events) = self.events.lock().await.take() else {

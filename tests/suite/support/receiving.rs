@@ -1,7 +1,9 @@
 //! A connector's `receive` as the contract tests drive it: spawned with perch's side of the inbox,
 //! each event taken (and acknowledged as journaled, or not), then cancelled or left to end.
 
-use perch::channel::{Arrival, AttemptUp, Connector, ConnectorError, InboundEvent, Quote};
+use perch::channel::{
+    Arrival, AttemptUp, Connector, ConnectorError, InboundEvent, Quote, ReceiveAttempt,
+};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -39,9 +41,14 @@ impl Receiving {
             let connector = Arc::clone(connector);
             let cancel = cancel.clone();
             async move {
-                connector
-                    .receive(resume, since, inbound, AttemptUp::pair().0, cancel)
-                    .await
+                let attempt = ReceiveAttempt {
+                    resume,
+                    since,
+                    inbound,
+                    up: AttemptUp::pair().0,
+                    cancel,
+                };
+                connector.receive(attempt).await
             }
         });
         Receiving {

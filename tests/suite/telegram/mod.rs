@@ -13,7 +13,7 @@ use super::support::receiving::{Receiving, Within, shortened_quote};
 use perch::channel::telegram::TelegramConnector;
 use perch::channel::{
     Attachment, AttemptUp, Connector, ConnectorError, Delivery, DeliveryError, FetchError,
-    InboundEvent, OutboundFile, Upload,
+    InboundEvent, OutboundFile, ReceiveAttempt, Upload,
 };
 use perch_core::markdown::to_telegram_markdown_v2;
 use perch_core::name::EnvName;

@@ -550,9 +550,14 @@ async fn every_receive_attempt_is_up_once_the_bot_api_answered_it_even_with_the_
             let connector = connector.clone();
             let cancel = cancel.clone();
             async move {
-                connector
-                    .receive(None, Vec::new(), inbound, up, cancel)
-                    .await
+                let attempt = ReceiveAttempt {
+                    resume: None,
+                    since: Vec::new(),
+                    inbound,
+                    up,
+                    cancel,
+                };
+                connector.receive(attempt).await
             }
         });
         tokio::time::timeout(Duration::from_secs(5), came_up.wait())

@@ -5,13 +5,11 @@ use crate::config::sandbox::SandboxPolicy;
 use crate::name::EnvName;
 use crate::name::HostName;
 use crate::problem::Problem;
-use crate::tree::{Key, Node, Value};
+use crate::tree::build::{map_at, node_at};
+use crate::tree::{Node, Value};
 
 fn node(value: Value) -> Node {
-    Node {
-        pos: Pos::line(2),
-        value,
-    }
+    node_at(2, value)
 }
 
 fn text(value: &str) -> Value {
@@ -27,20 +25,7 @@ fn list(items: &[&str]) -> Value {
 }
 
 fn map(entries: Vec<(&str, Value)>) -> Value {
-    Value::Map(
-        entries
-            .into_iter()
-            .map(|(name, value)| {
-                (
-                    Key {
-                        name: name.to_owned(),
-                        pos: Pos::line(2),
-                    },
-                    node(value),
-                )
-            })
-            .collect(),
-    )
+    map_at(2, entries)
 }
 
 fn declare(entries: Vec<(&str, Value)>) -> Vec<Declaration> {
@@ -294,30 +279,21 @@ fn keys_of_another_kind_and_unknown_keys_are_named() {
              allow_bots, bot_turns, on_message, format, token, api_url",
         ]
     );
-    let found = problems(vec![
-        ("kind", text("matrix")),
-        ("homeserver", text("https://m.example")),
-        ("user", text("@a:m.example")),
-        ("password", env("P")),
-        ("store_passphrase", env("S")),
-        ("token", env("T")),
-    ]);
-    assert_eq!(found.len(), 1, "{found:#?}");
-    assert!(found[0].starts_with(
-        "channels/ops.lua:2: token: token is for discord and telegram channels, not matrix\n"
-    ));
-    let found = problems(vec![
-        ("kind", text("matrix")),
-        ("homeserver", text("https://m.example")),
-        ("user", text("@a:m.example")),
-        ("password", env("P")),
-        ("store_passphrase", env("S")),
-        ("api_url", text("https://m.example")),
-    ]);
-    assert_eq!(found.len(), 1, "{found:#?}");
-    assert!(found[0].starts_with(
-        "channels/ops.lua:2: api_url: api_url is for discord and telegram channels, not matrix\n"
-    ));
+    for (key, value) in [("token", env("T")), ("api_url", text("https://m.example"))] {
+        let found = problems(vec![
+            ("kind", text("matrix")),
+            ("homeserver", text("https://m.example")),
+            ("user", text("@a:m.example")),
+            ("password", env("P")),
+            ("store_passphrase", env("S")),
+            (key, value),
+        ]);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        let expected = format!(
+            "channels/ops.lua:2: {key}: {key} is for discord and telegram channels, not matrix\n"
+        );
+        assert!(found[0].starts_with(&expected), "{found:#?}");
+    }
 }
 
 #[test]

@@ -27,12 +27,10 @@ fn lines_have_three_shapes_on_disk() {
         id: EntryId::from_bytes([2; 16]),
         parent: None,
         at: at(),
-        body: EntryBody::Message(Message {
-            role: Role::User,
-            parts: vec![Part::Text { text: "hi".into() }],
-            origins: Vec::new(),
-            relay: None,
-        }),
+        body: EntryBody::Message(Message::new(
+            Role::User,
+            vec![Part::Text { text: "hi".into() }],
+        )),
     });
     let text = serde_json::to_string(&entry).unwrap();
     assert!(
