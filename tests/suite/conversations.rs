@@ -5,7 +5,7 @@ use super::support::fake_telegram::{BOT_USERNAME, Chat, User};
 use super::support::scenario::{Scenario, alice};
 use super::support::wait::wait_until;
 use chrono::{DateTime, TimeZone, Utc};
-use perch::clock::system_clock;
+use perch::host::clock::system_clock;
 use perch::log::LaneLog;
 use perch_core::id::{EntryId, OperationId};
 use perch_core::log::{Entry, EntryBody, Intent, Line, Message, Outcome, Part, Record, Role};

@@ -3,9 +3,9 @@
 use super::support::wait::Poll;
 use chrono::TimeZone;
 use perch::channel::{InboundEvent, Sender};
-use perch::clock::Clock;
-use perch::inbox::{Disposition, Inbox, Recorded};
+use perch::host::clock::Clock;
 use perch::log::Journal;
+use perch::store::inbox::{Disposition, Inbox, Recorded};
 use perch_core::Timestamp;
 
 fn at() -> Timestamp {
@@ -110,7 +110,7 @@ async fn items_stay_pending_until_consumed_and_duplicates_are_recognised_after_a
 }
 
 /// The writer thread holds the journal's lock until it has stopped; a reopen waits for that.
-async fn reopen(dir: &std::path::Path) -> (Inbox, perch::inbox::Backlog) {
+async fn reopen(dir: &std::path::Path) -> (Inbox, perch::store::inbox::Backlog) {
     Poll::within(std::time::Duration::from_secs(10))
         .every(std::time::Duration::from_millis(5))
         .value_async("the inbox to be let go", || Inbox::open(dir, clock()).ok())

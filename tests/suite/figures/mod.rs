@@ -26,7 +26,7 @@ use super::support::status::status;
 use super::support::synapse::Synapse;
 use super::support::wait::Poll;
 use super::support::{new_agent, write};
-use perch::doctor::Places;
+use perch::host::Places;
 use perch_core::config::Api;
 use serde_json::Value;
 use std::collections::BTreeMap;

@@ -83,7 +83,7 @@ fn the_tail_is_read_from_the_index_without_parsing_what_comes_before() {
     bytes[at] = b'\x00';
     std::fs::write(&segment, &bytes).unwrap();
 
-    let last = perch::transcript::read_lane(&sessions, &lane, Some(1), None).unwrap();
+    let last = perch::log::transcript::read_lane(&sessions, &lane, Some(1), None).unwrap();
     assert!(!last.from_start);
     let first = &last.lines[0];
     assert!(
@@ -100,7 +100,7 @@ fn the_tail_is_read_from_the_index_without_parsing_what_comes_before() {
             .all(|(_, line)| !matches!(line, perch_core::log::ReadLine::Damaged { .. })),
         "the damaged line before it is never read"
     );
-    let whole = perch::transcript::read_lane(&sessions, &lane, None, None).unwrap();
+    let whole = perch::log::transcript::read_lane(&sessions, &lane, None, None).unwrap();
     assert!(whole.from_start);
     assert_eq!(whole.lines.len(), 24);
     assert!(matches!(

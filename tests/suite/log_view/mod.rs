@@ -9,7 +9,7 @@ use super::support::scenario::{Agent, Scenario, alice};
 use super::support::wait::wait_until;
 use super::support::{new_agent, perch, stderr, stdout, tree};
 use chrono::{DateTime, TimeZone, Utc};
-use perch::clock::system_clock;
+use perch::host::clock::system_clock;
 use perch::log::LaneLog;
 use perch_core::config::Replay;
 use perch_core::id::{EntryId, OperationId};

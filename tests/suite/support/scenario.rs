@@ -9,7 +9,7 @@ use super::fake_telegram::{self, Chat, FakeTelegram, Pushed, User};
 use super::status::{self, StatusReport};
 use super::wait::{Poll, wait_until};
 use super::{new_agent, perch, write};
-use perch::doctor::Places;
+use perch::host::Places;
 use perch_core::config::Api;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
