@@ -102,6 +102,15 @@ fn perch_run_narrates_connected_ready_answered_refused_and_pairing() {
 }
 
 #[test]
+fn a_discord_channel_is_narrated_connected_as_the_bot_discord_named() {
+    let agent = Scenario::discord("dm = \"allow\"").build();
+    let watched = Watched::spawn(agent.command());
+    line_with(&watched, "dc: connected as perch-bot");
+    line_with(&watched, "ready: 1 channel (dc)");
+    watched.stop();
+}
+
+#[test]
 fn a_flood_of_refused_messages_from_one_room_is_one_line_then_a_count() {
     let agent = Scenario::telegram(CHANNEL).build();
     let telegram = agent.telegram();
