@@ -217,31 +217,55 @@ async fn hand_over(
 
 /// The connector's side of one receive attempt's "up" signal: marked when the platform first
 /// answered in this attempt (Telegram's `getMe` or first `getUpdates`, Discord's gateway READY,
-/// Matrix's first sync). Marking again does nothing.
+/// Matrix's first sync), with the account the platform says perch is when it said. Marking
+/// again does nothing.
 #[derive(Debug, Clone)]
-pub struct AttemptUp(std::sync::Arc<tokio::sync::watch::Sender<bool>>);
+pub struct AttemptUp(std::sync::Arc<tokio::sync::watch::Sender<Option<Option<String>>>>);
 
 /// The service's side of [`AttemptUp`].
 #[derive(Debug)]
-pub struct AttemptUpWait(tokio::sync::watch::Receiver<bool>);
+pub struct AttemptUpWait(tokio::sync::watch::Receiver<Option<Option<String>>>);
 
 impl AttemptUp {
     /// A fresh signal for one receive attempt, and its waiting side.
     pub fn pair() -> (AttemptUp, AttemptUpWait) {
-        let (up, wait) = tokio::sync::watch::channel(false);
+        let (up, wait) = tokio::sync::watch::channel(None);
         (AttemptUp(std::sync::Arc::new(up)), AttemptUpWait(wait))
     }
 
     pub fn mark(&self) {
-        self.0.send_replace(true);
+        self.up(None);
+    }
+
+    /// Marks the attempt up, as `account` (the bot's `@username`, the user id): what the
+    /// platform itself answered, never a credential.
+    pub fn mark_as(&self, account: String) {
+        self.up(Some(account));
+    }
+
+    fn up(&self, account: Option<String>) {
+        self.0.send_if_modified(|up| {
+            let first = up.is_none();
+            if first {
+                *up = Some(account);
+            }
+            first
+        });
     }
 }
 
 impl AttemptUpWait {
-    /// Resolves once the attempt is up; never, when it ended without coming up.
-    pub async fn wait(&mut self) {
-        if self.0.wait_for(|up| *up).await.is_err() {
-            std::future::pending::<()>().await;
+    /// Resolves once the attempt is up, with the account it was marked as; never, when it
+    /// ended without coming up.
+    pub async fn wait(&mut self) -> Option<String> {
+        let up = self
+            .0
+            .wait_for(Option::is_some)
+            .await
+            .map(|up| up.clone().flatten());
+        match up {
+            Ok(account) => account,
+            Err(_) => std::future::pending().await,
         }
     }
 }

@@ -5,12 +5,14 @@ use crate::agent::{self, AgentDir, LoadedAgent};
 use crate::heartbeat;
 use crate::host::clock::system_clock;
 use crate::host::logging::LogFormat;
+use crate::host::narrate;
 use crate::host::notify::Notifier;
 use crate::host::signals::StopSignals;
 use crate::lane::RunLimits;
 use crate::model;
 use crate::sandbox::MachineSetup;
 use crate::service::{HeartbeatOnce, ServiceSetup};
+use perch_core::narration::Verbosity;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
@@ -35,6 +37,12 @@ pub struct RunArgs {
         default_missing_value = crate::host::metrics::DEFAULT_ADDR
     )]
     pub metrics: Option<std::net::SocketAddr>,
+    /// Narrate only warnings and errors
+    #[arg(short, long, conflicts_with = "verbose")]
+    pub quiet: bool,
+    /// Narrate everything, also each message taken in and each reply delivered
+    #[arg(short, long)]
+    pub verbose: bool,
 }
 
 /// The service as a command line runs it, on this machine, the agent's model at `endpoint`
@@ -70,15 +78,26 @@ pub(super) fn service_setup(
 /// writes.
 const RUN_TARGET: &str = "perch";
 
-/// `perch run`. With `--log-format json` its failures are log lines too, so that everything it
-/// writes on stderr is JSON.
+/// `perch run`. It narrates what it does on stderr (see [`narrate`]), besides the log lines;
+/// with `--log-format json` it does not narrate, and its failures are log lines too, so that
+/// everything it writes on stderr is JSON.
 pub fn run(args: RunArgs) -> Result<ExitCode, String> {
     let RunArgs {
         dir,
         log_format,
         metrics,
+        quiet,
+        verbose,
     } = args;
     let dir = dir_or_current(dir);
+    if log_format == LogFormat::Human {
+        let verbosity = match (quiet, verbose) {
+            (true, _) => Verbosity::Quiet,
+            (false, true) => Verbosity::Verbose,
+            (false, false) => Verbosity::Normal,
+        };
+        narrate::start(narrate::Output::detect(), verbosity);
+    }
     match (serve(dir, log_format, metrics), log_format) {
         (Err(message), LogFormat::Json) => {
             tracing::error!(target: RUN_TARGET, "{message}");

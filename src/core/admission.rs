@@ -61,7 +61,7 @@ pub fn admit(
         if bot_turns >= config.bot_turns {
             return Admission::Refused {
                 reason: format!(
-                    "loop guard: {} bot-to-bot exchanges in a row in this room",
+                    "{LOOP_GUARD}: {} bot-to-bot exchanges in a row in this room",
                     config.bot_turns
                 ),
             };
@@ -75,7 +75,7 @@ pub fn admit(
             (true, _) | (false, DmPolicy::Allow) => Admission::Answer,
             (false, DmPolicy::Pair) => Admission::Pair,
             (false, DmPolicy::Refuse) => Admission::Refused {
-                reason: "direct messages from senders not in allow.users are refused".into(),
+                reason: DM_REFUSED.into(),
             },
         };
     }
@@ -93,8 +93,11 @@ pub fn admit(
     Admission::Answer
 }
 
-const UNLISTED_BOT: &str = "messages from bots are ignored unless allow_bots lists them";
-const NOT_ALLOWED: &str = "neither the room nor the sender is allowed";
+pub(crate) const UNLISTED_BOT: &str = "messages from bots are ignored unless allow_bots lists them";
+pub(crate) const NOT_ALLOWED: &str = "neither the room nor the sender is allowed";
+pub(crate) const DM_REFUSED: &str = "direct messages from senders not in allow.users are refused";
+/// How the loop guard's refusal begins.
+pub(crate) const LOOP_GUARD: &str = "loop guard";
 
 /// The part of [`admit`] a connector applies on its own, before it asks its platform anything
 /// more about a message (the message it quotes, the room's members): the channel's allowlists

@@ -31,6 +31,7 @@ pub mod log;
 pub mod lua_pattern;
 pub mod markdown;
 pub mod name;
+pub mod narration;
 pub mod origin;
 pub mod output;
 pub mod pairing;

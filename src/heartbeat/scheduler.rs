@@ -434,6 +434,10 @@ impl Scheduler {
             .task(&task.name)
             .and_then(|state| state.last_outcome.clone());
         if mode != Mode::DryRun {
+            crate::host::narrate::tell(&perch_core::narration::Event::HeartbeatFiring {
+                task: task.name.to_string(),
+                slot,
+            });
             self.record(LedgerRecord::SlotStarted {
                 task: task.name.clone(),
                 slot,
@@ -499,6 +503,10 @@ impl Scheduler {
                 | SlotOutcome::Steer { .. }
                 | SlotOutcome::Skipped { .. } => tracing::info!(task, slot, outcome, "{line}"),
             }
+            crate::host::narrate::tell(&perch_core::narration::Event::HeartbeatVerdict {
+                task: done.task.to_string(),
+                outcome: done.end.outcome.clone(),
+            });
             self.record(LedgerRecord::SlotFinished {
                 task: done.task.clone(),
                 slot: done.slot,

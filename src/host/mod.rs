@@ -1,6 +1,7 @@
 //! perch and the machine it runs on: the clock, signals, process limits, systemd's notify
-//! protocol, the log lines on stderr, metrics, failpoints, the trust of paths as root, the
-//! workspace's files read and written on the host, owner alerts, and the places perch looks.
+//! protocol, the log lines and `perch run`'s narration on stderr, metrics, failpoints, the trust
+//! of paths as root, the workspace's files read and written on the host, owner alerts, and the
+//! places perch looks.
 
 pub mod alert;
 pub mod clock;
@@ -8,6 +9,7 @@ pub mod failpoint;
 pub mod limits;
 pub mod logging;
 pub mod metrics;
+pub mod narrate;
 pub mod notify;
 mod places;
 pub mod signals;

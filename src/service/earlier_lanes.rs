@@ -5,8 +5,8 @@
 //! written atomically, read at each of its messages; only conversations that met an earlier
 //! lane have one, so nothing per conversation stays in memory).
 
-use crate::store::generations;
 use crate::agent::AgentDir;
+use crate::store::generations;
 use perch_core::config::ChannelConfig;
 use perch_core::conversation_lane::{
     Adoption, Conversation, EarlierContents, EarlierLane, EarlierName, adoption,

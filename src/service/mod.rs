@@ -29,7 +29,7 @@ mod receive;
 mod recovery;
 mod status;
 #[cfg(test)]
-mod test_support;
+pub(crate) mod test_support;
 
 pub use lanes::LaneLimits;
 
@@ -247,6 +247,7 @@ pub async fn run(
         status_line("stopping: finishing the runs in progress")
     ));
     let lanes_closed = stop(&common, &runtime, owners).await?;
+    crate::host::narrate::finish(clock.now());
     let starts_now = starts::read_starts(&dir.starts_file())?;
     let stopped =
         perch_core::starts::record_stop(&starts_now, started_at, clock.now(), lanes_closed);
@@ -527,11 +528,12 @@ fn receive_all(
 
 /// Tells systemd the service is ready once every channel's first connection attempt is over,
 /// connected or failed (so one wrong token cannot hold it back), and at the latest after
-/// [`FIRST_CONNECTION`]; then pings the watchdog, with the status line, until `shutdown`.
+/// [`FIRST_CONNECTION`], and has the operator told so by a task of its own; then pings the
+/// watchdog, with the status line, until `shutdown`.
 async fn watchdog(
     notifier: &Notifier,
     first_attempts: Vec<oneshot::Receiver<()>>,
-    outside: &Outside,
+    outside: &Arc<Outside>,
     shutdown: &CancellationToken,
 ) {
     let first_connections = tokio::time::timeout(FIRST_CONNECTION, async move {
@@ -559,6 +561,8 @@ async fn watchdog(
             () = shutdown.cancelled() => return,
             _ = &mut first_connections, if !ready => {
                 ready = true;
+                let narrating = Arc::clone(outside);
+                tokio::spawn(async move { narrating.narrate_ready().await });
                 if let Err(error) = notifier.notify(&format!("READY=1\n{}", outside.status_line().await)) {
                     tracing::warn!("systemd was not told that perch is ready: {error}");
                 }

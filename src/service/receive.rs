@@ -4,6 +4,7 @@
 
 use crate::channel::{Arrival, AttemptUp, Connector, ConnectorError, ReceiveAttempt};
 use perch_core::connection::{AttemptEnd, Begin, Connection, Link, LinkAction, LinkEvent};
+use perch_core::narration::Event;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
@@ -100,7 +101,11 @@ impl<S: Fn(Connection) + Send> Receiver<S> {
         tokio::pin!(receiving);
         let result = tokio::select! {
             result = &mut receiving => result,
-            () = came_up.wait() => {
+            account = came_up.wait() => {
+                crate::host::narrate::tell(&Event::Connected {
+                    channel: self.name.clone(),
+                    account,
+                });
                 self.step(link, LinkEvent::Up);
                 self.first_attempt_over();
                 receiving.await

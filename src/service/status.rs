@@ -16,6 +16,7 @@ use crate::store::outbox::Outbox;
 use crate::store::starts;
 use perch_core::control::{HeartbeatListed, HeartbeatRan, LiveStatus, Resumed, encode_reply};
 use perch_core::heartbeat::Target;
+use perch_core::narration::Event;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -74,6 +75,26 @@ impl Outside {
             self.common.clock.clone(),
             self.common.shutdown.clone(),
         ));
+    }
+
+    /// Tells the operator the service is ready: its channels, heartbeat tasks and model; and
+    /// warns when nothing can reach the agent.
+    pub(super) async fn narrate_ready(&self) {
+        let mut channels: Vec<String> = self.channels.keys().cloned().collect();
+        channels.sort();
+        let heartbeats = match self.heartbeats.get() {
+            Some(heartbeats) => heartbeats.list().await.map_or(0, |list| list.tasks.len()),
+            None => 0,
+        };
+        let unreachable = channels.is_empty() && heartbeats == 0;
+        crate::host::narrate::tell(&Event::Ready {
+            channels,
+            heartbeats,
+            model: self.runtime.agent().definition.agent.model.to_string(),
+        });
+        if unreachable {
+            crate::host::narrate::tell(&Event::Unreachable);
+        }
     }
 
     /// The service's `STATUS=` line for systemd.

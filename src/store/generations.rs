@@ -86,8 +86,8 @@ fn remove(path: &Path) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::agent_with;
     use super::*;
+    use crate::service::test_support::agent_with;
 
     fn agent() -> (tempfile::TempDir, AgentDir) {
         agent_with(".perch")

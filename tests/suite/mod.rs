@@ -30,6 +30,7 @@ mod log_view;
 mod matrix;
 mod metrics;
 mod model;
+mod narration;
 mod origin;
 mod prompt;
 mod recovery;

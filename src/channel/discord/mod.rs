@@ -232,12 +232,8 @@ impl DiscordConnector {
     }
 
     async fn connect(&self) -> Result<Gateway, ConnectorError> {
-        let me = self
-            .http
-            .get_current_user()
-            .await
-            .map_err(connect_error)?
-            .id;
+        let user = self.http.get_current_user().await.map_err(connect_error)?;
+        let (me, account) = (user.id, user.tag());
         let url = self.http.get_gateway().await.map_err(connect_error)?.url;
         let http = build_http(&self.token, self.api_url.as_deref(), self.client.as_ref());
         let mut client = ClientBuilder::new_with_http(http, intents())
@@ -248,6 +244,7 @@ impl DiscordConnector {
         let started = tokio::spawn(async move { client.start().await });
         Ok(Gateway {
             me,
+            account,
             manager,
             started,
         })
@@ -291,7 +288,7 @@ impl DiscordConnector {
                         alive = Instant::now();
                         match item {
                             GatewayItem::Ready | GatewayItem::Resumed => {
-                                up.mark();
+                                up.mark_as(gateway.account.clone());
                                 self.backfill(&mut rooms, &handoff).await
                             }
                             GatewayItem::Message(message) => {
@@ -311,7 +308,7 @@ impl DiscordConnector {
                     match attach_collector(&gateway.manager).await {
                         Some((receiver, true)) => {
                             events = Some(receiver);
-                            up.mark();
+                            up.mark_as(gateway.account.clone());
                             self.backfill(&mut rooms, &handoff).await
                         }
                         Some((receiver, false)) => {
@@ -680,6 +677,8 @@ async fn attach_collector(
 /// reconnects by itself, replaced only once it has ended.
 struct Gateway {
     me: UserId,
+    /// The bot's account as Discord named it (`name#1234`, or `name` without a discriminator).
+    account: String,
     manager: Arc<ShardManager>,
     started: JoinHandle<serenity::Result<()>>,
 }

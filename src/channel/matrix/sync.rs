@@ -57,6 +57,7 @@ impl MatrixConnector {
             .user_id()
             .ok_or_else(|| disconnected("the Matrix client has no user after logging in"))?
             .to_owned();
+        let account = me.to_string();
         let stored = client
             .state_store()
             .get_kv_data(StateStoreDataKey::SyncToken)
@@ -140,7 +141,7 @@ impl MatrixConnector {
             }
             if first {
                 self.synced.send_replace(true);
-                up.mark();
+                up.mark_as(account.clone());
                 first = false;
             }
         }

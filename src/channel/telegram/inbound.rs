@@ -17,6 +17,16 @@ pub struct BotIdentity {
     pub name: String,
 }
 
+impl BotIdentity {
+    /// The bot as the operator knows it: `@username`, or its name and id without one.
+    pub fn account(&self) -> String {
+        match &self.username {
+            Some(username) => format!("@{username}"),
+            None => format!("{} ({})", self.name, self.id),
+        }
+    }
+}
+
 pub(super) fn platform_id(message: &Message) -> String {
     format!("{}:{}", message.chat.id.0, message.id.0)
 }

@@ -144,8 +144,9 @@ impl TelegramConnector {
         // When `getMe` answered just now, the token works and the Bot API answers. With the
         // identity cached from an earlier attempt, the first `getUpdates` is a short poll, so
         // that its answer says the same at once.
+        let account = me.account();
         if answered {
-            up.mark();
+            up.mark_as(account.clone());
         }
         loop {
             let mut request = self
@@ -173,7 +174,7 @@ impl TelegramConnector {
                 Ok(updates) => {
                     if !answered {
                         answered = true;
-                        up.mark();
+                        up.mark_as(account.clone());
                     }
                     updates
                 }

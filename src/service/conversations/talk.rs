@@ -15,6 +15,7 @@ use perch_core::config::ChannelConfig;
 use perch_core::converse::{OVERFLOW_NOTICE, Queued};
 use perch_core::log::{Outcome, Trigger};
 use perch_core::name::LaneName;
+use perch_core::narration::Event;
 use perch_core::origin::{MessageOrigin, Person, Quoted};
 use perch_core::prompt::Origin;
 use std::sync::Arc;
@@ -174,6 +175,7 @@ async fn answer(
     let Some(last) = items.last().cloned() else {
         return Ok(());
     };
+    let started = std::time::Instant::now();
     let typing = keep_typing(channel, &last.event);
     let mut said = Vec::with_capacity(items.len());
     for item in &items {
@@ -224,6 +226,13 @@ async fn answer(
             delivery_lane,
         )
         .await?;
+    if finished.outcome == Outcome::Completed {
+        crate::host::narrate::tell(&Event::Answered {
+            channel: last.channel.clone(),
+            lane: last.lane.clone(),
+            took: started.elapsed(),
+        });
+    }
     let seqs = items
         .iter()
         .flat_map(|item| [item.event_seq, item.disposition_seq])

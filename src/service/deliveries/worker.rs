@@ -14,6 +14,7 @@ use perch_core::delivery::{
     AttemptFailure, Attempts, NotSentBecause, Retry, after_failure, split_message,
 };
 use perch_core::name::LaneName;
+use perch_core::narration::Event;
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -256,6 +257,7 @@ impl Workers {
             }
         };
         let outcome = delivery_outcome(&record);
+        let narrated = narration(&channel.loaded.config.name.to_string(), delivery, &record);
         let settled = record.settled();
         self.outbox
             .settle(intent, record)
@@ -272,7 +274,29 @@ impl Workers {
                 .metrics
                 .delivered(&channel.loaded.config.name.to_string(), outcome);
         }
+        if let Some(event) = narrated {
+            crate::host::narrate::tell(&event);
+        }
         Ok(refused)
+    }
+}
+
+/// What the operator is told of a settled delivery.
+fn narration(channel: &str, delivery: &Delivery, record: &OutboxRecord) -> Option<Event> {
+    let (channel, room) = (channel.to_owned(), delivery.room.clone());
+    match record {
+        OutboxRecord::Receipt { .. } => Some(Event::Delivered { channel, room }),
+        OutboxRecord::Dropped { reason, .. } => Some(Event::NotDelivered {
+            channel,
+            room,
+            reason: reason.clone(),
+        }),
+        OutboxRecord::Unknown { reason, .. } => Some(Event::DeliveryUnknown {
+            channel,
+            room,
+            reason: reason.clone(),
+        }),
+        OutboxRecord::Intent { .. } | OutboxRecord::Unsent { .. } => None,
     }
 }
 

@@ -8,11 +8,11 @@ use super::super::channel::{Channel, Channels};
 use super::super::conversations::Conversations;
 use super::super::deliveries::{Deliveries, Posted, Text, To};
 use super::super::earlier_lanes;
-use crate::store::generations;
 use super::handle::Request;
 use crate::agent::AgentDir;
 use crate::channel::hooks::{ChannelHooks, HookVerdict};
 use crate::channel::{Arrival, InboundEvent};
+use crate::store::generations;
 use crate::store::inbox::{Disposition, Inbox, PendingItem, Recorded};
 use crate::store::outbox::{DeliveryLane, Outbox};
 use perch_core::admission::{Admission, Arrived, Gate, admit};
@@ -21,6 +21,7 @@ use perch_core::chat::{BotTurns, ChatCommand};
 use perch_core::config::ChannelConfig;
 use perch_core::group_context::GroupContext;
 use perch_core::name::LaneName;
+use perch_core::narration::{Event, Refusal};
 use perch_core::pairing::{Approval, Approved, Issued, Pairing, pairing_code};
 use perch_core::terminal;
 use std::collections::HashMap;
@@ -190,6 +191,11 @@ impl IntakeTask {
         let _ = journaled.send(());
         if let Recorded::New { seq } = recorded {
             self.common.metrics.event_in(channel);
+            crate::host::narrate::tell(&Event::Received {
+                channel: channel.to_owned(),
+                room: event.room.clone(),
+                sender: event.sender.id.clone(),
+            });
             self.decide(seq, channel, event, Reply::Due).await?;
         }
         Ok(())
@@ -233,6 +239,15 @@ impl IntakeTask {
             |sender| self.pairing.is_approved(channel, sender),
             bot_turns,
         );
+        if let Some(refusal) = Refusal::of(&admission, event.direct)
+            && refusal != Refusal::AwaitingPairing
+        {
+            let reason = match &admission {
+                Admission::Refused { reason } => reason.as_str(),
+                _ => "",
+            };
+            self.narrate_refusal(&connected, &event, refusal, reason);
+        }
         let mut deciding = None;
         let command = perch_core::chat::command_for_me(&event.text, event.addressed);
         let disposition = match (admission, command) {
@@ -447,13 +462,24 @@ impl IntakeTask {
             self.pairing = before;
             return Err(error);
         }
+        let channel_name = channel.loaded.config.name.to_string();
+        match &issued {
+            Issued::New(code) => crate::host::narrate::tell(&Event::Pairing {
+                channel: channel_name.clone(),
+                sender: event.sender.id.clone(),
+                name: event.sender.name.clone(),
+                code: code.clone(),
+            }),
+            Issued::Busy { .. } | Issued::Pending | Issued::BusyTold => {
+                self.narrate_refusal(channel, event, Refusal::AwaitingPairing, "");
+            }
+        }
         let text = match issued {
             Issued::New(code) => format!(
                 "I do not know you yet. If you should be able to talk to me, ask my owner to run \
                  `perch pair approve {code}` within the hour."
             ),
             Issued::Busy { oldest } => {
-                let channel_name = channel.loaded.config.name.to_string();
                 let holder = terminal::shown(&oldest.name);
                 tracing::warn!(
                     channel = %channel_name,
@@ -481,6 +507,25 @@ impl IntakeTask {
             Issued::Pending | Issued::BusyTold => return Ok(()),
         };
         self.reply(channel, event, text, None).await.map(drop)
+    }
+
+    /// Tells the operator that `event` was refused, and why, as the narration's limiter lets it.
+    fn narrate_refusal(
+        &self,
+        channel: &Channel,
+        event: &InboundEvent,
+        refusal: Refusal,
+        reason: &str,
+    ) {
+        let refused = Event::Refused {
+            channel: channel.loaded.config.name.to_string(),
+            file: channel.loaded.file.clone(),
+            room: event.room.clone(),
+            sender: event.sender.id.clone(),
+            refusal,
+            reason: reason.to_owned(),
+        };
+        crate::host::narrate::refused(&refused, self.common.clock.now());
     }
 
     /// Journals a disposition that needs no run, and consumes the event with it.

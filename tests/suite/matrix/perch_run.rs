@@ -51,6 +51,10 @@ async fn a_matrix_message_is_answered_in_its_room_as_a_reply_through_perch_run()
             .unwrap();
     assert_eq!(session["device_id"], device.as_str(), "the same device");
     for stderr in [first_stderr, second_stderr] {
+        assert!(
+            stderr.contains(&format!("mx: connected as {}", bot.user_id)),
+            "narrated as the account the homeserver named: {stderr}"
+        );
         assert!(!stderr.contains(token), "the access token leaked: {stderr}");
         assert!(
             !stderr.contains(&bot.password),

@@ -560,9 +560,17 @@ async fn every_receive_attempt_is_up_once_the_bot_api_answered_it_even_with_the_
                 connector.receive(attempt).await
             }
         });
-        tokio::time::timeout(Duration::from_secs(5), came_up.wait())
+        let account = tokio::time::timeout(Duration::from_secs(5), came_up.wait())
             .await
             .unwrap_or_else(|_| panic!("attempt {attempt} is up within 5 s"));
+        assert_eq!(
+            account,
+            Some(format!(
+                "@{}",
+                super::super::support::fake_telegram::BOT_USERNAME
+            )),
+            "attempt {attempt} is up as the bot getMe named"
+        );
         cancel.cancel();
         task.await.unwrap().unwrap();
     }
