@@ -50,6 +50,13 @@ pub struct LogArgs {
     /// List the lanes instead: last activity, size on disk, lines and spend
     #[arg(long)]
     pub lanes: bool,
+    /// List the refused messages instead (not answered: a room or sender not allowed, a
+    /// direct message refused, a pairing not approved, too old, the loop guard), as far back
+    /// as the inbox keeps them (a day): time, channel, room id, sender id and name, the reason
+    /// and the fix; never the message's text. Takes CHANNEL[:ROOM], --sender, --since,
+    /// --until, -n and --json
+    #[arg(long, conflicts_with_all = ["lane", "task", "lanes", "follow"])]
+    pub refused: bool,
     /// Print one JSON object per event (src/core/transcript/perch-log.schema.json), one a line
     #[arg(long)]
     pub json: bool,
@@ -97,8 +104,29 @@ pub fn run(args: LogArgs) -> Result<ExitCode, String> {
             })
         })
         .transpose()?;
-    let (redaction, rooms) = log_context(&agent_dir);
+    let LogContext {
+        redaction,
+        rooms,
+        files,
+    } = log_context(&agent_dir);
     let mut place = place.as_deref().map(Place::parse).transpose()?;
+    if args.refused {
+        if let Some(place) = &mut place
+            && let Some((_, _, id)) = rooms.iter().find(|(channel, alias, _)| {
+                channel == &place.channel && place.room.as_ref() == Some(alias)
+            })
+        {
+            place.room = Some(id.clone());
+        }
+        let selection = Selection {
+            place,
+            sender: args.sender.clone(),
+            task: None,
+            since: when(&args.since, "--since")?,
+            until: when(&args.until, "--until")?,
+        };
+        return list_refused(&agent_dir, &selection, args.last, &files, args.json);
+    }
     if let Some(place) = &mut place
         && let Some((_, alias, _)) = rooms
             .iter()
@@ -176,20 +204,25 @@ fn transcript_text(turns: &[perch_core::transcript::Turn]) -> String {
     out
 }
 
-/// The values of the agent's secrets in this environment (sandbox secrets, provider keys,
-/// channel credentials), to be cut out of everything shown, and each channel's declared rooms
-/// as (channel, alias, platform id). When the agent's files do not check, every variable whose
-/// name says it holds a credential counts as a secret.
-fn log_context(
-    agent_dir: &AgentDir,
-) -> (
-    perch_core::transcript::Redaction,
-    Vec<(String, String, String)>,
-) {
+/// What `perch log` needs of the agent's files.
+struct LogContext {
+    /// The values of the agent's secrets in this environment (sandbox secrets, provider keys,
+    /// channel credentials), to be cut out of everything shown. When the agent's files do not
+    /// check, every variable whose name says it holds a credential counts as a secret.
+    redaction: perch_core::transcript::Redaction,
+    /// Each channel's declared rooms, as (channel, alias, platform id).
+    rooms: Vec<(String, String, String)>,
+    /// Each channel's file, relative to the agent directory.
+    files: std::collections::BTreeMap<String, String>,
+}
+
+fn log_context(agent_dir: &AgentDir) -> LogContext {
     let mut rooms = Vec::new();
+    let mut files = std::collections::BTreeMap::new();
     let names: Vec<String> = match crate::agent::load(agent_dir) {
         Ok(loaded) => {
             for channel in &loaded.channels {
+                files.insert(channel.config.name.to_string(), channel.file.clone());
                 for (alias, id) in &channel.config.rooms {
                     rooms.push((
                         channel.config.name.to_string(),
@@ -236,7 +269,59 @@ fn log_context(
     let redaction = perch_core::transcript::Redaction::new(
         names.iter().filter_map(|name| std::env::var(name).ok()),
     );
-    (redaction, rooms)
+    LogContext {
+        redaction,
+        rooms,
+        files,
+    }
+}
+
+/// `perch log --refused`: the last `last` refused messages `selection` selects, from the
+/// inbox, oldest first.
+fn list_refused(
+    agent_dir: &AgentDir,
+    selection: &perch_core::transcript::Selection,
+    last: usize,
+    files: &std::collections::BTreeMap<String, String>,
+    json: bool,
+) -> Result<ExitCode, String> {
+    let inbox =
+        crate::log::peek_journal(&agent_dir.inbox_dir()).map_err(|error| error.to_string())?;
+    let mut refused = crate::store::inbox::refused(&inbox);
+    refused.retain(|one| perch_core::refusals::selects(selection, one));
+    let shown = &refused[refused.len().saturating_sub(last)..];
+    let mut out = String::new();
+    for one in shown {
+        let file = super::status::channel_file(files, &one.channel);
+        if json {
+            let line =
+                serde_json::to_string(&one.line(&file)).map_err(|error| error.to_string())?;
+            out.push_str(&perch_core::terminal::json_escaped(&line));
+            out.push('\n');
+        } else {
+            out.push_str(&one.text(&file));
+        }
+    }
+    if !json {
+        if refused.is_empty() {
+            out.push_str("no refused messages in the inbox (it keeps a day)\n");
+        } else if shown.len() < refused.len() {
+            out.push_str(&format!(
+                "the last {} of {} refused messages; -n {} shows them all\n",
+                shown.len(),
+                refused.len(),
+                refused.len()
+            ));
+        }
+        for line in &inbox.unreadable {
+            out.push_str(&format!(
+                "inbox corrupt: {}\n",
+                perch_core::terminal::shown(&line.to_string())
+            ));
+        }
+    }
+    page(&out)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `text` through `$PAGER` (default `less -FRX`) when standard output is a terminal.

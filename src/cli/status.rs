@@ -16,7 +16,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Show what a running (or stopped) service holds: channels, inbox items waiting, deliveries
-/// waiting or of unknown fate, pending pairings. Read-only: takes no lock.
+/// waiting or of unknown fate, pending pairings, the newest refusals (with room and sender ids
+/// and the fix). Read-only: takes no lock.
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
     /// The agent directory [default: the current directory]
@@ -55,11 +56,13 @@ pub fn run(args: StatusArgs) -> Result<ExitCode, String> {
         Err(error) => (perch_core::pairing::Pairing::default(), Some(error)),
     };
     let mut undecryptable = std::collections::BTreeMap::new();
+    let mut channel_files = std::collections::BTreeMap::new();
     let channels: Vec<String> = match agent::load(&agent_dir) {
         Ok(loaded) => loaded
             .channels
             .iter()
             .map(|channel| {
+                channel_files.insert(channel.config.name.to_string(), channel.file.clone());
                 if channel.config.kind() == perch_core::config::ChannelKind::Matrix {
                     let name = channel.config.name.to_string();
                     let report = crate::channel::matrix::read_undecryptable(
@@ -149,9 +152,15 @@ pub fn run(args: StatusArgs) -> Result<ExitCode, String> {
             Ok(today) => SpendStatus::Known(today),
             Err(error) => SpendStatus::Unknown { error },
         },
+        refusals: perch_core::refusals::recent(&crate::store::inbox::refused(&inbox), |channel| {
+            channel_file(&channel_files, channel)
+        }),
     };
     if json {
-        emit(&format!("{}\n", printed(&report)?))?;
+        emit(&format!(
+            "{}\n",
+            perch_core::terminal::json_escaped(&printed(&report)?)
+        ))?;
     } else {
         emit(&status_text(
             &report,
@@ -161,6 +170,18 @@ pub fn run(args: StatusArgs) -> Result<ExitCode, String> {
         ))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The file that declares `channel`, relative to the agent directory: as loaded, or where
+/// `perch channel add` puts it when the agent's files do not load.
+pub(super) fn channel_file(
+    files: &std::collections::BTreeMap<String, String>,
+    channel: &str,
+) -> String {
+    files
+        .get(channel)
+        .cloned()
+        .unwrap_or_else(|| format!("channels/{channel}.lua"))
 }
 
 /// `perch status` as text.
@@ -287,6 +308,15 @@ fn status_text(
             shown(&pending.channel),
             pending.expires.to_rfc3339()
         ));
+    }
+    if !report.refusals.is_empty() {
+        out.push_str(
+            "refused            the newest, one per room and reason (`perch log --refused` lists \
+             them all)\n",
+        );
+        for refusal in &report.refusals {
+            out.push_str(&refusal.text());
+        }
     }
     if let Heartbeats::Listed(list) = &report.heartbeats {
         for task in &list.tasks {

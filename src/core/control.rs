@@ -208,6 +208,9 @@ pub struct StatusReport {
     pub last_start: Option<LastStart>,
     /// The UTC day's spend (`day`, `tokens`, `cost`, `told`), or `{"error": ...}`.
     pub spend_today: SpendStatus,
+    /// The newest refusals the inbox keeps, one per (channel, room, reason), newest first.
+    #[serde(default)]
+    pub refusals: Vec<crate::refusals::RecentRefusal>,
 }
 
 impl StatusReport {
@@ -469,6 +472,17 @@ mod tests {
             spend_today: SpendStatus::Unknown {
                 error: "no spend journal".into(),
             },
+            refusals: vec![crate::refusals::RecentRefusal {
+                channel: "tg".into(),
+                room: "-200".into(),
+                sender: "77".into(),
+                name: "Eve".into(),
+                kind: "room_not_allowed".into(),
+                reason: "the room is not in allow.rooms and the sender not in allow.users".into(),
+                fix: "channels/tg.lua: allow.users (add \"77\")".into(),
+                count: 3,
+                last: expires,
+            }],
         };
         let golden = r#"{
   "approved_senders": 1,
@@ -533,6 +547,19 @@ mod tests {
       "expires": "2026-12-02T07:00:00Z",
       "name": "Ada",
       "sender": "42"
+    }
+  ],
+  "refusals": [
+    {
+      "channel": "tg",
+      "count": 3,
+      "fix": "channels/tg.lua: allow.users (add \"77\")",
+      "kind": "room_not_allowed",
+      "last": "2026-12-02T07:00:00Z",
+      "name": "Eve",
+      "reason": "the room is not in allow.rooms and the sender not in allow.users",
+      "room": "-200",
+      "sender": "77"
     }
   ],
   "restart_needed": [],

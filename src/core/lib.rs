@@ -38,6 +38,7 @@ pub mod pairing;
 pub mod problem;
 pub mod prompt;
 pub mod redact;
+pub mod refusals;
 pub mod secret;
 pub mod skill;
 pub mod spend;

@@ -66,6 +66,29 @@ pub fn escaped(text: &str) -> String {
     for_terminal(text, usize::MAX)
 }
 
+/// JSON `text` with every character [`is_unsafe_for_terminal`] written as a `\uXXXX` escape:
+/// safe to print, and it still decodes to exactly the same values. Only for JSON text as
+/// serde_json writes it, where such a character stands only inside a string, except the line
+/// breaks and tabs of pretty-printing, which are left alone.
+pub fn json_escaped(text: &str) -> String {
+    let unsafe_in_json = |ch: char| is_unsafe_for_terminal(ch) && !matches!(ch, '\n' | '\t');
+    if !text.chars().any(unsafe_in_json) {
+        return text.to_owned();
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for ch in text.chars() {
+        if unsafe_in_json(ch) {
+            let mut units = [0u16; 2];
+            for unit in ch.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
 /// [`for_terminal`] with the default length, [`SHOWN_CHARS`].
 pub fn shown(text: &str) -> String {
     for_terminal(text, SHOWN_CHARS)
@@ -74,6 +97,22 @@ pub fn shown(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_escapes_what_a_terminal_acts_on_and_keeps_pretty_printing() {
+        let value = serde_json::json!({"name": "Mal\u{1b}[2Jlory\u{202e}\u{85}", "id": "88"});
+        let pretty = serde_json::to_string_pretty(&value).unwrap();
+        let escaped = json_escaped(&pretty);
+        assert_eq!(
+            escaped,
+            "{\n  \"id\": \"88\",\n  \"name\": \"Mal\\u001b[2Jlory\\u202e\\u0085\"\n}"
+        );
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&escaped).unwrap(),
+            value
+        );
+        assert_eq!(json_escaped("{\"plain\":1}"), "{\"plain\":1}");
+    }
 
     #[test]
     fn controls_and_invisible_characters_are_shown_escaped() {

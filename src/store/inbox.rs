@@ -285,3 +285,16 @@ fn encode(record: &InboxRecord) -> serde_json::Value {
         |error| serde_json::json!({ "type": "unencodable", "reason": error.to_string() }),
     )
 }
+
+/// The refused messages among what the inbox keeps on disk (a peek of it, consumed and pending
+/// items alike), oldest first, each record read by [`InboxRecord::read`]; a line that does not
+/// read is skipped (`perch status` reports the inbox's unreadable lines).
+pub fn refused(contents: &crate::log::JournalContents) -> Vec<perch_core::refusals::Refused> {
+    let mut items: Vec<&JournalItem> = contents.consumed.iter().chain(&contents.pending).collect();
+    items.sort_by_key(|item| item.seq);
+    perch_core::refusals::refused_in(items.into_iter().filter_map(|item| {
+        InboxRecord::read(&item.body)
+            .ok()
+            .map(|record| (item.seq, item.at, record))
+    }))
+}

@@ -112,6 +112,7 @@ const GOLDEN_JSON: &str = r#"{
   "outbox_unreadable": [],
   "pairing_unreadable": null,
   "pairings_pending": [],
+  "refusals": [],
   "restart_needed": [],
   "running": false,
   "spend_today": {

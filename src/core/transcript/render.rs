@@ -17,22 +17,7 @@ const LINE_CHARS: usize = 300;
 /// and other invisible format characters) are written as `\uXXXX` escapes, so the line is safe
 /// to print and still decodes to exactly the text that was logged.
 pub fn json_line(event: &TranscriptEvent) -> String {
-    let text = serde_json::to_string(event).unwrap_or_default();
-    if !text.chars().any(crate::terminal::is_unsafe_for_terminal) {
-        return text;
-    }
-    let mut out = String::with_capacity(text.len() + 16);
-    for ch in text.chars() {
-        if crate::terminal::is_unsafe_for_terminal(ch) {
-            let mut units = [0u16; 2];
-            for unit in ch.encode_utf16(&mut units) {
-                let _ = write!(out, "\\u{unit:04x}");
-            }
-        } else {
-            out.push(ch);
-        }
-    }
-    out
+    crate::terminal::json_escaped(&serde_json::to_string(event).unwrap_or_default())
 }
 
 /// Money in millionths, as text: `0.0031`, `12`.

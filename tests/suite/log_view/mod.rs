@@ -2,6 +2,7 @@
 
 mod follow;
 mod perch_run;
+mod refused;
 mod schema_check;
 
 use super::support::fake_telegram::TOKEN;
