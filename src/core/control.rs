@@ -17,10 +17,31 @@ use std::collections::BTreeMap;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "kebab-case")]
 pub enum ControlRequest {
-    PairApprove { code: String },
+    /// `perch pair approve CODE` or `CHANNEL:USER_ID`.
+    PairApprove {
+        #[serde(flatten)]
+        who: Who,
+    },
+    /// `perch pair deny CODE` or `CHANNEL:USER_ID`.
+    PairDeny {
+        #[serde(flatten)]
+        who: Who,
+    },
+    /// `perch pair revoke CHANNEL:USER_ID`.
+    PairRevoke {
+        channel: String,
+        sender: String,
+    },
+    /// `perch pair list`.
+    PairList,
     Status,
-    HeartbeatRun { task: String, dry_run: bool },
-    HeartbeatResume { task: String },
+    HeartbeatRun {
+        task: String,
+        dry_run: bool,
+    },
+    HeartbeatResume {
+        task: String,
+    },
     HeartbeatList,
 }
 
@@ -73,8 +94,34 @@ pub fn read_reply<T: DeserializeOwned>(line: &str) -> Result<Reply<T>, String> {
     }
 }
 
-/// The reply to `pair-approve`: the sender now approved.
-pub use crate::pairing::Approved;
+pub use crate::pairing::{Approved, PendingPair, Who};
+
+/// The reply to `pair-approve`: the sender now approved, and whether a notice telling them so
+/// was recorded in the outbox (it is not when no direct message from them is known).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PairApproved {
+    pub channel: String,
+    pub sender: String,
+    pub name: String,
+    pub told: bool,
+}
+
+/// The reply to `pair-deny` and `pair-revoke`: whose request was dropped, or who is no longer
+/// approved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PairSender {
+    pub channel: String,
+    pub sender: String,
+    pub name: String,
+}
+
+/// The reply to `pair-list`, and what `perch pair list --json` prints: the pending requests
+/// (oldest first) and the approved senders.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PairListed {
+    pub pending: Vec<PendingPair>,
+    pub approved: Vec<Approved>,
+}
 
 /// The reply to `heartbeat-run`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -285,10 +332,37 @@ mod tests {
         let table = [
             (
                 ControlRequest::PairApprove {
-                    code: "K7Q2".into(),
+                    who: Who::Code {
+                        code: "K7Q2".into(),
+                    },
                 },
                 r#"{"command":"pair-approve","code":"K7Q2"}"#,
             ),
+            (
+                ControlRequest::PairApprove {
+                    who: Who::Sender {
+                        channel: "tg".into(),
+                        sender: "42".into(),
+                    },
+                },
+                r#"{"command":"pair-approve","channel":"tg","sender":"42"}"#,
+            ),
+            (
+                ControlRequest::PairDeny {
+                    who: Who::Code {
+                        code: "K7Q2".into(),
+                    },
+                },
+                r#"{"command":"pair-deny","code":"K7Q2"}"#,
+            ),
+            (
+                ControlRequest::PairRevoke {
+                    channel: "mx".into(),
+                    sender: "@ada:example.org".into(),
+                },
+                r#"{"command":"pair-revoke","channel":"mx","sender":"@ada:example.org"}"#,
+            ),
+            (ControlRequest::PairList, r#"{"command":"pair-list"}"#),
             (ControlRequest::Status, r#"{"command":"status"}"#),
             (
                 ControlRequest::HeartbeatRun {
@@ -321,17 +395,41 @@ mod tests {
 
     #[test]
     fn replies_golden() {
-        let approved: Reply<Approved> = Ok(Approved {
+        let approved: Reply<PairApproved> = Ok(PairApproved {
             channel: "tg".into(),
             sender: "42".into(),
             name: "Ada".into(),
+            told: true,
         });
         let line = encode_reply(&approved).to_string();
         assert_eq!(
             line,
-            r#"{"channel":"tg","name":"Ada","ok":true,"sender":"42"}"#
+            r#"{"channel":"tg","name":"Ada","ok":true,"sender":"42","told":true}"#
         );
-        assert_eq!(read_reply::<Approved>(&line).unwrap(), approved);
+        assert_eq!(read_reply::<PairApproved>(&line).unwrap(), approved);
+
+        let listed: Reply<PairListed> = Ok(PairListed {
+            pending: vec![PendingPair {
+                code: "K7Q2XM".into(),
+                channel: "tg".into(),
+                sender: "7".into(),
+                name: "Bob".into(),
+                expires: chrono::Utc.with_ymd_and_hms(2026, 11, 30, 7, 0, 0).unwrap(),
+                room: Some("7".into()),
+            }],
+            approved: vec![Approved {
+                channel: "tg".into(),
+                sender: "42".into(),
+                name: "Ada".into(),
+                room: None,
+            }],
+        });
+        let line = encode_reply(&listed).to_string();
+        assert_eq!(
+            line,
+            r#"{"approved":[{"channel":"tg","name":"Ada","sender":"42"}],"ok":true,"pending":[{"channel":"tg","code":"K7Q2XM","expires":"2026-11-30T07:00:00Z","name":"Bob","room":"7","sender":"7"}]}"#
+        );
+        assert_eq!(read_reply::<PairListed>(&line).unwrap(), listed);
 
         let resumed: Reply<Resumed> = Ok(Resumed {});
         let line = encode_reply(&resumed).to_string();
@@ -368,7 +466,7 @@ mod tests {
     #[test]
     fn a_reply_that_is_not_one_is_nonsense() {
         for line in ["", "[]", r#"{"running":true}"#, r#"{"ok":true}"#] {
-            let read = read_reply::<Approved>(line);
+            let read = read_reply::<PairApproved>(line);
             assert!(
                 read.as_ref()
                     .is_err_and(|error| error.starts_with("the service answered nonsense: ")),

@@ -128,12 +128,25 @@ impl Refusal {
             Refusal::LoopGuard => format!("{file}: bot_turns (raise it to let bots talk longer)"),
             Refusal::Stale => format!("{file}: max_age (raise it to answer older messages)"),
             Refusal::AwaitingPairing => format!(
-                "perch pair approve CODE (the code is in `perch status`), or {file}: allow.users \
+                "perch pair approve CODE (`perch pair list` shows it), or {file}: allow.users \
                  (add \"{sender}\")"
             ),
             Refusal::Other => format!("{file}: see the reason"),
         }
     }
+}
+
+/// What the operator decided about a sender.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PairingDecision {
+    /// Approved, and told so in their direct messages.
+    ApprovedTold,
+    /// Approved; no direct message from them is known, so they were not told.
+    ApprovedUntold,
+    /// Their request was dropped.
+    Denied,
+    /// No longer approved.
+    Revoked,
 }
 
 /// Something `perch run` tells the operator.
@@ -183,6 +196,13 @@ pub enum Event {
         sender: String,
         name: String,
         code: String,
+    },
+    /// The operator approved, denied or revoked a sender through the running service.
+    PairingDecided {
+        channel: String,
+        sender: String,
+        name: String,
+        decision: PairingDecision,
     },
     /// A heartbeat slot started its run.
     HeartbeatFiring { task: String, slot: Timestamp },
@@ -324,14 +344,40 @@ impl Event {
                 Level::Notice,
                 format!(
                     "{}: pairing requested by {} ({}): code {}; let them in with `perch pair \
-                     approve {}`",
+                     approve {}` or `perch pair approve {}:{}`",
                     shown(channel),
                     shown(name),
                     shown(sender),
                     shown(code),
-                    shown(code)
+                    shown(code),
+                    shown(channel),
+                    shown(sender)
                 ),
             ),
+            Event::PairingDecided {
+                channel,
+                sender,
+                name,
+                decision,
+            } => {
+                let decided = match decision {
+                    PairingDecision::ApprovedTold => "approved, and told so",
+                    PairingDecision::ApprovedUntold => {
+                        "approved (not told: no direct message from them is known)"
+                    }
+                    PairingDecision::Denied => "denied: the pairing request is dropped",
+                    PairingDecision::Revoked => "revoked: no longer approved",
+                };
+                let who = if name.is_empty() {
+                    shown(sender)
+                } else {
+                    format!("{} ({})", shown(name), shown(sender))
+                };
+                (
+                    Level::Notice,
+                    format!("{}: {who} {decided}", shown(channel)),
+                )
+            }
             Event::HeartbeatFiring { task, slot } => (
                 Level::Info,
                 format!(
@@ -697,7 +743,27 @@ mod tests {
                 },
                 Level::Notice,
                 "tg: pairing requested by Mallory\\u{1b}[2J (42): code ABCD-2345; let them in \
-                 with `perch pair approve ABCD-2345`",
+                 with `perch pair approve ABCD-2345` or `perch pair approve tg:42`",
+            ),
+            (
+                Event::PairingDecided {
+                    channel: "tg".into(),
+                    sender: "42".into(),
+                    name: "Ada".into(),
+                    decision: PairingDecision::ApprovedTold,
+                },
+                Level::Notice,
+                "tg: Ada (42) approved, and told so",
+            ),
+            (
+                Event::PairingDecided {
+                    channel: "tg".into(),
+                    sender: "7\u{202e}".into(),
+                    name: String::new(),
+                    decision: PairingDecision::Revoked,
+                },
+                Level::Notice,
+                "tg: 7\\u{202e} revoked: no longer approved",
             ),
             (
                 Event::HeartbeatFiring {

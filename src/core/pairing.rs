@@ -1,16 +1,20 @@
-//! Pairing: how an unknown sender in a direct message becomes an approved one. The sender gets
-//! a short code; the owner approves it with `perch pair approve CODE`. Codes expire, a sender
-//! has at most one, and a channel has only a few pending at once. When they are all taken (a few
-//! throwaway accounts can do that), a later sender is told that pairing is busy, once an hour,
-//! and the owner is shown who holds the codes, so no sender is left without an answer.
+//! Pairing: how an unknown sender in a direct message becomes an approved one, and how the
+//! operator controls it. The sender's request is listed with a short code; the operator approves
+//! it by that code or by the sender's id (`perch pair approve CODE` or `CHANNEL:USER_ID`), denies
+//! it, or later revokes an approved sender. Requests expire after an hour, a sender has at most
+//! one, and a channel lists at most [`MAX_PENDING_PER_CHANNEL`]: when a new request finds the
+//! list full, the oldest request is dropped for it, so the newest requests are always listed and
+//! a person a flood pushed out is listed again as soon as they write again. Such a sender is told
+//! pairing is busy and given their id to pass on, since approving by id needs no request at all:
+//! no number of strangers can keep a person the operator names from being let in.
 
 use crate::Timestamp;
 use serde::{Deserialize, Serialize};
 
-/// How long a code can be approved.
+/// How long a request (and its code) can be approved.
 pub const CODE_LIFETIME_SECONDS: i64 = 3600;
-/// Codes pending at once, per channel.
-pub const MAX_PENDING_PER_CHANNEL: usize = 3;
+/// Requests pending at once, per channel; a new one past it drops the oldest.
+pub const MAX_PENDING_PER_CHANNEL: usize = 32;
 /// Senders remembered as told that pairing is busy (so each is told once an hour); past it, the
 /// oldest is forgotten.
 pub const MAX_BUSY_TOLD: usize = 64;
@@ -33,6 +37,7 @@ pub struct ToldBusy {
     pub until: Timestamp,
 }
 
+/// A sender's request to be let in, as received (the name is shown escaped).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingPair {
     pub code: String,
@@ -40,6 +45,16 @@ pub struct PendingPair {
     pub sender: String,
     pub name: String,
     pub expires: Timestamp,
+    /// The direct-message room the request came from, where the approved person is told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub room: Option<String>,
+}
+
+impl PendingPair {
+    /// When the request was made.
+    pub fn requested(&self) -> Timestamp {
+        self.expires - chrono::Duration::seconds(CODE_LIFETIME_SECONDS)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,26 +62,79 @@ pub struct Approved {
     pub channel: String,
     pub sender: String,
     pub name: String,
+    /// The direct-message room their request came from, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub room: Option<String>,
 }
 
-/// What asking for a code gave.
+/// Whom an operator's pairing command names: a request by its code, or a sender by channel and
+/// platform id (`CHANNEL:USER_ID`, split at the first colon: channel names have none, Matrix ids
+/// do).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Who {
+    Sender { channel: String, sender: String },
+    Code { code: String },
+}
+
+impl Who {
+    /// Reads what the operator typed: `CHANNEL:USER_ID` or a code.
+    pub fn parse(text: &str) -> Result<Who, String> {
+        let text = text.trim();
+        match text.split_once(':') {
+            Some((channel, sender)) if !channel.is_empty() && !sender.trim().is_empty() => {
+                crate::name::ChannelName::try_from(channel)
+                    .map_err(|error| format!("{text}: not CHANNEL:USER_ID: {error}"))?;
+                Ok(Who::Sender {
+                    channel: channel.to_owned(),
+                    sender: sender.trim().to_owned(),
+                })
+            }
+            Some(_) => Err(format!(
+                "{text}: not CHANNEL:USER_ID (both parts are needed, as in tg:123456789)"
+            )),
+            None if !text.is_empty() && text.chars().all(|c| c.is_ascii_alphanumeric()) => {
+                Ok(Who::Code {
+                    code: text.to_owned(),
+                })
+            }
+            None => Err(format!(
+                "{text:?}: neither a pairing code nor CHANNEL:USER_ID (as in tg:123456789)"
+            )),
+        }
+    }
+
+    /// Whether `pending` is the request this names.
+    fn names(&self, pending: &PendingPair) -> bool {
+        match self {
+            Who::Code { code } => pending.code.eq_ignore_ascii_case(code.trim()),
+            Who::Sender { channel, sender } => {
+                &pending.channel == channel && &pending.sender == sender
+            }
+        }
+    }
+}
+
+/// What a sender's message asking to be let in gave.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Issued {
-    /// A new code; tell the sender.
+    /// A new request and its code; tell the sender.
     New(String),
-    /// The sender already has a code pending; say nothing more (no spam to a sender who
+    /// The sender already has a request pending; say nothing more (no spam to a sender who
     /// keeps writing).
     Pending,
-    /// Every code of this channel is taken: tell the sender that pairing is busy and when the
-    /// oldest code expires; tell the owner who holds them (`oldest` is the first to expire).
-    Busy { oldest: PendingPair },
-    /// Busy, and this sender was already told so within the hour; say nothing.
+    /// The channel's list was full: the request is listed under `code`, and `dropped`, the
+    /// oldest, is no longer. Tell the sender that pairing is busy and to give the operator their
+    /// id (a code may be dropped in turn before the operator gets to it; the id always works).
+    Busy { code: String, dropped: PendingPair },
+    /// Busy, listed, and this sender was already told so within the hour; say nothing.
     BusyTold,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Approval {
     Approved(Approved),
+    /// No pending request has that code (approving a sender by id always succeeds).
     Unknown,
 }
 
@@ -77,18 +145,20 @@ impl Pairing {
             .any(|approved| approved.channel == channel && approved.sender == sender)
     }
 
-    /// Forgets expired codes, and busy notices that may be given again.
+    /// Forgets expired requests, and busy notices that may be given again.
     pub fn expire(&mut self, now: Timestamp) {
         self.pending.retain(|pending| pending.expires > now);
         self.told_busy.retain(|told| told.until > now);
     }
 
-    /// Issues `code` (random, from the caller) for an unknown sender, unless one is pending.
+    /// Lists a request from an unknown sender in direct-message `room` under `code` (random,
+    /// from the caller), unless one is pending; a full channel drops its oldest request for it.
     pub fn issue(
         &mut self,
         channel: &str,
         sender: &str,
         name: &str,
+        room: &str,
         code: String,
         now: Timestamp,
     ) -> Issued {
@@ -100,66 +170,108 @@ impl Pairing {
         {
             return Issued::Pending;
         }
-        let holders: Vec<&PendingPair> = self
+        let oldest = self
+            .pending
+            .iter()
+            .enumerate()
+            .filter(|(_, pending)| pending.channel == channel)
+            .min_by_key(|(_, pending)| pending.expires)
+            .map(|(index, _)| index);
+        let listed = self
             .pending
             .iter()
             .filter(|pending| pending.channel == channel)
-            .collect();
-        if holders.len() >= MAX_PENDING_PER_CHANNEL {
-            let Some(oldest) = holders
-                .into_iter()
-                .min_by_key(|pending| pending.expires)
-                .cloned()
-            else {
-                return Issued::BusyTold;
-            };
-            if self
-                .told_busy
-                .iter()
-                .any(|told| told.channel == channel && told.sender == sender)
-            {
-                return Issued::BusyTold;
-            }
-            if self.told_busy.len() >= MAX_BUSY_TOLD {
-                self.told_busy.remove(0);
-            }
-            self.told_busy.push(ToldBusy {
-                channel: channel.to_owned(),
-                sender: sender.to_owned(),
-                until: now + chrono::Duration::seconds(CODE_LIFETIME_SECONDS),
-            });
-            return Issued::Busy { oldest };
-        }
+            .count();
+        let dropped = match oldest {
+            Some(index) if listed >= MAX_PENDING_PER_CHANNEL => Some(self.pending.remove(index)),
+            _ => None,
+        };
         self.pending.push(PendingPair {
             code: code.clone(),
             channel: channel.to_owned(),
             sender: sender.to_owned(),
             name: name.to_owned(),
             expires: now + chrono::Duration::seconds(CODE_LIFETIME_SECONDS),
+            room: Some(room.to_owned()),
         });
-        Issued::New(code)
+        let Some(dropped) = dropped else {
+            return Issued::New(code);
+        };
+        if self
+            .told_busy
+            .iter()
+            .any(|told| told.channel == channel && told.sender == sender)
+        {
+            return Issued::BusyTold;
+        }
+        if self.told_busy.len() >= MAX_BUSY_TOLD {
+            self.told_busy.remove(0);
+        }
+        self.told_busy.push(ToldBusy {
+            channel: channel.to_owned(),
+            sender: sender.to_owned(),
+            until: now + chrono::Duration::seconds(CODE_LIFETIME_SECONDS),
+        });
+        Issued::Busy { code, dropped }
     }
 
-    /// Approves the sender holding `code` (case-insensitive), if it has not expired.
-    pub fn approve(&mut self, code: &str, now: Timestamp) -> Approval {
+    /// Approves whom `who` names: the sender of the request with that code (case-insensitive),
+    /// if it has not expired; or the sender by id, whether or not they asked (their request, if
+    /// any, is taken off the list).
+    pub fn approve(&mut self, who: &Who, now: Timestamp) -> Approval {
         self.expire(now);
-        let Some(index) = self
+        let request = self
             .pending
             .iter()
-            .position(|pending| pending.code.eq_ignore_ascii_case(code.trim()))
-        else {
-            return Approval::Unknown;
+            .position(|pending| who.names(pending))
+            .map(|index| self.pending.remove(index));
+        let approved = match (request, who) {
+            (Some(pending), _) => Approved {
+                channel: pending.channel,
+                sender: pending.sender,
+                name: pending.name,
+                room: pending.room,
+            },
+            (None, Who::Code { .. }) => return Approval::Unknown,
+            (None, Who::Sender { channel, sender }) => {
+                match self
+                    .approved
+                    .iter()
+                    .find(|approved| &approved.channel == channel && &approved.sender == sender)
+                {
+                    Some(approved) => approved.clone(),
+                    None => Approved {
+                        channel: channel.clone(),
+                        sender: sender.clone(),
+                        name: String::new(),
+                        room: None,
+                    },
+                }
+            }
         };
-        let pending = self.pending.remove(index);
-        let approved = Approved {
-            channel: pending.channel,
-            sender: pending.sender,
-            name: pending.name,
-        };
+        self.told_busy
+            .retain(|told| told.channel != approved.channel || told.sender != approved.sender);
         if !self.is_approved(&approved.channel, &approved.sender) {
             self.approved.push(approved.clone());
         }
         Approval::Approved(approved)
+    }
+
+    /// Takes the request `who` names off the list, if one is pending; the sender is not told,
+    /// and may ask again.
+    pub fn deny(&mut self, who: &Who, now: Timestamp) -> Option<PendingPair> {
+        self.expire(now);
+        let index = self.pending.iter().position(|pending| who.names(pending))?;
+        Some(self.pending.remove(index))
+    }
+
+    /// Removes an approved sender: their next direct message is a stranger's again.
+    pub fn revoke(&mut self, channel: &str, sender: &str) -> Option<Approved> {
+        let index = self
+            .approved
+            .iter()
+            .position(|approved| approved.channel == channel && approved.sender == sender)?;
+        Some(self.approved.remove(index))
     }
 }
 
@@ -182,86 +294,232 @@ mod tests {
             + chrono::Duration::minutes(minutes)
     }
 
+    fn code(text: &str) -> Who {
+        Who::Code { code: text.into() }
+    }
+
+    fn sender(channel: &str, sender: &str) -> Who {
+        Who::Sender {
+            channel: channel.into(),
+            sender: sender.into(),
+        }
+    }
+
+    /// A pairing with `count` strangers' requests on `tg`, one a minute from `at(0)`.
+    fn flooded(count: usize) -> Pairing {
+        let mut pairing = Pairing::default();
+        for stranger in 0..count {
+            let minute = i64::try_from(stranger).unwrap();
+            pairing.issue(
+                "tg",
+                &format!("s{stranger}"),
+                "x",
+                &format!("s{stranger}"),
+                format!("S{stranger}"),
+                at(minute) + chrono::Duration::seconds(1),
+            );
+        }
+        pairing
+    }
+
     #[test]
-    fn a_code_is_issued_once_approved_once_and_expires() {
+    fn what_the_operator_types_is_read_as_a_code_or_a_sender() {
+        let table: [(&str, Result<Who, &str>); 8] = [
+            ("K7Q2XM", Ok(code("K7Q2XM"))),
+            (" k7q2xm ", Ok(code("k7q2xm"))),
+            ("tg:123456789", Ok(sender("tg", "123456789"))),
+            (
+                "mx:@alice:example.org",
+                Ok(sender("mx", "@alice:example.org")),
+            ),
+            ("tg:", Err("not CHANNEL:USER_ID")),
+            (":42", Err("not CHANNEL:USER_ID")),
+            ("t g:42", Err("not CHANNEL:USER_ID")),
+            ("K7-Q2", Err("neither a pairing code nor CHANNEL:USER_ID")),
+        ];
+        for (typed, expected) in table {
+            match (Who::parse(typed), expected) {
+                (Ok(who), Ok(expected)) => assert_eq!(who, expected, "{typed}"),
+                (Err(error), Err(expected)) => {
+                    assert!(error.contains(expected), "{typed}: {error}");
+                }
+                (read, expected) => panic!("{typed}: {read:?}, expected {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_request_is_issued_once_approved_once_and_expires() {
         let mut pairing = Pairing::default();
         assert_eq!(
-            pairing.issue("tg", "42", "Alice", "ABC234".into(), at(0)),
+            pairing.issue("tg", "42", "Alice", "42", "ABC234".into(), at(0)),
             Issued::New("ABC234".into())
         );
         assert_eq!(
-            pairing.issue("tg", "42", "Alice", "ZZZ999".into(), at(1)),
+            pairing.issue("tg", "42", "Alice", "42", "ZZZ999".into(), at(1)),
             Issued::Pending
         );
+        assert_eq!(pairing.pending[0].requested(), at(0));
         assert!(!pairing.is_approved("tg", "42"));
-        assert!(matches!(
-            pairing.approve("abc234", at(2)),
-            Approval::Approved(_)
-        ));
-        assert!(pairing.is_approved("tg", "42"));
-        assert_eq!(pairing.approve("ABC234", at(3)), Approval::Unknown);
-        pairing.issue("tg", "7", "Bob", "BOB234".into(), at(0));
         assert_eq!(
-            pairing.approve("BOB234", at(61)),
+            pairing.approve(&code("abc234"), at(2)),
+            Approval::Approved(Approved {
+                channel: "tg".into(),
+                sender: "42".into(),
+                name: "Alice".into(),
+                room: Some("42".into()),
+            })
+        );
+        assert!(pairing.is_approved("tg", "42"));
+        assert_eq!(pairing.approve(&code("ABC234"), at(3)), Approval::Unknown);
+        pairing.issue("tg", "7", "Bob", "7", "BOB234".into(), at(0));
+        assert_eq!(
+            pairing.approve(&code("BOB234"), at(61)),
             Approval::Unknown,
             "expired"
         );
     }
 
     #[test]
-    fn a_channel_has_only_a_few_codes_pending() {
+    fn a_sender_is_approved_by_id_with_or_without_a_request() {
         let mut pairing = Pairing::default();
-        for sender in 0..MAX_PENDING_PER_CHANNEL {
-            let issued = pairing.issue("tg", &sender.to_string(), "x", format!("C{sender}"), at(0));
-            assert!(matches!(issued, Issued::New(_)));
+        pairing.issue("tg", "42", "Alice", "room-42", "ABC234".into(), at(0));
+        let table = [
+            // (who, the approved name, their room, what stays pending)
+            (sender("tg", "42"), "Alice", Some("room-42"), 0),
+            (sender("tg", "42"), "Alice", Some("room-42"), 0),
+            (sender("tg", "7"), "", None, 0),
+            (sender("dc", "42"), "", None, 0),
+        ];
+        for (who, name, room, pending) in table {
+            let Approval::Approved(approved) = pairing.approve(&who, at(1)) else {
+                panic!("{who:?} was not approved");
+            };
+            assert_eq!(approved.name, name, "{who:?}");
+            assert_eq!(approved.room.as_deref(), room, "{who:?}");
+            assert_eq!(pairing.pending.len(), pending, "{who:?}");
         }
+        assert_eq!(pairing.approved.len(), 3, "approving twice lists once");
+        assert!(pairing.is_approved("dc", "42") && pairing.is_approved("tg", "7"));
+    }
+
+    #[test]
+    fn deny_drops_a_request_and_revoke_an_approved_sender() {
+        let mut pairing = Pairing::default();
+        pairing.issue("tg", "42", "Alice", "42", "ABC234".into(), at(0));
+        pairing.issue("tg", "7", "Bob", "7", "BOB234".into(), at(0));
+        let table = [
+            (code("abc234"), Some("42")),
+            (code("abc234"), None),
+            (sender("tg", "7"), Some("7")),
+            (sender("tg", "99"), None),
+        ];
+        for (who, denied) in table {
+            let dropped = pairing.deny(&who, at(1));
+            assert_eq!(
+                dropped.as_ref().map(|pending| pending.sender.as_str()),
+                denied,
+                "{who:?}"
+            );
+        }
+        assert!(pairing.pending.is_empty());
+        assert_eq!(
+            pairing.issue("tg", "42", "Alice", "42", "NEW234".into(), at(2)),
+            Issued::New("NEW234".into()),
+            "a denied sender may ask again"
+        );
+        pairing.approve(&sender("tg", "42"), at(3));
+        assert_eq!(
+            pairing.revoke("tg", "42").map(|approved| approved.name),
+            Some("Alice".to_owned())
+        );
+        assert_eq!(pairing.revoke("tg", "42"), None);
+        assert!(!pairing.is_approved("tg", "42"));
+    }
+
+    #[test]
+    fn a_full_channel_drops_its_oldest_request_for_the_newest() {
+        let mut pairing = flooded(MAX_PENDING_PER_CHANNEL);
+        let listed = |pairing: &Pairing, sender: &str| {
+            pairing
+                .pending
+                .iter()
+                .any(|pending| pending.sender == sender)
+        };
+        let issued = pairing.issue("tg", "dora", "Dora", "dora", "DORA23".into(), at(40));
+        assert!(
+            matches!(&issued, Issued::Busy { code, dropped } if code == "DORA23" && dropped.sender == "s0"),
+            "{issued:?}"
+        );
+        assert!(listed(&pairing, "dora") && !listed(&pairing, "s0"));
+        assert_eq!(pairing.pending.len(), MAX_PENDING_PER_CHANNEL, "bounded");
+
+        let mut pairing = flooded(1);
+        pairing.issue("tg", "dora", "Dora", "dora", "DORA23".into(), at(0));
+        for stranger in 0..MAX_PENDING_PER_CHANNEL * 2 {
+            pairing.issue(
+                "tg",
+                &format!("t{stranger}"),
+                "x",
+                "r",
+                format!("T{stranger}"),
+                at(1),
+            );
+        }
+        assert!(!listed(&pairing, "dora"), "a large flood pushed Dora out");
+        let oldest = pairing.pending[0].clone();
+        assert_eq!(
+            pairing.issue("tg", "dora", "Dora", "dora", "DORA24".into(), at(2)),
+            Issued::Busy {
+                code: "DORA24".into(),
+                dropped: oldest,
+            },
+            "she is listed again as soon as she writes again, and told to give her id"
+        );
+        assert!(listed(&pairing, "dora"));
+        let oldest = pairing.pending[0].clone();
+        assert_eq!(
+            pairing.issue("tg", "later", "x", "r", "LATE23".into(), at(3)),
+            Issued::Busy {
+                code: "LATE23".into(),
+                dropped: oldest,
+            }
+        );
+        assert!(
+            matches!(pairing.approve(&sender("tg", "dora"), at(4)), Approval::Approved(approved) if approved.name == "Dora")
+        );
         assert!(
             matches!(
-                pairing.issue("tg", "99", "x", "C99".into(), at(1)),
-                Issued::Busy { oldest } if oldest.sender == "0"
+                pairing.issue("dc", "99", "x", "r", "D99".into(), at(4)),
+                Issued::New(_)
             ),
-            "a later sender is told pairing is busy"
+            "channels are listed apart"
         );
-        assert_eq!(
-            pairing.issue("tg", "99", "x", "C99".into(), at(2)),
-            Issued::BusyTold,
-            "once an hour"
-        );
-        assert!(!pairing.pending.iter().any(|pending| pending.sender == "99"));
-        assert!(matches!(
-            pairing.issue("dc", "99", "x", "D99".into(), at(0)),
-            Issued::New(_)
-        ));
         assert_eq!(pairing_code([0, 1, 2, 3, 4, 255]).len(), 6);
     }
 
     #[test]
     fn busy_notices_are_bounded_and_given_again_after_the_hour() {
-        let mut pairing = Pairing::default();
-        for sender in 0..MAX_PENDING_PER_CHANNEL {
-            pairing.issue(
-                "tg",
-                &format!("t{sender}"),
-                "x",
-                format!("C{sender}"),
-                at(0),
-            );
-        }
-        for sender in 0..MAX_BUSY_TOLD + 5 {
-            let issued = pairing.issue("tg", &sender.to_string(), "x", "X".into(), at(1));
-            assert!(matches!(issued, Issued::Busy { .. }), "{sender}");
+        let mut pairing = flooded(MAX_PENDING_PER_CHANNEL);
+        for stranger in 0..MAX_BUSY_TOLD + 5 {
+            let issued = pairing.issue("tg", &stranger.to_string(), "x", "r", "X".into(), at(40));
+            assert!(matches!(issued, Issued::Busy { .. }), "{stranger}");
         }
         assert_eq!(pairing.told_busy.len(), MAX_BUSY_TOLD);
-        assert!(matches!(
-            pairing.issue("tg", "7", "x", "X".into(), at(59)),
-            Issued::BusyTold
-        ));
+        pairing.deny(&sender("tg", "7"), at(41));
+        assert_eq!(
+            pairing.issue("tg", "7", "x", "r", "X".into(), at(59)),
+            Issued::BusyTold,
+            "listed again, not told again within the hour"
+        );
+        assert!(pairing.pending.iter().any(|pending| pending.sender == "7"));
+        pairing.deny(&sender("tg", "7"), at(100));
         assert!(
             matches!(
-                pairing.issue("tg", "7", "x", "NEW234".into(), at(62)),
+                pairing.issue("tg", "7", "x", "r", "NEW234".into(), at(101)),
                 Issued::New(_)
             ),
-            "the throwaway codes expired: the sender gets one"
+            "the flood's requests expired: the sender gets a code"
         );
         assert!(pairing.told_busy.is_empty());
     }

@@ -117,7 +117,12 @@ impl Outside {
             Err(error) => return encode_reply::<Resumed>(&Err(error)),
         };
         match request {
-            ControlRequest::PairApprove { code } => encode_reply(&self.intake.approve(code).await),
+            ControlRequest::PairApprove { who } => encode_reply(&self.intake.approve(who).await),
+            ControlRequest::PairDeny { who } => encode_reply(&self.intake.deny(who).await),
+            ControlRequest::PairRevoke { channel, sender } => {
+                encode_reply(&self.intake.revoke(channel, sender).await)
+            }
+            ControlRequest::PairList => encode_reply(&self.intake.pair_list().await),
             ControlRequest::HeartbeatRun { task, dry_run } => {
                 let reply = match self.heartbeats.get() {
                     None => Err(NOT_YET.to_owned()),

@@ -79,9 +79,10 @@ fn an_unknown_sender_is_paired_by_the_owner_then_answered() {
     wait_until("the answer", || telegram.has_shown("nice to meet you"));
     assert_eq!(
         telegram.sent().len(),
-        2,
-        "one code offer, one answer; the second hello got no second code"
+        3,
+        "one code offer, the notice of approval, one answer; the second hello got no second code"
     );
+    assert!(telegram.sent()[1].shown.starts_with("You are in"));
     service.stop();
     let status = agent.status();
     assert!(!status.running);

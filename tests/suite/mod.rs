@@ -32,6 +32,7 @@ mod metrics;
 mod model;
 mod narration;
 mod origin;
+mod pairing;
 mod prompt;
 mod recovery;
 mod sandbox;

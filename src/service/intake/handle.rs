@@ -3,7 +3,8 @@
 use super::super::ask::ask;
 use super::super::deliveries::Format;
 use crate::store::inbox::Backlog;
-use perch_core::pairing::Approved;
+use perch_core::control::{PairApproved, PairListed, PairSender};
+use perch_core::pairing::Who;
 use perch_core::starts::InboxRecovered;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -17,11 +18,24 @@ pub(super) enum Request {
         text: String,
         reply: oneshot::Sender<Result<String, String>>,
     },
-    /// `perch pair approve <code>`, from the control socket.
+    /// `perch pair approve`, from the control socket.
     Approve {
-        code: String,
-        reply: oneshot::Sender<Result<Approved, String>>,
+        who: Who,
+        reply: oneshot::Sender<Result<PairApproved, String>>,
     },
+    /// `perch pair deny`.
+    Deny {
+        who: Who,
+        reply: oneshot::Sender<Result<PairSender, String>>,
+    },
+    /// `perch pair revoke`.
+    Revoke {
+        channel: String,
+        sender: String,
+        reply: oneshot::Sender<Result<PairSender, String>>,
+    },
+    /// `perch pair list`.
+    PairList { reply: oneshot::Sender<PairListed> },
     /// How many pairing codes are pending, for `perch status`.
     PairingsPending { reply: oneshot::Sender<usize> },
     /// After a restart: the inbox's backlog, answered, resumed, queued again or decided again.
@@ -56,11 +70,40 @@ impl Intake {
         })
     }
 
-    /// Approves the pending pairing `code`: its sender may talk to the agent from now on.
-    pub(in crate::service) async fn approve(&self, code: String) -> Result<Approved, String> {
-        ask(&self.requests, |reply| Request::Approve { code, reply })
+    /// Approves whom `who` names: they may talk to the agent from now on, and are told so.
+    pub(in crate::service) async fn approve(&self, who: Who) -> Result<PairApproved, String> {
+        ask(&self.requests, |reply| Request::Approve { who, reply })
             .await
             .ok_or_else(stopped)?
+    }
+
+    /// Drops the pending request `who` names.
+    pub(in crate::service) async fn deny(&self, who: Who) -> Result<PairSender, String> {
+        ask(&self.requests, |reply| Request::Deny { who, reply })
+            .await
+            .ok_or_else(stopped)?
+    }
+
+    /// Removes an approved sender.
+    pub(in crate::service) async fn revoke(
+        &self,
+        channel: String,
+        sender: String,
+    ) -> Result<PairSender, String> {
+        ask(&self.requests, |reply| Request::Revoke {
+            channel,
+            sender,
+            reply,
+        })
+        .await
+        .ok_or_else(stopped)?
+    }
+
+    /// The pending requests and the approved senders.
+    pub(in crate::service) async fn pair_list(&self) -> Result<PairListed, String> {
+        ask(&self.requests, |reply| Request::PairList { reply })
+            .await
+            .ok_or_else(stopped)
     }
 
     /// How many pairing codes are pending.

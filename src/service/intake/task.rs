@@ -15,14 +15,18 @@ use crate::channel::{Arrival, InboundEvent};
 use crate::store::generations;
 use crate::store::inbox::{Disposition, Inbox, PendingItem, Recorded};
 use crate::store::outbox::{DeliveryLane, Outbox};
+use crate::store::pairing::{
+    APPROVED_NOTICE, no_pending_pairing, no_pending_request, not_approved, write_pairing,
+};
 use perch_core::admission::{Admission, Arrived, Gate, admit};
 use perch_core::alert::AlertKind;
 use perch_core::chat::{BotTurns, ChatCommand};
 use perch_core::config::ChannelConfig;
+use perch_core::control::{PairApproved, PairListed, PairSender};
 use perch_core::group_context::GroupContext;
 use perch_core::name::LaneName;
-use perch_core::narration::{Event, Refusal};
-use perch_core::pairing::{Approval, Approved, Issued, Pairing, pairing_code};
+use perch_core::narration::{Event, PairingDecision, Refusal};
+use perch_core::pairing::{Approval, Approved, Issued, Pairing, Who, pairing_code};
 use perch_core::terminal;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -113,8 +117,25 @@ impl IntakeTask {
             } => {
                 let _ = reply.send(Ok(self.format(&channel, text).await));
             }
-            Request::Approve { code, reply } => {
-                let _ = reply.send(self.approve(&code));
+            Request::Approve { who, reply } => {
+                let _ = reply.send(self.approve(&who).await);
+            }
+            Request::Deny { who, reply } => {
+                let _ = reply.send(self.deny(&who));
+            }
+            Request::Revoke {
+                channel,
+                sender,
+                reply,
+            } => {
+                let _ = reply.send(self.revoke(&channel, &sender));
+            }
+            Request::PairList { reply } => {
+                self.pairing.expire(self.common.clock.now());
+                let _ = reply.send(PairListed {
+                    pending: self.pairing.pending.clone(),
+                    approved: self.pairing.approved.clone(),
+                });
             }
             Request::PairingsPending { reply } => {
                 let _ = reply.send(self.pairing.pending.len());
@@ -166,17 +187,145 @@ impl IntakeTask {
             .await
     }
 
-    /// Approves the pending pairing `code`, durably, and tells the connectors.
-    fn approve(&mut self, code: &str) -> Result<Approved, String> {
-        let approved = match self.pairing.approve(code, self.common.clock.now()) {
-            Approval::Approved(approved) => {
-                crate::store::pairing::write_pairing(&self.pairing_path, &self.pairing)
-                    .map(|()| approved)
+    /// Approves whom `who` names, durably, tells the connectors, and tells the person in their
+    /// direct messages, through the outbox, when their request said where.
+    async fn approve(&mut self, who: &Who) -> Result<PairApproved, String> {
+        if let Who::Sender { channel, .. } = who {
+            self.loaded_channel(channel)?;
+        }
+        let before = self.pairing.clone();
+        let approved = match self.pairing.approve(who, self.common.clock.now()) {
+            Approval::Approved(approved) => approved,
+            Approval::Unknown => {
+                let code = match who {
+                    Who::Code { code } => terminal::shown(code),
+                    Who::Sender { .. } => String::new(),
+                };
+                return Err(no_pending_pairing(&code));
             }
-            Approval::Unknown => Err(crate::store::pairing::no_pending_pairing(code)),
         };
+        if let Err(error) = write_pairing(&self.pairing_path, &self.pairing) {
+            self.pairing = before;
+            return Err(error);
+        }
         self.update_gates();
-        approved
+        let told = self.tell_approved(&approved).await;
+        crate::host::narrate::tell(&Event::PairingDecided {
+            channel: approved.channel.clone(),
+            sender: approved.sender.clone(),
+            name: approved.name.clone(),
+            decision: if told {
+                PairingDecision::ApprovedTold
+            } else {
+                PairingDecision::ApprovedUntold
+            },
+        });
+        Ok(PairApproved {
+            channel: approved.channel,
+            sender: approved.sender,
+            name: approved.name,
+            told,
+        })
+    }
+
+    /// Records the notice telling `approved` they are in, in the room of their request; whether
+    /// it was recorded.
+    async fn tell_approved(&mut self, approved: &Approved) -> bool {
+        let (Some(channel), Some(room)) = (
+            self.channels.get(&approved.channel).cloned(),
+            approved.room.as_deref(),
+        ) else {
+            return false;
+        };
+        let formatted = self
+            .format(&approved.channel, APPROVED_NOTICE.to_owned())
+            .await;
+        let to = To {
+            room,
+            thread: None,
+            reply_to: None,
+        };
+        match self
+            .deliveries
+            .post(&channel, to, Text::Formatted(formatted), Vec::new(), None)
+            .await
+        {
+            Ok(_) => true,
+            Err(error) => {
+                tracing::warn!(
+                    channel = %approved.channel,
+                    "{} was approved, but the notice telling them could not be recorded: {error}",
+                    terminal::shown(&approved.sender)
+                );
+                false
+            }
+        }
+    }
+
+    /// Drops the pending request `who` names, durably.
+    fn deny(&mut self, who: &Who) -> Result<PairSender, String> {
+        let before = self.pairing.clone();
+        let Some(denied) = self.pairing.deny(who, self.common.clock.now()) else {
+            self.pairing = before;
+            return Err(no_pending_request(who));
+        };
+        if let Err(error) = write_pairing(&self.pairing_path, &self.pairing) {
+            self.pairing = before;
+            return Err(error);
+        }
+        crate::host::narrate::tell(&Event::PairingDecided {
+            channel: denied.channel.clone(),
+            sender: denied.sender.clone(),
+            name: denied.name.clone(),
+            decision: PairingDecision::Denied,
+        });
+        Ok(PairSender {
+            channel: denied.channel,
+            sender: denied.sender,
+            name: denied.name,
+        })
+    }
+
+    /// Removes an approved sender, durably, and tells the connectors.
+    fn revoke(&mut self, channel: &str, sender: &str) -> Result<PairSender, String> {
+        let before = self.pairing.clone();
+        let Some(revoked) = self.pairing.revoke(channel, sender) else {
+            return Err(not_approved(channel, sender));
+        };
+        if let Err(error) = write_pairing(&self.pairing_path, &self.pairing) {
+            self.pairing = before;
+            return Err(error);
+        }
+        self.update_gates();
+        crate::host::narrate::tell(&Event::PairingDecided {
+            channel: revoked.channel.clone(),
+            sender: revoked.sender.clone(),
+            name: revoked.name.clone(),
+            decision: PairingDecision::Revoked,
+        });
+        Ok(PairSender {
+            channel: revoked.channel,
+            sender: revoked.sender,
+            name: revoked.name,
+        })
+    }
+
+    /// Refuses a channel this service did not load: a sender approved on it could never talk.
+    fn loaded_channel(&self, channel: &str) -> Result<(), String> {
+        if self.channels.get(channel).is_some() {
+            return Ok(());
+        }
+        let mut loaded: Vec<&str> = self.channels.keys().map(String::as_str).collect();
+        loaded.sort_unstable();
+        Err(format!(
+            "no channel {} is loaded (channels: {})",
+            terminal::shown(channel),
+            if loaded.is_empty() {
+                "none".to_owned()
+            } else {
+                loaded.join(", ")
+            }
+        ))
     }
 
     /// Journals the event, acknowledges it, and decides what it is.
@@ -439,7 +588,8 @@ impl IntakeTask {
         }
     }
 
-    /// Gives an unknown sender a code to pass to the owner (once while it is pending).
+    /// Lists an unknown sender's request and gives them a code to pass to the owner (once
+    /// while it is pending), or, when the channel's list is full, their id.
     async fn offer_pairing(
         &mut self,
         channel: &Arc<Channel>,
@@ -447,61 +597,64 @@ impl IntakeTask {
     ) -> Result<(), String> {
         let code = pairing_code(random_bytes());
         let before = self.pairing.clone();
+        let channel_name = channel.loaded.config.name.to_string();
         let issued = self.pairing.issue(
-            &channel.loaded.config.name.to_string(),
+            &channel_name,
             &event.sender.id,
             &event.sender.name,
+            &event.room,
             code,
             self.common.clock.now(),
         );
-        if matches!(issued, Issued::New(_) | Issued::Busy { .. })
-            && let Err(error) =
-                crate::store::pairing::write_pairing(&self.pairing_path, &self.pairing)
+        if issued != Issued::Pending
+            && let Err(error) = write_pairing(&self.pairing_path, &self.pairing)
         {
-            // A code that is not on disk could never be approved: offer none.
+            // A request that is not on disk could never be approved: offer none.
             self.pairing = before;
             return Err(error);
         }
-        let channel_name = channel.loaded.config.name.to_string();
         match &issued {
-            Issued::New(code) => crate::host::narrate::tell(&Event::Pairing {
-                channel: channel_name.clone(),
-                sender: event.sender.id.clone(),
-                name: event.sender.name.clone(),
-                code: code.clone(),
-            }),
-            Issued::Busy { .. } | Issued::Pending | Issued::BusyTold => {
+            Issued::New(code) | Issued::Busy { code, .. } => {
+                crate::host::narrate::tell(&Event::Pairing {
+                    channel: channel_name.clone(),
+                    sender: event.sender.id.clone(),
+                    name: event.sender.name.clone(),
+                    code: code.clone(),
+                });
+            }
+            Issued::Pending | Issued::BusyTold => {
                 self.narrate_refusal(channel, event, Refusal::AwaitingPairing, "");
             }
         }
+        let id = format!("{channel_name}:{}", event.sender.id);
         let text = match issued {
             Issued::New(code) => format!(
                 "I do not know you yet. If you should be able to talk to me, ask my owner to run \
-                 `perch pair approve {code}` within the hour."
+                 `perch pair approve {code}` within the hour (or to approve your id, {id})."
             ),
-            Issued::Busy { oldest } => {
-                let holder = terminal::shown(&oldest.name);
+            Issued::Busy { dropped, .. } => {
                 tracing::warn!(
                     channel = %channel_name,
-                    "channel {channel_name}: every pairing code is taken; {} ({}) was told \
-                     pairing is busy",
+                    "channel {channel_name}: the pairing list is full; the request of {} ({}) \
+                     was dropped for that of {} ({})",
+                    terminal::shown(&dropped.name),
+                    terminal::shown(&dropped.sender),
                     terminal::shown(&event.sender.name),
                     terminal::shown(&event.sender.id)
                 );
                 self.common.alerts.alert(
                     AlertKind::PairingFull,
                     format!(
-                        "every pairing code of channel {channel_name} is taken, so new senders \
-                         are told pairing is busy. The oldest is held by {holder} ({}) until {}; \
-                         `perch status` lists them all.",
-                        terminal::shown(&oldest.sender),
-                        oldest.expires.to_rfc3339()
+                        "channel {channel_name} has {} pairing requests pending, so each new one \
+                         drops the oldest; `perch pair list` shows them, and `perch pair approve \
+                         CHANNEL:USER_ID` lets in a person you know, with or without a request.",
+                        perch_core::pairing::MAX_PENDING_PER_CHANNEL
                     ),
                 );
                 format!(
-                    "I do not know you yet, and pairing is busy right now: too many people are \
-                     waiting for my owner. Please write again after {} UTC.",
-                    oldest.expires.format("%H:%M")
+                    "I do not know you yet, and pairing is busy right now: many people are \
+                     waiting for my owner. If you should be able to talk to me, give my owner \
+                     your id, {id}: they can let you in with `perch pair approve {id}`."
                 )
             }
             Issued::Pending | Issued::BusyTold => return Ok(()),

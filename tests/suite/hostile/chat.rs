@@ -195,48 +195,58 @@ fn a_provider_error_reaches_the_chat_as_a_generic_sentence_and_the_log_keeps_it(
     );
 }
 
+/// Throwaway accounts fill the channel's pairing list: a later sender is still listed (the
+/// oldest request is dropped for theirs), is told pairing is busy and given their id, once, and
+/// is let in by that id.
 #[test]
 fn throwaway_accounts_cannot_starve_pairing() {
     let agent = pairing_agent();
-    let telegram = agent.telegram();
+    let (model, telegram) = (&agent.model, agent.telegram());
     let service = agent.start();
-    for id in 101..=103 {
-        let throwaway = User::human(id, &format!("throwaway {id}"));
-        agent.send(&throwaway, "hi");
+    let full = perch_core::pairing::MAX_PENDING_PER_CHANNEL;
+    for id in 0..full {
+        let id = 1000 + i64::try_from(id).unwrap();
+        agent.send(&User::human(id, &format!("throwaway {id}")), "hi");
     }
-    wait_until("three codes", || telegram.sent().len() == 3);
+    wait_until("a code each", || telegram.sent().len() == full);
     let dora = User::human(104, "Dora");
     agent.send(&dora, "hello, I am real");
-    wait_until("an answer to the fourth sender", || {
-        telegram.sent().len() == 4
-    });
+    wait_until("an answer to Dora", || telegram.sent().len() == full + 1);
     agent.send(&dora, "hello??");
     let later = User::human(105, "Later");
     agent.send(&later, "me too");
-    wait_until("an answer to the fifth sender", || {
-        telegram.sent().len() == 5
+    wait_until("an answer to the next sender", || {
+        telegram.sent().len() == full + 2
     });
-    let status = agent.status();
-    service.stop();
     let sent = telegram.sent();
-    assert_eq!(sent[3].chat_id, 104);
+    let busy = &sent[full];
+    assert_eq!(busy.chat_id, 104);
     assert!(
-        sent[3].shown.contains("pairing is busy"),
+        busy.shown.contains("pairing is busy")
+            && busy.shown.contains("your id, tg:104")
+            && busy.shown.contains("perch pair approve tg:104"),
         "{}",
-        sent[3].shown
+        busy.shown
     );
-    assert!(!sent[3].shown.contains("perch pair approve"), "no code");
     assert_eq!(
-        sent[4].chat_id, 105,
+        sent[full + 1].chat_id,
+        105,
         "the repeated hello got no second notice"
     );
-    let pending = &status.pairings_pending;
-    assert_eq!(pending.len(), 3, "the owner sees who holds the codes");
+    let list = String::from_utf8_lossy(&agent.perch(&["pair", "list"]).stdout).into_owned();
     assert!(
-        pending
-            .iter()
-            .any(|pending| pending.name == "throwaway 101")
+        list.contains(&format!("pending requests: {full}")),
+        "{list}"
     );
+    assert!(
+        list.contains("tg:104") && !list.contains("tg:1000 ") && !list.contains("tg:1001 "),
+        "the newest are listed, the oldest dropped: {list}"
+    );
+    assert!(agent.perch(&["pair", "approve", "tg:104"]).status.success());
+    model.push(Script::text("hi Dora"));
+    agent.send(&dora, "now?");
+    wait_until("Dora's answer", || telegram.has_shown("hi Dora"));
+    service.stop();
 }
 
 fn newest_segment(journal: &Path) -> std::path::PathBuf {
