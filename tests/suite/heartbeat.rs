@@ -373,8 +373,9 @@ fn perch_info_lists_the_tasks_or_says_why_the_file_does_not_check() {
     let agent = new_agent();
     let dir = agent.path().to_str().unwrap();
     write(agent.path(), "workspace/HEARTBEAT.yml", HOURLY);
-    let shown = super::support::perch(&["info", dir], &[]);
-    assert!(shown.status.success());
+    let key = [("OPENAI_API_KEY", "sk-test")];
+    let shown = super::support::perch(&["info", dir], &key);
+    assert!(shown.status.success(), "{}", super::support::stderr(&shown));
     let text = super::support::stdout(&shown);
     assert!(
         text.contains("heartbeats") && text.contains("hourly"),
@@ -386,7 +387,16 @@ fn perch_info_lists_the_tasks_or_says_why_the_file_does_not_check() {
         "workspace/HEARTBEAT.yml",
         "tasks:\n  - name: hourly\n    prompt: Look around.\n    every: 1m\n",
     );
-    let shown = super::support::perch(&["info", dir, "--json"], &[]);
+    let shown = super::support::perch(&["info", dir, "--json"], &key);
+    assert!(
+        !shown.status.success(),
+        "a file that does not check fails perch info"
+    );
+    assert!(
+        super::support::stderr(&shown).contains("workspace/HEARTBEAT.yml:4"),
+        "{}",
+        super::support::stderr(&shown)
+    );
     let json: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
     let error = json["heartbeats"]["error"].as_str().unwrap();
     assert!(error.contains("workspace/HEARTBEAT.yml:4"), "{error}");

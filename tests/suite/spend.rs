@@ -167,7 +167,7 @@ fn spend_owner_and_price_are_checked_with_their_file_and_line() {
     let priced = agent.model.priced_models_yml();
     agent.write("models.yml", &priced);
     assert_eq!(problems(agent.path()), Vec::<String>::new(), "{priced}");
-    let info = agent.perch(&["info", "--json"]);
+    let info = agent.perch_alone(&["info", "--json"]);
     assert!(info.status.success(), "{}", stderr(&info));
     let value: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
     assert_eq!(value["spend"]["source"], "agent.lua");
@@ -184,7 +184,10 @@ fn without_spend_info_names_the_built_in_cap_and_spend_false_runs_uncapped() {
         "agent.lua",
         "agent { model = \"openai/gpt-5-mini\" }\n",
     );
-    let info = perch(&["info", dir.path().to_str().unwrap()], &[]);
+    let info = perch(
+        &["info", dir.path().to_str().unwrap()],
+        &[("OPENAI_API_KEY", "sk-test")],
+    );
     assert!(info.status.success(), "{}", stderr(&info));
     let shown = stdout(&info);
     assert!(
