@@ -5,6 +5,7 @@
 //! talks to the network: each channel's platform and each model provider, with their
 //! credentials, all at once, each under a timeout.
 
+use super::agent_checks::{agent_checks, loaded_checks, service_env_file};
 use crate::agent::{self, AgentDir};
 use crate::channel::{self, CheckError};
 use crate::host::Places;
@@ -78,7 +79,8 @@ pub fn command(args: DoctorArgs) -> Result<ExitCode, String> {
 
 /// Every local check: the machine ([`machine`]), the cache directory, the image
 /// (`perch:default`, or the image the agent in `dir` names), the clock, and, given an agent,
-/// the permissions of its secrets ([`secrets`]).
+/// the permissions of its secrets ([`secrets`]), the trust store it needs, and everything
+/// `perch run` would refuse on ([`agent_checks`]).
 pub fn run(places: &Places, dir: Option<&Path>) -> Vec<Check> {
     let mut checks = machine(places);
     checks.push(cache(&places.cache));
@@ -93,8 +95,12 @@ pub fn run(places: &Places, dir: Option<&Path>) -> Vec<Check> {
     ));
     if let Some(agent) = &agent {
         checks.extend(secrets(agent, places.env_file.as_deref()));
-        if let Ok(loaded) = agent::load(agent) {
-            checks.extend(trust_store(&loaded, model::check_trust_store()));
+        match agent::load(agent) {
+            Ok(loaded) => {
+                checks.extend(trust_store(&loaded, model::check_trust_store()));
+                checks.extend(loaded_checks(&loaded, places.env_file.as_deref()));
+            }
+            Err(_) => checks.extend(agent_checks(agent, places.env_file.as_deref())),
         }
     }
     checks
@@ -511,13 +517,6 @@ pub fn secrets(agent: &AgentDir, env_file: Option<&Path>) -> Vec<Check> {
         checks.push(check("secrets", true, detail, ""));
     }
     checks
-}
-
-/// `/etc/perch/<name>.env`, the environment file `perch@<name>.service` reads (see
-/// `deploy/`), for the agent whose directory is `root`.
-fn service_env_file(root: &Path) -> Option<PathBuf> {
-    let name = root.file_name()?.to_str()?;
-    Some(Path::new("/etc/perch").join(format!("{name}.env")))
 }
 
 fn open_to(mode: u32) -> &'static str {

@@ -151,14 +151,13 @@ fn run_now(dir: PathBuf, name: &str, dry_run: bool, json: bool) -> Result<ExitCo
     if json {
         emit(&format!("{}\n", printed(&end)?))?;
     } else {
-        let judgement = if end.valid {
-            "valid verdict"
-        } else {
-            "invalid verdict"
-        };
-        emit(&format!("{}\n{judgement}: {}\n", end.reply, end.outcome))?;
+        emit(&format!("{}\n", heartbeat::run_line(name, &end, dry_run)))?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if end.detail.went_wrong() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// A heartbeat run with no service running: this process takes the directory, connects the

@@ -1,8 +1,10 @@
 //! `perch info`: what an agent is, for people and for scripts. Secret values never appear here:
 //! a secret is shown by the names of its variables and the hosts it may reach.
 
+use super::agent_checks::loaded_checks;
 use super::{dir_or_current, emit, load_agent};
 use crate::agent::{LoadedAgent, LoadedChannel};
+use crate::sandbox::preflight::{Check, Status};
 use perch_core::config::{BusyPolicy, ChannelConfig, Platform, ToolDecl};
 use perch_core::spend::{HEARTBEAT_PAUSE_PERCENT, Money, SpendPolicy};
 use serde_json::json;
@@ -11,7 +13,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Show what the agent is: model, sandbox, egress hosts, secrets (names, never values) and
-/// tools. Reads only; never takes the agent's lock or repairs anything.
+/// tools, then every problem `perch run` would refuse on (exit 1 when there is one). Reads
+/// only; never takes the agent's lock or repairs anything.
 #[derive(Debug, clap::Args)]
 pub struct InfoArgs {
     /// The agent directory [default: the current directory]
@@ -33,7 +36,37 @@ pub fn run(args: InfoArgs) -> Result<ExitCode, String> {
     } else {
         emit(&to_text(&loaded))?;
     }
-    Ok(ExitCode::SUCCESS)
+    let env_file = crate::host::Places::from_environment().env_file;
+    let mut failed = false;
+    for check in loaded_checks(&loaded, env_file.as_deref()) {
+        match check.status {
+            Status::Ok => {}
+            Status::Warn => eprintln!("warning: {}", check_line(&check)),
+            Status::Fail => {
+                failed = true;
+                eprintln!("error: {}", check_line(&check));
+            }
+        }
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// A check's finding and fix on one line, as `perch info` reports it.
+fn check_line(check: &Check) -> String {
+    let detail = check
+        .detail
+        .lines()
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join("; ");
+    match &check.fix {
+        Some(fix) => format!("{detail} (fix: {fix})"),
+        None => detail,
+    }
 }
 
 /// The agent as one JSON object.

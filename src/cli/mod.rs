@@ -3,6 +3,7 @@
 //! dispatches to them.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+pub mod agent_checks;
 pub mod channel;
 pub mod chat;
 pub mod doctor;

@@ -77,6 +77,27 @@ pub fn describe(outcome: &SlotOutcome) -> String {
     }
 }
 
+/// `perch heartbeat run`'s one line: the task, what its run came to, and for a message or a
+/// steer its text on the same line, escaped for a terminal.
+pub fn run_line(task: &str, end: &RunEnd, dry_run: bool) -> String {
+    let text = match &end.detail {
+        SlotOutcome::Message { text, .. } | SlotOutcome::Steer { text, .. } => {
+            format!(
+                ": {}",
+                perch_core::terminal::escaped(&text.replace('\n', " ⏎ "))
+            )
+        }
+        _ => String::new(),
+    };
+    let dry = if dry_run {
+        " (dry run: nothing posted)"
+    } else {
+        ""
+    };
+    let line = format!("{task}: {}{dry}{text}", end.outcome);
+    perch_core::terminal::escaped(&line)
+}
+
 /// A run's end as `perch heartbeat run` prints it.
 pub fn run_end(end: &JobEnd) -> RunEnd {
     RunEnd {

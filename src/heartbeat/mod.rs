@@ -19,7 +19,7 @@ mod turn;
 pub use file::{file_path, heartbeat_env, host_tz, read_file};
 pub use host::{Host, HostLane, Steer};
 pub use ledger::{Ledger, peek_ledger, resume_here};
-pub use listing::{first_seen_now, listing, run_end};
+pub use listing::{first_seen_now, listing, run_end, run_line};
 pub use scheduler::{Heartbeats, OnStop, RunJob, SchedulerSetup, start};
 
 use perch_core::Timestamp;

@@ -197,7 +197,7 @@ impl SchedulerSetup {
 mod tests {
     use super::*;
     use crate::channel::BoxFuture;
-    use crate::heartbeat::{ledger, scheduler};
+    use crate::heartbeat::{Heartbeats, ledger, scheduler};
     use crate::lane::{Finished, Input, LaneError};
     use crate::sandbox::{Captured, Command, End, Output, SandboxError};
     use perch_core::heartbeat::{
@@ -579,33 +579,59 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn an_out_of_credit_run_stops_the_task_in_the_ledger_and_alerts_the_owner() {
+    /// A scheduler over an agent whose `digest` runs every hour, answered by `host`, on
+    /// `clock`; `scheduled` says whether its slots fire.
+    fn out_of_credit_scheduler(
+        host: &FakeHost,
+        clock: crate::host::clock::Clock,
+        scheduled: bool,
+    ) -> (tempfile::TempDir, AgentDir, Heartbeats, CancellationToken) {
         let agent = tempfile::tempdir().unwrap();
+        std::fs::write(agent.path().join("agent.lua"), "").unwrap();
         std::fs::write(agent.path().join("instructions.md"), "Be brief.").unwrap();
         std::fs::create_dir(agent.path().join("workspace")).unwrap();
         std::fs::write(agent.path().join("workspace/HEARTBEAT.yml"), FILE).unwrap();
         let dir = AgentDir::open(agent.path()).unwrap();
-        let clock = crate::host::clock::system_clock();
         let (opened, records) = ledger::Ledger::open(&dir, clock.clone()).unwrap();
-        let reason = "the account is out of credit (402)";
-        let host = FakeHost::answering([failed(reason, Some(ModelFailure::QuotaExhausted))]);
         let setup = SchedulerSetup::hosted(
             Arc::new(host.clone()),
             dir.clone(),
             env(),
             clock,
             Duration::from_secs(60),
-            false,
+            scheduled,
         );
         let shutdown = CancellationToken::new();
         let heartbeats = scheduler::start(setup, opened, records, shutdown.clone());
+        (agent, dir, heartbeats, shutdown)
+    }
 
-        let end = heartbeats.run_now("digest", false).await.unwrap();
-        assert_eq!(end.stop.as_deref(), Some(reason));
-        let list = heartbeats.list().await.unwrap();
-        let digest = list.tasks.iter().find(|row| row.name == "digest").unwrap();
-        assert_eq!(digest.status, format!("stopped: {reason}"));
+    const OUT_OF_CREDIT: &str = "the account is out of credit (402)";
+
+    #[tokio::test(start_paused = true)]
+    async fn an_out_of_credit_scheduled_run_stops_the_task_in_the_ledger_and_alerts_the_owner() {
+        let reason = OUT_OF_CREDIT;
+        let host = FakeHost::answering([failed(reason, Some(ModelFailure::QuotaExhausted))]);
+        let start = tokio::time::Instant::now();
+        let base = chrono::Utc::now();
+        let clock = crate::host::clock::Clock::new(move || {
+            base + chrono::TimeDelta::from_std(start.elapsed()).unwrap_or_default()
+        });
+        let (_agent, dir, heartbeats, shutdown) = out_of_credit_scheduler(&host, clock, true);
+        let status = loop {
+            let list = heartbeats.list().await.unwrap();
+            let digest = list.tasks.iter().find(|row| row.name == "digest").unwrap();
+            if digest.status.starts_with("stopped") {
+                break digest.status.clone();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(3 * 3600),
+                "the hourly slot fired and stopped the task: {}",
+                digest.status
+            );
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        };
+        assert_eq!(status, format!("stopped: {reason}"));
         host.with(|recorded| {
             assert_eq!(
                 recorded.alerts,
@@ -618,11 +644,35 @@ mod tests {
                 )]
             );
         });
-        assert!(host.tracker.is_empty(), "the run let go of the drain");
         shutdown.cancel();
         let state = ledger::peek_ledger(&dir).unwrap();
         let stopped = state.task(&TaskName::try_from("digest").unwrap()).unwrap();
         assert!(stopped.stopped.is_some(), "the stop is in the ledger");
+    }
+
+    #[tokio::test]
+    async fn an_out_of_credit_run_by_hand_leaves_the_task_scheduled_and_alerts_nobody() {
+        let reason = OUT_OF_CREDIT;
+        let host = FakeHost::answering([failed(reason, Some(ModelFailure::QuotaExhausted))]);
+        let clock = crate::host::clock::system_clock();
+        let (_agent, dir, heartbeats, shutdown) = out_of_credit_scheduler(&host, clock, false);
+        let end = heartbeats.run_now("digest", false).await.unwrap();
+        assert_eq!(
+            end.outcome,
+            SlotOutcome::Failed {
+                reason: reason.into()
+            }
+        );
+        assert_eq!(end.stop, None, "a run by hand stops nothing");
+        let list = heartbeats.list().await.unwrap();
+        let digest = list.tasks.iter().find(|row| row.name == "digest").unwrap();
+        assert_eq!(digest.status, "scheduled");
+        host.with(|recorded| assert!(recorded.alerts.is_empty()));
+        assert!(host.tracker.is_empty(), "the run let go of the drain");
+        shutdown.cancel();
+        let state = ledger::peek_ledger(&dir).unwrap();
+        let task = state.task(&TaskName::try_from("digest").unwrap()).unwrap();
+        assert!(task.stopped.is_none(), "no stop in the ledger");
     }
 
     #[tokio::test]

@@ -477,7 +477,7 @@ impl Scheduler {
         Ok(())
     }
 
-    async fn finish(&mut self, done: Done) -> Result<(), LogError> {
+    async fn finish(&mut self, mut done: Done) -> Result<(), LogError> {
         if done.mode == Mode::Scheduled {
             self.running.remove(&done.task);
         }
@@ -515,6 +515,10 @@ impl Scheduler {
                 at: now,
             })
             .await?;
+            if done.mode != Mode::Scheduled {
+                // A run by hand leaves the schedule alone: only a scheduled run stops its task.
+                done.end.stop = None;
+            }
             if let Some(reason) = &done.end.stop {
                 let fingerprint = self
                     .tasks()

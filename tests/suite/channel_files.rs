@@ -487,7 +487,10 @@ fn perch_info_shows_channels_by_variable_names_only() {
          busy = \"collect\",\n  format = function(reply) return reply end,\n}\n",
     );
     let value = "987654:secret-token-value";
-    let output = perch(&["info", root], &[("TG_TOKEN", value)]);
+    let output = perch(
+        &["info", root],
+        &[("TG_TOKEN", value), ("OPENAI_API_KEY", "sk-test")],
+    );
     assert!(output.status.success(), "{}", stderr(&output));
     let shown = stdout(&output);
     assert!(

@@ -793,3 +793,99 @@ async fn online_matrix_checks_the_saved_session_and_never_logs_in() {
         assert!(!all.contains(secret), "{all}");
     }
 }
+
+/// An agent whose `perch run` would refuse to start: the model's key and a channel's token
+/// unset, and a HEARTBEAT.yml that does not check.
+fn agent_run_would_refuse() -> tempfile::TempDir {
+    let agent = new_agent();
+    write(
+        agent.path(),
+        "channels/tg.lua",
+        "channel { kind = \"telegram\", token = env \"PERCH_TEST_TG_TOKEN\" }\n",
+    );
+    write(
+        agent.path(),
+        "workspace/HEARTBEAT.yml",
+        "tasks:\n  - name: hourly\n    prompt: Look around.\n    every: 1m\n",
+    );
+    agent
+}
+
+#[test]
+fn info_and_doctor_report_every_variable_run_needs_and_the_heartbeat_file_at_once() {
+    let agent = agent_run_would_refuse();
+    let dir = agent.path().to_str().unwrap();
+    let info = perch(&["info", dir], &[]);
+    let said = stderr(&info);
+    assert!(!info.status.success(), "{said}");
+    for expected in [
+        "error: OPENAI_API_KEY (models.yml: providers.openai.apiKey) is not set",
+        "error: PERCH_TEST_TG_TOKEN (channels/tg.lua: token) is not set",
+        "error: workspace/HEARTBEAT.yml:4",
+    ] {
+        assert!(said.contains(expected), "{expected}: {said}");
+    }
+    let doctor = perch(&["doctor", dir], &[]);
+    let shown = stdout(&doctor);
+    assert!(!doctor.status.success(), "{shown}");
+    for expected in [
+        "FAIL  env       OPENAI_API_KEY (models.yml: providers.openai.apiKey) is not set",
+        "FAIL  env       PERCH_TEST_TG_TOKEN (channels/tg.lua: token) is not set",
+        "FAIL  heartbeat workspace/HEARTBEAT.yml:4",
+    ] {
+        assert!(shown.contains(expected), "{expected}: {shown}");
+    }
+
+    write(
+        agent.path(),
+        "workspace/HEARTBEAT.yml",
+        "tasks:\n  - name: hourly\n    prompt: Look around.\n    every: 1h\n",
+    );
+    let env_file = agent.path().join("agent.env");
+    std::fs::write(
+        &env_file,
+        "# the service's file\nOPENAI_API_KEY=sk-from-the-file\nexport PERCH_TEST_TG_TOKEN=\"1:x\"\n",
+    )
+    .unwrap();
+    let fixed = perch(
+        &["info", dir],
+        &[("PERCH_ENV_FILE", env_file.to_str().unwrap())],
+    );
+    assert!(fixed.status.success(), "{}", stderr(&fixed));
+    let doctor = perch(
+        &["doctor", dir],
+        &[("PERCH_ENV_FILE", env_file.to_str().unwrap())],
+    );
+    let shown = stdout(&doctor);
+    assert!(
+        shown.contains("ok    env       set: OPENAI_API_KEY, PERCH_TEST_TG_TOKEN"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("ok    heartbeat HEARTBEAT.yml: 1 task(s)"),
+        "{shown}"
+    );
+    assert!(!shown.contains("sk-from-the-file"), "{shown}");
+}
+
+#[test]
+fn an_environment_file_this_user_cannot_read_is_a_warning_not_a_failure() {
+    let agent = new_agent();
+    let dir = agent.path().to_str().unwrap();
+    let unreadable = agent.path().join("a-directory.env");
+    std::fs::create_dir(&unreadable).unwrap();
+    let env = [("PERCH_ENV_FILE", unreadable.to_str().unwrap())];
+    let info = perch(&["info", dir], &env);
+    let said = stderr(&info);
+    assert!(info.status.success(), "{said}");
+    assert!(
+        said.contains("warning: cannot check OPENAI_API_KEY (models.yml: providers.openai.apiKey)"),
+        "{said}"
+    );
+    let shown = stdout(&perch(&["doctor", dir], &env));
+    assert!(
+        shown.contains("warn  env       cannot check OPENAI_API_KEY"),
+        "{shown}"
+    );
+    assert!(!shown.contains("FAIL  env"), "{shown}");
+}

@@ -373,8 +373,9 @@ fn perch_info_lists_the_tasks_or_says_why_the_file_does_not_check() {
     let agent = new_agent();
     let dir = agent.path().to_str().unwrap();
     write(agent.path(), "workspace/HEARTBEAT.yml", HOURLY);
-    let shown = super::support::perch(&["info", dir], &[]);
-    assert!(shown.status.success());
+    let key = [("OPENAI_API_KEY", "sk-test")];
+    let shown = super::support::perch(&["info", dir], &key);
+    assert!(shown.status.success(), "{}", super::support::stderr(&shown));
     let text = super::support::stdout(&shown);
     assert!(
         text.contains("heartbeats") && text.contains("hourly"),
@@ -386,7 +387,16 @@ fn perch_info_lists_the_tasks_or_says_why_the_file_does_not_check() {
         "workspace/HEARTBEAT.yml",
         "tasks:\n  - name: hourly\n    prompt: Look around.\n    every: 1m\n",
     );
-    let shown = super::support::perch(&["info", dir, "--json"], &[]);
+    let shown = super::support::perch(&["info", dir, "--json"], &key);
+    assert!(
+        !shown.status.success(),
+        "a file that does not check fails perch info"
+    );
+    assert!(
+        super::support::stderr(&shown).contains("workspace/HEARTBEAT.yml:4"),
+        "{}",
+        super::support::stderr(&shown)
+    );
     let json: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
     let error = json["heartbeats"]["error"].as_str().unwrap();
     assert!(error.contains("workspace/HEARTBEAT.yml:4"), "{error}");
@@ -419,9 +429,10 @@ fn a_heartbeat_message_is_posted_once_an_invalid_verdict_never_and_a_dry_run_del
     model.push(Script::text("Message: All green today.\nTwo reviews wait."));
     let shown = succeeds(&agent, &["heartbeat", "run", "digest"]);
     assert!(
-        shown.contains("valid verdict: message to dc:standup"),
+        shown.contains("digest: message to dc:standup: All green today. ⏎ Two reviews wait."),
         "{shown}"
     );
+    assert_eq!(shown.lines().count(), 1, "one plain line: {shown}");
     let posted = discord.posted();
     assert_eq!(posted.len(), 1);
     assert_eq!(posted[0].channel, 555);
@@ -441,8 +452,13 @@ fn a_heartbeat_message_is_posted_once_an_invalid_verdict_never_and_a_dry_run_del
 
     model.push(Script::text("SILENCE."));
     model.push(Script::text("I looked around. SILENCE"));
-    let shown = succeeds(&agent, &["heartbeat", "run", "digest"]);
-    assert!(shown.contains("invalid verdict"), "{shown}");
+    let invalid = agent.perch(&["heartbeat", "run", "digest"]);
+    let shown = stdout(&invalid);
+    assert!(
+        !invalid.status.success(),
+        "an invalid verdict exits 1: {shown}"
+    );
+    assert!(shown.starts_with("digest: invalid verdict: "), "{shown}");
     let correction = model.requests()[2].body["messages"].to_string();
     assert!(
         correction.contains("SILENCE."),
@@ -457,7 +473,10 @@ fn a_heartbeat_message_is_posted_once_an_invalid_verdict_never_and_a_dry_run_del
 
     model.push(Script::text("Message: a dry one"));
     let dry = succeeds(&agent, &["heartbeat", "run", "digest", "--dry-run"]);
-    assert!(dry.contains("valid verdict: message to dc:standup"));
+    assert!(
+        dry.contains("digest: message to dc:standup (dry run: nothing posted): a dry one"),
+        "{dry}"
+    );
     assert_eq!(
         discord.posted().len(),
         1,
@@ -486,15 +505,18 @@ fn a_heartbeat_message_is_posted_once_an_invalid_verdict_never_and_a_dry_run_del
     );
 
     model.push(Script::status(401, "invalid api key"));
-    let refused = stdout(&agent.perch(&["heartbeat", "run", "digest"]));
-    assert!(refused.contains("failed"));
-    let list = listed(&agent);
+    let refused = agent.perch(&["heartbeat", "run", "digest"]);
+    assert!(!refused.status.success(), "a failed run exits 1");
     assert!(
-        list.tasks[0].status.starts_with("stopped: "),
-        "a refused key stops the task: {list:?}"
+        stdout(&refused).starts_with("digest: failed: "),
+        "{}",
+        stdout(&refused)
     );
-    succeeds(&agent, &["heartbeat", "resume", "digest"]);
-    assert_eq!(listed(&agent).tasks[0].status, "scheduled");
+    assert_eq!(
+        listed(&agent).tasks[0].status,
+        "scheduled",
+        "a run by hand never stops the scheduled task, even on a refused key"
+    );
     service.stop();
 
     let after = stdout(&agent.perch(&["heartbeat", "list"]));
@@ -519,7 +541,7 @@ fn a_heartbeat_run_without_a_service_delivers_through_the_outbox_and_fires_no_sl
     let shown = stdout(&output);
     assert!(output.status.success(), "{shown}{}", stderr(&output));
     assert!(
-        shown.contains("valid verdict: message to dc:standup"),
+        shown.contains("digest: message to dc:standup: Nothing is on fire."),
         "{shown}"
     );
     assert_eq!(discord.posted().len(), 1);

@@ -3,6 +3,7 @@
 
 mod agent;
 mod channel;
+pub mod environment;
 mod models;
 mod sandbox;
 mod tool;

@@ -109,6 +109,21 @@ impl SlotOutcome {
         }
     }
 
+    /// Whether a run that ended so went wrong, so that `perch heartbeat run` exits non-zero:
+    /// a reply that was no verdict, a failed run, or one perch stopped. A skip is the task's
+    /// check saying there is nothing to do, and is not an error.
+    pub fn went_wrong(&self) -> bool {
+        match self {
+            SlotOutcome::Silent
+            | SlotOutcome::Message { .. }
+            | SlotOutcome::Steer { .. }
+            | SlotOutcome::Skipped { .. } => false,
+            SlotOutcome::Invalid { .. }
+            | SlotOutcome::Failed { .. }
+            | SlotOutcome::Interrupted { .. } => true,
+        }
+    }
+
     /// Why the run carried out no verdict: an invalid, failed, skipped or interrupted run's
     /// reason.
     pub fn reason(&self) -> Option<&str> {

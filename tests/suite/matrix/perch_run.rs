@@ -328,7 +328,7 @@ async fn the_standup_example_posts_its_digest_to_the_room_and_its_idle_check_cos
             .await
             .unwrap();
     assert!(
-        digest.contains("valid verdict: message to matrix:standup"),
+        digest.contains("standup: message to matrix:standup"),
         "{digest}"
     );
     replies_until(&alice, &room, &bot, "the digest in the room", |n| n > 0).await;

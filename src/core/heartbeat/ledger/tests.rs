@@ -754,3 +754,33 @@ fn records_are_one_json_object_per_line() {
         .is_err()
     );
 }
+
+#[test]
+fn a_run_went_wrong_when_its_reply_was_no_verdict_or_it_failed_or_was_interrupted() {
+    let reason = || "why".to_owned();
+    let rows = [
+        (SlotOutcome::Silent, false),
+        (
+            SlotOutcome::Message {
+                text: "hi".into(),
+                target: "tg:team".into(),
+                delivery: "d1".into(),
+            },
+            false,
+        ),
+        (
+            SlotOutcome::Steer {
+                text: "look".into(),
+                lane: crate::name::LaneName::try_from("main").unwrap(),
+            },
+            false,
+        ),
+        (SlotOutcome::Skipped { reason: reason() }, false),
+        (SlotOutcome::Invalid { reason: reason() }, true),
+        (SlotOutcome::Failed { reason: reason() }, true),
+        (SlotOutcome::Interrupted { reason: reason() }, true),
+    ];
+    for (outcome, wrong) in rows {
+        assert_eq!(outcome.went_wrong(), wrong, "{outcome:?}");
+    }
+}
