@@ -121,8 +121,8 @@ pub(crate) fn assert_tool_use(
     parts: Vec<Part>,
     usage: Usage,
 ) -> Vec<StreamEvent> {
-    let (reply, out) = feed(decoder, events).unwrap();
-    let reply = reply.unwrap();
+    let (reply, out) = feed(decoder, events).expect("the events decode");
+    let reply = reply.expect("the events end in a reply");
     assert_eq!(reply.parts, parts);
     assert_eq!(reply.stop, StopReason::ToolUse);
     assert_eq!(reply.usage, usage);
