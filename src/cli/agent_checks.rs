@@ -92,7 +92,7 @@ fn read_env_file(root: &Path, named: Option<&Path>) -> EnvFile {
     let Some(path) = named.map(Path::to_owned).or_else(|| service_env_file(root)) else {
         return EnvFile::Absent;
     };
-    match std::fs::read(&path) {
+    match read_bounded(&path) {
         Ok(bytes) => EnvFile::Read {
             path: path.display().to_string(),
             set: environment::names_set(&String::from_utf8_lossy(&bytes)),
@@ -105,6 +105,26 @@ fn read_env_file(root: &Path, named: Option<&Path>) -> EnvFile {
             reason: error.to_string(),
         },
     }
+}
+
+/// The most of an environment file read: far more than any agent's tokens.
+const ENV_FILE_LIMIT: u64 = 1024 * 1024;
+
+/// A regular file's first [`ENV_FILE_LIMIT`] bytes; anything else (a FIFO, a directory) is an
+/// error, never a wait.
+fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut bytes = Vec::new();
+    file.take(ENV_FILE_LIMIT).read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// `/etc/perch/<name>.env`, the environment file `perch@<name>.service` reads (see

@@ -888,4 +888,23 @@ fn an_environment_file_this_user_cannot_read_is_a_warning_not_a_failure() {
         "{shown}"
     );
     assert!(!shown.contains("FAIL  env"), "{shown}");
+
+    let fifo = agent.path().join("a-fifo.env");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_perch"))
+        .args(["info", dir])
+        .env_clear()
+        .env("PERCH_ENV_FILE", &fifo)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let info = super::support::scenario::exits_within(
+        child,
+        Duration::from_secs(20),
+        "perch info with a FIFO for its environment file",
+    );
+    let said = stderr(&info);
+    assert!(info.status.success(), "a FIFO is never waited on: {said}");
+    assert!(said.contains("not a regular file"), "{said}");
 }
