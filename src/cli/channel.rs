@@ -17,9 +17,10 @@ pub struct ChannelArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum ChannelCommand {
-    /// Copy the stock adapter for KIND (discord, telegram or matrix), with every option
-    /// explained in comments, into DIR/channels/KIND.lua, and say which environment variables
-    /// to set. Never overwrites a file.
+    /// Copy the stock adapter for KIND into DIR/channels/KIND.lua
+    ///
+    /// KIND is discord, telegram or matrix; every option is explained in comments. Says which
+    /// environment variables to set. Never overwrites a file.
     Add {
         /// discord, telegram or matrix
         kind: String,
@@ -29,6 +30,15 @@ pub enum ChannelCommand {
         #[arg(long)]
         name: Option<String>,
     },
+}
+
+impl ChannelCommand {
+    /// The agent directory this command's DIR argument names.
+    pub fn dir_mut(&mut self) -> &mut Option<PathBuf> {
+        match self {
+            ChannelCommand::Add { dir, .. } => dir,
+        }
+    }
 }
 
 pub fn run(args: ChannelArgs) -> Result<ExitCode, String> {

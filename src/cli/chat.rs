@@ -17,7 +17,9 @@ use std::process::ExitCode;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 use tokio::sync::mpsc;
 
-/// Talk to the agent from the terminal. Each line is one message, through the same durable
+/// Talk to the agent from the terminal
+///
+/// Each line is one message, through the same durable
 /// lane a chat message takes; the reply streams back. The conversation (lane `terminal`)
 /// persists in .perch/ and continues on the next start. Ctrl-C aborts the reply in progress.
 #[derive(Debug, clap::Args)]
@@ -26,8 +28,9 @@ pub struct ChatArgs {
     pub dir: Option<PathBuf>,
 }
 
-/// Summarise a lane's conversation into one entry, so the next run starts from it. The
-/// history stays in the log.
+/// Summarise a lane's conversation into one entry
+///
+/// The next run starts from it. The history stays in the log.
 #[derive(Debug, clap::Args)]
 pub struct CompactArgs {
     /// The agent directory [default: the current directory]

@@ -25,8 +25,9 @@ pub use crate::sandbox::preflight::{
     Check, MSB_VERSION, Status, kvm, machine, require, runtime, virtualization,
 };
 
-/// Check that this machine can run perch's microVMs: KVM, hardware virtualization, the
-/// microsandbox runtime, the cache directory, the image and the clock; with an agent
+/// Check that this machine can run perch's microVMs
+///
+/// KVM, hardware virtualization, the microsandbox runtime, the cache directory, the image and the clock; with an agent
 /// directory, also the permissions of its secrets. Quick and local: nothing is booted or
 /// downloaded, and nothing is sent unless --online. PERCH_ASSUME_KVM=1 turns a failed
 /// virtualization check into a warning; PERCH_ENV_FILE names the agent's environment file
@@ -40,6 +41,10 @@ pub struct DoctorArgs {
     /// key (all at once, 5 s each); never prints a credential
     #[arg(long)]
     pub online: bool,
+    /// Print one JSON object instead of text: each check's name, state (ok, warn or fail),
+    /// detail and fix, in the order the text shows them; the exit status is the same
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn command(args: DoctorArgs) -> Result<ExitCode, String> {
@@ -64,16 +69,42 @@ pub fn command(args: DoctorArgs) -> Result<ExitCode, String> {
             }),
         }
     }
-    let mut out = String::new();
-    for check in &checks {
-        out.push_str(&format!("{check}\n"));
+    if args.json {
+        super::emit(&format!(
+            "{}\n",
+            perch_core::terminal::json_escaped(&super::printed(&checks_json(&checks))?)
+        ))?;
+    } else {
+        let mut out = String::new();
+        for check in &checks {
+            out.push_str(&format!("{check}\n"));
+        }
+        super::emit(&out)?;
     }
-    super::emit(&out)?;
     let failed = checks.iter().any(|check| check.status == Status::Fail);
     Ok(if failed {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    })
+}
+
+/// `perch doctor --json`: the checks in order, and how many failed and warned.
+fn checks_json(checks: &[Check]) -> serde_json::Value {
+    let count = |status: Status| checks.iter().filter(|check| check.status == status).count();
+    serde_json::json!({
+        "checks": checks.iter().map(|check| serde_json::json!({
+            "name": check.name,
+            "state": match check.status {
+                Status::Ok => "ok",
+                Status::Warn => "warn",
+                Status::Fail => "fail",
+            },
+            "detail": check.detail,
+            "fix": check.fix,
+        })).collect::<Vec<_>>(),
+        "failures": count(Status::Fail),
+        "warnings": count(Status::Warn),
     })
 }
 

@@ -22,8 +22,10 @@ pub struct HeartbeatArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum HeartbeatCommand {
-    /// List each task with its schedule, its next firing, its last outcome, and the error of an
-    /// edit that did not check (the last good schedule keeps running). Read-only.
+    /// List each task with its schedule, its next firing and its last outcome
+    ///
+    /// Also the error of an edit that did not check (the last good schedule keeps running).
+    /// Read-only.
     List {
         /// The agent directory [default: the current directory]
         dir: Option<PathBuf>,
@@ -31,8 +33,9 @@ pub enum HeartbeatCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Run a task now, without consuming a slot, and print the reply and its judgement. Goes
-    /// through the running `perch run` when there is one; otherwise this process takes the
+    /// Run a task now, and print the reply and its judgement
+    ///
+    /// Does not consume a slot. Goes through the running `perch run` when there is one; otherwise this process takes the
     /// directory, connects the channels to deliver (never to receive) and stops after the run.
     /// With --dry-run, the whole turn runs, tools included, in the task's dry-run lane, and
     /// nothing is delivered.
@@ -47,14 +50,26 @@ pub enum HeartbeatCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Resume a task that stopped on an authentication or quota error. Editing the task's entry
-    /// in HEARTBEAT.yml resumes it too.
+    /// Resume a task that stopped on an authentication or quota error
+    ///
+    /// Editing the task's entry in HEARTBEAT.yml resumes it too.
     Resume {
         /// The task's name
         name: String,
         /// The agent directory [default: the current directory]
         dir: Option<PathBuf>,
     },
+}
+
+impl HeartbeatCommand {
+    /// The agent directory this command's DIR argument names.
+    pub fn dir_mut(&mut self) -> &mut Option<PathBuf> {
+        match self {
+            HeartbeatCommand::List { dir, .. }
+            | HeartbeatCommand::Run { dir, .. }
+            | HeartbeatCommand::Resume { dir, .. } => dir,
+        }
+    }
 }
 
 pub fn run(args: HeartbeatArgs) -> Result<ExitCode, String> {

@@ -9,7 +9,7 @@ use clap::Subcommand;
 use perch_core::image::Flavour;
 use std::process::ExitCode;
 
-/// perch's own image, perch:default
+/// Build and load perch's own image, perch:default
 #[derive(Debug, clap::Args)]
 pub struct ImageArgs {
     #[command(subcommand)]
@@ -18,8 +18,9 @@ pub struct ImageArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum ImageCommand {
-    /// Build perch:default offline from this host's Debian mirror and load it into
-    /// microsandbox: debootstrap (minbase) makes the root filesystem, which is packed as an OCI
+    /// Build perch:default offline from this host's Debian mirror and load it
+    ///
+    /// Debootstrap (minbase) makes the root filesystem, which is packed as an OCI
     /// archive under $PERCH_CACHE/images/. A build for the same recipe is reused. Needs root
     /// and debootstrap.
     Build {
@@ -38,8 +39,9 @@ pub enum ImageCommand {
         #[arg(long)]
         rebuild: bool,
     },
-    /// Load the built perch:default into this user's microsandbox home ($MSB_HOME). `perch
-    /// image build` as root leaves this to the user that owns the home.
+    /// Load the built perch:default into this user's microsandbox home
+    ///
+    /// The home is $MSB_HOME. `perch image build` as root leaves this to the user that owns the home.
     Load,
 }
 

@@ -12,8 +12,10 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Show what the agent is: model, sandbox, egress hosts, secrets (names, never values) and
-/// tools, then every problem `perch run` would refuse on (exit 1 when there is one). Reads
+/// Show what the agent is, and every problem `perch run` would refuse on
+///
+/// The model, sandbox, egress hosts, secrets (names, never values) and tools, then every
+/// problem `perch run` would refuse on (exit 1 when there is one). Reads
 /// only; never takes the agent's lock or repairs anything.
 #[derive(Debug, clap::Args)]
 pub struct InfoArgs {
@@ -69,7 +71,8 @@ fn check_line(check: &Check) -> String {
     }
 }
 
-/// The agent as one JSON object.
+/// The agent as one JSON object. Keys are snake_case, but for those echoed from models.yml
+/// (`baseUrl`, `apiKey`, `contextWindow`, `maxTokens`), which keep the file's spelling.
 pub fn to_json(agent: &LoadedAgent) -> serde_json::Value {
     let definition = &agent.definition;
     let (provider, model) = definition.model();
@@ -97,7 +100,7 @@ pub fn to_json(agent: &LoadedAgent) -> serde_json::Value {
         "sandbox": {
             "image": sandbox.image,
             "cpus": sandbox.cpus,
-            "memoryMiB": sandbox.memory,
+            "memory_mib": sandbox.memory,
             "allow": sandbox.allow,
             "secrets": sandbox.secrets.iter().map(|grant| json!({
                 "env": grant.env,
@@ -148,9 +151,9 @@ fn spend_json(policy: SpendPolicy) -> serde_json::Value {
     };
     json!({
         "source": source,
-        "tokensPerDay": caps.tokens_per_day,
-        "costPerDay": caps.cost_per_day.map(money),
-        "heartbeatsPauseAtPercent": HEARTBEAT_PAUSE_PERCENT,
+        "tokens_per_day": caps.tokens_per_day,
+        "cost_per_day": caps.cost_per_day.map(money),
+        "heartbeats_pause_at_percent": HEARTBEAT_PAUSE_PERCENT,
     })
 }
 
@@ -188,7 +191,7 @@ fn channel_json(channel: &LoadedChannel) -> serde_json::Value {
         "credentials": credentials,
         "homeserver": homeserver,
         "user": user,
-        "apiUrl": config.api_url,
+        "api_url": config.api_url,
         "rooms": config.rooms,
         "allow": {
             "users": config.allow.users,
@@ -197,11 +200,11 @@ fn channel_json(channel: &LoadedChannel) -> serde_json::Value {
         "dm": config.dm,
         "groups": config.groups,
         "busy": config.busy.as_str(),
-        "collectWindowSeconds": collect_window,
-        "maxAgeSeconds": config.max_age.as_secs(),
-        "queueLimit": config.queue_limit,
-        "allowBots": config.allow_bots,
-        "botTurns": config.bot_turns,
+        "collect_window_seconds": collect_window,
+        "max_age_seconds": config.max_age.as_secs(),
+        "queue_limit": config.queue_limit,
+        "allow_bots": config.allow_bots,
+        "bot_turns": config.bot_turns,
         "hooks": hooks,
     })
 }

@@ -5,8 +5,9 @@ use crate::agent::{self, InitStatus};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Create an agent directory, or fill in what it lacks. Idempotent: files you edited are
-/// kept, and nothing outside DIR is written.
+/// Create an agent directory, or fill in what it lacks
+///
+/// Idempotent: files you edited are kept, and nothing outside DIR is written.
 #[derive(Debug, clap::Args)]
 pub struct InitArgs {
     /// The agent directory [default: the current directory]

@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
 
-/// Show what the agent did and why: each turn (a chat message or a heartbeat firing, and
-/// everything the run it started did up to its delivery) with its time, channel, room,
+/// Show what the agent did and why, turn by turn
+///
+/// Each turn (a chat message or a heartbeat firing, and everything the run it started did up to its delivery) with its time, channel, room,
 /// sender and text, the model's replies (reasoning folded), each tool call with its
 /// arguments, exit code, duration and the head of its output, each delivery's state, and
 /// tokens and cost per turn and per lane. Read-only: takes no lock and repairs nothing; a
@@ -67,9 +68,10 @@ pub struct LogArgs {
 }
 
 /// Runs `perch log`: prints the selected turns, the lanes, or follows them.
-pub fn run(args: LogArgs) -> Result<ExitCode, String> {
+/// `dir` is the directory `-C` names; every positional argument is then a CHANNEL[:ROOM].
+pub fn run(args: LogArgs, dir: Option<PathBuf>) -> Result<ExitCode, String> {
     use perch_core::transcript::{Place, Selection, parse_when};
-    let mut dir = None;
+    let mut dir = dir;
     let mut place = args.channel.clone();
     for target in &args.targets {
         if dir.is_none() && (Path::new(target).is_dir() || place.is_some()) {

@@ -8,6 +8,7 @@ pub mod channel;
 pub mod chat;
 pub mod doctor;
 pub mod heartbeat;
+pub mod human;
 pub mod image;
 pub mod info;
 pub mod init;
@@ -23,6 +24,30 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
+
+/// The agent directory given as `-C DIR` (`flag`) or as the command's own DIR argument
+/// (`positional`); both are taken when they name the same directory.
+pub fn given_dir(
+    flag: Option<PathBuf>,
+    positional: Option<PathBuf>,
+) -> Result<Option<PathBuf>, String> {
+    match (flag, positional) {
+        (Some(flag), Some(positional)) if !same_dir(&flag, &positional) => Err(format!(
+            "two agent directories: -C {} and {}; give one",
+            flag.display(),
+            positional.display()
+        )),
+        (flag, positional) => Ok(flag.or(positional)),
+    }
+}
+
+fn same_dir(a: &Path, b: &Path) -> bool {
+    a == b
+        || matches!(
+            (std::fs::canonicalize(a), std::fs::canonicalize(b)),
+            (Ok(a), Ok(b)) if a == b
+        )
+}
 
 /// The agent directory a command names, or the current directory.
 fn dir_or_current(dir: Option<PathBuf>) -> PathBuf {

@@ -15,8 +15,9 @@ use perch_core::terminal::shown;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Control who may talk to the agent in direct messages: list the pairing requests and the
-/// approved senders, approve a request or a sender by id, deny a request, revoke a sender.
+/// Control who may talk to the agent in direct messages
+///
+/// List the pairing requests and the approved senders, approve a request or a sender by id, deny a request, revoke a sender.
 /// Reaches a running `perch run` through .perch/control.sock; acts on .perch/pairing.json
 /// directly otherwise.
 #[derive(Debug, clap::Args)]
@@ -35,7 +36,9 @@ pub enum PairCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Approve a request by its code, or a sender by CHANNEL:USER_ID (with or without a request)
+    /// Approve a request by its code, or a sender by CHANNEL:USER_ID
+    ///
+    /// A sender is approved by id with or without a request.
     Approve {
         /// The code the sender received, or CHANNEL:USER_ID (as in tg:123456789)
         who: String,
@@ -56,6 +59,18 @@ pub enum PairCommand {
         /// The agent directory [default: the current directory]
         dir: Option<PathBuf>,
     },
+}
+
+impl PairCommand {
+    /// The agent directory this command's DIR argument names.
+    pub fn dir_mut(&mut self) -> &mut Option<PathBuf> {
+        match self {
+            PairCommand::List { dir, .. }
+            | PairCommand::Approve { dir, .. }
+            | PairCommand::Deny { dir, .. }
+            | PairCommand::Revoke { dir, .. } => dir,
+        }
+    }
 }
 
 pub fn run(args: PairArgs) -> Result<ExitCode, String> {

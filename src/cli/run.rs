@@ -17,8 +17,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
 
-/// Run the agent as a service: recover, connect every channel in channels/, and answer until
-/// SIGINT or SIGTERM. Holds the agent directory's lock while it runs.
+/// Run the agent as a service, until SIGINT or SIGTERM
+///
+/// Recovers, connects every channel in channels/, and answers. Holds the agent directory's lock while it runs.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// The agent directory [default: the current directory]

@@ -2,12 +2,14 @@
 //! from `.perch/`.
 
 use super::heartbeat::heartbeat_listing;
+use super::human;
 use super::{STATUS_TIMEOUT, dir_or_current, emit, printed, runtime};
 use crate::agent::{self, AgentDir};
 use crate::store::control::{self, ControlRequest};
 use crate::store::inbox::InboxRecord;
 use crate::store::outbox::OutboxRecord;
 use crate::store::pairing::{PAIRING_UNREADABLE_FIX, read_pairing};
+use perch_core::Timestamp;
 use perch_core::control::{
     Heartbeats, LastEvent, LiveStatus, PendingPairing, SpendStatus, StatusReport, UnknownDelivery,
 };
@@ -15,9 +17,13 @@ use perch_core::terminal::shown;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Show what a running (or stopped) service holds: channels, inbox items waiting, deliveries
-/// waiting or of unknown fate, pending pairings, the newest refusals (with room and sender ids
-/// and the fix). Read-only: takes no lock.
+/// Show whether the agent runs, and what its service holds
+///
+/// The state (running, with its pid and uptime, or stopped), each channel's state, inbox items
+/// waiting, deliveries waiting or of unknown fate, pending pairings, the newest refusals (with
+/// room and sender ids and the fix). Read-only: takes no lock. Exits 3 when perch is not
+/// running and 4 when its state is unknown (its control socket does not answer), as
+/// `systemctl status` does; --json prints the report all the same.
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
     /// The agent directory [default: the current directory]
@@ -99,8 +105,20 @@ pub fn run(args: StatusArgs) -> Result<ExitCode, String> {
         Some(Err(error)) => (None, Some(error)),
         None => (None, None),
     };
+    let now = chrono::Utc::now();
+    let state = match (&live, &live_error) {
+        (Some(_), _) => "running",
+        (None, Some(_)) => "unknown",
+        (None, None) => "stopped",
+    };
+    let started = live.as_ref().and_then(|live| live.started);
     let report = StatusReport {
         running: live.is_some(),
+        state: state.to_owned(),
+        pid: live.as_ref().and_then(|live| live.pid),
+        started,
+        uptime_seconds: started
+            .map(|started| u64::try_from((now - started).num_seconds()).unwrap_or(0)),
         live_error,
         channels,
         channel_health: live.as_ref().map(|live| live.channels.clone()),
@@ -162,15 +180,27 @@ pub fn run(args: StatusArgs) -> Result<ExitCode, String> {
             perch_core::terminal::json_escaped(&printed(&report)?)
         ))?;
     } else {
+        let channel_names: Vec<&str> = channel_files.keys().map(String::as_str).collect();
         emit(&status_text(
             &report,
+            &channel_names,
             (&pairing, pairing_error.as_deref()),
-            !inbox.unreadable.is_empty(),
-            !outbox.unreadable.is_empty(),
+            (!inbox.unreadable.is_empty(), !outbox.unreadable.is_empty()),
+            now,
         ))?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(ExitCode::from(match report.state.as_str() {
+        "running" => 0,
+        "stopped" => NOT_RUNNING,
+        _ => STATE_UNKNOWN,
+    }))
 }
+
+/// `perch status`'s exit status when perch is not running, as `systemctl status` (LSB) has it.
+pub const NOT_RUNNING: u8 = 3;
+
+/// `perch status`'s exit status when the control socket takes the request and gives no answer.
+pub const STATE_UNKNOWN: u8 = 4;
 
 /// The file that declares `channel`, relative to the agent directory: as loaded, or where
 /// `perch channel add` puts it when the agent's files do not load.
@@ -184,119 +214,168 @@ pub(super) fn channel_file(
         .unwrap_or_else(|| format!("channels/{channel}.lua"))
 }
 
-/// `perch status` as text.
+/// `perch status` as text, as `systemctl status` reads: the state first, each channel's state,
+/// then what waits, and human times throughout; every name a guest or chat user chose escaped.
 fn status_text(
     report: &StatusReport,
+    channel_names: &[&str],
     (pairing, pairing_error): (&perch_core::pairing::Pairing, Option<&str>),
-    inbox_unreadable: bool,
-    outbox_unreadable: bool,
+    (inbox_unreadable, outbox_unreadable): (bool, bool),
+    now: Timestamp,
 ) -> String {
     let at_least = |unreadable: bool| if unreadable { "at least " } else { "" };
     let mut out = String::new();
-    out.push_str(&format!(
-        "running            {}\n",
-        match (&report.live_error, report.running) {
-            (_, true) => "yes".to_owned(),
-            (Some(error), false) => format!("unknown: {error}; the rest is read from .perch/"),
-            (None, false) => "no".to_owned(),
-        }
-    ));
-    out.push_str(&format!(
-        "channels           {}\n",
-        if report.channels.is_empty() {
+    let mut line = |label: &str, value: &str| out.push_str(&format!("{label:<18} {value}\n"));
+    line(
+        "state",
+        &match (&report.live_error, report.running) {
+            (_, true) => match report.started {
+                Some(started) => format!(
+                    "running since {}, up {}",
+                    human::local_time(started),
+                    human::span(report.uptime_seconds.unwrap_or(0))
+                ),
+                None => "running".to_owned(),
+            },
+            (Some(error), false) => {
+                format!("unknown: {}; the rest is read from .perch/", shown(error))
+            }
+            (None, false) => "stopped (no perch run answers on .perch/control.sock)".to_owned(),
+        },
+    );
+    if let Some(pid) = report.pid {
+        line("pid", &pid.to_string());
+    }
+    line(
+        "channels",
+        &if report.channels.is_empty() {
             "(none)".to_owned()
         } else {
             report.channels.join(", ")
-        }
-    ));
-    for channel in report.channel_health.iter().flatten() {
-        out.push_str(&format!(
-            "  {:<16} {}{}\n",
-            channel.name,
-            channel.connection,
-            if channel.healthy {
-                String::new()
-            } else {
-                format!(
-                    "; UNHEALTHY: {}",
-                    shown(
-                        channel
-                            .last_hook_error
-                            .as_deref()
-                            .unwrap_or("not receiving")
-                    )
+        },
+    );
+    let mut names: std::collections::BTreeSet<&str> = channel_names.iter().copied().collect();
+    names.extend(report.last_events.keys().map(String::as_str));
+    names.extend(
+        report
+            .channel_health
+            .iter()
+            .flatten()
+            .map(|channel| channel.name.as_str()),
+    );
+    for name in names {
+        let health = report
+            .channel_health
+            .iter()
+            .flatten()
+            .find(|channel| channel.name == name);
+        let state = match health {
+            Some(channel) if channel.healthy => shown(&channel.connection),
+            Some(channel) => format!(
+                "{}; UNHEALTHY: {}",
+                shown(&channel.connection),
+                shown(
+                    channel
+                        .last_hook_error
+                        .as_deref()
+                        .unwrap_or("not receiving")
                 )
-            }
-        ));
+            ),
+            None if !channel_names.contains(&name) => "not loaded".to_owned(),
+            None if report.running => "not connected: restart perch run to load it".to_owned(),
+            None => "stopped".to_owned(),
+        };
+        let last_event = report
+            .last_events
+            .get(name)
+            .map(|event| format!("; last event {}", human::when_text(&event.at, now)))
+            .unwrap_or_default();
+        line(
+            &format!("  {}", shown(name)),
+            &format!("{state}{last_event}"),
+        );
     }
     for (channel, count) in &report.undecryptable {
-        out.push_str(&format!(
-            "undecryptable      {count} event(s) in Matrix channel {channel}\n"
-        ));
+        line(
+            "undecryptable",
+            &format!("{count} event(s) in Matrix channel {}", shown(channel)),
+        );
     }
-    out.push_str(&format!(
-        "inbox pending      {}{}{}\n",
-        at_least(inbox_unreadable),
-        report.inbox_pending,
-        report
-            .inbox_oldest_waiting
-            .as_deref()
-            .map(|at| format!(" (oldest since {at})"))
-            .unwrap_or_default()
-    ));
+    line(
+        "inbox pending",
+        &format!(
+            "{}{}{}",
+            at_least(inbox_unreadable),
+            report.inbox_pending,
+            report
+                .inbox_oldest_waiting
+                .as_deref()
+                .map(|at| format!(", the oldest since {}", human::when_text(at, now)))
+                .unwrap_or_default()
+        ),
+    );
     for (journal, unreadable) in [
         ("inbox", &report.inbox_unreadable),
         ("outbox", &report.outbox_unreadable),
     ] {
-        for line in unreadable {
-            out.push_str(&format!(
-                "{:<19}{}; `perch run` does not open the {journal} until it is repaired\n",
-                format!("{journal} corrupt"),
-                shown(line)
-            ));
+        for problem in unreadable {
+            line(
+                &format!("{journal} corrupt"),
+                &format!(
+                    "{}; `perch run` does not open the {journal} until it is repaired",
+                    shown(problem)
+                ),
+            );
         }
     }
-    for (channel, event) in &report.last_events {
-        out.push_str(&format!("last event         {channel}: {}\n", event.at));
-    }
     for (lane, open) in &report.lanes_with_open_operations {
-        out.push_str(&format!("open operations    {lane}: {open}\n"));
+        line("open operations", &format!("{}: {open}", shown(lane)));
     }
-    out.push_str(&format!("vm                 {}\n", report.vm));
+    line("vm", &report.vm);
     if let Some(reason) = &report.channels_paused {
-        out.push_str(&format!("channels paused    {reason}\n"));
+        line("channels paused", reason);
     }
     if !report.restart_needed.is_empty() {
-        out.push_str(&format!(
-            "restart needed     {} changed since perch run started\n",
-            report.restart_needed.join(", ")
-        ));
+        line(
+            "restart needed",
+            &format!(
+                "{} changed since perch run started",
+                report.restart_needed.join(", ")
+            ),
+        );
     }
     if let Some(last) = &report.last_start {
-        out.push_str(&format!("last start         {last}\n"));
+        line(
+            "last start",
+            &format!("{}: {last}", human::when(last.started, now)),
+        );
     }
     if let SpendStatus::Known(today) = &report.spend_today {
-        out.push_str(&format!("spend today        {}\n", today.summary()));
+        line("spend today", &today.summary());
     }
-    out.push_str(&format!(
-        "outbox pending     {}{}\n",
-        at_least(outbox_unreadable),
-        report.outbox_pending
-    ));
-    out.push_str(&format!(
-        "unknown deliveries {}\n",
-        report.deliveries_unknown.len()
-    ));
+    line(
+        "outbox pending",
+        &format!("{}{}", at_least(outbox_unreadable), report.outbox_pending),
+    );
+    line(
+        "unknown deliveries",
+        &report.deliveries_unknown.len().to_string(),
+    );
     for delivery in &report.deliveries_unknown {
-        out.push_str(&format!("  {}\n", delivery.reason()));
+        out.push_str(&format!("  {}\n", shown(delivery.reason())));
     }
     match pairing_error {
         Some(error) => out.push_str(&format!(
-            "pairings pending   unknown: cannot read {}\n  fix: {}\n",
+            "{:<18} unknown: cannot read {}\n  fix: {}\n",
+            "pairings pending",
             shown(error),
             PAIRING_UNREADABLE_FIX
         )),
-        None => out.push_str(&format!("pairings pending   {}\n", pairing.pending.len())),
+        None => out.push_str(&format!(
+            "{:<18} {}\n",
+            "pairings pending",
+            pairing.pending.len()
+        )),
     }
     let mut pending: Vec<_> = pairing.pending.iter().collect();
     pending.sort_by_key(|pending| pending.expires);
@@ -306,14 +385,14 @@ fn status_text(
             shown(&pending.name),
             shown(&pending.sender),
             shown(&pending.channel),
-            pending.expires.to_rfc3339()
+            human::when(pending.expires, now)
         ));
     }
     if !report.refusals.is_empty() {
-        out.push_str(
-            "refused            the newest, one per room and reason (`perch log --refused` lists \
-             them all)\n",
-        );
+        out.push_str(&format!(
+            "{:<18} the newest, one per room and reason (`perch log --refused` lists them all)\n",
+            "refused"
+        ));
         for refusal in &report.refusals {
             out.push_str(&refusal.text());
         }
@@ -321,12 +400,13 @@ fn status_text(
     if let Heartbeats::Listed(list) = &report.heartbeats {
         for task in &list.tasks {
             out.push_str(&format!(
-                "heartbeat          {}: {}{}{}\n",
-                task.name,
+                "{:<18} {}: {}{}{}\n",
+                "heartbeat",
+                shown(&task.name),
                 task.status,
                 task.next
                     .as_deref()
-                    .map(|next| format!(", next {next}"))
+                    .map(|next| format!(", next {}", human::when_text(next, now)))
                     .unwrap_or_default(),
                 task.last
                     .as_ref()
@@ -335,7 +415,10 @@ fn status_text(
             ));
         }
         if let Some(error) = &list.reload_error {
-            out.push_str(&format!("heartbeat file     does not check: {error}\n"));
+            out.push_str(&format!(
+                "{:<18} does not check: {error}\n",
+                "heartbeat file"
+            ));
         }
     }
     out

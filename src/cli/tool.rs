@@ -6,12 +6,14 @@ use crate::model::ToolSpec;
 use crate::sandbox::{self, End};
 use crate::tools::builtin::builtin_specs;
 use crate::tools::toolbox::Toolbox;
+use perch_core::terminal::shown;
 use std::io::{self, IsTerminal, Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// Run a command in the agent's sandbox, through `sh -lc` in /workspace, and exit with its
-/// status. The words after `--` are joined with spaces into one shell line, as ssh does.
+/// Run a command in the agent's sandbox and exit with its status
+///
+/// The command runs through `sh -lc` in /workspace. The words after `--` are joined with spaces into one shell line, as ssh does.
 /// Standard input is passed on when it is not a terminal. Ctrl-C cancels (exit 130).
 #[derive(Debug, clap::Args)]
 pub struct ExecArgs {
@@ -23,12 +25,17 @@ pub struct ExecArgs {
 }
 
 /// List the agent's tools, or run one with JSON arguments and print its result.
+///
+/// With one argument, it is the agent directory when it is a directory, and the tool's name
+/// otherwise; with -C DIR, the one argument is the tool's name.
 #[derive(Debug, clap::Args)]
 pub struct ToolArgs {
     /// The agent directory [default: the current directory]
-    pub dir: Option<PathBuf>,
+    #[arg(value_name = "DIR")]
+    pub first: Option<String>,
     /// The tool to run; without it, the tools are listed
-    pub name: Option<String>,
+    #[arg(value_name = "NAME")]
+    pub second: Option<String>,
     /// The arguments, as one JSON object
     #[arg(long, value_name = "JSON")]
     pub args: Option<String>,
@@ -80,9 +87,38 @@ fn write_captured(out: &mut impl Write, stream: &sandbox::Captured, name: &str) 
     }
 }
 
-pub fn tool(args: ToolArgs) -> Result<ExitCode, String> {
-    let dir = dir_or_current(args.dir);
-    let name = args.name.as_deref();
+/// The agent directory and the tool's name `perch tool` was given: `-C DIR` (`flag`), then
+/// `[DIR] [NAME]`, where a lone argument that is not a directory is the tool's name.
+fn tool_target(
+    flag: Option<PathBuf>,
+    first: Option<String>,
+    second: Option<String>,
+) -> Result<(PathBuf, Option<String>), String> {
+    match (flag, first, second) {
+        (Some(flag), Some(first), Some(second)) => {
+            let dir = super::given_dir(Some(flag), Some(PathBuf::from(first)))?;
+            Ok((dir_or_current(dir), Some(second)))
+        }
+        (Some(flag), name, None) => Ok((flag, name)),
+        (None, Some(first), None) if !Path::new(&first).is_dir() => {
+            if crate::agent::AgentDir::open(Path::new(".")).is_err() {
+                return Err(format!(
+                    "{} is not a directory, and the current directory is not an agent \
+                     directory\n  fix: name the agent: perch tool -C DIR {}",
+                    shown(&first),
+                    shown(&first)
+                ));
+            }
+            Ok((PathBuf::from("."), Some(first)))
+        }
+        (_, first, second) => Ok((dir_or_current(first.map(PathBuf::from)), second)),
+    }
+}
+
+/// Runs `perch tool`; `flag` is the directory `-C` names.
+pub fn tool(args: ToolArgs, flag: Option<PathBuf>) -> Result<ExitCode, String> {
+    let (dir, name) = tool_target(flag, args.first, args.second)?;
+    let name = name.as_deref();
     let args = args.args.as_deref();
     let agent = match load_agent(&dir)? {
         Ok(agent) => agent,

@@ -188,6 +188,12 @@ pub struct LastRun {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LiveStatus {
     pub running: bool,
+    /// The service's process id.
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// When the service started.
+    #[serde(default)]
+    pub started: Option<Timestamp>,
     pub channels: Vec<ChannelHealth>,
     pub inbox_pending: usize,
     pub outbox_pending: usize,
@@ -223,6 +229,19 @@ pub struct ChannelHealth {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatusReport {
     pub running: bool,
+    /// `running`, `stopped` (nothing answers on the control socket) or `unknown` (the socket
+    /// took the request and gave no answer: see `live_error`).
+    #[serde(default)]
+    pub state: String,
+    /// The running service's process id.
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// When the running service started.
+    #[serde(default)]
+    pub started: Option<Timestamp>,
+    /// How long the running service has been up, in whole seconds.
+    #[serde(default)]
+    pub uptime_seconds: Option<u64>,
     /// Why the running service's answer could not be had, when the socket took the request.
     pub live_error: Option<String>,
     /// `<name> (<kind>)` for each channel, or the one line saying the files do not check.
@@ -478,6 +497,8 @@ mod tests {
     fn live() -> LiveStatus {
         LiveStatus {
             running: true,
+            pid: Some(4242),
+            started: Some(chrono::Utc.with_ymd_and_hms(2026, 12, 2, 6, 0, 0).unwrap()),
             channels: vec![ChannelHealth {
                 name: "tg".into(),
                 kind: "telegram".into(),
@@ -506,7 +527,8 @@ mod tests {
                 r#"{"channels":[{"connection":"receiving","healthy":true,"hook_calls_running":0,"#,
                 r#""hook_failures_in_a_row":0,"kind":"telegram","last_hook_error":null,"name":"tg"}],"#,
                 r#""channels_paused":null,"inbox_pending":1,"ok":true,"outbox_pending":2,"#,
-                r#""pairings_pending":0,"restart_needed":["agent.lua"],"running":true,"#,
+                r#""pairings_pending":0,"pid":4242,"restart_needed":["agent.lua"],"running":true,"#,
+                r#""started":"2026-12-02T06:00:00Z","#,
                 r#""vm":"stopped (boots on the next command; last boot: None)"}"#
             )
         );
@@ -518,6 +540,10 @@ mod tests {
         let expires = chrono::Utc.with_ymd_and_hms(2026, 12, 2, 7, 0, 0).unwrap();
         let report = StatusReport {
             running: true,
+            state: "running".into(),
+            pid: Some(4242),
+            started: live().started,
+            uptime_seconds: Some(600),
             live_error: None,
             channels: vec!["tg (telegram)".into()],
             channel_health: Some(live().channels),
@@ -647,6 +673,7 @@ mod tests {
       "sender": "42"
     }
   ],
+  "pid": 4242,
   "refusals": [
     {
       "channel": "tg",
@@ -665,7 +692,10 @@ mod tests {
   "spend_today": {
     "error": "no spend journal"
   },
+  "started": "2026-12-02T06:00:00Z",
+  "state": "running",
   "undecryptable": {},
+  "uptime_seconds": 600,
   "vm": "stopped (no perch run holds it)"
 }"#;
         assert_eq!(printed(&report), golden);

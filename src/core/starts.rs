@@ -178,61 +178,57 @@ impl LastStart {
 }
 
 impl fmt::Display for LastStart {
-    /// `perch status`'s line: `<started>: <n> lane(s) recovered, outbox {..}, inbox {..}`.
+    /// What it recovered, in words, for `perch status` (which shows when it started):
+    /// `1 lane recovered; outbox: 1 resent, 1 unknown; inbox: nothing`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lanes = self.lanes_recovered.len();
         write!(
             f,
-            "{}: {} lane(s) recovered, outbox {}, inbox {}",
-            self.started.to_rfc3339(),
-            self.lanes_recovered.len(),
+            "{lanes} lane{} recovered; outbox: {}; inbox: {}",
+            if lanes == 1 { "" } else { "s" },
             self.outbox,
             self.inbox
         )
     }
 }
 
+/// The counts that are not zero, as `1 resent, 2 unknown`; `nothing` when all are.
+fn counts_in_words(counts: &[(usize, &str)]) -> String {
+    let said: Vec<String> = counts
+        .iter()
+        .filter(|(count, _)| *count > 0)
+        .map(|(count, what)| format!("{count} {what}"))
+        .collect();
+    if said.is_empty() {
+        "nothing".to_owned()
+    } else {
+        said.join(", ")
+    }
+}
+
 impl fmt::Display for OutboxRecovered {
-    /// As compact JSON, keys sorted.
+    /// The counts in words, those that are not zero.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let OutboxRecovered {
-            resent,
-            unknown,
-            expired,
-        } = self;
-        write!(
-            f,
-            r#"{{"expired":{expired},"resent":{resent},"unknown":{unknown}}}"#
-        )
+        f.write_str(&counts_in_words(&[
+            (self.resent, "resent"),
+            (self.unknown, "unknown"),
+            (self.expired, "expired"),
+        ]))
     }
 }
 
 impl fmt::Display for InboxRecovered {
-    /// As compact JSON, keys sorted.
+    /// The counts in words, those that are not zero.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let InboxRecovered {
-            already_answered,
-            replied_after_restart,
-            resumed,
-            noted_as_interrupted,
-            queued_again,
-            decided_again,
-            rejected_as_interrupted,
-        } = self;
-        write!(
-            f,
-            concat!(
-                r#"{{"already_answered":{},"decided_again":{},"noted_as_interrupted":{},"#,
-                r#""queued_again":{},"rejected_as_interrupted":{},"replied_after_restart":{},"#,
-                r#""resumed":{}}}"#
-            ),
-            already_answered,
-            decided_again,
-            noted_as_interrupted,
-            queued_again,
-            rejected_as_interrupted,
-            replied_after_restart,
-            resumed
-        )
+        f.write_str(&counts_in_words(&[
+            (self.already_answered, "already answered"),
+            (self.replied_after_restart, "replied after the restart"),
+            (self.resumed, "resumed"),
+            (self.noted_as_interrupted, "noted as interrupted"),
+            (self.queued_again, "queued again"),
+            (self.decided_again, "decided again"),
+            (self.rejected_as_interrupted, "rejected as interrupted"),
+        ]))
     }
 }
 
@@ -387,20 +383,11 @@ mod tests {
         assert_eq!(LastStart::read(golden).unwrap(), last_start());
         assert_eq!(
             last_start().to_string(),
-            concat!(
-                r#"2026-12-02T06:00:00.123456789+00:00: 1 lane(s) recovered, "#,
-                r#"outbox {"expired":0,"resent":1,"unknown":1}, inbox {"already_answered":1,"#,
-                r#""decided_again":0,"noted_as_interrupted":0,"queued_again":2,"#,
-                r#""rejected_as_interrupted":0,"replied_after_restart":1,"resumed":1}"#
-            ),
-            "the text is the counts' JSON"
+            "1 lane recovered; outbox: 1 resent, 1 unknown; inbox: 1 already answered, 1 replied \
+             after the restart, 1 resumed, 2 queued again",
+            "the text says the counts in words, never as JSON"
         );
-        assert_eq!(
-            format!("{}", last_start().inbox),
-            serde_json::to_value(last_start().inbox)
-                .unwrap()
-                .to_string()
-        );
+        assert_eq!(OutboxRecovered::default().to_string(), "nothing");
     }
 
     #[test]

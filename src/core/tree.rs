@@ -348,7 +348,9 @@ impl<'n> Fields<'n> {
     }
 }
 
-fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+/// The candidate nearest to `word` (a misspelling: at most two edits, or a quarter of the
+/// candidate's length), for a "did you mean" fix.
+pub fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
     candidates
         .iter()
         .map(|candidate| {

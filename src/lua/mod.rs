@@ -116,7 +116,10 @@ pub fn evaluate(
     if budget.is_exhausted() {
         problems.push(budget.problem(file));
     } else if let Err(error) = outcome {
-        problems.push(problem_from_error(file, &error, limits));
+        problems.push(
+            unknown_declaration(file, &error, declare)
+                .unwrap_or_else(|| problem_from_error(file, &error, limits)),
+        );
     }
     if !problems.is_empty() {
         return Err(problems);
@@ -160,6 +163,38 @@ fn problem_from_error(file: &str, error: &mlua::Error, limits: Limits) -> Proble
             Problem::new(file, pos, message).with_fix("correct the Lua code on that line")
         }
     }
+}
+
+/// A file's call of a global nothing defines (Lua's `attempt to call a nil value (global
+/// 'NAME')`), as a misspelt declaration (`agnet { ... }`) is: the declaration it is nearest to,
+/// or the declarations the file may make.
+fn unknown_declaration(file: &str, error: &mlua::Error, declare: &[&str]) -> Option<Problem> {
+    let mlua::Error::RuntimeError(message) = root_cause(error) else {
+        return None;
+    };
+    let (pos, message) = split_position(file, without_traceback(message));
+    let name = message
+        .strip_prefix("attempt to call a nil value (global '")?
+        .strip_suffix("')")?;
+    let known: Vec<&str> = declare.iter().copied().chain(["env"]).collect();
+    let fix = match perch_core::tree::closest(name, &known) {
+        Some(near) => format!("did you mean {near}?"),
+        None => format!(
+            "{file} declares with {}; a function of your own must be defined before it is called",
+            declare.join(", ")
+        ),
+    };
+    Some(
+        Problem::new(
+            file,
+            pos,
+            format!(
+                "{} is not a perch declaration",
+                perch_core::terminal::shown(name)
+            ),
+        )
+        .with_fix(fix),
+    )
 }
 
 /// The error a chain of callback and context wrappers was raised for.

@@ -693,3 +693,21 @@ fn evaluations_debug_without_lua_internals() {
     assert!(shown.contains("functions: 1"), "{shown}");
     assert!(!shown.contains("Lua("), "{shown}");
 }
+
+#[test]
+fn a_call_of_an_unknown_global_names_the_nearest_declaration() {
+    let problem = only_problem(run(
+        "agent.lua",
+        "agnet {\n  model = \"openai/gpt-5\",\n}\n",
+    ));
+    assert_eq!(
+        problem.to_string(),
+        "agent.lua:1: agnet is not a perch declaration\n  fix: did you mean agent?"
+    );
+    let problem = only_problem(run("agent.lua", "\nhelper()\n"));
+    assert_eq!(
+        problem.to_string(),
+        "agent.lua:2: helper is not a perch declaration\n  fix: agent.lua declares with agent, \
+         tool; a function of your own must be defined before it is called"
+    );
+}

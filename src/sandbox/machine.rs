@@ -56,6 +56,17 @@ pub enum LastBoot {
     Created,
 }
 
+impl LastBoot {
+    /// How the machine last came up, in words for `perch status`.
+    pub fn words(self) -> &'static str {
+        match self {
+            LastBoot::Never => "not booted since perch run started",
+            LastBoot::Resumed => "last boot resumed it",
+            LastBoot::Created => "last boot created it anew",
+        }
+    }
+}
+
 #[derive(Debug)]
 enum Request {
     Acquire(oneshot::Sender<Result<(), SandboxError>>),

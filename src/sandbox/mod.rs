@@ -330,7 +330,7 @@ impl fmt::Display for SandboxError {
             SandboxError::Unavailable { what, fix } => write!(f, "{what}\n  fix: {fix}"),
             SandboxError::Held { name, owner } => write!(
                 f,
-                "the sandbox {name} is held by another perch process ({owner}); perch never adopts or replaces it\n  fix: stop that process, or run this command through it"
+                "the sandbox {name} is held by another perch process ({owner}); perch never adopts or replaces it\n  fix: stop that process (Ctrl-C in its terminal, or `systemctl stop perch@NAME` for a service), then run this command again; `perch status` shows what it is doing"
             ),
             SandboxError::MissingSecret { env, source } => write!(
                 f,

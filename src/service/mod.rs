@@ -176,6 +176,7 @@ pub async fn run(
         heartbeats: OnceLock::new(),
         channels_paused: paused.clone(),
         restart_needed: restart_seen,
+        started: started_at,
         common: common.clone(),
     });
     serve_outside(

@@ -37,6 +37,8 @@ pub(super) struct Outside {
     pub(super) channels_paused: Option<String>,
     /// The files loaded at start that changed since: a restart applies them.
     pub(super) restart_needed: watch::Receiver<Vec<String>>,
+    /// When this service started.
+    pub(super) started: perch_core::Timestamp,
     pub(super) common: Common,
 }
 
@@ -166,15 +168,17 @@ impl Outside {
             .collect();
         let vm = match self.runtime.machine().state().await {
             Ok((crate::sandbox::State::Running { commands }, last)) => {
-                format!("running ({commands} command(s) now; last boot: {last:?})")
+                format!("running ({commands} command(s) now; {})", last.words())
             }
             Ok((crate::sandbox::State::Stopped, last)) => {
-                format!("stopped (boots on the next command; last boot: {last:?})")
+                format!("stopped (boots on the next command; {})", last.words())
             }
             Err(error) => format!("unknown: {error}"),
         };
         LiveStatus {
             running: true,
+            pid: Some(std::process::id()),
+            started: Some(self.started),
             channels,
             inbox_pending: self.inbox.depth().await,
             outbox_pending: self.outbox.depth().await,

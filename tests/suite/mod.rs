@@ -7,6 +7,7 @@ mod attachments;
 mod builtin;
 mod catalog;
 mod channel_files;
+mod cli_shape;
 mod config;
 mod conversations;
 mod delivery;

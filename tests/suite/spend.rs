@@ -171,8 +171,8 @@ fn spend_owner_and_price_are_checked_with_their_file_and_line() {
     assert!(info.status.success(), "{}", stderr(&info));
     let value: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
     assert_eq!(value["spend"]["source"], "agent.lua");
-    assert_eq!(value["spend"]["costPerDay"], 5.0);
-    assert_eq!(value["spend"]["tokensPerDay"], serde_json::Value::Null);
+    assert_eq!(value["spend"]["cost_per_day"], 5.0);
+    assert_eq!(value["spend"]["tokens_per_day"], serde_json::Value::Null);
     assert_eq!(value["price"]["input"], 1.25);
 }
 

@@ -490,7 +490,7 @@ fn the_control_socket_survives_running_out_of_descriptors_without_spinning() {
         .every(Duration::from_millis(100))
         .holds(|| {
             said = perch_status(agent.path());
-            said.contains("running            yes")
+            said.contains("state              running")
         });
     assert!(
         answers,

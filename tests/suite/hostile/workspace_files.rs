@@ -173,7 +173,12 @@ fn hostile_heartbeat_files_leave_the_commands_prompt_and_name_the_file() {
         let list = says_what_is_wrong(&["heartbeat", "list", dir], "heartbeat list");
         let status = perch_promptly(&["status", dir, "--json"]);
         let text = shown(&status);
-        assert!(status.status.success(), "{}: status: {text}", hostile.name);
+        assert_eq!(
+            status.status.code(),
+            Some(3),
+            "{}: status, not running: {text}",
+            hostile.name
+        );
         let error = reload_error(&status).unwrap_or_default();
         assert!(
             error.contains(hostile.expected),

@@ -260,6 +260,22 @@ impl Agent {
         command.output().unwrap()
     }
 
+    /// `perch ARGS`, run from `cwd`, in `perch run`'s environment plus `env`: the test names
+    /// the agent directory (as `-C DIR`, say) or runs from it.
+    pub fn perch_from(&self, cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+        self.command_from(cwd, args, env).output().unwrap()
+    }
+
+    /// [`Agent::perch_from`], not started; standard input closed.
+    pub fn command_from(&self, cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_perch"));
+        on_the_double(command.args(args).current_dir(cwd))
+            .envs(self.env.iter().map(|(key, value)| (key, value)))
+            .envs(env.iter().copied())
+            .stdin(Stdio::null());
+        command
+    }
+
     /// `perch status DIR --json`.
     pub fn status(&self) -> StatusReport {
         status::status(self.path())

@@ -6,11 +6,28 @@ pub use perch_core::control::{ChannelHealth, Heartbeats, StatusReport};
 use perch_core::spend::SpendToday;
 use std::path::Path;
 
-/// `perch status DIR --json`, which must succeed and read as a report.
+/// `perch status DIR --json`, which must read as a report and exit as its state says.
 pub fn status(dir: &Path) -> StatusReport {
     let output = perch(&["status", dir.to_str().unwrap(), "--json"], &[]);
-    assert!(output.status.success(), "{}", stderr(&output));
-    read(&stdout(&output))
+    let report = read(&stdout(&output));
+    assert_eq!(
+        output.status.code(),
+        Some(exit_code(&report.state)),
+        "{}",
+        stderr(&output)
+    );
+    report
+}
+
+/// `perch status`'s exit status for `state`, as `systemctl status` has it: 0 running, 3 not
+/// running, 4 unknown.
+pub fn exit_code(state: &str) -> i32 {
+    match state {
+        "running" => 0,
+        "stopped" => 3,
+        "unknown" => 4,
+        other => panic!("no such state: {other}"),
+    }
 }
 
 /// Reads what `perch status --json` printed.
@@ -18,10 +35,15 @@ pub fn read(printed: &str) -> StatusReport {
     StatusReport::read(printed).unwrap_or_else(|error| panic!("{error}:\n{printed}"))
 }
 
-/// `perch status DIR`, the text, which must succeed.
+/// `perch status DIR`, the text, which must exit 0 (running) or 3 (stopped).
 pub fn status_text(dir: &Path) -> String {
     let output = perch(&["status", dir.to_str().unwrap()], &[]);
-    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        matches!(output.status.code(), Some(0 | 3)),
+        "{:?}: {}",
+        output.status,
+        stderr(&output)
+    );
     stdout(&output)
 }
 
@@ -70,4 +92,23 @@ impl Report for StatusReport {
             }
         }
     }
+}
+
+/// `perch status`'s text with how long ago (or until when) each time was left out: `(5 min
+/// ago)`, `(in 2h 5min)` and `(just now)` become `(AGO)`; the local times stay.
+pub fn without_ages(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find('(') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open..];
+        let close = after.find(')').map_or(after.len(), |close| close + 1);
+        let inside = &after[1..close.saturating_sub(1).max(1)];
+        let is_age = !inside.contains('\n')
+            && (inside.ends_with(" ago") || inside.starts_with("in ") || inside == "just now");
+        out.push_str(if is_age { "(AGO)" } else { &after[..close] });
+        rest = &after[close..];
+    }
+    out.push_str(rest);
+    out
 }
