@@ -9,6 +9,7 @@ use perch_core::config::{
     check_models, check_sandbox, check_tool, declared_targets, duplicate_tools, model_problem,
     owner_problem, spend_problem,
 };
+use perch_core::lua_source::point_at_keys;
 use perch_core::problem::{Pos, Problems};
 use std::collections::BTreeMap;
 use std::fs;
@@ -47,10 +48,11 @@ pub struct LoadedChannel {
 pub fn load(dir: &AgentDir) -> Result<LoadedAgent, Problems> {
     let root = dir.root();
     let mut problems = Vec::new();
+    let mut sources = Vec::new();
 
-    let agent = lua_file(root, "agent.lua", "agent", &mut problems)
+    let agent = lua_file(root, "agent.lua", "agent", &mut sources, &mut problems)
         .and_then(|declarations| keep(check_agent(&declarations), &mut problems));
-    let sandbox = lua_file(root, "sandbox.lua", "sandbox", &mut problems)
+    let sandbox = lua_file(root, "sandbox.lua", "sandbox", &mut sources, &mut problems)
         .and_then(|declarations| keep(check_sandbox(&declarations), &mut problems));
     let models = read(
         root,
@@ -59,8 +61,13 @@ pub fn load(dir: &AgentDir) -> Result<LoadedAgent, Problems> {
         &mut problems,
     )
     .and_then(|text| keep(check_models(&text), &mut problems));
-    let (tools, tool_code) = load_tools(root, &mut problems);
+    let (tools, tool_code) = load_tools(root, &mut sources, &mut problems);
     let channels = load_channels(root, &mut problems);
+    sources.extend(channels.iter().map(|channel| LuaSource {
+        file: channel.file.clone(),
+        text: Arc::clone(&channel.source),
+        function: "channel",
+    }));
     let instructions = fs::read_to_string(root.join("instructions.md")).ok();
 
     if let (Some((agent, agent_pos)), Some(models)) = (&agent, &models) {
@@ -81,10 +88,10 @@ pub fn load(dir: &AgentDir) -> Result<LoadedAgent, Problems> {
         ));
     }
     let (Some((agent, agent_pos)), Some(sandbox), Some(models)) = (agent, sandbox, models) else {
-        return Err(Problems::from(problems).sorted());
+        return Err(pointed_at_keys(problems, &sources));
     };
     if !problems.is_empty() {
-        return Err(Problems::from(problems).sorted());
+        return Err(pointed_at_keys(problems, &sources));
     }
     match Definition::assemble(agent, agent_pos, sandbox, tools, models) {
         Ok(definition) => Ok(LoadedAgent {
@@ -94,19 +101,42 @@ pub fn load(dir: &AgentDir) -> Result<LoadedAgent, Problems> {
             tool_code,
             channels,
         }),
-        Err(found) => Err(Problems::from(found).sorted()),
+        Err(found) => Err(pointed_at_keys(found, &sources)),
     }
+}
+
+/// A Lua file's text as it was run, and the function its declarations call.
+struct LuaSource {
+    file: String,
+    text: Arc<str>,
+    function: &'static str,
+}
+
+/// The problems, each about a key of a declaration moved from the declaring call's line to the
+/// key's own, in file and line order.
+fn pointed_at_keys(mut problems: Vec<Problem>, sources: &[LuaSource]) -> Problems {
+    for source in sources {
+        point_at_keys(&mut problems, &source.file, &source.text, source.function);
+    }
+    Problems::from(problems).sorted()
 }
 
 /// Runs one of the agent's own Lua files, which `perch init` creates.
 fn lua_file(
     root: &Path,
     file: &str,
-    function: &str,
+    function: &'static str,
+    sources: &mut Vec<LuaSource>,
     problems: &mut Vec<Problem>,
 ) -> Option<Vec<perch_core::config::Declaration>> {
-    read(root, file, "run `perch init` to create it", problems)
-        .and_then(|source| evaluate(file, &source, function, problems))
+    let source = read(root, file, "run `perch init` to create it", problems)?;
+    let declarations = evaluate(file, &source, function, problems);
+    sources.push(LuaSource {
+        file: file.to_owned(),
+        text: Arc::from(source),
+        function,
+    });
+    declarations
 }
 
 fn read(root: &Path, file: &str, fix: &str, problems: &mut Vec<Problem>) -> Option<String> {
@@ -143,7 +173,11 @@ fn keep<T>(result: Result<T, Vec<Problem>>, problems: &mut Vec<Problem>) -> Opti
 
 /// The tools of every `tools/*.lua` file that checked out, in file name order. A missing
 /// `tools/` means no tools.
-fn load_tools(root: &Path, problems: &mut Vec<Problem>) -> (Vec<(String, ToolDecl)>, ToolCode) {
+fn load_tools(
+    root: &Path,
+    sources: &mut Vec<LuaSource>,
+    problems: &mut Vec<Problem>,
+) -> (Vec<(String, ToolDecl)>, ToolCode) {
     let mut code = ToolCode::new();
     let listing = match fs::read_dir(root.join("tools")) {
         Ok(listing) => listing,
@@ -166,15 +200,20 @@ fn load_tools(root: &Path, problems: &mut Vec<Problem>) -> (Vec<(String, ToolDec
     let mut tools = Vec::new();
     for name in files {
         let file = format!("tools/{name}");
-        let Some(evaluation) = read(root, &file, "make it a readable text file", problems)
-            .and_then(|source| {
-                keep(
-                    lua::evaluate(&file, &source, &["tool"], Limits::CONFIG),
-                    problems,
-                )
-            })
-            .map(Arc::new)
-        else {
+        let Some(source) = read(root, &file, "make it a readable text file", problems) else {
+            continue;
+        };
+        let evaluation = keep(
+            lua::evaluate(&file, &source, &["tool"], Limits::CONFIG),
+            problems,
+        )
+        .map(Arc::new);
+        sources.push(LuaSource {
+            file: file.clone(),
+            text: Arc::from(source),
+            function: "tool",
+        });
+        let Some(evaluation) = evaluation else {
             continue;
         };
         let declared = keep(check_tool(&file, evaluation.declarations()), problems);
@@ -222,6 +261,17 @@ fn load_channels(root: &Path, problems: &mut Vec<Problem>) -> Vec<LoadedChannel>
 /// Runs and checks one channel file, `file` being its path in the agent directory
 /// (`channels/ops.lua`); the channel is named by the file's stem.
 pub fn load_channel(
+    file: &str,
+    source: &str,
+    problems: &mut Vec<Problem>,
+) -> Option<LoadedChannel> {
+    let before = problems.len();
+    let loaded = check_channel_file(file, source, problems);
+    point_at_keys(&mut problems[before..], file, source, "channel");
+    loaded
+}
+
+fn check_channel_file(
     file: &str,
     source: &str,
     problems: &mut Vec<Problem>,

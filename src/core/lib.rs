@@ -29,6 +29,7 @@ pub mod journal;
 pub mod lanes;
 pub mod log;
 pub mod lua_pattern;
+pub mod lua_source;
 pub mod markdown;
 pub mod name;
 pub mod narration;

@@ -3,7 +3,9 @@
 //! Lua declarations and YAML documents both become a [`Node`] tree; one set of checks then turns
 //! the tree into typed configuration, collecting every problem instead of stopping at the first.
 //! YAML nodes carry their own line and column. Lua keeps no position per table key at run time,
-//! so every node of a Lua declaration carries the line of the declaring call.
+//! so every node of a Lua declaration carries the line of the declaring call; a problem about a
+//! key is then moved to the line the key is written on, found in the file's text
+//! ([`crate::lua_source::point_at_keys`]).
 
 use crate::problem::{Pos, Problem};
 use std::fmt::Write as _;

@@ -1,7 +1,7 @@
 //! `HEARTBEAT.yml`: where it is, what it is checked against, and how it is read (never through a
 //! symlink, never more than [`FILE_LIMIT`] bytes, never blocking on a FIFO).
 
-use crate::agent::{AgentDir, LoadedAgent};
+use crate::agent::{AgentDir, LoadedAgent, load_channel};
 use crate::host::workspace::read_workspace_text;
 use perch_core::heartbeat::{HeartbeatEnv, HeartbeatFile, TargetSpec, parse_heartbeat_file};
 use std::path::{Path, PathBuf};
@@ -31,6 +31,7 @@ pub fn heartbeat_env(agent: &LoadedAgent, host_tz: chrono_tz::Tz) -> HeartbeatEn
         host_tz,
         targets,
         models: agent.definition.models.all_refs(),
+        channels_on_disk: None,
     }
 }
 
@@ -101,13 +102,79 @@ pub(super) enum Reloaded {
 
 /// Reads the file and, when its text differs from `seen`, checks it. Blocking: the scheduler
 /// runs it off the async runtime.
-pub(super) fn look(workspace: &Path, env: &HeartbeatEnv, seen: Option<&str>) -> Reloaded {
-    match read_text(workspace) {
+///
+/// `env` is what the agent's files said when perch started. When the file does not check, it
+/// is checked again knowing the rooms the channel files declare now, so that a delivery to a
+/// room added since says that perch must restart to load it.
+pub(super) fn look(dir: &AgentDir, env: &HeartbeatEnv, seen: Option<&str>) -> Reloaded {
+    match read_text(&dir.workspace()) {
         Err(error) => Reloaded::Unreadable(error),
         Ok(text) if seen == Some(text.as_str()) => Reloaded::Unchanged,
         Ok(text) => {
-            let checked = check(&text, env);
+            let checked = check(&text, env).or_else(|_| {
+                let now = HeartbeatEnv {
+                    channels_on_disk: Some(channel_rooms_on_disk(dir.root())),
+                    ..env.clone()
+                };
+                check(&text, &now)
+            });
             Reloaded::Read { text, checked }
         }
     }
+}
+
+/// The rooms the channel files in `root` declare now; a file that does not check declares
+/// none.
+fn channel_rooms_on_disk(root: &Path) -> Vec<TargetSpec> {
+    let Ok(listing) = std::fs::read_dir(root.join("channels")) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = listing
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".lua"))
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let file = format!("channels/{name}");
+            let source = read_channel_text(&root.join(&file))?;
+            load_channel(&file, &source, &mut Vec::new())
+        })
+        .flat_map(|channel| {
+            let name = channel.config.name;
+            channel
+                .config
+                .rooms
+                .into_keys()
+                .map(move |room| TargetSpec {
+                    channel: name.clone(),
+                    room,
+                })
+        })
+        .collect()
+}
+
+/// The most bytes of a channel file read for [`channel_rooms_on_disk`].
+const CHANNEL_FILE_LIMIT: u64 = 1024 * 1024;
+
+/// A channel file's text when it is a regular file of at most [`CHANNEL_FILE_LIMIT`] bytes,
+/// opened without following a symlink or blocking on a FIFO.
+fn read_channel_text(path: &Path) -> Option<String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    file.take(CHANNEL_FILE_LIMIT + 1)
+        .read_to_string(&mut text)
+        .ok()?;
+    (text.len() as u64 <= CHANNEL_FILE_LIMIT).then_some(text)
 }

@@ -364,6 +364,7 @@ mod tests {
                 room: RoomAlias::try_from("standup").unwrap(),
             }],
             models: Vec::new(),
+            channels_on_disk: None,
         }
     }
 

@@ -261,10 +261,11 @@ impl Scheduler {
         }
         self.seen_stamp = None;
         let env = self.setup.env.clone();
+        let dir = self.setup.dir.clone();
         let seen = self.seen_text.take();
         let looked = tokio::task::spawn_blocking(move || {
             let started = std::time::Instant::now();
-            let reloaded = look(&workspace, &env, seen.as_deref());
+            let reloaded = look(&dir, &env, seen.as_deref());
             (seen, reloaded, started.elapsed())
         })
         .await;

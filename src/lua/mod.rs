@@ -29,6 +29,7 @@ use limits::mebibytes;
 use mlua::chunk::ChunkMode;
 use mlua::{Function, Lua};
 use perch_core::config::Declaration;
+use perch_core::lua_source;
 use perch_core::problem::{Pos, Problem};
 use record::{CallError, Recorder, lock};
 use state::prepare_state;
@@ -116,10 +117,12 @@ pub fn evaluate(
     if budget.is_exhausted() {
         problems.push(budget.problem(file));
     } else if let Err(error) = outcome {
-        problems.push(
-            unknown_declaration(file, &error, declare)
-                .unwrap_or_else(|| problem_from_error(file, &error, limits)),
-        );
+        let mut problem = unknown_declaration(file, &error, declare)
+            .unwrap_or_else(|| problem_from_error(file, &error, limits));
+        if matches!(root_cause(&error), mlua::Error::SyntaxError { .. }) {
+            problem.fix = Some(syntax_fix(source, problem.pos.line, &problem.message));
+        }
+        problems.push(problem);
     }
     if !problems.is_empty() {
         return Err(problems);
@@ -151,7 +154,8 @@ fn problem_from_error(file: &str, error: &mlua::Error, limits: Limits) -> Proble
         .with_fix("build smaller tables and strings: configuration should be small"),
         mlua::Error::SyntaxError { message, .. } => {
             let (pos, message) = split_position(file, without_traceback(message));
-            Problem::new(file, pos, message).with_fix("correct the Lua syntax on that line")
+            Problem::new(file, pos, format!("syntax error: {message}"))
+                .with_fix("correct the Lua syntax on that line")
         }
         mlua::Error::RuntimeError(message) => {
             let (pos, message) = split_position(file, without_traceback(message));
@@ -195,6 +199,36 @@ fn unknown_declaration(file: &str, error: &mlua::Error, declare: &[&str]) -> Opt
         )
         .with_fix(fix),
     )
+}
+
+/// What to do about a syntax error Lua noticed on `line`: where a missing comma between two
+/// table fields would be, or else the line of the last complete token before the one Lua
+/// stopped at, when that is an earlier line.
+fn syntax_fix(source: &str, line: u32, message: &str) -> String {
+    if line == 0 {
+        return "correct the Lua syntax".to_owned();
+    }
+    if let Some(comma) = lua_source::missing_separator(source, line) {
+        return format!(
+            "a comma may be missing after line {comma}: separate a table's fields with , or ;"
+        );
+    }
+    let near = message.rsplit_once(" near ").map(|(_, near)| near);
+    let before = match near {
+        Some("<eof>") => lua_source::line_before_failure(source, line, None),
+        Some(near) => near
+            .strip_prefix('\'')
+            .and_then(|near| near.strip_suffix('\''))
+            .and_then(|near| lua_source::line_before_failure(source, line, Some(near))),
+        None => None,
+    };
+    match before {
+        Some(before) => format!(
+            "correct the Lua syntax on that line, or at the end of line {before}, the last \
+             complete code before it"
+        ),
+        None => "correct the Lua syntax on that line".to_owned(),
+    }
 }
 
 /// The error a chain of callback and context wrappers was raised for.

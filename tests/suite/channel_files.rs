@@ -56,10 +56,10 @@ fn channel_problems_name_file_line_and_key() {
         found,
         vec![
             "channels/ops.lua:3: missing token\n  fix: add it: token = env \"TELEGRAM_TOKEN\"",
-            "channels/ops.lua:3: dm: unknown dm policy \"open\"\n  fix: use one of pair, allow, refuse",
-            "channels/ops.lua:3: tokn: unknown key\n  fix: did you mean token? known keys: kind, rooms, \
+            "channels/ops.lua:5: tokn: unknown key\n  fix: did you mean token? known keys: kind, rooms, \
              allow, dm, groups, busy, collect_window, max_age, queue_limit, allow_bots, bot_turns, \
              on_message, format, token, api_url",
+            "channels/ops.lua:6: dm: unknown dm policy \"open\"\n  fix: use one of pair, allow, refuse",
         ]
     );
     let found = problems_with(
@@ -70,7 +70,7 @@ fn channel_problems_name_file_line_and_key() {
     assert_eq!(
         found,
         vec![
-            "channels/ops.lua:1: allow.rooms[1]: \"team\" is not a room declared under rooms\n  \
+            "channels/ops.lua:7: allow.rooms[1]: \"team\" is not a room declared under rooms\n  \
              fix: declare it first: rooms = { team = \"<platform room id>\" }"
         ]
     );
@@ -103,7 +103,7 @@ fn a_literal_token_is_refused_and_never_shown() {
     let shown = stderr(&output);
     assert!(
         shown.contains(
-            "error: channels/ops.lua:1: token: a literal token is not allowed in a channel file (value not shown)\n  \
+            "error: channels/ops.lua:3: token: a literal token is not allowed in a channel file (value not shown)\n  \
              fix: keep it in the service's environment and reference it: token = env \"NAME\""
         ),
         "{shown}"
@@ -132,9 +132,9 @@ fn a_channel_credential_cannot_be_a_sandbox_secret() {
          { env = \"BOT\", source = env \"TG_TOKEN\", hosts = { \"api.telegram.org\" } },\n  },\n}\n",
     );
     let found = load(dir.path()).unwrap_err();
-    let expected = |file: &str| {
+    let expected = |file: &str, line: u32| {
         format!(
-            "{file}:1: token: TG_TOKEN is also a secret source in sandbox.lua (secrets[1]), so the \
+            "{file}:{line}: token: TG_TOKEN is also a secret source in sandbox.lua (secrets[1]), so the \
              sandbox could post to telegram directly, around the outbox and the access rules\n  \
              fix: remove that secret from sandbox.lua, or give the sandbox a credential of its own \
              in another variable than TG_TOKEN"
@@ -143,8 +143,8 @@ fn a_channel_credential_cannot_be_a_sandbox_secret() {
     assert_eq!(
         found,
         vec![
-            expected("channels/ops.lua"),
-            expected("channels/second.lua")
+            expected("channels/ops.lua", 3),
+            expected("channels/second.lua", 1)
         ]
     );
 }

@@ -46,6 +46,44 @@ fn lua_syntax_errors_name_their_line() {
 }
 
 #[test]
+fn perch_info_points_a_key_problem_and_a_missing_comma_at_their_lines() {
+    let dir = new_agent();
+    let key = [("OPENAI_API_KEY", "sk-test")];
+    write(
+        dir.path(),
+        "agent.lua",
+        "-- spend = { tokens_per_dya = 1 }\nagent {\n  model = \"openai/gpt-5-mini\",\n  spend = {\n    \
+         tokens_per_day = 1000000,\n    tokens_per_dya = 5,\n  },\n}\n",
+    );
+    let output = perch(&["info", dir.path().to_str().unwrap()], &key);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains(
+            "agent.lua:6: spend.tokens_per_dya: unknown key\n  fix: did you mean tokens_per_day?"
+        ),
+        "{}",
+        stderr(&output)
+    );
+
+    write(
+        dir.path(),
+        "agent.lua",
+        "agent {\n  model = \"openai/gpt-5-mini\",\n  spend = {\n    tokens_per_day = 1000000,\n  }\n\n  \
+         -- how hard it thinks\n  thinking = \"low\",\n}\n",
+    );
+    let output = perch(&["info", dir.path().to_str().unwrap()], &key);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains(
+            "agent.lua:8: syntax error: '}' expected (to close '{' at line 1) near 'thinking'\n  \
+             fix: a comma may be missing after line 5"
+        ),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
 fn lua_runtime_errors_name_their_line_without_a_traceback() {
     let found = problems_with(
         "sandbox.lua",
@@ -56,19 +94,19 @@ fn lua_runtime_errors_name_their_line_without_a_traceback() {
 }
 
 #[test]
-fn unknown_keys_and_wrong_types_name_the_declaring_line_and_key() {
+fn unknown_keys_and_wrong_types_name_the_line_of_the_key() {
     let found = problems_with(
         "agent.lua",
         "\n\nagent {\n  model = \"openai/gpt-5-mini\",\n  thinkin = \"low\",\n}\n",
     );
     assert_one(
         &found,
-        "agent.lua:3: thinkin: unknown key\n  fix: did you mean thinking?",
+        "agent.lua:5: thinkin: unknown key\n  fix: did you mean thinking?",
     );
     let found = problems_with("sandbox.lua", "sandbox {\n  memory = \"lots\",\n}\n");
     assert_one(
         &found,
-        "sandbox.lua:1: memory: expected an integer, found a string",
+        "sandbox.lua:2: memory: expected an integer, found a string",
     );
 }
 
@@ -89,7 +127,7 @@ fn an_unscoped_secret_is_refused_at_load() {
         "sandbox.lua",
         "sandbox {\n  allow = { \"api.github.com\" },\n  secrets = {\n    { env = \"GITHUB_TOKEN\", source = env \"GITHUB_TOKEN\" },\n  },\n}\n",
     );
-    assert_one(&found, "sandbox.lua:1: secrets[1]: missing hosts");
+    assert_one(&found, "sandbox.lua:4: secrets[1]: missing hosts");
 }
 
 #[test]
@@ -100,7 +138,7 @@ fn a_secret_for_a_host_the_guest_cannot_reach_is_refused() {
     );
     assert_one(
         &found,
-        "sandbox.lua:1: secrets[1].hosts: api.github.com is not in allow",
+        "sandbox.lua:2: secrets[1].hosts: api.github.com is not in allow",
     );
 }
 
@@ -113,7 +151,7 @@ fn a_secret_for_the_host_alias_and_another_host_is_refused_with_a_second_secret_
     assert_eq!(found.len(), 1, "{found:#?}");
     assert!(
         found[0].starts_with(
-            "sandbox.lua:1: secrets[1].hosts: host.microsandbox.internal cannot share a secret with other hosts"
+            "sandbox.lua:3: secrets[1].hosts: host.microsandbox.internal cannot share a secret with other hosts"
         ),
         "{found:#?}"
     );
@@ -139,13 +177,13 @@ fn a_secret_for_a_wildcard_host_is_refused() {
     assert_eq!(found.len(), 2, "{found:#?}");
     assert!(
         found[0].starts_with(
-            "sandbox.lua:1: secrets[1].hosts: *.github.io is a wildcard; a secret is sent only to hosts named exactly"
+            "sandbox.lua:3: secrets[1].hosts: *.github.io is a wildcard; a secret is sent only to hosts named exactly"
         ),
         "{found:#?}"
     );
     assert!(found[0].contains("fix: name each host"), "{found:#?}");
     assert!(
-        found[1].starts_with("sandbox.lua:1: secrets[1].hosts: hosts is empty"),
+        found[1].starts_with("sandbox.lua:3: secrets[1].hosts: hosts is empty"),
         "{found:#?}"
     );
     let found = problems_with(
@@ -155,7 +193,7 @@ fn a_secret_for_a_wildcard_host_is_refused() {
     assert_eq!(found.len(), 2, "{found:#?}");
     assert!(
         found.iter().any(|problem| problem.starts_with(
-            "sandbox.lua:1: secrets[1].hosts[1]: \"api.github.com/x\" is not a host name"
+            "sandbox.lua:3: secrets[1].hosts[1]: \"api.github.com/x\" is not a host name"
         )),
         "{found:#?}"
     );
@@ -172,7 +210,7 @@ fn a_literal_secret_value_is_refused_and_not_echoed() {
     );
     assert_one(
         &found,
-        "sandbox.lua:1: secrets[1].source: a literal secret value is not allowed here",
+        "sandbox.lua:3: secrets[1].source: a literal secret value is not allowed here",
     );
     assert!(!found[0].contains(value));
 }
@@ -220,7 +258,7 @@ fn the_model_must_exist_in_models_yml() {
     let found = problems_with("agent.lua", "agent {\n  model = \"openai/gpt-9\",\n}\n");
     assert_one(
         &found,
-        "agent.lua:1: model: model openai/gpt-9 is not in models.yml",
+        "agent.lua:2: model: model openai/gpt-9 is not in models.yml",
     );
     assert!(
         found[0].contains("use one of openai/gpt-5-mini, anthropic/claude-sonnet-4-5"),
@@ -281,8 +319,8 @@ tool("fetch", {
     );
     let expected = [
         "tools/more.lua:1: bash is a built-in tool",
-        "tools/more.lua:3: fetch.params[1].type: unknown type \"url\"",
-        "tools/more.lua:3: fetch.params[2].default: default \"five\" is not of type integer",
+        "tools/more.lua:5: fetch.params[1].type: unknown type \"url\"",
+        "tools/more.lua:5: fetch.params[2].default: default \"five\" is not of type integer",
         "tools/zz_again.lua:1: tool workspace_summary is already declared in tools/example.lua",
     ];
     assert_eq!(found.len(), expected.len(), "{found:#?}");
@@ -320,7 +358,7 @@ fn a_rootfs_path_is_not_an_image() {
             "sandbox.lua",
             &format!("sandbox {{\n  image = {image:?},\n}}\n"),
         );
-        assert_one(&found, "sandbox.lua:1: image:");
+        assert_one(&found, "sandbox.lua:2: image:");
         assert!(found[0].contains("is a path, not an image"), "{found:?}");
         assert!(
             found[0].contains("fix: use image = \"perch:default\""),

@@ -31,6 +31,7 @@ fn env() -> HeartbeatEnv {
             room: RoomAlias::try_from("standup").unwrap(),
         }],
         models: Vec::new(),
+        channels_on_disk: None,
     }
 }
 
@@ -330,6 +331,46 @@ async fn an_invalid_edit_keeps_the_last_good_schedule_and_a_valid_one_takes_over
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_delivery_to_a_room_added_while_perch_runs_says_to_restart() {
+    let agent = new_agent();
+    write(
+        agent.path(),
+        "channels/ops.lua",
+        "channel {\n  kind = \"telegram\",\n  token = env \"TG_TOKEN\",\n  \
+         rooms = { standup = \"-100\", report = \"-200\" },\n}\n",
+    );
+    write(
+        agent.path(),
+        "workspace/HEARTBEAT.yml",
+        "tasks:\n  - name: report\n    prompt: Report.\n    every: 1h\n    delivery: ops:report\n  \
+         - name: elsewhere\n    prompt: Report.\n    every: 1h\n    delivery: ops:nowhere\n",
+    );
+    let dir = AgentDir::open(agent.path()).unwrap();
+    let clock = tokio_clock(utc(2026, 6, 1, 10, 0));
+    let (heartbeats, shutdown) = start(&dir, clock, &Recorder::default()).await;
+    pass(&heartbeats, Duration::from_secs(60)).await;
+    let list = serde_json::to_value(heartbeats.list().await.unwrap()).unwrap();
+    let error = list["reload_error"].as_str().unwrap();
+    assert!(
+        error.contains(
+            "workspace/HEARTBEAT.yml:5:15: tasks[1].delivery: ops:report is not a room the \
+             agent's channels declare\n  fix: channels/ops.lua declares it now, but perch loaded \
+             that file before; restart perch to load it"
+        ),
+        "{error}"
+    );
+    assert!(
+        error.contains(
+            "tasks[2].delivery: ops:nowhere is not a room the agent's channels declare\n  fix: use \
+             a declared room: ops:standup (channel files are read at start: restart perch after \
+             editing channels/*.lua)"
+        ),
+        "{error}"
+    );
+    shutdown.cancel();
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_manual_run_consumes_no_slot_and_a_dry_run_leaves_no_record() {
     let agent = new_agent();
     write(agent.path(), "workspace/HEARTBEAT.yml", HOURLY);
@@ -400,6 +441,47 @@ fn perch_info_lists_the_tasks_or_says_why_the_file_does_not_check() {
     let json: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
     let error = json["heartbeats"]["error"].as_str().unwrap();
     assert!(error.contains("workspace/HEARTBEAT.yml:4"), "{error}");
+}
+
+#[test]
+fn perch_info_refuses_six_cron_fields_without_seconds_and_names_the_field() {
+    let agent = new_agent();
+    let dir = agent.path().to_str().unwrap();
+    let key = [("OPENAI_API_KEY", "sk-test")];
+    write(
+        agent.path(),
+        "workspace/HEARTBEAT.yml",
+        "tasks:\n  - name: report\n    prompt: Report.\n    cron: \"0 9 * * Mon-Fri *\"\n",
+    );
+    let shown = super::support::perch(&["info", dir], &key);
+    assert!(!shown.status.success());
+    let text = stderr(&shown);
+    assert!(
+        text.contains(
+            "workspace/HEARTBEAT.yml:4:11: tasks[1].cron: \"0 9 * * Mon-Fri *\" has six fields; \
+             a pattern has five (minute hour day-of-month month day-of-week), and six are read \
+             seconds first only when the task says seconds: true (read that way, the month field \
+             \"Mon-Fri\": \"Mon\" names a day of the week; days go in the day-of-week field); \
+             fix: remove the extra field: \"0 9 * * Mon-Fri\"; or, if the first field is the \
+             second, add seconds: true to the task"
+        ),
+        "{text}"
+    );
+
+    write(
+        agent.path(),
+        "workspace/HEARTBEAT.yml",
+        "tasks:\n  - name: report\n    prompt: Report.\n    cron: \"0 25 * * *\"\n",
+    );
+    let text = stderr(&super::support::perch(&["info", dir], &key));
+    assert!(
+        text.contains(
+            "workspace/HEARTBEAT.yml:4:11: tasks[1].cron: the hour field \"25\" is out of range \
+             0-23; fix: write the hour as * or numbers 0-23"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("Component error"), "{text}");
 }
 
 /// `perch heartbeat list DIR --json`, read as the listing it prints.

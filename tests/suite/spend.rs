@@ -158,7 +158,7 @@ fn spend_owner_and_price_are_checked_with_their_file_and_line() {
     assert_eq!(found.len(), 1, "{found:#?}");
     assert!(
         found[0].starts_with(
-            "agent.lua:1: spend.cost_per_day: models.yml gives fake/m1 no price, so its cost \
+            "agent.lua:3: spend.cost_per_day: models.yml gives fake/m1 no price, so its cost \
              cannot be counted"
         ),
         "{}",

@@ -4,7 +4,7 @@
 //! tasks:
 //!   - name: standup
 //!     prompt: "Summarise yesterday's merged pull requests."
-//!     cron: "0 9 * * Mon-Fri"      # or every: 30m
+//!     cron: "0 9 * * Mon-Fri"      # or every: 30m; seconds: true reads six fields
 //!     tz: Europe/Berlin
 //!     active_hours: "08:00-18:00"
 //!     delivery: ops:standup
@@ -29,6 +29,7 @@ const TASK_KEYS: &[&str] = &[
     "name",
     "prompt",
     "cron",
+    "seconds",
     "every",
     "tz",
     "active_hours",
@@ -56,6 +57,10 @@ pub struct HeartbeatEnv {
     pub targets: Vec<TargetSpec>,
     /// The models `models.yml` declares; a task's model must be one.
     pub models: Vec<ModelRef>,
+    /// When a running perch checks the file again: the rooms the channel files declare now.
+    /// Channel files are read at start, so these may differ from `targets`, and a delivery to
+    /// a room only they declare needs a restart. `None` when the channels were just read.
+    pub channels_on_disk: Option<Vec<TargetSpec>>,
 }
 
 /// A room alias a channel declares, which a delivery may name.
@@ -463,6 +468,23 @@ fn read_schedule(
 ) -> Option<(Schedule, Sample)> {
     let cron = fields.optional("cron");
     let every = fields.optional("every");
+    let seconds = match fields.optional("seconds") {
+        None => false,
+        Some(node) => {
+            let seconds_path = path.key("seconds");
+            let seconds = checker.bool(node, &seconds_path)?;
+            if seconds && cron.is_none() {
+                checker.report_fix(
+                    node.pos,
+                    &seconds_path,
+                    "seconds: true goes with cron only",
+                    "remove seconds, or give the task a cron pattern with six fields",
+                );
+                return None;
+            }
+            seconds
+        }
+    };
     let schedule = match (cron, every) {
         (Some(_), Some(_)) => {
             checker.report_fix(
@@ -485,16 +507,8 @@ fn read_schedule(
         (Some(node), None) => {
             let path = path.key("cron");
             let text = checker.str(node, &path)?;
-            let schedule = Schedule::cron(text, tz?)
-                .map_err(|error| {
-                    checker.report_fix(
-                        node.pos,
-                        &path,
-                        error,
-                        "write five fields, minute hour day-of-month month day-of-week, such as \
-                         \"0 9 * * Mon-Fri\" (a sixth field in front gives seconds)",
-                    );
-                })
+            let schedule = Schedule::cron(text, tz?, seconds)
+                .map_err(|error| checker.report_fix(node.pos, &path, error.message, error.fix))
                 .ok()?;
             (node, path, schedule)
         }
@@ -618,7 +632,17 @@ fn read_delivery(
         }
     };
     if !target.is_declared(&env.targets) {
-        let fix = if env.targets.is_empty() {
+        let declared_now = env
+            .channels_on_disk
+            .as_ref()
+            .is_some_and(|on_disk| target.is_declared(on_disk));
+        let mut fix = if declared_now {
+            format!(
+                "channels/{}.lua declares it now, but perch loaded that file before; restart \
+                 perch to load it",
+                target.channel
+            )
+        } else if env.targets.is_empty() {
             "no channel declares a room; give a channel file rooms = { alias = \"...\" } first"
                 .to_owned()
         } else {
@@ -629,6 +653,11 @@ fn read_delivery(
                 .collect();
             format!("use a declared room: {}", declared.join(", "))
         };
+        if env.channels_on_disk.is_some() && !declared_now {
+            fix.push_str(
+                " (channel files are read at start: restart perch after editing channels/*.lua)",
+            );
+        }
         checker.report_fix(
             node.pos,
             path,

@@ -52,16 +52,35 @@ pub enum Schedule {
 }
 
 impl Schedule {
-    /// Parses a cron pattern: five fields, or six with seconds first; names such as `Mon-Fri`
-    /// and `Jan` are accepted, and so are `@daily`-style shortcuts.
-    pub fn cron(expr: &str, tz: Tz) -> Result<Schedule, String> {
+    /// Parses a cron pattern: five fields (minute hour day-of-month month day-of-week), or six
+    /// with seconds first when `seconds` asks for them; names such as `Mon-Fri` and `Jan` are
+    /// accepted, and so are `@daily`-style shortcuts. Each field is checked on its own first,
+    /// so a problem names the field at fault.
+    pub fn cron(expr: &str, tz: Tz, seconds: bool) -> Result<Schedule, PatternError> {
+        let trimmed = expr.trim();
+        if trimmed.starts_with('@') {
+            if !SHORTCUTS
+                .iter()
+                .any(|shortcut| shortcut.eq_ignore_ascii_case(trimmed))
+            {
+                return Err(PatternError::new(
+                    format!("{expr:?} is not a shortcut perch knows"),
+                    format!("use one of {}, or five fields", SHORTCUTS.join(", ")),
+                ));
+            }
+        } else {
+            check_fields(expr, seconds)?;
+        }
         let parser = CronParser::builder()
             .seconds(Seconds::Optional)
             .year(Year::Disallowed)
             .build();
-        let cron = parser
-            .parse(expr)
-            .map_err(|error| format!("invalid cron pattern {expr:?}: {error}"))?;
+        let cron = parser.parse(expr).map_err(|_| {
+            PatternError::new(
+                format!("{expr:?} is not a cron pattern perch can read"),
+                FIVE_FIELDS_FIX,
+            )
+        })?;
         Ok(Schedule::Cron {
             expr: expr.to_owned(),
             tz,
@@ -146,6 +165,291 @@ impl fmt::Display for Schedule {
             Schedule::Cron { expr, tz, .. } => write!(f, "cron {expr:?} in {tz}"),
         }
     }
+}
+
+/// A cron pattern perch refuses: what is wrong, in perch's words, and what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PatternError {
+    pub message: String,
+    pub fix: String,
+}
+
+impl PatternError {
+    fn new(message: impl Into<String>, fix: impl Into<String>) -> Self {
+        PatternError {
+            message: message.into(),
+            fix: fix.into(),
+        }
+    }
+}
+
+impl fmt::Display for PatternError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+const SHORTCUTS: &[&str] = &[
+    "@yearly",
+    "@annually",
+    "@monthly",
+    "@weekly",
+    "@daily",
+    "@hourly",
+];
+
+const FIVE_FIELDS_FIX: &str = "write five fields, minute hour day-of-month month day-of-week, \
+                               such as \"0 9 * * Mon-Fri\"";
+
+const MONTHS: &[&str] = &[
+    "JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC",
+];
+
+const WEEKDAYS: &[&str] = &["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"];
+
+/// One field of a cron pattern: its name, its range, and what else it accepts.
+struct FieldRule {
+    name: &'static str,
+    min: u32,
+    max: u32,
+    /// Names for values, the first one standing for `min`.
+    names: &'static [&'static str],
+    /// `?`, and the `L`, `W` and `#` forms croner reads in the day fields.
+    day_forms: bool,
+}
+
+const SECOND: FieldRule = FieldRule {
+    name: "second",
+    min: 0,
+    max: 59,
+    names: &[],
+    day_forms: false,
+};
+
+const FIVE_FIELD_RULES: [FieldRule; 5] = [
+    FieldRule {
+        name: "minute",
+        min: 0,
+        max: 59,
+        names: &[],
+        day_forms: false,
+    },
+    FieldRule {
+        name: "hour",
+        min: 0,
+        max: 23,
+        names: &[],
+        day_forms: false,
+    },
+    FieldRule {
+        name: "day-of-month",
+        min: 1,
+        max: 31,
+        names: &[],
+        day_forms: true,
+    },
+    FieldRule {
+        name: "month",
+        min: 1,
+        max: 12,
+        names: MONTHS,
+        day_forms: false,
+    },
+    FieldRule {
+        name: "day-of-week",
+        min: 0,
+        max: 7,
+        names: WEEKDAYS,
+        day_forms: true,
+    },
+];
+
+/// Checks the number of fields against `seconds`, then each field against its rule.
+fn check_fields(expr: &str, seconds: bool) -> Result<(), PatternError> {
+    let fields: Vec<&str> = expr.split_whitespace().collect();
+    match (fields.len(), seconds) {
+        (5, false) | (6, true) => {}
+        (6, false) => {
+            let read_with_seconds = field_problem(&fields, true)
+                .map(|problem| format!(" (read that way, {problem})"))
+                .unwrap_or_default();
+            let first_five = fields[..5].join(" ");
+            let fix = if field_problem(&fields[..5], false).is_none() {
+                format!(
+                    "remove the extra field: \"{first_five}\"; or, if the first field is the \
+                     second, add seconds: true to the task"
+                )
+            } else {
+                "remove the extra field; or, if the first field is the second, add seconds: true \
+                 to the task"
+                    .to_owned()
+            };
+            return Err(PatternError::new(
+                format!(
+                    "{expr:?} has six fields; a pattern has five (minute hour day-of-month month \
+                     day-of-week), and six are read seconds first only when the task says \
+                     seconds: true{read_with_seconds}"
+                ),
+                fix,
+            ));
+        }
+        (5, true) => {
+            return Err(PatternError::new(
+                format!(
+                    "{expr:?} has five fields, but seconds: true asks for six (second minute \
+                     hour day-of-month month day-of-week)"
+                ),
+                "put the second in front, such as \"30 0 9 * * Mon-Fri\", or remove seconds: true",
+            ));
+        }
+        (count, _) => {
+            return Err(PatternError::new(
+                format!(
+                    "{expr:?} has {count} fields; a pattern has five: minute hour day-of-month \
+                     month day-of-week"
+                ),
+                FIVE_FIELDS_FIX,
+            ));
+        }
+    }
+    match field_problem(&fields, seconds) {
+        None => Ok(()),
+        Some(problem) => {
+            let rule = problem.rule;
+            let names = match rule.names.first().zip(rule.names.last()) {
+                Some((first, last)) => {
+                    format!(" or names {}-{}", title_case(first), title_case(last))
+                }
+                None => String::new(),
+            };
+            Err(PatternError::new(
+                problem.to_string(),
+                format!(
+                    "write the {} as * or numbers {}-{}{names}, in lists (1,15), ranges (1-5) or \
+                     steps (*/10)",
+                    rule.name, rule.min, rule.max
+                ),
+            ))
+        }
+    }
+}
+
+/// The first field of `fields` that its rule refuses, read seconds first when `seconds`.
+fn field_problem<'f>(fields: &[&'f str], seconds: bool) -> Option<FieldProblem<'f>> {
+    let rules = std::iter::once(&SECOND)
+        .filter(|_| seconds)
+        .chain(FIVE_FIELD_RULES.iter());
+    fields.iter().zip(rules).find_map(|(field, rule)| {
+        check_field(field, rule)
+            .err()
+            .map(|(part, what)| FieldProblem {
+                rule,
+                field,
+                part,
+                what,
+            })
+    })
+}
+
+/// A field a rule refuses: the part at fault and what is wrong with it.
+struct FieldProblem<'f> {
+    rule: &'static FieldRule,
+    field: &'f str,
+    part: String,
+    what: String,
+}
+
+impl fmt::Display for FieldProblem<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the {} field {:?}", self.rule.name, self.field)?;
+        if self.part != self.field {
+            write!(f, ": {:?}", self.part)?;
+        }
+        write!(f, " {}", self.what)
+    }
+}
+
+fn title_case(name: &str) -> String {
+    let mut letters = name.chars();
+    letters
+        .next()
+        .map(|first| first.to_string() + &letters.as_str().to_lowercase())
+        .unwrap_or_default()
+}
+
+/// The part of one field that croner would refuse or misread, and what is wrong with it.
+fn check_field(field: &str, rule: &FieldRule) -> Result<(), (String, String)> {
+    let items = if rule.names == WEEKDAYS {
+        field.strip_prefix('+').unwrap_or(field)
+    } else {
+        field
+    };
+    for item in items.split(',') {
+        if item.is_empty() {
+            return Err((
+                field.to_owned(),
+                "has an empty item between commas".to_owned(),
+            ));
+        }
+        let (base, step) = match item.split_once('/') {
+            Some((base, step)) => (base, Some(step)),
+            None => (item, None),
+        };
+        match step.map(str::parse::<u32>) {
+            Some(Ok(0)) => return Err((item.to_owned(), "steps by 0".to_owned())),
+            Some(Err(_)) => {
+                return Err((
+                    item.to_owned(),
+                    "has a step that is not a number".to_owned(),
+                ));
+            }
+            _ => {}
+        }
+        if base == "*" || (rule.day_forms && base == "?") {
+            continue;
+        }
+        if rule.day_forms && base.contains(['L', 'l', 'W', 'w', '#']) {
+            continue;
+        }
+        let (start, end) = match base.split_once('-') {
+            Some((start, end)) => (start, Some(end)),
+            None => (base, None),
+        };
+        let start = value(start, rule)?;
+        if let Some(end) = end {
+            let ends_on_sunday = rule.names == WEEKDAYS && end.eq_ignore_ascii_case("SUN");
+            let end = value(end, rule)?;
+            if start > end && !ends_on_sunday {
+                return Err((
+                    base.to_owned(),
+                    "runs backwards; write the smaller value first".to_owned(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The number a field's value stands for.
+fn value(text: &str, rule: &FieldRule) -> Result<u32, (String, String)> {
+    let refused = |what: String| Err((text.to_owned(), what));
+    if let Ok(number) = text.parse::<u32>() {
+        if number < rule.min || number > rule.max {
+            return refused(format!("is out of range {}-{}", rule.min, rule.max));
+        }
+        return Ok(number);
+    }
+    let upper = text.to_ascii_uppercase();
+    if let Some(index) = rule.names.iter().position(|name| *name == upper) {
+        return Ok(rule.min + u32::try_from(index).unwrap_or(0));
+    }
+    if MONTHS.contains(&upper.as_str()) {
+        return refused("names a month; months go in the month field".to_owned());
+    }
+    if WEEKDAYS.contains(&upper.as_str()) {
+        return refused("names a day of the week; days go in the day-of-week field".to_owned());
+    }
+    refused(format!("is not a number from {} to {}", rule.min, rule.max))
 }
 
 fn is_fixed_time(expr: &str) -> bool {
@@ -385,8 +689,10 @@ mod tests {
             .with_timezone(&Utc)
     }
 
+    /// A pattern that must read; six fields are read seconds first.
     fn cron(expr: &str, tz: Tz) -> Schedule {
-        Schedule::cron(expr, tz).unwrap()
+        let seconds = expr.split_whitespace().count() == 6;
+        Schedule::cron(expr, tz, seconds).unwrap()
     }
 
     fn firings(schedule: &Schedule, from: &str, to: &str) -> Vec<String> {
@@ -549,16 +855,150 @@ mod tests {
     }
 
     #[test]
-    fn six_fields_put_seconds_first() {
+    fn six_fields_put_seconds_first_only_when_seconds_are_asked_for() {
         let schedule = cron("15 0 9 * * *", chrono_tz::UTC);
         assert_eq!(
             next_slot(&schedule, at("2026-04-01T00:00:00Z")),
             Some(at("2026-04-01T09:00:15Z"))
         );
-        assert!(Schedule::cron("0 0 9 * * * 2026", chrono_tz::UTC).is_err());
-        assert!(Schedule::cron("0 9 * *", chrono_tz::UTC).is_err());
-        assert!(Schedule::cron("0 25 * * *", chrono_tz::UTC).is_err());
-        assert!(Schedule::cron("every day", chrono_tz::UTC).is_err());
+        let refused = Schedule::cron("0 9 * * Mon-Fri *", chrono_tz::UTC, false).unwrap_err();
+        assert_eq!(
+            refused.message,
+            "\"0 9 * * Mon-Fri *\" has six fields; a pattern has five (minute hour day-of-month \
+             month day-of-week), and six are read seconds first only when the task says \
+             seconds: true (read that way, the month field \"Mon-Fri\": \"Mon\" names a day of \
+             the week; days go in the day-of-week field)"
+        );
+        assert_eq!(
+            refused.fix,
+            "remove the extra field: \"0 9 * * Mon-Fri\"; or, if the first field is the second, \
+             add seconds: true to the task"
+        );
+        let five = Schedule::cron("0 9 * * *", chrono_tz::UTC, true).unwrap_err();
+        assert!(
+            five.message.contains("but seconds: true asks for six"),
+            "{five}"
+        );
+    }
+
+    #[test]
+    fn each_field_is_checked_and_named_in_perchs_words() {
+        let cases: &[(&str, bool, &str)] = &[
+            (
+                "0 25 * * *",
+                false,
+                "the hour field \"25\" is out of range 0-23",
+            ),
+            (
+                "60 9 * * *",
+                false,
+                "the minute field \"60\" is out of range 0-59",
+            ),
+            (
+                "0 9,25 * * *",
+                false,
+                "the hour field \"9,25\": \"25\" is out of range 0-23",
+            ),
+            (
+                "0 9 0 * *",
+                false,
+                "the day-of-month field \"0\" is out of range 1-31",
+            ),
+            (
+                "0 9 * 13 *",
+                false,
+                "the month field \"13\" is out of range 1-12",
+            ),
+            (
+                "0 9 * * 8",
+                false,
+                "the day-of-week field \"8\" is out of range 0-7",
+            ),
+            (
+                "61 0 9 * * *",
+                true,
+                "the second field \"61\" is out of range 0-59",
+            ),
+            (
+                "0 9 * Mon *",
+                false,
+                "the month field \"Mon\" names a day of the week; days go in the day-of-week \
+                 field",
+            ),
+            (
+                "0 9 * * Jan",
+                false,
+                "the day-of-week field \"Jan\" names a month; months go in the month field",
+            ),
+            (
+                "0 nine * * *",
+                false,
+                "the hour field \"nine\" is not a number from 0 to 23",
+            ),
+            ("*/0 * * * *", false, "the minute field \"*/0\" steps by 0"),
+            (
+                "*/x * * * *",
+                false,
+                "the minute field \"*/x\" has a step that is not a number",
+            ),
+            (
+                "0 17-9 * * *",
+                false,
+                "the hour field \"17-9\" runs backwards; write the smaller value first",
+            ),
+            (
+                "0 9,,10 * * *",
+                false,
+                "the hour field \"9,,10\" has an empty item between commas",
+            ),
+            (
+                "0 9 * *",
+                false,
+                "\"0 9 * *\" has 4 fields; a pattern has five",
+            ),
+            ("0 0 9 * * * 2026", true, "has 7 fields"),
+            (
+                "@fortnightly",
+                false,
+                "\"@fortnightly\" is not a shortcut perch knows",
+            ),
+            ("every day", false, "has 2 fields"),
+        ];
+        for (expr, seconds, expected) in cases {
+            let refused = Schedule::cron(expr, chrono_tz::UTC, *seconds).unwrap_err();
+            assert!(
+                refused.message.starts_with(expected) || refused.message.contains(expected),
+                "{expr}: {refused}"
+            );
+            assert!(!refused.message.contains("rror"), "{expr}: {refused}");
+        }
+        let fix = Schedule::cron("0 9 * 13 *", chrono_tz::UTC, false)
+            .unwrap_err()
+            .fix;
+        assert_eq!(
+            fix,
+            "write the month as * or numbers 1-12 or names Jan-Dec, in lists (1,15), ranges (1-5) \
+             or steps (*/10)"
+        );
+        for accepted in [
+            "0 9 * * Mon-Fri",
+            "0 9 * * sat-sun",
+            "0 9 * * 1-7",
+            "0 9 L * *",
+            "0 9 15W * *",
+            "0 9 ? * Fri#2",
+            "0 9 * * 5L",
+            "0 9 1 Jan,Jul *",
+            "*/15 8-18/2 * * *",
+            "@daily",
+            "@Weekly",
+        ] {
+            assert!(
+                Schedule::cron(accepted, chrono_tz::UTC, false).is_ok(),
+                "{accepted}: {:?}",
+                Schedule::cron(accepted, chrono_tz::UTC, false)
+            );
+        }
     }
 
     #[test]

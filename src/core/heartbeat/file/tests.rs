@@ -15,6 +15,7 @@ fn env() -> HeartbeatEnv {
             },
         ],
         models: vec![ModelRef::parse("openai/gpt-mini").unwrap()],
+        channels_on_disk: None,
     }
 }
 
@@ -55,7 +56,7 @@ fn a_full_file_reads_back() {
                 name: TaskName::try_from("standup").unwrap(),
                 pos: Pos::line(2),
                 prompt: "Summarise yesterday's merged pull requests.".into(),
-                schedule: Schedule::cron("0 9 * * Mon-Fri", new_york).unwrap(),
+                schedule: Schedule::cron("0 9 * * Mon-Fri", new_york, false).unwrap(),
                 tz: new_york,
                 active_hours: Some(ActiveHours {
                     start: 480,
@@ -145,7 +146,7 @@ fn every_problem_is_reported_with_its_line() {
             "6|tasks[2].name|task standup is listed twice (first at line 2)",
             "9|tasks[3].name|\"Bad Name\" is not a task name",
             "10|tasks[3].prompt|must not be empty",
-            "11|tasks[3].cron|invalid cron pattern \"0 25 * * *\": Component error: Number out of bounds.",
+            "11|tasks[3].cron|the hour field \"25\" is out of range 0-23",
             "12|tasks[4]|a task has both cron and every",
             "16|tasks[5]|missing cron or every",
             "20|tasks[6].every|every 4m is more often than the floor of one run per 5m",
@@ -210,6 +211,75 @@ fn fixes_name_what_is_declared() {
             .unwrap()
             .starts_with("models.yml declares no models")
     );
+
+    let ops = |room: &str| TargetSpec {
+        channel: ChannelName::try_from("ops").unwrap(),
+        room: RoomAlias::try_from(room).unwrap(),
+    };
+    let running = |on_disk: Vec<TargetSpec>| HeartbeatEnv {
+        targets: Vec::new(),
+        channels_on_disk: Some(on_disk),
+        ..env()
+    };
+    let problems = parse_heartbeat_file(text, &running(vec![ops("random")])).unwrap_err();
+    assert_eq!(
+        problems[1].to_string(),
+        "workspace/HEARTBEAT.yml:5:15: tasks[1].delivery: ops:random is not a room the agent's \
+         channels declare\n  fix: channels/ops.lua declares it now, but perch loaded that file \
+         before; restart perch to load it"
+    );
+    let problems = parse_heartbeat_file(text, &running(vec![ops("standup")])).unwrap_err();
+    assert_eq!(
+        problems[1].fix.as_deref(),
+        Some(
+            "no channel declares a room; give a channel file rooms = { alias = \"...\" } first \
+             (channel files are read at start: restart perch after editing channels/*.lua)"
+        )
+    );
+}
+
+#[test]
+fn six_cron_fields_need_seconds_true() {
+    let task = |extra: &str| {
+        format!("tasks:\n  - name: a\n    prompt: x\n    cron: \"0 9 * * Mon-Fri *\"\n{extra}")
+    };
+    let problems = parse_heartbeat_file(&task(""), &env()).unwrap_err();
+    assert_eq!(problems.len(), 1);
+    let shown = problems[0].to_string();
+    assert!(
+        shown.starts_with(
+            "workspace/HEARTBEAT.yml:4:11: tasks[1].cron: \"0 9 * * Mon-Fri *\" has six fields"
+        ),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("the month field \"Mon-Fri\": \"Mon\" names a day of the week"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("fix: remove the extra field: \"0 9 * * Mon-Fri\""),
+        "{shown}"
+    );
+    let with_seconds = parse_heartbeat_file(&task("    seconds: true\n"), &env()).unwrap_err();
+    assert!(
+        with_seconds[0]
+            .to_string()
+            .contains("tasks[1].cron: the month field \"Mon-Fri\""),
+        "{}",
+        with_seconds[0]
+    );
+    let six =
+        "tasks:\n  - name: a\n    prompt: x\n    cron: \"30 0 9 * * Mon-Fri\"\n    seconds: true\n";
+    let file = parse_heartbeat_file(six, &env()).unwrap();
+    assert_eq!(
+        file.tasks[0].schedule.to_string(),
+        "cron \"30 0 9 * * Mon-Fri\" in Europe/Berlin"
+    );
+    let every = "tasks:\n  - name: a\n    prompt: x\n    every: 30m\n    seconds: true\n";
+    assert_eq!(
+        parse_heartbeat_file(every, &env()).unwrap_err()[0].message,
+        "seconds: true goes with cron only"
+    );
 }
 
 #[test]
@@ -233,7 +303,14 @@ fn bad_yaml_is_a_problem_with_its_line() {
 
 #[test]
 fn cron_patterns_below_the_floor_are_refused() {
-    let task = |cron: &str| format!("tasks:\n  - name: a\n    prompt: x\n    cron: \"{cron}\"\n");
+    let task = |cron: &str| {
+        let seconds = if cron.split_whitespace().count() == 6 {
+            "    seconds: true\n"
+        } else {
+            ""
+        };
+        format!("tasks:\n  - name: a\n    prompt: x\n    cron: \"{cron}\"\n{seconds}")
+    };
     assert!(parse_heartbeat_file(&task("*/5 * * * *"), &env()).is_ok());
     assert!(parse_heartbeat_file(&task("0 9 * * Mon-Fri"), &env()).is_ok());
     for refused in ["* * * * *", "0,1 9 * * *", "*/10 0 9 * * *"] {

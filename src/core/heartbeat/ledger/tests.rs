@@ -17,6 +17,7 @@ fn task(lines: &str) -> HeartbeatTask {
         host_tz: chrono_tz::UTC,
         targets: Vec::new(),
         models: Vec::new(),
+        channels_on_disk: None,
     };
     let mut text = String::from("tasks:\n  - name: t\n    prompt: look\n");
     for line in lines.lines() {
