@@ -63,7 +63,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(message) => {
-            eprintln!("error: {message}");
+            eprintln!("error: {}", perch_core::terminal::escaped_lines(&message));
             ExitCode::FAILURE
         }
     }

@@ -68,7 +68,7 @@ pub fn command(args: DoctorArgs) -> Result<ExitCode, String> {
     for check in &checks {
         out.push_str(&format!("{check}\n"));
     }
-    super::emit(&out)?;
+    super::emit_escaped(&out)?;
     let failed = checks.iter().any(|check| check.status == Status::Fail);
     Ok(if failed {
         ExitCode::FAILURE

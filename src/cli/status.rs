@@ -2,7 +2,7 @@
 //! from `.perch/`.
 
 use super::heartbeat::heartbeat_listing;
-use super::{STATUS_TIMEOUT, dir_or_current, emit, printed, runtime};
+use super::{STATUS_TIMEOUT, dir_or_current, emit, emit_escaped, printed, runtime};
 use crate::agent::{self, AgentDir};
 use crate::store::control::{self, ControlRequest};
 use crate::store::inbox::InboxRecord;
@@ -157,12 +157,9 @@ pub fn run(args: StatusArgs) -> Result<ExitCode, String> {
         }),
     };
     if json {
-        emit(&format!(
-            "{}\n",
-            perch_core::terminal::json_escaped(&printed(&report)?)
-        ))?;
+        emit(&format!("{}\n", printed(&report)?))?;
     } else {
-        emit(&status_text(
+        emit_escaped(&status_text(
             &report,
             (&pairing, pairing_error.as_deref()),
             !inbox.unreadable.is_empty(),
