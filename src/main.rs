@@ -61,7 +61,7 @@ fn main() -> ExitCode {
     match dispatch(cli.dir, cli.command) {
         Ok(code) => code,
         Err(message) => {
-            eprintln!("error: {message}");
+            eprintln!("error: {}", perch_core::terminal::escaped_lines(&message));
             ExitCode::FAILURE
         }
     }

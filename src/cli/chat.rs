@@ -11,6 +11,7 @@ use crate::sandbox::MachineSetup;
 use perch_core::log::{Outcome, Trigger};
 use perch_core::name::LaneName;
 use perch_core::prompt::Origin;
+use perch_core::terminal::{escaped, escaped_lines};
 use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -53,7 +54,7 @@ async fn open_terminal(agent: LoadedAgent, lane: &str) -> Result<(Runtime, Lane)
     )?;
     let origin = Origin::terminal();
     for problem in runtime.prompt_problems(&origin) {
-        eprintln!("warning: {problem}");
+        eprintln!("warning: {}", escaped_lines(&problem.to_string()));
     }
     let name = LaneName::try_from(lane).map_err(|error| format!("--lane: {error}"))?;
     let (lane, report) = runtime
@@ -121,7 +122,10 @@ pub fn compact(args: CompactArgs) -> Result<ExitCode, String> {
         stopped.map_err(|error| error.to_string())?;
         match finished.outcome {
             Outcome::Completed => {
-                emit(&format!("compacted lane {lane_name}:\n{}\n", finished.text))?;
+                emit(&format!(
+                    "compacted lane {lane_name}:\n{}\n",
+                    escaped_lines(&finished.text)
+                ))?;
                 Ok(ExitCode::SUCCESS)
             }
             other => Err(format!("compaction did not complete: {other:?}")),
@@ -210,28 +214,35 @@ async fn turn<O: Write, N: Write>(
             let _ = writeln!(screen.notes, "(aborted)");
         }
         Outcome::Failed { reason } | Outcome::Interrupted { reason } => {
-            let _ = writeln!(screen.notes, "error: {reason}");
+            let _ = writeln!(screen.notes, "error: {}", escaped_lines(reason));
         }
     }
     let _ = screen.out.flush();
     Ok(finished)
 }
 
-/// Shows one event; true when it wrote reply text.
+/// Shows one event; true when it wrote reply text. What the model wrote (its text, the tools it
+/// names and their arguments) is shown with control and bidi characters escaped and its lines
+/// kept, so a reply cannot act on the terminal.
 fn show<O: Write, N: Write>(event: &LaneEvent, screen: &mut Screen<O, N>) -> bool {
     match event {
         LaneEvent::Model(StreamEvent::Text(text)) => {
-            let _ = write!(screen.out, "{text}");
+            let _ = write!(screen.out, "{}", escaped_lines(text));
             let _ = screen.out.flush();
             return true;
         }
         LaneEvent::Model(StreamEvent::Reasoning(_) | StreamEvent::ToolCall { .. }) => {}
         LaneEvent::ToolStarted { name, arguments } => {
-            let _ = writeln!(screen.notes, "[{name} {arguments}]");
+            let _ = writeln!(
+                screen.notes,
+                "[{} {}]",
+                escaped(name),
+                escaped(&arguments.to_string())
+            );
         }
         LaneEvent::ToolFinished { name, is_error } => {
             if *is_error {
-                let _ = writeln!(screen.notes, "[{name} failed]");
+                let _ = writeln!(screen.notes, "[{} failed]", escaped(name));
             }
         }
         LaneEvent::Retrying {
@@ -241,7 +252,8 @@ fn show<O: Write, N: Write>(event: &LaneEvent, screen: &mut Screen<O, N>) -> boo
         } => {
             let _ = writeln!(
                 screen.notes,
-                "[attempt {attempt} failed: {error}; retrying in {:.1} s]",
+                "[attempt {attempt} failed: {}; retrying in {:.1} s]",
+                escaped(error),
                 after.as_secs_f64()
             );
         }

@@ -70,16 +70,13 @@ pub fn command(args: DoctorArgs) -> Result<ExitCode, String> {
         }
     }
     if args.json {
-        super::emit(&format!(
-            "{}\n",
-            perch_core::terminal::json_escaped(&super::printed(&checks_json(&checks))?)
-        ))?;
+        super::emit(&format!("{}\n", super::printed(&checks_json(&checks))?))?;
     } else {
         let mut out = String::new();
         for check in &checks {
             out.push_str(&format!("{check}\n"));
         }
-        super::emit(&out)?;
+        super::emit_escaped(&out)?;
     }
     let failed = checks.iter().any(|check| check.status == Status::Fail);
     Ok(if failed {

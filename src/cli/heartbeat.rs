@@ -1,7 +1,7 @@
 //! `perch heartbeat`: the scheduled tasks of workspace/HEARTBEAT.yml listed, run now, resumed;
 //! through the running service when there is one.
 
-use super::{STATUS_TIMEOUT, dir_or_current, emit, load_agent, printed, runtime};
+use super::{STATUS_TIMEOUT, dir_or_current, emit, emit_escaped, load_agent, printed, runtime};
 use crate::agent::{self, AgentDir};
 use crate::heartbeat;
 use crate::host::notify::Notifier;
@@ -149,7 +149,7 @@ fn list(dir: PathBuf, json: bool) -> Result<ExitCode, String> {
             "the last edit of workspace/HEARTBEAT.yml does not check; the last good schedule keeps running:\n{error}\n"
         ));
     }
-    emit(&text)?;
+    emit_escaped(&text)?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -2,11 +2,12 @@
 //! a secret is shown by the names of its variables and the hosts it may reach.
 
 use super::agent_checks::loaded_checks;
-use super::{dir_or_current, emit, load_agent};
+use super::{dir_or_current, emit, emit_escaped, load_agent, printed};
 use crate::agent::{LoadedAgent, LoadedChannel};
 use crate::sandbox::preflight::{Check, Status};
 use perch_core::config::{BusyPolicy, ChannelConfig, Platform, ToolDecl};
 use perch_core::spend::{HEARTBEAT_PAUSE_PERCENT, Money, SpendPolicy};
+use perch_core::terminal::escaped;
 use serde_json::json;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -32,21 +33,19 @@ pub fn run(args: InfoArgs) -> Result<ExitCode, String> {
         Err(code) => return Ok(code),
     };
     if args.json {
-        let text =
-            serde_json::to_string_pretty(&to_json(&loaded)).map_err(|error| error.to_string())?;
-        emit(&format!("{text}\n"))?;
+        emit(&format!("{}\n", printed(&to_json(&loaded))?))?;
     } else {
-        emit(&to_text(&loaded))?;
+        emit_escaped(&to_text(&loaded))?;
     }
     let env_file = crate::host::Places::from_environment().env_file;
     let mut failed = false;
     for check in loaded_checks(&loaded, env_file.as_deref()) {
         match check.status {
             Status::Ok => {}
-            Status::Warn => eprintln!("warning: {}", check_line(&check)),
+            Status::Warn => eprintln!("warning: {}", escaped(&check_line(&check))),
             Status::Fail => {
                 failed = true;
-                eprintln!("error: {}", check_line(&check));
+                eprintln!("error: {}", escaped(&check_line(&check)));
             }
         }
     }

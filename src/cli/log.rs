@@ -456,7 +456,8 @@ fn list_lanes(sessions: &Path, json: bool) -> Result<ExitCode, String> {
     let mut out = String::new();
     if json {
         for lane in &stats {
-            out.push_str(&serde_json::to_string(lane).map_err(|error| error.to_string())?);
+            let line = serde_json::to_string(lane).map_err(|error| error.to_string())?;
+            out.push_str(&perch_core::terminal::json_escaped(&line));
             out.push('\n');
         }
         emit(&out)?;

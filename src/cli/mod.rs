@@ -70,7 +70,10 @@ fn load_agent(dir: &Path) -> Result<Result<LoadedAgent, ExitCode>, String> {
         Ok(loaded) => Ok(Ok(loaded)),
         Err(problems) => {
             for problem in problems.iter() {
-                eprintln!("error: {problem}");
+                eprintln!(
+                    "error: {}",
+                    perch_core::terminal::escaped_lines(&problem.to_string())
+                );
             }
             let count = problems.len();
             let noun = if count == 1 { "problem" } else { "problems" };
@@ -122,9 +125,18 @@ fn machine(agent: &LoadedAgent) -> Result<Machine, String> {
 /// service before it shows what `.perch/` holds.
 const STATUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// `value` as perch prints JSON: pretty, keys sorted.
+/// `value` as perch prints JSON: pretty, keys sorted, and every control and bidi character in
+/// a string written as a `\uXXXX` escape (as `perch log --json` does), so a name a guest or a
+/// chat user chose cannot act on the terminal the JSON is shown on.
 fn printed<T: serde::Serialize>(value: &T) -> Result<String, String> {
     serde_json::to_value(value)
         .and_then(|tree| serde_json::to_string_pretty(&tree))
+        .map(|text| perch_core::terminal::json_escaped(&text))
         .map_err(|error| error.to_string())
+}
+
+/// Human output that quotes what a guest, a chat user or a model wrote, written to stdout
+/// with every control and bidi character escaped and its lines kept.
+fn emit_escaped(text: &str) -> Result<(), String> {
+    emit(&perch_core::terminal::escaped_lines(text))
 }

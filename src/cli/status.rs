@@ -3,7 +3,7 @@
 
 use super::heartbeat::heartbeat_listing;
 use super::human;
-use super::{STATUS_TIMEOUT, dir_or_current, emit, printed, runtime};
+use super::{STATUS_TIMEOUT, dir_or_current, emit, emit_escaped, printed, runtime};
 use crate::agent::{self, AgentDir};
 use crate::store::control::{self, ControlRequest};
 use crate::store::inbox::InboxRecord;
@@ -175,13 +175,10 @@ pub fn run(args: StatusArgs) -> Result<ExitCode, String> {
         }),
     };
     if json {
-        emit(&format!(
-            "{}\n",
-            perch_core::terminal::json_escaped(&printed(&report)?)
-        ))?;
+        emit(&format!("{}\n", printed(&report)?))?;
     } else {
         let channel_names: Vec<&str> = channel_files.keys().map(String::as_str).collect();
-        emit(&status_text(
+        emit_escaped(&status_text(
             &report,
             &channel_names,
             (&pairing, pairing_error.as_deref()),

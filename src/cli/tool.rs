@@ -162,10 +162,10 @@ pub fn tool(args: ToolArgs, flag: Option<PathBuf>) -> Result<ExitCode, String> {
         }
         stopped.map_err(|error| error.to_string())?;
         if outcome.is_error {
-            eprint!("error: {text}");
+            eprint!("error: {}", perch_core::terminal::escaped_lines(&text));
             return Ok(ExitCode::FAILURE);
         }
-        emit(&text)?;
+        super::emit_escaped(&text)?;
         Ok(ExitCode::SUCCESS)
     })
 }

@@ -66,6 +66,25 @@ pub fn escaped(text: &str) -> String {
     for_terminal(text, usize::MAX)
 }
 
+/// `text` with every unsafe character escaped as [`escaped`] does, except line feeds and tabs,
+/// which are kept: for text of several lines (a model's reply, a problem and its fix) printed
+/// as lines. A carriage return is escaped, so no line can be written over.
+pub fn escaped_lines(text: &str) -> String {
+    let unsafe_in_lines = |ch: char| is_unsafe_for_terminal(ch) && !matches!(ch, '\n' | '\t');
+    if !text.chars().any(unsafe_in_lines) {
+        return text.to_owned();
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for ch in text.chars() {
+        if unsafe_in_lines(ch) {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(ch)));
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
 /// JSON `text` with every character [`is_unsafe_for_terminal`] written as a `\uXXXX` escape:
 /// safe to print, and it still decodes to exactly the same values. Only for JSON text as
 /// serde_json writes it, where such a character stands only inside a string, except the line
@@ -135,6 +154,26 @@ mod tests {
         for (raw, expected) in cases {
             assert_eq!(for_terminal(raw, 100), *expected, "{raw:?}");
         }
+    }
+
+    #[test]
+    fn escaped_lines_keep_line_feeds_and_tabs_and_escape_the_rest() {
+        let cases: &[(&str, &str)] = &[
+            ("plain", "plain"),
+            ("two\nlines\n", "two\nlines\n"),
+            ("col\tumn", "col\tumn"),
+            ("over\rwrite", "over\\u{d}write"),
+            ("\u{1b}[2J\nnext", "\\u{1b}[2J\nnext"),
+            ("evil\u{202e}txt\n", "evil\\u{202e}txt\n"),
+            ("nel\u{85}ls\u{2028}ps", "nel\\u{85}ls\\u{2028}ps"),
+            ("bell\u{7}", "bell\\u{7}"),
+            ("Zoë 山田 👍🏽", "Zoë 山田 👍🏽"),
+        ];
+        for (raw, expected) in cases {
+            assert_eq!(escaped_lines(raw), *expected, "{raw:?}");
+        }
+        let escaped_twice = escaped_lines(&escaped_lines("a\u{1b}b"));
+        assert_eq!(escaped_twice, "a\\u{1b}b", "escaping is done once");
     }
 
     #[test]

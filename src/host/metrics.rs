@@ -420,25 +420,117 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// that stops reading cannot hold its slot.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The most connections answered at once; one more is closed as soon as it is accepted. A
-/// scraper needs one; the rest of the slots absorb retries. Anyone on the machine can connect,
-/// and each connection is a descriptor perch also needs for its lanes and channels.
+/// The most connections open at once. A scraper needs one; the rest absorb retries. Anyone on
+/// the machine can connect, and each connection is a descriptor perch also needs for its lanes
+/// and channels.
+///
+/// When every slot is taken, a new connection closes the oldest one that has not yet sent its
+/// request head, and takes its place; only when all of them are being answered is the new one
+/// closed on accept. An answer takes no time to speak of, so idle connections cannot keep a
+/// scrape out however many there are: a scraper sends its request as soon as it connects, and is
+/// only closed if [`MAX_CONNECTIONS`] newer connections arrive before its request does. Each
+/// connection also has [`HEAD_TIMEOUT`] from accept for its head, and [`CONNECTION_TIMEOUT`] in
+/// all.
 pub const MAX_CONNECTIONS: usize = 16;
 
 /// How long the accept loop pauses after a failed accept (`EMFILE` and the like) before it tries
 /// again, instead of spinning on the error.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// One open connection, in [`OpenConnections`].
+#[derive(Debug)]
+struct OpenConnection {
+    id: u64,
+    /// Its request head has come: it is being answered, and is never closed for a newer one.
+    head_read: bool,
+    /// Cancelled to close it for a newer connection.
+    close: CancellationToken,
+}
+
+/// The connections open now, oldest first.
+#[derive(Debug, Default)]
+struct OpenConnections {
+    next_id: u64,
+    open: std::collections::VecDeque<OpenConnection>,
+}
+
+/// What became of a newly accepted connection.
+enum Admitted {
+    /// It has a slot: its id, and the token that closes it.
+    Open(u64, CancellationToken),
+    /// It took the slot of the oldest connection still waiting for its head, which is closed.
+    Replaced(u64, CancellationToken),
+    /// Every slot is being answered: it is closed unanswered.
+    Refused,
+}
+
+impl OpenConnections {
+    fn admit(&mut self) -> Admitted {
+        let mut replaced = false;
+        if self.open.len() >= MAX_CONNECTIONS {
+            let Some(oldest_idle) = self.open.iter().position(|open| !open.head_read) else {
+                return Admitted::Refused;
+            };
+            if let Some(idle) = self.open.remove(oldest_idle) {
+                idle.close.cancel();
+            }
+            replaced = true;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let close = CancellationToken::new();
+        self.open.push_back(OpenConnection {
+            id,
+            head_read: false,
+            close: close.clone(),
+        });
+        if replaced {
+            Admitted::Replaced(id, close)
+        } else {
+            Admitted::Open(id, close)
+        }
+    }
+
+    fn head_read(&mut self, id: u64) {
+        if let Some(open) = self.open.iter_mut().find(|open| open.id == id) {
+            open.head_read = true;
+        }
+    }
+
+    fn closed(&mut self, id: u64) {
+        self.open.retain(|open| open.id != id);
+    }
+}
+
+type Shared = Arc<Mutex<OpenConnections>>;
+
+fn lock(open: &Shared) -> std::sync::MutexGuard<'_, OpenConnections> {
+    open.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Gives a connection's slot back when its task ends, however it ends.
+struct Slot {
+    open: Shared,
+    id: u64,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        lock(&self.open).closed(self.id);
+    }
+}
+
 /// Answers `GET /metrics` on `listener` with what `scrape` renders, one request per connection,
-/// at most [`MAX_CONNECTIONS`] at once, each within [`CONNECTION_TIMEOUT`], until `shutdown`.
+/// at most [`MAX_CONNECTIONS`] at once (an idle one closed for a newer one), each within
+/// [`CONNECTION_TIMEOUT`], until `shutdown`.
 pub async fn serve<F, Fut>(listener: TcpListener, shutdown: CancellationToken, scrape: F)
 where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = String> + Send + 'static,
 {
     let scrape = Arc::new(scrape);
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let mut refused: u64 = 0;
+    let open: Shared = Arc::default();
+    let (mut refused, mut replaced): (u64, u64) = (0, 0);
     loop {
         let accepted = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -446,22 +538,47 @@ where
         };
         match accepted {
             Ok((stream, _)) => {
-                let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-                    drop(stream);
-                    refused += 1;
-                    if refused.is_power_of_two() {
-                        tracing::warn!(
-                            "metrics: {refused} connection(s) closed unanswered: {MAX_CONNECTIONS} were already open"
-                        );
+                let admitted = lock(&open).admit();
+                let (id, close) = match admitted {
+                    Admitted::Open(id, close) => (id, close),
+                    Admitted::Replaced(id, close) => {
+                        replaced += 1;
+                        if replaced.is_power_of_two() {
+                            tracing::warn!(
+                                "metrics: {replaced} idle connection(s) closed unanswered, each for a newer one: {MAX_CONNECTIONS} were open and the oldest had sent no request"
+                            );
+                        }
+                        (id, close)
                     }
-                    continue;
+                    Admitted::Refused => {
+                        drop(stream);
+                        refused += 1;
+                        if refused.is_power_of_two() {
+                            tracing::warn!(
+                                "metrics: {refused} connection(s) closed unanswered: {MAX_CONNECTIONS} were already being answered"
+                            );
+                        }
+                        continue;
+                    }
                 };
                 let scrape = Arc::clone(&scrape);
+                let slot = Slot {
+                    open: Arc::clone(&open),
+                    id,
+                };
                 tokio::spawn(async move {
-                    let answered =
-                        tokio::time::timeout(CONNECTION_TIMEOUT, answer(stream, scrape.as_ref()))
-                            .await
-                            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
+                    let head_read = || lock(&slot.open).head_read(slot.id);
+                    let answering = tokio::time::timeout(
+                        CONNECTION_TIMEOUT,
+                        answer(stream, scrape.as_ref(), head_read),
+                    );
+                    let answered = tokio::select! {
+                        () = close.cancelled() => Err(std::io::Error::other(
+                            "closed for a newer connection before it sent its request",
+                        )),
+                        answered = answering => answered
+                            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
+                    };
                     if let Err(error) = answered {
                         tracing::debug!("metrics: a request was not answered: {error}");
                     }
@@ -479,7 +596,11 @@ where
     }
 }
 
-async fn answer<F, Fut>(mut stream: TcpStream, scrape: &F) -> std::io::Result<()>
+async fn answer<F, Fut>(
+    mut stream: TcpStream,
+    scrape: &F,
+    head_read: impl FnOnce(),
+) -> std::io::Result<()>
 where
     F: Fn() -> Fut,
     Fut: Future<Output = String>,
@@ -487,6 +608,7 @@ where
     let head = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream))
         .await
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    head_read();
     let (status, content_type, body) = match route(&head) {
         Route::Metrics => (
             "200 OK",

@@ -99,3 +99,107 @@ fn every_path_readme_s_layout_names_exists_and_readme_no_longer_holds_the_archit
         assert!(!readme.contains(moved), "README still holds {moved}");
     }
 }
+
+/// Every `.rs` file under `dir`.
+fn rust_files(dir: &Path, into: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, into);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            into.push(path);
+        }
+    }
+}
+
+/// Each `` `perch …` `` span in `text`: the command (the subcommand, and a group's subcommand)
+/// and the `--flags` it names; a placeholder such as `CODE`, `DIR` or `{}` is left out.
+fn perch_commands(text: &str) -> Vec<(Vec<String>, Vec<String>)> {
+    let mut found = Vec::new();
+    for (start, _) in text.match_indices("`perch ") {
+        let span = &text[start + 1..];
+        let Some(end) = span.find('`') else { continue };
+        let words: Vec<&str> = span[..end]
+            .split_whitespace()
+            .skip(1)
+            .filter(|word| *word != "\\")
+            .collect();
+        let command: Vec<String> = words
+            .iter()
+            .take(2)
+            .take_while(|word| word.chars().all(|ch| ch.is_ascii_lowercase()))
+            .map(|word| (*word).to_owned())
+            .collect();
+        let flags = words
+            .iter()
+            .filter(|word| word.starts_with("--"))
+            .filter_map(|word| word.split(['=', '[', ')', ',']).next())
+            .map(str::to_owned)
+            .collect();
+        if !command.is_empty() {
+            found.push((command, flags));
+        }
+    }
+    found
+}
+
+/// No message perch writes names a command that does not exist: each `` `perch …` `` in the
+/// code under `src/` (comments aside) is a command whose `--help` answers and lists each flag named, and each script named under
+/// `deploy/` or `.ci/` is in the repository.
+#[test]
+fn every_command_and_script_a_message_names_exists() {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let mut commands: std::collections::BTreeMap<Vec<String>, BTreeSet<String>> =
+        std::collections::BTreeMap::new();
+    let mut scripts = BTreeSet::new();
+    for file in &files {
+        let text: String = std::fs::read_to_string(file)
+            .unwrap()
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("//"))
+            .flat_map(|line| [line, "\n"])
+            .collect();
+        for (command, flags) in perch_commands(&text) {
+            commands.entry(command).or_default().extend(flags);
+        }
+        for root_dir in ["deploy/", ".ci/"] {
+            for (start, _) in text.match_indices(root_dir) {
+                let name: String = text[start..]
+                    .chars()
+                    .take_while(|ch| ch.is_ascii_alphanumeric() || "/._-".contains(*ch))
+                    .collect();
+                let name = name.trim_end_matches('.');
+                if name.len() > root_dir.len() {
+                    scripts.insert(name.to_owned());
+                }
+            }
+        }
+    }
+    assert!(commands.len() > 10, "{commands:?}");
+    let mut unknown = Vec::new();
+    for (command, flags) in &commands {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_perch"))
+            .args(command)
+            .arg("--help")
+            .env_clear()
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&output.stdout);
+        let named = format!("perch {}", command.join(" "));
+        if !output.status.success() {
+            unknown.push(named);
+            continue;
+        }
+        for flag in flags {
+            if !help.contains(flag.as_str()) {
+                unknown.push(format!("{named} {flag}"));
+            }
+        }
+    }
+    let missing_scripts = missing(scripts);
+    assert!(
+        unknown.is_empty() && missing_scripts.is_empty(),
+        "named but not there: {unknown:?} {missing_scripts:?}"
+    );
+}

@@ -1,7 +1,7 @@
 //! The metrics' text format and routes, and the two log formats (end to end in `lifecycle`).
 
 use perch::host::logging::{self, LogFormat};
-use perch::host::metrics::{DeliveryOutcome, Metrics, Route, route};
+use perch::host::metrics::{DeliveryOutcome, MAX_CONNECTIONS, Metrics, Route, route, serve};
 use perch_core::heartbeat::SlotOutcome;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -147,6 +147,52 @@ fn only_get_metrics_is_served() {
     ] {
         assert_eq!(route(head), expected, "{head:?}");
     }
+}
+
+/// Idle local connections, far more than there are slots, opened before a scrape: the scrape is
+/// answered, and the oldest idle connection was closed to make room.
+#[test]
+fn fifty_idle_local_connections_do_not_keep_a_scrape_out() {
+    use std::io::{Read, Write};
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let address = listener.local_addr().unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    runtime.spawn(serve(listener, shutdown.clone(), || async {
+        "perch_up 1\n".to_owned()
+    }));
+    let idle: Vec<std::net::TcpStream> = (0..50)
+        .map(|_| std::net::TcpStream::connect(address).unwrap())
+        .collect();
+    assert!(idle.len() > 3 * MAX_CONNECTIONS);
+
+    let mut scrape = std::net::TcpStream::connect(address).unwrap();
+    scrape
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    write!(scrape, "GET /metrics HTTP/1.1\r\nHost: {address}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    scrape.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response:?}");
+    assert!(response.ends_with("\r\n\r\nperch_up 1\n"), "{response:?}");
+
+    let mut oldest = &idle[0];
+    oldest
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert_eq!(
+        oldest.read(&mut byte).unwrap(),
+        0,
+        "the oldest idle connection was closed unanswered"
+    );
+    shutdown.cancel();
 }
 
 /// Runs `emit` under a subscriber writing `format` into a buffer; the lines written.

@@ -151,6 +151,19 @@ fn a_display_name_made_to_fool_the_terminal_is_shown_escaped_and_stored_as_recei
     let status = agent.perch(&["status"]);
     assert!(status.status.success());
     assert_escaped("perch status", &String::from_utf8_lossy(&status.stdout));
+    for args in [&["status", "--json"][..], &["pair", "list", "--json"]] {
+        let output = agent.perch(args);
+        let json = String::from_utf8_lossy(&output.stdout).into_owned();
+        for raw in ['\u{1b}', '\u{7}', '\u{202e}', '\u{2066}'] {
+            assert!(!json.contains(raw), "{args:?} prints {raw:?} raw: {json:?}");
+        }
+        assert!(json.contains("\\u202egnp.exe\\u2066"), "{args:?}: {json}");
+        let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert!(
+            value.to_string().contains("gnp.exe"),
+            "{args:?} decodes: {value}"
+        );
+    }
     let stored: serde_json::Value =
         serde_json::from_slice(&std::fs::read(agent.path().join(".perch/pairing.json")).unwrap())
             .unwrap();

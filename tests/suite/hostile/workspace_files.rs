@@ -311,3 +311,110 @@ fn perch_run_keeps_answering_through_hostile_workspace_files() {
     assert!(!stderr.contains(HOST_MARKER), "{stderr}");
     eprintln!("perch run peaked at {peak} KiB");
 }
+
+/// What a guest writes to act on the operator's terminal: clear the screen, set its title, ring,
+/// and turn what follows right to left.
+const TERMINAL_ATTACK: &str = "\u{1b}[2J\u{1b}]0;owned\u{7}\u{202e}";
+
+/// `text` holds none of [`TERMINAL_ATTACK`]'s characters raw, and shows `shown` (its escaped
+/// form in that output) when it is given.
+fn escaped_in(what: &str, text: &str, shown: Option<&str>) {
+    for raw in ['\u{1b}', '\u{7}', '\u{202e}'] {
+        assert!(!text.contains(raw), "{what} prints {raw:?} raw: {text:?}");
+    }
+    if let Some(shown) = shown {
+        assert!(
+            text.contains(shown),
+            "{what} does not show {shown:?}: {text:?}"
+        );
+    }
+}
+
+/// The escaped form of [`TERMINAL_ATTACK`] in human output, and in JSON.
+const SHOWN: &str = "\\u{1b}[2J\\u{1b}]0;owned\\u{7}\\u{202e}";
+const SHOWN_IN_JSON: &str = "\\u001b[2J\\u001b]0;owned\\u0007\\u202e";
+
+#[test]
+fn a_heartbeat_yml_key_a_skill_directory_and_model_text_reach_the_terminal_escaped() {
+    let agent = Scenario::telegram_dm().build();
+    agent.write(
+        "workspace/HEARTBEAT.yml",
+        "tasks:\n  - name: digest\n    prompt: p\n    every: 1h\n    \"\\e[2J\\e]0;owned\\a\\u202Ekey\": 1\n",
+    );
+    agent.write(
+        &format!("workspace/skills/skill{TERMINAL_ATTACK}/SKILL.md"),
+        "no frontmatter here\n",
+    );
+    for args in [
+        &["status"][..],
+        &["heartbeat", "list"],
+        &["info"],
+        &["status", "--json"],
+        &["heartbeat", "list", "--json"],
+        &["info", "--json"],
+    ] {
+        let output = agent.perch(args);
+        let what = format!("perch {}", args.join(" "));
+        let json = args.contains(&"--json");
+        let said = shown(&output);
+        escaped_in(&what, &said, Some(if json { SHOWN_IN_JSON } else { SHOWN }));
+        if json {
+            let value: serde_json::Value = serde_json::from_slice(&output.stdout)
+                .unwrap_or_else(|error| panic!("{what}: {error}: {said}"));
+            assert!(
+                value.to_string().contains("\\u001b[2J"),
+                "{what} decodes to the key as written: {value}"
+            );
+        }
+    }
+    let info = shown(&agent.perch(&["info"]));
+    assert!(info.contains(&format!("skill{SHOWN}/SKILL.md")), "{info}");
+    let info = stdout(&agent.perch(&["info", "--json"]));
+    assert!(
+        info.contains(&format!("skill{SHOWN_IN_JSON}/SKILL.md")),
+        "{info}"
+    );
+
+    agent.model.push(Script::text(&format!(
+        "line one{TERMINAL_ATTACK}\nline two"
+    )));
+    let chat = agent.perch_alone_with_input(&["chat"], "hello\n");
+    let said = shown(&chat);
+    escaped_in("perch chat", &said, Some(SHOWN));
+    assert!(
+        stdout(&chat).contains(&format!("line one{SHOWN}\nline two")),
+        "model text keeps its lines: {said}"
+    );
+    assert!(
+        stderr_text(&chat).contains(&format!("skill{SHOWN}/SKILL.md")),
+        "the skill left out is named: {said}"
+    );
+
+    agent.write(
+        "workspace/HEARTBEAT.yml",
+        "tasks:\n  - name: digest\n    prompt: p\n    every: 1h\n",
+    );
+    for json in [false, true] {
+        agent
+            .model
+            .push(Script::text(&format!("Message: hi{TERMINAL_ATTACK}")));
+        let mut args = vec!["heartbeat", "run", "digest", "--dry-run"];
+        if json {
+            args.push("--json");
+        }
+        let output = agent.perch_alone(&args);
+        escaped_in(
+            &args.join(" "),
+            &shown(&output),
+            Some(if json { SHOWN_IN_JSON } else { SHOWN }),
+        );
+    }
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr_text(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}

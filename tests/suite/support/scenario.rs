@@ -276,6 +276,25 @@ impl Agent {
         command
     }
 
+    /// [`Agent::perch_alone`] with `input` on its stdin.
+    pub fn perch_alone_with_input(&self, args: &[&str], input: &str) -> Output {
+        use std::io::Write as _;
+        let mut command = Command::new(env!("CARGO_BIN_EXE_perch"));
+        on_the_double(command.args(args).arg(self.arg()))
+            .envs(self.env.iter().map(|(key, value)| (key, value)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    }
+
     /// `perch status DIR --json`.
     pub fn status(&self) -> StatusReport {
         status::status(self.path())
