@@ -203,3 +203,182 @@ fn every_command_and_script_a_message_names_exists() {
         "named but not there: {unknown:?} {missing_scripts:?}"
     );
 }
+
+/// The headings of `markdown` (any level), outside code blocks, as written.
+fn headings(markdown: &str) -> Vec<String> {
+    let mut fenced = false;
+    let mut found = Vec::new();
+    for line in markdown.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && line.starts_with('#') {
+            let text = line.trim_start_matches('#');
+            if text.starts_with(' ') {
+                found.push(text.trim().to_owned());
+            }
+        }
+    }
+    found
+}
+
+/// A heading's anchor as GitHub makes it: lower case, spaces as `-`, punctuation dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .to_lowercase()
+        .chars()
+        .filter_map(|ch| match ch {
+            ' ' => Some('-'),
+            ch if ch.is_alphanumeric() || ch == '-' || ch == '_' => Some(ch),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every anchor of `markdown`, the repeated ones numbered as GitHub numbers them.
+fn anchors(markdown: &str) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    for heading in headings(markdown) {
+        let base = anchor(&heading);
+        let mut candidate = base.clone();
+        let mut n = 0;
+        while !seen.insert(candidate.clone()) {
+            n += 1;
+            candidate = format!("{base}-{n}");
+        }
+    }
+    seen
+}
+
+/// The guides: README, ARCHITECTURE.md and every Markdown file under `docs/`, `deploy/`,
+/// `agents/` and `channels/`, relative to the repository.
+fn guides() -> Vec<PathBuf> {
+    fn markdown_under(dir: &Path, into: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                markdown_under(&path, into);
+            } else if path.extension().is_some_and(|ext| ext == "md") {
+                into.push(path.strip_prefix(root()).unwrap().to_owned());
+            }
+        }
+    }
+    let mut files = vec![PathBuf::from("README.md"), PathBuf::from("ARCHITECTURE.md")];
+    for dir in ["docs", "deploy", "agents", "channels"] {
+        markdown_under(&root().join(dir), &mut files);
+    }
+    files
+}
+
+/// Every `[label](target)` of `markdown` outside code blocks and code spans.
+fn links(markdown: &str) -> Vec<String> {
+    let mut fenced = false;
+    let mut found = Vec::new();
+    for line in markdown.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        let prose: String = line.split('`').step_by(2).collect::<Vec<_>>().join("");
+        let mut rest = prose.as_str();
+        while let Some(at) = rest.find("](") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find(')') else { break };
+            found.push(after[..end].to_owned());
+            rest = &after[end..];
+        }
+    }
+    found
+}
+
+#[test]
+fn every_heading_readme_had_is_still_in_readme_docs_or_architecture_md() {
+    let fixture = read("tests/fixtures/readme-headings.txt");
+    let earlier: Vec<&str> = fixture.lines().filter(|line| !line.is_empty()).collect();
+    assert!(earlier.len() > 30, "the fixture holds README's headings");
+    let mut now = BTreeSet::new();
+    for guide in guides() {
+        now.extend(headings(&read(guide.to_str().unwrap())));
+    }
+    let lost: Vec<&&str> = earlier
+        .iter()
+        .filter(|heading| !now.contains(**heading))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "headings no guide holds any more: {lost:?}"
+    );
+}
+
+#[test]
+fn every_link_in_the_guides_resolves_to_a_file_and_its_anchor() {
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for guide in guides() {
+        let text = read(guide.to_str().unwrap());
+        let dir = guide.parent().unwrap_or(Path::new(""));
+        for target in links(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (file, fragment) = target.split_once('#').unwrap_or((&target, ""));
+            let path = if file.is_empty() {
+                guide.clone()
+            } else {
+                dir.join(file)
+            };
+            if !root().join(&path).exists() {
+                broken.push(format!("{}: {target}: no such file", guide.display()));
+                continue;
+            }
+            if fragment.is_empty() {
+                continue;
+            }
+            let is_markdown = path.extension().is_some_and(|ext| ext == "md");
+            if !is_markdown || !anchors(&read(path.to_str().unwrap())).contains(fragment) {
+                broken.push(format!("{}: {target}: no such anchor", guide.display()));
+            }
+        }
+    }
+    assert!(checked > 60, "the guides link to each other: {checked}");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn readme_is_a_guide_of_about_40_kb_that_starts_with_its_contents_and_installing() {
+    let readme = read("README.md");
+    assert!(
+        readme.len() <= 42 * 1024,
+        "README is {} bytes; move reference text to docs/",
+        readme.len()
+    );
+    let order: Vec<String> = headings(&readme)
+        .into_iter()
+        .filter(|heading| !heading.starts_with("perch"))
+        .take(3)
+        .collect();
+    assert_eq!(order, ["Contents", "Install", "Quick start"], "{order:?}");
+    let contents = &readme[readme.find("## Contents").unwrap()..];
+    let contents = &contents[..contents[3..].find("\n## ").unwrap()];
+    let listed: BTreeSet<String> = links(contents)
+        .into_iter()
+        .filter_map(|target| target.strip_prefix('#').map(str::to_owned))
+        .collect();
+    let sections: Vec<String> = readme
+        .lines()
+        .filter_map(|line| line.strip_prefix("## "))
+        .filter(|heading| *heading != "Contents")
+        .map(anchor)
+        .collect();
+    let unlisted: Vec<&String> = sections
+        .iter()
+        .filter(|section| !listed.contains(*section))
+        .collect();
+    assert!(
+        unlisted.is_empty(),
+        "sections missing from Contents: {unlisted:?}"
+    );
+}

@@ -35,6 +35,7 @@ mod narration;
 mod origin;
 mod pairing;
 mod prompt;
+mod quick_start;
 mod recovery;
 mod sandbox;
 #[cfg(feature = "sandbox-double")]
