@@ -332,6 +332,37 @@ pub trait Connector: Send + Sync + fmt::Debug {
     }
 }
 
+/// What to check when a platform refuses a channel's credentials: `check TELEGRAM_TOKEN, which
+/// channels/tg.lua names`.
+pub fn credentials_fix(channel: &crate::agent::LoadedChannel) -> String {
+    let variables = channel
+        .config
+        .platform
+        .credentials()
+        .iter()
+        .map(|(_, reference)| reference.name().to_string())
+        .collect::<Vec<_>>()
+        .join(" and ");
+    format!("check {variables}, which {} names", channel.file)
+}
+
+/// Where a channel connects: its `api_url` or the platform's own (Telegram, Discord), or its
+/// homeserver (Matrix). Never holds a credential.
+pub fn endpoint(config: &perch_core::config::ChannelConfig) -> String {
+    use perch_core::config::Platform;
+    match &config.platform {
+        Platform::Matrix { homeserver, .. } => homeserver.clone(),
+        Platform::Telegram { .. } => config
+            .api_url
+            .clone()
+            .unwrap_or_else(|| "https://api.telegram.org".to_owned()),
+        Platform::Discord { .. } => config
+            .api_url
+            .clone()
+            .unwrap_or_else(|| "https://discord.com".to_owned()),
+    }
+}
+
 /// The connector for a channel file, with its credentials read from the host environment.
 /// A Matrix channel keeps its session and stores in the agent's
 /// [`matrix_store_dir`](crate::agent::AgentDir::matrix_store_dir).

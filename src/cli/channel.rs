@@ -73,8 +73,19 @@ fn add_channel(kind: &str, dir: PathBuf, name: Option<&str>) -> Result<ExitCode,
         ""
     };
     out.push_str(&format!(
-        "\nthen edit {}: {matrix}add the rooms and the people allowed, and check the agent with `perch info`\n",
+        "\nthen edit {}: {matrix}add the rooms and the people allowed\n",
         added.channel.file
+    ));
+    let variables: Vec<String> = config
+        .platform
+        .credentials()
+        .into_iter()
+        .map(|(_, variable)| variable.name().as_str().to_owned())
+        .collect();
+    out.push_str(&super::next_line(
+        &dir,
+        &variables,
+        &["perch doctor --online", "perch run"],
     ));
     emit(&out)?;
     Ok(ExitCode::SUCCESS)

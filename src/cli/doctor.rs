@@ -612,10 +612,7 @@ pub async fn online(
                     agent.matrix_store_dir(config.name.as_str()).display()
                 ),
             ),
-            _ => (
-                "api_url",
-                format!("check {variables}, which {} names", channel.file),
-            ),
+            _ => ("api_url", channel::credentials_fix(channel)),
         };
         let fixes = Fixes {
             refused,

@@ -14,6 +14,17 @@ pub struct InitArgs {
     pub dir: Option<PathBuf>,
 }
 
+/// The variable the agent's model's key is read from, when its files check and it has one.
+fn model_key(root: &std::path::Path) -> Option<String> {
+    let dir = agent::AgentDir::open(root).ok()?;
+    let loaded = agent::load(&dir).ok()?;
+    let (provider, _) = loaded.definition.model();
+    provider
+        .api_key
+        .as_ref()
+        .map(|key| key.name().as_str().to_owned())
+}
+
 pub fn run(args: InitArgs) -> Result<ExitCode, String> {
     let dir = dir_or_current(args.dir);
     let (root, items) =
@@ -32,7 +43,14 @@ pub fn run(args: InitArgs) -> Result<ExitCode, String> {
         };
         out.push_str(&format!("  {word:<10} {}{note}\n", item.path));
     }
-    out.push_str("\nedit instructions.md and models.yml, then check the agent with `perch info`\n");
+    out.push_str(
+        "\nedit instructions.md (who the agent is) and models.yml (its model); to reach it from a chat:\n",
+    );
+    out.push_str(&super::next_line(
+        &dir,
+        &model_key(&root).into_iter().collect::<Vec<_>>(),
+        &["perch channel add telegram", "perch doctor", "perch run"],
+    ));
     emit(&out)?;
     Ok(if refused {
         ExitCode::FAILURE

@@ -106,11 +106,11 @@ pub fn run(args: LogArgs, dir: Option<PathBuf>) -> Result<ExitCode, String> {
             })
         })
         .transpose()?;
-    let LogContext {
-        redaction,
-        rooms,
-        files,
-    } = log_context(&agent_dir);
+    let context = log_context(&agent_dir);
+    if let Some(task) = &args.task {
+        unknown_task(task, &context, &sessions)?;
+    }
+    let rooms = &context.rooms;
     let mut place = place.as_deref().map(Place::parse).transpose()?;
     if args.refused {
         if let Some(place) = &mut place
@@ -127,7 +127,7 @@ pub fn run(args: LogArgs, dir: Option<PathBuf>) -> Result<ExitCode, String> {
             since: when(&args.since, "--since")?,
             until: when(&args.until, "--until")?,
         };
-        return list_refused(&agent_dir, &selection, args.last, &files, args.json);
+        return list_refused(&agent_dir, &selection, args.last, &context, args.json);
     }
     if let Some(place) = &mut place
         && let Some((_, alias, _)) = rooms
@@ -148,14 +148,21 @@ pub fn run(args: LogArgs, dir: Option<PathBuf>) -> Result<ExitCode, String> {
     } else {
         std::collections::BTreeMap::new()
     };
+    let unknown = unknown_channel(selection.place.as_ref(), &context);
     let query = crate::log::transcript::Query {
         lane,
         selection,
         last: args.last,
-        redaction,
+        redaction: context.redaction,
         ends,
     };
     let turns = crate::log::transcript::last_turns(&sessions, &query)?;
+    if let Some(unknown) = unknown
+        && turns.is_empty()
+        && !channel_in_log(&sessions, &query)?
+    {
+        return Err(unknown);
+    }
     let text = if args.json {
         let mut out = String::new();
         for event in turns.iter().flat_map(|turn| &turn.events) {
@@ -216,13 +223,108 @@ struct LogContext {
     rooms: Vec<(String, String, String)>,
     /// Each channel's file, relative to the agent directory.
     files: std::collections::BTreeMap<String, String>,
+    /// The channels the agent declares: as loaded, or, when its files do not check, the stems
+    /// of `channels/*.lua`.
+    channels: Vec<String>,
+    /// The tasks `workspace/HEARTBEAT.yml` holds, when it checks.
+    tasks: Vec<String>,
+}
+
+/// Pseudo-channels `perch log CHANNEL` also takes: heartbeat runs, and `perch chat`.
+const LOG_PLACES: [&str; 2] = ["heartbeat", "terminal"];
+
+/// `names` for an error message: comma-separated, or `none`.
+fn listed(names: &[String]) -> String {
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// An error for a `CHANNEL[:ROOM]` that selected nothing and names no channel the agent
+/// declares (a channel removed since still shows its old turns).
+fn unknown_channel(
+    place: Option<&perch_core::transcript::Place>,
+    context: &LogContext,
+) -> Option<String> {
+    let place = place?;
+    let known =
+        context.channels.contains(&place.channel) || LOG_PLACES.contains(&place.channel.as_str());
+    (!known).then(|| {
+        format!(
+            "no channel {:?} here and nothing from it in the log; the agent's channels: {} \
+             (each is a file in channels/)",
+            place.channel,
+            listed(&context.channels)
+        )
+    })
+}
+
+/// Whether any turn in the log comes from the channel `query` selects (whatever its room, sender,
+/// task or time): a channel no file declares any more still shows its old turns.
+fn channel_in_log(sessions: &Path, query: &crate::log::transcript::Query) -> Result<bool, String> {
+    let Some(place) = &query.selection.place else {
+        return Ok(true);
+    };
+    let anything_from_it = crate::log::transcript::Query {
+        lane: None,
+        selection: perch_core::transcript::Selection {
+            place: Some(perch_core::transcript::Place {
+                channel: place.channel.clone(),
+                room: None,
+            }),
+            ..perch_core::transcript::Selection::default()
+        },
+        last: 1,
+        redaction: perch_core::transcript::Redaction::new(std::iter::empty::<String>()),
+        ends: std::collections::BTreeMap::new(),
+    };
+    Ok(!crate::log::transcript::last_turns(sessions, &anything_from_it)?.is_empty())
+}
+
+/// An error for `--task` naming a task that is neither in `workspace/HEARTBEAT.yml` nor has
+/// a lane in the log.
+fn unknown_task(task: &str, context: &LogContext, sessions: &Path) -> Result<(), String> {
+    let mut known: std::collections::BTreeSet<String> = context.tasks.iter().cloned().collect();
+    for lane in crate::log::transcript::lane_names(sessions)? {
+        if let perch_core::name::LaneKind::Heartbeat(name)
+        | perch_core::name::LaneKind::DryRun(name) = lane.kind()
+        {
+            known.insert(name.to_string());
+        }
+    }
+    if known.contains(task) {
+        return Ok(());
+    }
+    let known: Vec<String> = known.into_iter().collect();
+    Err(format!(
+        "no heartbeat task {task:?} in workspace/HEARTBEAT.yml or in the log; the tasks: {} \
+         (`perch heartbeat list` shows them)",
+        listed(&known)
+    ))
 }
 
 fn log_context(agent_dir: &AgentDir) -> LogContext {
     let mut rooms = Vec::new();
     let mut files = std::collections::BTreeMap::new();
+    let channels: Vec<String>;
+    let mut tasks = Vec::new();
     let names: Vec<String> = match crate::agent::load(agent_dir) {
         Ok(loaded) => {
+            channels = loaded
+                .channels
+                .iter()
+                .map(|channel| channel.config.name.to_string())
+                .collect();
+            let env = crate::heartbeat::heartbeat_env(&loaded, crate::heartbeat::host_tz());
+            if let Ok(file) = crate::heartbeat::read_file(agent_dir, &env) {
+                tasks = file
+                    .tasks
+                    .iter()
+                    .map(|task| task.name.to_string())
+                    .collect();
+            }
             for channel in &loaded.channels {
                 files.insert(channel.config.name.to_string(), channel.file.clone());
                 for (alias, id) in &channel.config.rooms {
@@ -258,15 +360,18 @@ fn log_context(agent_dir: &AgentDir) -> LogContext {
                 }))
                 .collect()
         }
-        Err(_) => std::env::vars()
-            .map(|(name, _)| name)
-            .filter(|name| {
-                let upper = name.to_ascii_uppercase();
-                ["TOKEN", "KEY", "SECRET", "PASSWORD", "PASSPHRASE"]
-                    .iter()
-                    .any(|word| upper.contains(word))
-            })
-            .collect(),
+        Err(_) => {
+            channels = declared_channel_files(agent_dir);
+            std::env::vars()
+                .map(|(name, _)| name)
+                .filter(|name| {
+                    let upper = name.to_ascii_uppercase();
+                    ["TOKEN", "KEY", "SECRET", "PASSWORD", "PASSPHRASE"]
+                        .iter()
+                        .any(|word| upper.contains(word))
+                })
+                .collect()
+        }
     };
     let redaction = perch_core::transcript::Redaction::new(
         names.iter().filter_map(|name| std::env::var(name).ok()),
@@ -275,7 +380,25 @@ fn log_context(agent_dir: &AgentDir) -> LogContext {
         redaction,
         rooms,
         files,
+        channels,
+        tasks,
     }
+}
+
+/// The stems of `channels/*.lua`, sorted: the channels an agent whose files do not check
+/// declares.
+fn declared_channel_files(agent_dir: &AgentDir) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(agent_dir.root().join("channels"))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let name = entry.file_name().to_str()?.to_owned();
+            name.strip_suffix(".lua").map(str::to_owned)
+        })
+        .collect();
+    names.sort();
+    names
 }
 
 /// `perch log --refused`: the last `last` refused messages `selection` selects, from the
@@ -284,12 +407,23 @@ fn list_refused(
     agent_dir: &AgentDir,
     selection: &perch_core::transcript::Selection,
     last: usize,
-    files: &std::collections::BTreeMap<String, String>,
+    context: &LogContext,
     json: bool,
 ) -> Result<ExitCode, String> {
+    let files = &context.files;
     let inbox =
         crate::log::peek_journal(&agent_dir.inbox_dir()).map_err(|error| error.to_string())?;
     let mut refused = crate::store::inbox::refused(&inbox);
+    if let Some(unknown) = unknown_channel(selection.place.as_ref(), context)
+        && !refused.iter().any(|one| {
+            selection
+                .place
+                .as_ref()
+                .is_some_and(|place| one.channel == place.channel)
+        })
+    {
+        return Err(unknown);
+    }
     refused.retain(|one| perch_core::refusals::selects(selection, one));
     let shown = &refused[refused.len().saturating_sub(last)..];
     let mut out = String::new();

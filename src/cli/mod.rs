@@ -54,6 +54,23 @@ fn dir_or_current(dir: Option<PathBuf>) -> PathBuf {
     dir.unwrap_or_else(|| PathBuf::from("."))
 }
 
+/// The line a command that sets an agent up ends with: the commands to type next, from the
+/// directory the command was given (a `cd` first when that is not the current one), with an
+/// `export` for each variable still to set.
+fn next_line(dir: &Path, variables: &[String], commands: &[&str]) -> String {
+    let mut steps = Vec::new();
+    if dir != Path::new(".") {
+        steps.push(format!("cd {}", dir.display()));
+    }
+    steps.extend(
+        variables
+            .iter()
+            .map(|variable| format!("export {variable}=…")),
+    );
+    steps.extend(commands.iter().map(|command| (*command).to_owned()));
+    format!("next: {}\n", steps.join("; "))
+}
+
 /// Writes to stdout; a closed pipe (`perch info | head`) is not an error.
 fn emit(text: &str) -> Result<(), String> {
     match io::stdout().lock().write_all(text.as_bytes()) {

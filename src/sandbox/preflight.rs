@@ -97,10 +97,12 @@ pub fn kvm(places: &Places) -> Check {
 
 /// `/dev/kvm` is hardware virtualization: not kvm_pvm (software nesting, on which guests crash
 /// at boot), and on x86_64 the CPU shows vmx or svm. `PERCH_ASSUME_KVM=1` turns a failure into
-/// a warning.
+/// a warning; the fix offers it only where the CPU flags may be wrong, never on kvm_pvm.
 pub fn virtualization(places: &Places) -> Check {
-    let fix = "use bare metal or a cloud VM with nested VT-x/AMD-V (or set PERCH_ASSUME_KVM=1 to try anyway)";
+    let hardware_fix = "use bare metal or a cloud VM with nested VT-x/AMD-V";
+    let mut fix = format!("{hardware_fix} (or set PERCH_ASSUME_KVM=1 to try anyway)");
     let found = if places.pvm_module.exists() {
+        fix = format!("{hardware_fix}: microVM guests crash under kvm_pvm");
         Err(format!(
             "/dev/kvm is kvm_pvm, software nested virtualization ({} exists), on which microVM guests crash at boot",
             places.pvm_module.display()
@@ -136,7 +138,7 @@ pub fn virtualization(places: &Places) -> Check {
             detail: format!("PERCH_ASSUME_KVM=1 overrides this check: {detail}"),
             fix: None,
         },
-        Err(detail) => check("cpu", false, detail, fix),
+        Err(detail) => check("cpu", false, detail, &fix),
     }
 }
 
@@ -152,7 +154,7 @@ pub fn runtime(places: &Places) -> Check {
         .parent()
         .and_then(Path::parent)
         .map(|prefix| prefix.join("lib/libkrunfw.so.5.6.1"));
-    let fix = "run .ci/setup, or install msb and libkrunfw.so.5.6.1 from the microsandbox==0.7.11 wheel into ~/.microsandbox/{bin,lib} (or $MSB_HOME)";
+    let fix = "install the runtime pair with deploy/install-runtime.sh ~/.microsandbox (from perch's source; it takes msb and libkrunfw.so.5.6.1 from the microsandbox==0.7.11 wheel), or put them in ~/.microsandbox/{bin,lib} (or $MSB_HOME) yourself";
     if let Some(reason) = crate::host::trust::refusal_as_root(&msb) {
         return check(
             "runtime",

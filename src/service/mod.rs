@@ -521,6 +521,8 @@ fn receive_all(
             first_wait,
             first_attempt: Some(over),
             shutdown: shutdown.clone(),
+            credentials_fix: Some(crate::channel::credentials_fix(&channel.loaded)),
+            endpoint: Some(crate::channel::endpoint(&channel.loaded.config)),
         };
         tokio::spawn(receiver.receive_forever(from, begin));
     }

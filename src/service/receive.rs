@@ -29,6 +29,11 @@ pub(super) struct Receiver<S> {
     /// Told when the first attempt is over (up or failed), or that none starts now.
     pub(super) first_attempt: Option<oneshot::Sender<()>>,
     pub(super) shutdown: CancellationToken,
+    /// What the operator is told to check when the platform refuses the credentials: the
+    /// variables and the file that names them.
+    pub(super) credentials_fix: Option<String>,
+    /// Where the channel connects, named when a connection fails and the reason does not.
+    pub(super) endpoint: Option<String>,
 }
 
 impl<S: Fn(Connection) + Send> Receiver<S> {
@@ -115,12 +120,23 @@ impl<S: Fn(Connection) + Send> Receiver<S> {
         let cursor = forward.await.ok().flatten();
         let ended = match result {
             Ok(()) => AttemptEnd::Clean,
-            Err(ConnectorError::Unauthorized { message }) => {
-                AttemptEnd::Refused { reason: message }
-            }
-            Err(error @ ConnectorError::Disconnected { .. }) => AttemptEnd::Dropped {
-                reason: error.to_string(),
+            Err(ConnectorError::Unauthorized { message }) => AttemptEnd::Refused {
+                reason: match &self.credentials_fix {
+                    Some(fix) => format!("{message}; {fix}"),
+                    None => message,
+                },
             },
+            Err(error @ ConnectorError::Disconnected { .. }) => {
+                let reason = error.to_string();
+                AttemptEnd::Dropped {
+                    reason: match &self.endpoint {
+                        Some(endpoint) if !reason.contains(endpoint.as_str()) => {
+                            format!("{reason} (at {endpoint})")
+                        }
+                        _ => reason,
+                    },
+                }
+            }
         };
         (ended, cursor)
     }
@@ -295,6 +311,8 @@ mod tests {
             first_wait: Duration::from_secs(1),
             first_attempt: Some(over),
             shutdown: shutdown.clone(),
+            credentials_fix: None,
+            endpoint: None,
         };
         let from = ReceiveFrom {
             cursor: Some("7".into()),

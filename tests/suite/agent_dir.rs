@@ -61,6 +61,15 @@ fn init_writes_exactly_the_agent_and_nothing_outside_it() {
         "{}",
         stdout(&output)
     );
+    assert!(
+        stdout(&output).ends_with(&format!(
+            "\nnext: cd {}; export OPENAI_API_KEY=…; perch channel add telegram; perch doctor; \
+             perch run\n",
+            dir.display()
+        )),
+        "init ends with the commands to type next: {}",
+        stdout(&output)
+    );
     assert_eq!(
         fs::read_to_string(dir.join(".gitignore"))
             .unwrap()

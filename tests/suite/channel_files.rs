@@ -401,6 +401,12 @@ fn perch_channel_add_writes_a_stock_adapter_once() {
         )),
         "{shown}"
     );
+    assert!(
+        shown.ends_with(&format!(
+            "\nnext: cd {root}; export TELEGRAM_TOKEN=…; perch doctor --online; perch run\n"
+        )),
+        "channel add ends with the commands to type next: {shown}"
+    );
     assert_eq!(
         std::fs::read_to_string(&path).unwrap(),
         agent::stock_channel(perch_core::config::ChannelKind::Telegram)

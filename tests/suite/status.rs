@@ -363,6 +363,38 @@ fn a_refused_token_shows_as_stopped_and_unhealthy_and_is_told_once() {
         "{stderr}"
     );
     assert!(!stderr.contains("not-the-token"), "{stderr}");
+    let refused = stderr
+        .lines()
+        .find(|line| line.contains("channel tg: Telegram refused the bot token"))
+        .unwrap_or_else(|| panic!("no refusal line in {stderr}"));
+    assert!(
+        refused.contains("check TELEGRAM_TOKEN, which channels/tg.lua names"),
+        "the line names the variable: {refused}"
+    );
+}
+
+#[test]
+fn a_channel_whose_endpoint_cannot_be_reached_says_which_url() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let agent = Scenario::telegram_at(&url).build();
+    let service = super::support::scenario::Watched::spawn(agent.command());
+    let mut reconnecting = None;
+    wait_until("the channel to say it reconnects", || {
+        reconnecting = service
+            .lines()
+            .into_iter()
+            .find(|line| line.contains("channel tg: ") && line.contains("reconnecting"));
+        reconnecting.is_some()
+    });
+    let line = reconnecting.unwrap_or_default();
+    assert!(line.contains(&url), "the line names {url}: {line}");
+    assert!(
+        !line.contains(super::support::fake_telegram::TOKEN),
+        "never the token: {line}"
+    );
+    service.stop();
 }
 
 /// Once the service answers status, its first channel shows `connecting` and unhealthy at every

@@ -40,7 +40,17 @@ fn through_perch_run_a_message_and_its_answer_show_while_it_runs() {
         text,
         "the same after the service stopped"
     );
-    assert_eq!(shown(&["discord"]), "no turns to show\n");
+    assert_eq!(shown(&["tg:elsewhere"]), "no turns to show\n");
+    let unknown = perch(
+        &["log", agent.arg(), "discord"],
+        &[("TELEGRAM_TOKEN", TOKEN)],
+    );
+    assert!(!unknown.status.success(), "a channel that is not there");
+    assert!(
+        stderr(&unknown).contains("no channel \"discord\""),
+        "{}",
+        stderr(&unknown)
+    );
     assert_eq!(
         shown(&["--channel", "tg:-100"]),
         text,
@@ -89,6 +99,13 @@ fn through_perch_run_a_tool_call_unknown_delivery_corrected_heartbeat_and_recove
     let run = agent.perch(&["heartbeat", "run", "digest"]);
     assert!(run.status.success(), "{}", stderr(&run));
     wait_until("the digest", || telegram.has_shown("All green."));
+    assert!(
+        telegram
+            .sent()
+            .iter()
+            .any(|sent| sent.chat_id == 42 && sent.shown.contains("All green.")),
+        "a heartbeat reaches Alice's direct chat through `rooms = {{ alice = \"42\" }}`"
+    );
     let shown = |args: &[&str]| shown_by_perch_run(&agent, args);
     let mut text = String::new();
     wait_until("every delivery settled in the log", || {

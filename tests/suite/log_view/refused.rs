@@ -212,3 +212,41 @@ fn a_stranger_waiting_for_pairing_is_a_refusal_and_a_group_line_kept_as_context_
     assert_eq!(report.refusals[0].kind, "awaiting_pairing");
     service.stop();
 }
+
+/// A task or a channel `perch log` cannot know is an error naming what there is, not an empty
+/// listing that exits 0; a declared one with nothing logged yet is not.
+#[test]
+fn perch_log_names_what_exists_when_asked_for_an_unknown_task_or_channel() {
+    let agent = Scenario::telegram(CHANNEL).build();
+    agent.write(
+        "workspace/HEARTBEAT.yml",
+        "tasks:\n  - name: digest\n    prompt: p\n    every: 1h\n",
+    );
+    for args in [
+        &["log", "--task", "nope"][..],
+        &["log", "nochannel"],
+        &["log", "--refused", "nochannel"],
+        &["log", "--channel", "nochannel:team"],
+    ] {
+        let output = agent.perch(args);
+        let said = stderr(&output);
+        assert!(!output.status.success(), "{args:?} exits non-zero: {said}");
+        let names = if args.contains(&"--task") {
+            ["\"nope\"", "the tasks: digest"]
+        } else {
+            ["\"nochannel\"", "the agent's channels: tg"]
+        };
+        for name in names {
+            assert!(said.contains(name), "{args:?} names {name}: {said}");
+        }
+    }
+    for args in [
+        &["log", "--task", "digest"][..],
+        &["log", "tg"],
+        &["log", "heartbeat"],
+        &["log", "--refused", "tg:team"],
+    ] {
+        let output = agent.perch(args);
+        assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+    }
+}
