@@ -63,7 +63,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(message) => {
-            eprintln!("error: {message}");
+            eprintln!("{}error: {message}", cli::error_prefix());
             ExitCode::FAILURE
         }
     }
