@@ -43,6 +43,7 @@ mod standin;
 mod standin_home;
 mod status;
 mod support;
+mod systemd;
 mod telegram;
 mod thousand;
 mod tools;
