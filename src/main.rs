@@ -61,7 +61,11 @@ fn main() -> ExitCode {
     match dispatch(cli.dir, cli.command) {
         Ok(code) => code,
         Err(message) => {
-            eprintln!("error: {}", perch_core::terminal::escaped_lines(&message));
+            eprintln!(
+                "{}error: {}",
+                cli::error_prefix(),
+                perch_core::terminal::escaped_lines(&message)
+            );
             ExitCode::FAILURE
         }
     }

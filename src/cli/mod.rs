@@ -86,18 +86,25 @@ fn load_agent(dir: &Path) -> Result<Result<LoadedAgent, ExitCode>, String> {
     match agent::load(&agent_dir) {
         Ok(loaded) => Ok(Ok(loaded)),
         Err(problems) => {
+            let error = error_prefix();
             for problem in problems.iter() {
                 eprintln!(
-                    "error: {}",
+                    "{error}error: {}",
                     perch_core::terminal::escaped_lines(&problem.to_string())
                 );
             }
             let count = problems.len();
             let noun = if count == 1 { "problem" } else { "problems" };
-            eprintln!("{count} {noun} in {}", agent_dir.root().display());
+            eprintln!("{error}{count} {noun} in {}", agent_dir.root().display());
             Ok(Err(ExitCode::FAILURE))
         }
     }
+}
+
+/// What starts an error line on stderr: under systemd's journal, the priority `<3>`, so the
+/// journal keeps it as an error; nothing elsewhere.
+pub fn error_prefix() -> String {
+    crate::host::narrate::Output::of_stderr().priority_prefix(perch_core::narration::Level::Error)
 }
 
 /// The most async worker threads a process starts: an agent mostly waits on the network, its

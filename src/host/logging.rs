@@ -4,6 +4,8 @@
 //! `message` and `fields`. Only perch's own events at `info` and above are written; the
 //! libraries' events are dropped, so nothing they might say about a request reaches the log.
 
+use super::narrate::Output;
+use perch_core::narration::Level as Severity;
 use std::fmt;
 use std::io::Write as _;
 use std::sync::Arc;
@@ -53,7 +55,18 @@ impl<S: Subscriber> Layer<S> for Lines {
         event.record(&mut fields);
         let metadata = event.metadata();
         let line = match self.format {
-            LogFormat::Human => human_line(*metadata.level(), &fields.message, &fields.values),
+            LogFormat::Human => {
+                let level = match *metadata.level() {
+                    Level::ERROR => Severity::Error,
+                    Level::WARN => Severity::Warning,
+                    _ => Severity::Info,
+                };
+                format!(
+                    "{}{}",
+                    Output::of_stderr().priority_prefix(level),
+                    human_line(*metadata.level(), &fields.message, &fields.values)
+                )
+            }
             LogFormat::Json => json_line(
                 &chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
                 *metadata.level(),

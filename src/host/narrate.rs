@@ -59,6 +59,22 @@ impl Output {
         )
     }
 
+    /// This process's stderr, decided once.
+    pub fn of_stderr() -> Output {
+        static STDERR: OnceLock<Output> = OnceLock::new();
+        *STDERR.get_or_init(Output::detect)
+    }
+
+    /// The `<N>` prefix that gives a line of `level` its priority in systemd's journal (which
+    /// reads and strips it); nothing for a terminal, a pipe or a file. For the lines perch writes
+    /// on stderr outside the narration: the log's and the errors that end a command.
+    pub fn priority_prefix(self, level: Level) -> String {
+        match self {
+            Output::Journal => format!("<{}>", level.priority()),
+            Output::Terminal { .. } | Output::Plain => String::new(),
+        }
+    }
+
     /// `line` as written, newline-terminated; `local_time` is shown on a terminal.
     pub fn format(self, line: &Line, local_time: &str) -> String {
         let worded = match line.level {
@@ -179,6 +195,17 @@ impl Narrator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_journal_gets_priority_prefixes_on_other_lines() {
+        assert_eq!(Output::Journal.priority_prefix(Level::Error), "<3>");
+        assert_eq!(Output::Journal.priority_prefix(Level::Warning), "<4>");
+        assert_eq!(Output::Plain.priority_prefix(Level::Error), "");
+        assert_eq!(
+            Output::Terminal { colour: true }.priority_prefix(Level::Error),
+            ""
+        );
+    }
 
     #[test]
     fn the_output_follows_what_stderr_is() {

@@ -45,6 +45,7 @@ mod standin;
 mod standin_home;
 mod status;
 mod support;
+mod systemd;
 mod telegram;
 mod thousand;
 mod tools;

@@ -3,6 +3,7 @@
 //! and the [`scenario::Scenario`] that runs `perch run` on them.
 
 mod binary;
+pub mod container;
 pub mod counting_proxy;
 pub mod fake_discord;
 pub mod fake_model;
