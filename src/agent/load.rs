@@ -50,8 +50,17 @@ pub fn load(dir: &AgentDir) -> Result<LoadedAgent, Problems> {
     let mut problems = Vec::new();
     let mut sources = Vec::new();
 
-    let agent = lua_file(root, "agent.lua", "agent", &mut sources, &mut problems)
-        .and_then(|declarations| keep(check_agent(&declarations), &mut problems));
+    let mut refused_agent_model = None;
+    let agent = lua_file(root, "agent.lua", "agent", &mut sources, &mut problems).and_then(
+        |declarations| match check_agent(&declarations) {
+            Ok(agent) => Some(agent),
+            Err(refused) => {
+                problems.extend(refused.problems);
+                refused_agent_model = refused.model;
+                None
+            }
+        },
+    );
     let sandbox = lua_file(root, "sandbox.lua", "sandbox", &mut sources, &mut problems)
         .and_then(|declarations| keep(check_sandbox(&declarations), &mut problems));
     let models = read(
@@ -70,8 +79,14 @@ pub fn load(dir: &AgentDir) -> Result<LoadedAgent, Problems> {
     }));
     let instructions = fs::read_to_string(root.join("instructions.md")).ok();
 
+    let named_model = agent
+        .as_ref()
+        .map(|(agent, agent_pos)| (agent.model.clone(), *agent_pos))
+        .or(refused_agent_model);
+    if let (Some((model, agent_pos)), Some(models)) = (&named_model, &models) {
+        problems.extend(model_problem(model, *agent_pos, models));
+    }
     if let (Some((agent, agent_pos)), Some(models)) = (&agent, &models) {
-        problems.extend(model_problem(agent, *agent_pos, models));
         problems.extend(spend_problem(agent, *agent_pos, models));
     }
     if let Some((agent, agent_pos)) = &agent {

@@ -37,6 +37,27 @@ fn the_starter_agent_has_no_problems() {
 }
 
 #[test]
+fn a_bad_thinking_level_does_not_hide_a_model_models_yml_lacks() {
+    let found = problems_with(
+        "agent.lua",
+        "agent {\n  model = \"openai/gpt-6\",\n  thinking = \"extreme\",\n}\n",
+    );
+    assert_eq!(found.len(), 2, "{found:#?}");
+    assert!(
+        found
+            .iter()
+            .any(|problem| problem.contains("model openai/gpt-6 is not in models.yml")),
+        "{found:#?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|problem| problem.contains("unknown thinking level \"extreme\"")),
+        "{found:#?}"
+    );
+}
+
+#[test]
 fn lua_syntax_errors_name_their_line() {
     let found = problems_with(
         "agent.lua",

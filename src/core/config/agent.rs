@@ -58,9 +58,18 @@ const SPEND_FIX: &str = "write spend = { tokens_per_day = 2000000, cost_per_day 
 /// The largest `tokens_per_day`.
 const MAX_TOKENS_PER_DAY: i64 = 1_000_000_000_000;
 
+/// `agent.lua` refused: every problem, and the model it names when that much could be read, so
+/// the model is still checked against `models.yml` and every problem is reported at once.
+#[derive(Debug)]
+pub struct AgentRefused {
+    pub problems: Vec<Problem>,
+    pub model: Option<(ModelRef, Pos)>,
+}
+
 /// Checks the declarations `agent.lua` made; returns the config and the line it was declared on.
-pub fn check_agent(declarations: &[Declaration]) -> Result<(AgentConfig, Pos), Vec<Problem>> {
+pub fn check_agent(declarations: &[Declaration]) -> Result<(AgentConfig, Pos), AgentRefused> {
     let mut checker = Checker::new("agent.lua");
+    let mut named_model = None;
     let config = single(&mut checker, declarations, "agent", USAGE).and_then(|declaration| {
         let table = table_argument(&mut checker, declaration, USAGE)?;
         let mut fields = checker.fields(table, &Path::root())?;
@@ -73,7 +82,10 @@ pub fn check_agent(declarations: &[Declaration]) -> Result<(AgentConfig, Pos), V
             .and_then(|node| {
                 let text = checker.str(node, &Path::root().key("model"))?;
                 match ModelRef::parse(text) {
-                    Ok(model) => Some(model),
+                    Ok(model) => {
+                        named_model = Some((model.clone(), declaration.pos));
+                        Some(model)
+                    }
                     Err(reason) => {
                         checker.report_fix(
                             node.pos,
@@ -123,7 +135,10 @@ pub fn check_agent(declarations: &[Declaration]) -> Result<(AgentConfig, Pos), V
     });
     match config {
         Some(config) if !checker.has_problems() => Ok(config),
-        _ => Err(checker.into_problems()),
+        _ => Err(AgentRefused {
+            problems: checker.into_problems(),
+            model: named_model,
+        }),
     }
 }
 
@@ -233,7 +248,7 @@ mod tests {
         }];
         check_agent(&declarations)
             .map(|(config, _)| config)
-            .map_err(|problems| problems.iter().map(ToString::to_string).collect())
+            .map_err(|refused| refused.problems.iter().map(ToString::to_string).collect())
     }
 
     #[test]

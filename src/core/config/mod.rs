@@ -8,7 +8,7 @@ mod models;
 mod sandbox;
 mod tool;
 
-pub use agent::{AgentConfig, Thinking, check_agent};
+pub use agent::{AgentConfig, AgentRefused, Thinking, check_agent};
 pub use channel::{
     Access, BusyPolicy, ChannelConfig, ChannelKind, DmPolicy, GroupPolicy, Platform,
     TERMINAL_CHANNEL, channel_secret_problems, channel_stem, check_channel,
@@ -20,6 +20,7 @@ pub use tool::{
     prepare_arguments,
 };
 
+use crate::name::ModelRef;
 use crate::problem::{Pos, Problem};
 use crate::tree::{Checker, Node};
 
@@ -98,8 +99,8 @@ fn table_argument<'d>(
 }
 
 /// The problem with `agent.lua` naming a model that `models.yml` does not list, if it does.
-pub fn model_problem(agent: &AgentConfig, agent_pos: Pos, models: &ModelsFile) -> Option<Problem> {
-    if models.model(&agent.model).is_some() {
+pub fn model_problem(model: &ModelRef, agent_pos: Pos, models: &ModelsFile) -> Option<Problem> {
+    if models.model(model).is_some() {
         return None;
     }
     let known: Vec<String> = models.all_refs().iter().map(ToString::to_string).collect();
@@ -112,7 +113,7 @@ pub fn model_problem(agent: &AgentConfig, agent_pos: Pos, models: &ModelsFile) -
         Problem::new(
             "agent.lua",
             agent_pos,
-            format!("model {} is not in models.yml", agent.model),
+            format!("model {model} is not in models.yml"),
         )
         .with_path("model")
         .with_fix(fix),
@@ -239,7 +240,7 @@ impl Definition {
         tools: Vec<(String, ToolDecl)>,
         models: ModelsFile,
     ) -> Result<Definition, Vec<Problem>> {
-        let mut problems: Vec<Problem> = model_problem(&agent, agent_pos, &models)
+        let mut problems: Vec<Problem> = model_problem(&agent.model, agent_pos, &models)
             .into_iter()
             .collect();
         problems.extend(duplicate_tools(&tools));
