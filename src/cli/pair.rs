@@ -243,7 +243,7 @@ fn pair_approve(dir: &AgentDir, who: Who) -> Result<ExitCode, String> {
                 declared_channel(dir, channel)?;
             }
             let approved = change_offline(dir, "the approval", |pairing| {
-                match pairing.approve(&who, chrono::Utc::now()) {
+                match pairing.approve_while_stopped(&who, chrono::Utc::now()) {
                     Approval::Approved(approved) => Ok(approved),
                     Approval::Unknown => Err(match &who {
                         Who::Code { code } => no_pending_pairing(&shown(code)),
@@ -251,9 +251,14 @@ fn pair_approve(dir: &AgentDir, who: Who) -> Result<ExitCode, String> {
                     }),
                 }
             })?;
+            let told = if approved.room.is_some() {
+                "they will be told in their direct messages when it starts"
+            } else {
+                "they were not told (no direct message from them is known); they can write once \
+                 it runs"
+            };
             format!(
-                "approved {}; perch is not running, so they were not told; they can write once \
-                 it runs\n",
+                "approved {}; perch is not running: {told}\n",
                 who_line(&approved.channel, &approved.sender, &approved.name)
             )
         }

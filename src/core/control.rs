@@ -441,6 +441,7 @@ mod tests {
                 sender: "42".into(),
                 name: "Ada".into(),
                 room: None,
+                notice_due: false,
             }],
         });
         let line = encode_reply(&listed).to_string();

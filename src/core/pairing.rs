@@ -65,6 +65,9 @@ pub struct Approved {
     /// The direct-message room their request came from, when there was one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub room: Option<String>,
+    /// Approved while perch was not running: the next start tells them, once.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub notice_due: bool,
 }
 
 /// Whom an operator's pairing command names: a request by its code, or a sender by channel and
@@ -231,6 +234,7 @@ impl Pairing {
                 sender: pending.sender,
                 name: pending.name,
                 room: pending.room,
+                notice_due: false,
             },
             (None, Who::Code { .. }) => return Approval::Unknown,
             (None, Who::Sender { channel, sender }) => {
@@ -245,6 +249,7 @@ impl Pairing {
                         sender: sender.clone(),
                         name: String::new(),
                         room: None,
+                        notice_due: false,
                     },
                 }
             }
@@ -255,6 +260,35 @@ impl Pairing {
             self.approved.push(approved.clone());
         }
         Approval::Approved(approved)
+    }
+
+    /// [`Pairing::approve`] while perch is not running: an approval from a request, whose room
+    /// is known, is marked for the next start to tell.
+    pub fn approve_while_stopped(&mut self, who: &Who, now: Timestamp) -> Approval {
+        let approval = self.approve(who, now);
+        if let Approval::Approved(approved) = &approval
+            && approved.room.is_some()
+        {
+            for entry in &mut self.approved {
+                if entry.channel == approved.channel && entry.sender == approved.sender {
+                    entry.notice_due = true;
+                }
+            }
+        }
+        approval
+    }
+
+    /// The approved senders the next start owes a notice, their marks cleared: the caller
+    /// writes the file before it records the notices, so a notice is recorded at most once.
+    pub fn take_notices_due(&mut self) -> Vec<Approved> {
+        let mut due = Vec::new();
+        for entry in &mut self.approved {
+            if entry.notice_due {
+                entry.notice_due = false;
+                due.push(entry.clone());
+            }
+        }
+        due
     }
 
     /// Takes the request `who` names off the list, if one is pending; the sender is not told,
@@ -282,6 +316,44 @@ pub fn pairing_code(bytes: [u8; 6]) -> String {
         .iter()
         .map(|byte| char::from(ALPHABET[usize::from(*byte) % ALPHABET.len()]))
         .collect()
+}
+
+#[cfg(test)]
+mod notices {
+    use super::*;
+    use chrono::TimeZone as _;
+
+    #[test]
+    fn an_approval_while_stopped_is_told_once_at_the_next_start() {
+        let now = chrono::Utc.with_ymd_and_hms(2026, 12, 3, 9, 0, 0).unwrap();
+        let mut pairing = Pairing::default();
+        let issued = pairing.issue("tg", "42", "Ada", "42", "ABC234".into(), now);
+        assert_eq!(issued, Issued::New("ABC234".into()));
+        let code = Who::Code {
+            code: "ABC234".into(),
+        };
+        let Approval::Approved(approved) = pairing.approve_while_stopped(&code, now) else {
+            panic!("approved");
+        };
+        assert!(
+            !approved.notice_due,
+            "the returned copy is the approval itself"
+        );
+        assert!(pairing.approved[0].notice_due);
+        let due = pairing.take_notices_due();
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].room.as_deref(), Some("42"));
+        assert!(pairing.take_notices_due().is_empty(), "told once");
+        let by_id = Who::Sender {
+            channel: "tg".into(),
+            sender: "77".into(),
+        };
+        pairing.approve_while_stopped(&by_id, now);
+        assert!(
+            pairing.take_notices_due().is_empty(),
+            "no request, no room to tell them in"
+        );
+    }
 }
 
 #[cfg(test)]
@@ -368,6 +440,7 @@ mod tests {
                 sender: "42".into(),
                 name: "Alice".into(),
                 room: Some("42".into()),
+                notice_due: false,
             })
         );
         assert!(pairing.is_approved("tg", "42"));

@@ -181,7 +181,7 @@ fn without_perch_run_the_commands_edit_the_pairing_file_under_the_lock() {
     let approved = String::from_utf8_lossy(&agent.perch_alone(&["pair", "approve", "tg:9"]).stdout)
         .into_owned();
     assert!(
-        approved.contains("approved 9 on channel tg; perch is not running, so they were not told"),
+        approved.contains("approved 9 on channel tg; perch is not running: they were not told"),
         "{approved}"
     );
     assert!(
@@ -195,4 +195,44 @@ fn without_perch_run_the_commands_edit_the_pairing_file_under_the_lock() {
     assert!(succeeds(&agent, &["pair", "revoke", "tg:9"]).contains("revoked 9 on channel tg"));
     assert!(fails(&agent, &["pair", "deny", "ABC234"]).contains("no pending pairing request"));
     assert_eq!(listed(&agent), (vec![], vec![]));
+}
+
+#[test]
+fn a_person_approved_while_perch_is_stopped_is_told_at_the_next_start_once() {
+    let agent = Scenario::telegram("").build();
+    let telegram = agent.telegram();
+    let eve = User::human(88, "Eve");
+    let service = agent.start();
+    agent.send(&eve, "let me in");
+    agent.wait_for_replies(1);
+    let code = pairing_code(&telegram.sent()[0].text);
+    service.stop();
+
+    let approved = String::from_utf8_lossy(&agent.perch_alone(&["pair", "approve", &code]).stdout)
+        .into_owned();
+    assert!(
+        approved.contains(
+            "perch is not running: they will be told in their direct messages when it starts"
+        ),
+        "{approved}"
+    );
+    assert_eq!(
+        telegram.sent_count(),
+        1,
+        "nothing is posted while perch is stopped"
+    );
+
+    let service = agent.start();
+    agent.wait_for_replies(2);
+    assert!(
+        telegram.sent()[1].shown.starts_with("You are in"),
+        "{:?}",
+        telegram.sent()[1]
+    );
+    assert_eq!(telegram.sent()[1].chat_id, 88);
+    service.stop();
+    let service = agent.start();
+    agent.wait_for_service();
+    service.stop();
+    assert_eq!(telegram.sent_count(), 2, "told once, not at every start");
 }

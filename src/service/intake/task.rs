@@ -82,6 +82,7 @@ impl IntakeTask {
     /// Takes arrivals until shutdown and answers requests until closing.
     pub(super) async fn run(mut self) {
         self.update_gates();
+        self.tell_those_approved_while_stopped().await;
         let mut receiving = true;
         loop {
             tokio::select! {
@@ -226,6 +227,34 @@ impl IntakeTask {
             name: approved.name,
             told,
         })
+    }
+
+    /// Tells the senders `perch pair approve` let in while perch was not running. Their marks
+    /// are cleared in `pairing.json` before the notices are recorded, so a crash in between
+    /// leaves one untold rather than told twice.
+    async fn tell_those_approved_while_stopped(&mut self) {
+        let before = self.pairing.clone();
+        let due = self.pairing.take_notices_due();
+        if due.is_empty() {
+            return;
+        }
+        if let Err(error) = write_pairing(&self.pairing_path, &self.pairing) {
+            self.pairing = before;
+            tracing::warn!(
+                "the senders approved while perch was stopped are not told yet: {error}"
+            );
+            return;
+        }
+        for approved in &due {
+            if self.tell_approved(approved).await {
+                crate::host::narrate::tell(&Event::PairingDecided {
+                    channel: approved.channel.clone(),
+                    sender: approved.sender.clone(),
+                    name: approved.name.clone(),
+                    decision: PairingDecision::ApprovedTold,
+                });
+            }
+        }
     }
 
     /// Records the notice telling `approved` they are in, in the room of their request; whether
