@@ -335,15 +335,24 @@ pub trait Connector: Send + Sync + fmt::Debug {
 /// What to check when a platform refuses a channel's credentials: `check TELEGRAM_TOKEN, which
 /// channels/tg.lua names`.
 pub fn credentials_fix(channel: &crate::agent::LoadedChannel) -> String {
-    let variables = channel
+    format!(
+        "check {}, which {} names",
+        credential_variables(channel),
+        channel.file
+    )
+}
+
+/// The environment variables a channel's credentials come from: `TELEGRAM_TOKEN`, or
+/// `MATRIX_PASSWORD and MATRIX_STORE_PASSPHRASE`.
+pub fn credential_variables(channel: &crate::agent::LoadedChannel) -> String {
+    channel
         .config
         .platform
         .credentials()
         .iter()
         .map(|(_, reference)| reference.name().to_string())
         .collect::<Vec<_>>()
-        .join(" and ");
-    format!("check {variables}, which {} names", channel.file)
+        .join(" and ")
 }
 
 /// Where a channel connects: its `api_url` or the platform's own (Telegram, Discord), or its

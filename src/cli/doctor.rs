@@ -597,13 +597,7 @@ pub async fn online(
     for channel in &loaded.channels {
         let config = &channel.config;
         let label = format!("{} ({})", config.name, config.platform.kind().as_str());
-        let variables = config
-            .platform
-            .credentials()
-            .iter()
-            .map(|(_, reference)| reference.name().to_string())
-            .collect::<Vec<_>>()
-            .join(" and ");
+        let variables = channel::credential_variables(channel);
         let (place, refused) = match config.platform {
             perch_core::config::Platform::Matrix { .. } => (
                 "homeserver",
