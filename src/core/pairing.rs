@@ -262,12 +262,15 @@ impl Pairing {
         Approval::Approved(approved)
     }
 
-    /// [`Pairing::approve`] while perch is not running: an approval from a request, whose room
-    /// is known, is marked for the next start to tell.
+    /// [`Pairing::approve`] while perch is not running: a sender it newly lets in from a
+    /// request, whose room is known, is marked for the next start to tell. Approving someone
+    /// already in tells them nothing again.
     pub fn approve_while_stopped(&mut self, who: &Who, now: Timestamp) -> Approval {
+        let approved_before = self.approved.len();
         let approval = self.approve(who, now);
         if let Approval::Approved(approved) = &approval
             && approved.room.is_some()
+            && self.approved.len() > approved_before
         {
             for entry in &mut self.approved {
                 if entry.channel == approved.channel && entry.sender == approved.sender {
@@ -344,6 +347,15 @@ mod notices {
         assert_eq!(due.len(), 1);
         assert_eq!(due[0].room.as_deref(), Some("42"));
         assert!(pairing.take_notices_due().is_empty(), "told once");
+        let again = Who::Sender {
+            channel: "tg".into(),
+            sender: "42".into(),
+        };
+        pairing.approve_while_stopped(&again, now);
+        assert!(
+            pairing.take_notices_due().is_empty(),
+            "approving someone already in tells them nothing again"
+        );
         let by_id = Who::Sender {
             channel: "tg".into(),
             sender: "77".into(),
