@@ -64,15 +64,35 @@ pub struct Bind {
     pub inside: String,
 }
 
-/// A booted container. Dropping it kills it and undoes its mounts.
+/// A booted container. Dropping it kills it, then its [`Mounts`] undo themselves.
 pub struct Container {
     nspawn: Child,
     leader: i32,
     merged: PathBuf,
+    /// Dropped before the scratch directory that holds the overlay's mount point.
+    _mounts: Mounts,
     /// The overlay's upper and work directories and its mount point.
     _scratch: tempfile::TempDir,
-    /// Whether this container mounted the tmpfs on `/run/systemd/nspawn` (and so unmounts it).
-    mounted_run: bool,
+}
+
+/// What a boot mounted so far, unmounted when dropped: also when the boot fails half way.
+#[derive(Default)]
+struct Mounts {
+    /// The overlay's mount point, once mounted.
+    overlay: Option<PathBuf>,
+    /// Whether the tmpfs on `/run/systemd/nspawn` is this container's (and so unmounted).
+    run: bool,
+}
+
+impl Drop for Mounts {
+    fn drop(&mut self) {
+        if let Some(merged) = &self.overlay {
+            unmount(merged);
+        }
+        if self.run {
+            unmount(Path::new(NSPAWN_RUN));
+        }
+    }
 }
 
 const NSPAWN_RUN: &str = "/run/systemd/nspawn";
@@ -89,6 +109,7 @@ impl Container {
         for dir in [&upper, &work, &merged] {
             std::fs::create_dir(dir).unwrap();
         }
+        let mut mounts = Mounts::default();
         run_ok(Command::new("mount").args([
             "-t",
             "overlay",
@@ -102,11 +123,12 @@ impl Container {
             ),
             merged.to_str().unwrap(),
         ]));
+        mounts.overlay = Some(merged.clone());
         // nspawn refuses to boot when /run is not a tmpfs here (see the notes).
-        let mounted_run = !is_mount_point(Path::new(NSPAWN_RUN));
-        if mounted_run {
+        if !is_mount_point(Path::new(NSPAWN_RUN)) {
             std::fs::create_dir_all(NSPAWN_RUN).unwrap();
             run_ok(Command::new("mount").args(["-t", "tmpfs", "tmpfs", NSPAWN_RUN]));
+            mounts.run = true;
         }
         let name = format!("perch-journey-{}", std::process::id());
         let mut command = Command::new("systemd-nspawn");
@@ -128,8 +150,8 @@ impl Container {
             leader: 0,
             nspawn,
             merged,
+            _mounts: mounts,
             _scratch: scratch,
-            mounted_run,
         };
         let pid = container.nspawn.id();
         let mut leader = None;
@@ -209,10 +231,6 @@ impl Drop for Container {
         if !exited {
             let _ = self.nspawn.kill();
             let _ = self.nspawn.wait();
-        }
-        unmount(&self.merged);
-        if self.mounted_run {
-            unmount(Path::new(NSPAWN_RUN));
         }
     }
 }
