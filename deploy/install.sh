@@ -1,13 +1,15 @@
 #!/bin/sh
-# Installs perch as a systemd service: the binary, the user perch, the perch@.service template,
-# the udev rule for /dev/kvm, the directories under /etc/perch and /var/lib/perch, the
-# microsandbox runtime pair, the system's CA certificates (on Debian-like systems, when
-# missing) and the default image. Idempotent: every step says what it did,
-# and a second run says `unchanged` (or `skipped`) for each and `nothing changed` at the end.
-# Root never executes, follows or writes through a path the user perch can change: what root
-# runs and writes lives in root's directories, and the one step inside perch's own (loading the
-# image into the microsandbox home) runs as perch. `--plan` lists every action with its actor,
-# path and owner. See deploy/README.md.
+# Installs perch as a systemd service: the binary, the operators' group perch, the
+# perch@.service template, the udev rule for /dev/kvm, the directories under /etc/perch and
+# /var/lib/perch, the microsandbox runtime pair, the system's CA certificates (on Debian-like
+# systems, when missing) and the default image; with --agent NAME, that agent's own user
+# perch-NAME, its directory, microsandbox home and environment file. Idempotent: every step
+# says what it did, and a second run says `unchanged` (or `skipped`) for each and `nothing
+# changed` at the end. Root never executes, follows or writes through a path a service user can
+# change: what root runs and writes lives in root's directories, the one step inside an agent's
+# own (loading the image into its microsandbox home) runs as the agent's user, and moving an
+# agent's files from the shared user perch to its own is `perch chown`'s walk, which follows no
+# link. `--plan` lists every action with its actor, path and owner. See deploy/README.md.
 set -eu
 umask 022
 
@@ -29,14 +31,22 @@ systemd.
   --no-image           do not build the default image (perch image build)
   --minimal-image      build the image with `perch image build --minimal`
   --rebuild-image      build the image even if one is built (perch image build --rebuild)
-  --no-user            do not create the user perch and the group kvm (they must exist)
+  --agent NAME         set up the agent NAME (repeatable): the user perch-NAME (in the
+                       group kvm), /var/lib/perch/agents/NAME (2750 perch-NAME:perch;
+                       an existing one of the user perch's is given to perch-NAME with
+                       `perch chown`, while perch@NAME is stopped), its microsandbox
+                       home /var/lib/perch/msb/NAME, /etc/perch/NAME.env (empty, 0600) and
+                       the built image loaded into that home as perch-NAME
+  --no-user            do not create the groups perch and kvm or any perch-NAME user
+                       (they must exist)
   --no-systemd         do not run systemctl daemon-reload, udevadm control --reload and
                        udevadm trigger
   --plan               print what this install would do on this machine and change
                        nothing: one line per action, `plan ACTOR VERB TARGET OWNER`, where
-                       ACTOR (root or perch) executes (exec), reads, writes, creates (mkdir)
-                       or renames TARGET, which is or ends up owned by OWNER (user:group,
-                       or - when it is not a file); no root needed
+                       ACTOR (root or perch-NAME) executes (exec), reads, writes, creates
+                       (mkdir), renames or walks (perch chown) TARGET, which is or ends up
+                       owned by OWNER (user:group, or - when it is not a file); no root
+                       needed
   -h, --help           this help
 
 Environment: DESTDIR (stage into this directory), CARGO_TARGET_DIR (where cargo builds).
@@ -62,6 +72,7 @@ rebuild_image=
 no_user=
 no_systemd=
 plan=
+agent_names=
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--binary) [ $# -ge 2 ] || fail "--binary needs a path"; binary=$2; shift 2 ;;
@@ -72,6 +83,8 @@ while [ $# -gt 0 ]; do
 	--no-image) no_image=1; shift ;;
 	--minimal-image) minimal_image=1; shift ;;
 	--rebuild-image) rebuild_image=1; shift ;;
+	--agent) [ $# -ge 2 ] || fail "--agent needs a name"; agent_names="$agent_names $2"; shift 2 ;;
+	--agent=*) agent_names="$agent_names ${1#--agent=}"; shift ;;
 	--no-user) no_user=1; shift ;;
 	--no-systemd) no_systemd=1; shift ;;
 	--plan) plan=1; shift ;;
@@ -80,6 +93,12 @@ while [ $# -gt 0 ]; do
 	esac
 done
 [ -z "$runtime_from" ] || [ -z "$no_runtime" ] || fail "--runtime-from and --no-runtime exclude each other"
+for name in $agent_names; do
+	case "$name" in
+	*[!A-Za-z0-9_-]* | -*) fail "--agent $name: an agent's name is letters, digits, - and _, and does not start with -" ;;
+	esac
+	[ ${#name} -le 26 ] || fail "--agent $name: at most 26 characters (its user perch-$name is at most 32)"
+done
 
 [ -z "$plan" ] || [ -z "$DESTDIR" ] || fail "--plan describes the install on this machine; unset DESTDIR"
 if [ -z "$plan" ] && [ -z "$DESTDIR" ] && [ "$(id -u)" != 0 ]; then
@@ -197,57 +216,50 @@ if [ -z "$plan" ] && { [ ! -f "$binary" ] || [ ! -x "$binary" ]; }; then fail "$
 install_file "$binary" "$bin" 0755 root:root
 binary_changed=$changes
 
-# 2. The user perch and the group kvm, which owns /dev/kvm (99-perch-kvm.rules).
+# 2. The groups: perch, the operators' (its members reach each agent's control socket), and
+# kvm, which owns /dev/kvm (99-perch-kvm.rules). Each agent's own user comes with --agent.
 if [ -n "$plan" ]; then
-	[ -n "$no_user" ] || planned root account user:perch,group:kvm -
+	[ -n "$no_user" ] || planned root account group:perch,group:kvm -
 elif [ -n "$DESTDIR" ]; then
-	report skipped "user perch and group kvm (DESTDIR is set)"
+	report skipped "groups perch and kvm (DESTDIR is set)"
 elif [ -n "$no_user" ]; then
-	getent passwd perch >/dev/null || fail "the user perch does not exist; create it or drop --no-user"
-	getent group kvm >/dev/null || fail "the group kvm does not exist; create it or drop --no-user"
-	report skipped "user perch and group kvm (--no-user)"
+	for group in perch kvm; do
+		getent group "$group" >/dev/null || fail "the group $group does not exist; create it or drop --no-user"
+	done
+	report skipped "groups perch and kvm (--no-user)"
 else
-	if getent group kvm >/dev/null; then
-		report unchanged "group kvm"
-	else
-		groupadd --system kvm
-		report created "group kvm"
-	fi
-	if getent passwd perch >/dev/null; then
-		report unchanged "user perch"
-	else
-		nologin=$(command -v nologin || echo /usr/sbin/nologin)
-		useradd --system --user-group --home-dir "$state" --no-create-home \
-			--shell "$nologin" --comment "perch agents" perch
-		report created "user perch (home $state, no login)"
-	fi
-	if id -nG perch | tr ' ' '\n' | grep -qx kvm; then
-		report unchanged "user perch in group kvm"
-	else
-		usermod --append --groups kvm perch
-		report added "user perch to group kvm"
-	fi
+	for group in perch kvm; do
+		if getent group "$group" >/dev/null; then
+			report unchanged "group $group"
+		else
+			groupadd --system "$group"
+			report created "group $group"
+		fi
+	done
 fi
 
 # 3. Directories. /etc/perch holds the agents' tokens and keys (NAME.env, 0600) and is read by
-# systemd as root only. Under /var/lib/perch (root's), the agents and the microsandbox home
-# (runtime database, VM disks, its TLS CA key) are perch's; the cache (the image root builds)
-# is root's and readable by perch. A cache from an earlier install, owned by perch, is moved
-# aside rather than taken over: root does not walk a tree perch could change under it.
+# systemd as root only. /var/lib/perch and in it agents/, msb/ (one microsandbox home per
+# agent) and cache/ (the image root builds) are root's: each agent's own directory and home
+# inside are its user's (--agent). An earlier install's shared microsandbox home or cache,
+# owned by the user perch, is moved aside rather than taken over: root does not walk a tree
+# another user could change under it.
 ensure_dir "$etc" 0700 root:root
-ensure_dir "$state" 0750 root:perch
-ensure_dir "$agents" 0750 perch:perch
-ensure_dir "$msb_home" 0700 perch:perch
-if [ -z "$DESTDIR" ] && [ -d "$cache" ] && [ "$(stat -c %u "$cache")" != 0 ]; then
-	aside=$cache.perch-owned.$(date +%Y%m%d%H%M%S)
-	if [ -n "$plan" ]; then
-		planned root rename "$cache" "$(owner_of "$cache")"
-	else
-		mv "$cache" "$aside"
-		report moved "$cache/ to $aside/ (it was not root's; remove it once the image is rebuilt)"
+ensure_dir "$state" 0755 root:root
+for shared in "$msb_home" "$cache"; do
+	if [ -z "$DESTDIR" ] && [ -d "$shared" ] && [ ! -L "$shared" ] && [ "$(stat -c %u "$shared")" != 0 ]; then
+		aside=$shared.perch-owned.$(date +%Y%m%d%H%M%S)
+		if [ -n "$plan" ]; then
+			planned root rename "$shared" "$(owner_of "$shared")"
+		else
+			mv "$shared" "$aside"
+			report moved "$shared/ to $aside/ (it was not root's; remove it once every agent runs from its own)"
+		fi
 	fi
-fi
-ensure_dir "$cache" 0750 root:perch
+done
+ensure_dir "$agents" 0755 root:root
+ensure_dir "$msb_home" 0755 root:root
+ensure_dir "$cache" 0755 root:root
 
 # 4. The unit, the udev rule, the example environment file.
 before_unit=$changes
@@ -312,15 +324,13 @@ else
 	echo "  warning    no CA certificates in $ca_bundles: $ca_fix" >&2
 fi
 
-# 7. The default image: built with debootstrap as root in the cache (root's), then loaded into
-# the microsandbox home by perch, whose home it is.
+# 7. The default image: built with debootstrap as root in the cache (root's). Each agent's user
+# loads it into its own microsandbox home (step 8).
 runtime_env="MSB_PATH=$runtime/bin/msb MSB_LIBKRUNFW_PATH=$runtime/lib/$krunfw"
 if [ -n "$plan" ]; then
 	if [ -z "$no_image" ] && { [ ! -f "$cache/images/default.json" ] || [ -n "$rebuild_image" ]; }; then
 		planned root exec "$bin" root:root
 		planned root write "$cache/images" root:root
-		planned perch exec "$bin" root:root
-		planned perch write "$msb_home" perch:perch
 	fi
 elif [ -n "$no_image" ]; then
 	report skipped "image perch:default (--no-image)"
@@ -333,15 +343,86 @@ else
 	[ -z "$minimal_image" ] || set -- "$@" --minimal
 	[ -z "$rebuild_image" ] || set -- "$@" --rebuild
 	echo "  building   perch $*"
-	PERCH_CACHE=$cache MSB_HOME=$msb_home "$bin" "$@" || fail "perch $* failed; fix it, or pass --no-image"
-	command -v runuser >/dev/null || fail "runuser (util-linux) is missing; it loads the image as perch"
-	# shellcheck disable=SC2086 # runtime_env is two words
-	runuser -u perch -- env PERCH_CACHE="$cache" MSB_HOME="$msb_home" $runtime_env "$bin" image load ||
-		fail "the image was built but not loaded; load it as perch: sudo -u perch env PERCH_CACHE=$cache MSB_HOME=$msb_home $runtime_env $bin image load"
+	PERCH_CACHE=$cache "$bin" "$@" --no-load || fail "perch $* --no-load failed; fix it, or pass --no-image"
 	report built "image perch:default"
 fi
 
-# 8. systemd and udev.
+# 8. Each agent named with --agent: its user, its directory, its microsandbox home, its
+# environment file and the image in its home.
+for name in $agent_names; do
+	user=perch-$name
+	dir=$agents/$name
+	home=$msb_home/$name
+	if [ -n "$plan" ]; then
+		[ -n "$no_user" ] || planned root account "user:$user,group:kvm" -
+		if [ -d "$dir" ] && [ ! -L "$dir" ] && [ "$(stat -c %U "$dir")" = perch ]; then
+			planned root walk "$dir" "$user:perch"
+		fi
+		planned root mkdir "$dir" "$user:perch"
+		planned root mkdir "$home" "$user:$user"
+		planned root write "$etc/$name.env" root:root
+		planned "$user" exec "$bin" root:root
+		planned "$user" write "$home" "$user:$user"
+		continue
+	fi
+	if [ -n "$DESTDIR" ]; then
+		report skipped "user $user (DESTDIR is set)"
+	elif [ -n "$no_user" ]; then
+		getent passwd "$user" >/dev/null || fail "the user $user does not exist; create it or drop --no-user"
+		report skipped "user $user (--no-user)"
+	else
+		if getent passwd "$user" >/dev/null; then
+			report unchanged "user $user"
+		else
+			nologin=$(command -v nologin || echo /usr/sbin/nologin)
+			useradd --system --user-group --home-dir "$dir" --no-create-home \
+				--shell "$nologin" --comment "perch agent $name" "$user"
+			report created "user $user (home $dir, no login)"
+		fi
+		if id -nG "$user" | tr ' ' '\n' | grep -qx kvm; then
+			report unchanged "user $user in group kvm"
+		else
+			usermod --append --groups kvm "$user"
+			report added "user $user to group kvm"
+		fi
+	fi
+	# agents/ is root's, so the name cannot be swapped once it is checked not to be a link.
+	[ ! -L "$DESTDIR$dir" ] || fail "$dir is a symbolic link; an agent's directory must be a directory"
+	if [ -z "$DESTDIR" ] && [ -d "$dir" ] && [ "$(stat -c %U "$dir")" = perch ]; then
+		if [ -d /run/systemd/system ] && systemctl is-active --quiet "perch@$name"; then
+			fail "perch@$name is running as the user perch; stop it (systemctl stop perch@$name), then run this again"
+		fi
+		echo "  moving     $dir/ from the user perch to $user"
+		"$bin" chown --from perch --to "$user:perch" "$dir" | sed 's/^/    /' ||
+			fail "perch chown stopped; nothing it skipped was changed, run it again once fixed"
+		report moved "$dir/ to $user:perch"
+	fi
+	ensure_dir "$dir" 2750 "$user:perch"
+	ensure_dir "$home" 0700 "$user:$user"
+	env_file=$DESTDIR$etc/$name.env
+	if [ -e "$env_file" ]; then
+		report unchanged "$etc/$name.env"
+	else
+		(umask 077 && : >"$env_file")
+		report created "$etc/$name.env (empty, 0600: its tokens and keys go here)"
+	fi
+	if [ -n "$DESTDIR" ]; then
+		report skipped "image perch:default in $home (DESTDIR is set)"
+	elif [ ! -f "$cache/images/default.json" ]; then
+		report skipped "image perch:default in $home (none is built; run without --no-image)"
+	else
+		command -v runuser >/dev/null || fail "runuser (util-linux) is missing; it loads the image as $user"
+		# shellcheck disable=SC2086 # runtime_env is two words
+		loaded=$(cd / && runuser -u "$user" -- env PERCH_CACHE="$cache" MSB_HOME="$home" $runtime_env "$bin" image load 2>&1) ||
+			fail "the image was not loaded into $home: $loaded"
+		case "$loaded" in
+		*"already loaded"*) report unchanged "image perch:default in $home" ;;
+		*) report loaded "image perch:default in $home (as $user)" ;;
+		esac
+	fi
+done
+
+# 9. systemd and udev.
 if [ -n "$plan" ]; then
 	[ -n "$no_systemd" ] || planned root exec systemctl,udevadm -
 	exit 0

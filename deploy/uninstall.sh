@@ -2,7 +2,7 @@
 # Removes what deploy/install.sh installed: the binary, the runtime pair, the unit and the instances enabled from
 # it, the udev rule and the example environment file. The agents and everything they own stay
 # (/var/lib/perch: the agents, the microsandbox home with their VM disks, the cache; /etc/perch:
-# their tokens and keys; drop-ins in /etc/systemd/system/perch@.service.d; the user perch),
+# their tokens and keys; drop-ins in /etc/systemd/system/perch@.service.d; the agents' users perch-NAME),
 # unless --purge. Idempotent: a second run says `absent` for each step and `nothing changed`.
 set -eu
 
@@ -13,9 +13,10 @@ usage: deploy/uninstall.sh [OPTIONS]
 Stops every perch@ instance, then removes /usr/local/bin/perch, the microsandbox runtime in
 /usr/local/lib/perch, perch@.service and the instances enabled from it, 99-perch-kvm.rules and /etc/perch/env.example. Keeps
 /var/lib/perch (agents, microsandbox home, cache), /etc/perch (tokens and keys), the unit's
-drop-ins and the user perch. With DESTDIR set, works on that staged tree instead.
+drop-ins and the agents' users perch-NAME. With DESTDIR set, works on that staged tree instead.
 
-  --purge        also remove /var/lib/perch, /etc/perch, the drop-ins and the user perch
+  --purge        also remove /var/lib/perch, /etc/perch, the drop-ins, the users perch-NAME (and an older
+                 install's perch) and the group perch
                  (the group kvm stays: other users of KVM may rely on it)
   --no-systemd   do not stop instances or run systemctl daemon-reload and udevadm
   -h, --help     this help
@@ -107,18 +108,28 @@ if [ -n "$purge" ]; then
 	remove /var/lib/perch
 	remove /etc/perch
 	if [ -n "$DESTDIR" ]; then
-		report skipped "user perch (DESTDIR is set)"
-	elif getent passwd perch >/dev/null; then
-		userdel perch
-		report removed "user perch"
+		report skipped "users perch-NAME and perch (DESTDIR is set)"
 	else
-		report absent "user perch"
+		users=$(getent passwd | cut -d: -f1 | grep -E '^perch(-[A-Za-z0-9_-]+)?$' || true)
+		[ -n "$users" ] || report absent "users perch-NAME and perch"
+		for user in $users; do
+			userdel "$user"
+			report removed "user $user"
+		done
+		if getent group perch >/dev/null; then
+			groupdel perch
+			report removed "group perch"
+		fi
 	fi
 else
 	for kept in /var/lib/perch/agents /var/lib/perch/msb /var/lib/perch/cache /etc/perch /etc/systemd/system/perch@.service.d; do
 		if [ -e "$DESTDIR$kept" ]; then report kept "$kept (--purge removes it)"; fi
 	done
-	if [ -z "$DESTDIR" ] && getent passwd perch >/dev/null; then report kept "user perch (--purge removes it)"; fi
+	if [ -z "$DESTDIR" ]; then
+		for user in $(getent passwd | cut -d: -f1 | grep -E '^perch(-[A-Za-z0-9_-]+)?$' || true); do
+			report kept "user $user (--purge removes it)"
+		done
+	fi
 fi
 
 # 4. systemd and udev.

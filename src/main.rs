@@ -46,6 +46,7 @@ enum Command {
     Tool(cli::tool::ToolArgs),
     Channel(cli::channel::ChannelArgs),
     Heartbeat(cli::heartbeat::HeartbeatArgs),
+    Chown(cli::chown::ChownArgs),
 }
 
 fn main() -> ExitCode {
@@ -124,6 +125,10 @@ fn dispatch(flag: Option<PathBuf>, command: Command) -> Result<ExitCode, String>
             let dir = args.command.dir_mut();
             *dir = given_dir(flag, dir.take())?;
             cli::heartbeat::run(args)
+        }
+        Command::Chown(mut args) => {
+            args.dir = given_dir(flag, args.dir)?;
+            cli::chown::run(args)
         }
     }
 }

@@ -14,7 +14,7 @@ use crate::sandbox::preflight::check;
 use crate::sandbox::{ImageRef, SandboxError};
 use perch_core::config::DEFAULT_IMAGE;
 use std::fs::OpenOptions;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -437,16 +437,20 @@ struct Exposed {
 /// The permissions of the agent's secrets: `.perch/` (0700), everything under `.perch/matrix/`
 /// (directories 0700, files 0600: the Matrix device's access token and keys),
 /// `.perch/control.sock` (0600), and the agent's environment file (0600): `env_file`, or the
-/// service's `/etc/perch/<name>.env` when it exists. Anything open to its group or to others is
+/// service's `/etc/perch/<name>.env` when it exists. When the agent directory names an
+/// operators' group (`crate::store::control::access`), `.perch/` may let that group search it
+/// and the socket is theirs to reach (perch checks each connection's peer). Anything else open
+/// to its group or to others is
 /// a warning with the `chmod` that closes it.
 pub fn secrets(agent: &AgentDir, env_file: Option<&Path>) -> Vec<Check> {
     let state = agent.state_dir();
     let mut exposed = Vec::new();
     let mut checked = Vec::new();
     let mut notes = Vec::new();
-    let mut look = |path: &Path, meta: &std::fs::Metadata, holds: &'static str| {
+    let operators = crate::store::control::access(agent.root()).operators;
+    let mut look = |path: &Path, meta: &std::fs::Metadata, allowed: u32, holds: &'static str| {
         let mode = meta.permissions().mode() & 0o7777;
-        if mode & 0o077 != 0 {
+        if mode & 0o077 & !allowed != 0 {
             exposed.push(Exposed {
                 path: path.to_owned(),
                 mode,
@@ -458,14 +462,19 @@ pub fn secrets(agent: &AgentDir, env_file: Option<&Path>) -> Vec<Check> {
     if let Ok(meta) = std::fs::symlink_metadata(&state)
         && meta.is_dir()
     {
-        look(&state, &meta, "the agent's state");
+        let operators_search = if operators.is_some_and(|gid| meta.gid() == gid) {
+            0o010
+        } else {
+            0
+        };
+        look(&state, &meta, operators_search, "the agent's state");
         checked.push(".perch/".to_owned());
         let matrix = agent.matrix_stores_dir();
         let mut entries = 0;
         walk(&matrix, &mut |path, meta| {
             if meta.is_dir() || meta.is_file() {
                 entries += 1;
-                look(path, meta, "the Matrix device's access token and keys");
+                look(path, meta, 0, "the Matrix device's access token and keys");
             }
         });
         if entries > 0 {
@@ -475,8 +484,14 @@ pub fn secrets(agent: &AgentDir, env_file: Option<&Path>) -> Vec<Check> {
         if let Ok(meta) = std::fs::symlink_metadata(&socket)
             && meta.file_type().is_socket()
         {
-            look(&socket, &meta, "the running agent's controls");
-            checked.push(".perch/control.sock".to_owned());
+            if let Some(gid) = operators {
+                checked.push(format!(
+                    ".perch/control.sock (for the operators' group, gid {gid}; each connection's peer is checked)"
+                ));
+            } else {
+                look(&socket, &meta, 0, "the running agent's controls");
+                checked.push(".perch/control.sock".to_owned());
+            }
         }
     }
     let env = env_file.map_or_else(
@@ -486,7 +501,7 @@ pub fn secrets(agent: &AgentDir, env_file: Option<&Path>) -> Vec<Check> {
     if let Some(env) = env {
         match std::fs::metadata(&env) {
             Ok(meta) => {
-                look(&env, &meta, "the agent's tokens and keys");
+                look(&env, &meta, 0, "the agent's tokens and keys");
                 checked.push(env.display().to_string());
             }
             Err(error) if error.kind() == std::io::ErrorKind::PermissionDenied => {

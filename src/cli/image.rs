@@ -38,6 +38,10 @@ pub enum ImageCommand {
         /// Build the root filesystem and the archive again even if they exist
         #[arg(long)]
         rebuild: bool,
+        /// Build and record it, but load it into no microsandbox home (deploy/install.sh builds
+        /// as root, then each agent's user loads it with `perch image load`)
+        #[arg(long)]
+        no_load: bool,
     },
     /// Load the built perch:default into this user's microsandbox home
     ///
@@ -52,21 +56,25 @@ pub fn run(args: ImageArgs) -> Result<ExitCode, String> {
             mirror,
             suite,
             rebuild,
-        } => build(image::BuildOptions {
-            flavour: if minimal {
-                Flavour::Minimal
-            } else {
-                Flavour::Default
+            no_load,
+        } => build(
+            no_load,
+            image::BuildOptions {
+                flavour: if minimal {
+                    Flavour::Minimal
+                } else {
+                    Flavour::Default
+                },
+                mirror,
+                suite,
+                rebuild,
             },
-            mirror,
-            suite,
-            rebuild,
-        }),
+        ),
         ImageCommand::Load => load(),
     }
 }
 
-fn build(options: image::BuildOptions) -> Result<ExitCode, String> {
+fn build(no_load: bool, options: image::BuildOptions) -> Result<ExitCode, String> {
     let started = std::time::Instant::now();
     let places = Places::from_environment();
     let cache = places.cache.clone();
@@ -75,6 +83,11 @@ fn build(options: image::BuildOptions) -> Result<ExitCode, String> {
     };
     let prepared = image::prepare(&cache, &image::Host::system(), &options, &mut progress)
         .map_err(|error| error.to_string())?;
+    if no_load {
+        image::record(&cache, &prepared).map_err(|error| error.to_string())?;
+        progress("built, not loaded (--no-load): load it with perch image load");
+        return Ok(ExitCode::SUCCESS);
+    }
     progress(&format!(
         "loading {} into microsandbox as {} ...",
         prepared.dir.archive().display(),
@@ -110,11 +123,15 @@ fn load() -> Result<ExitCode, String> {
             places.msb_home.display()
         ));
     }
-    let image = runtime()?
+    let (image, loaded) = runtime()?
         .block_on(image::load_recorded(&places))
         .map_err(|error| error.to_string())?;
+    let already = match loaded {
+        image::Loaded::Now => "",
+        image::Loaded::Already => "already ",
+    };
     emit(&format!(
-        "image: {} is loaded into {}\n",
+        "image: {} is {already}loaded into {}\n",
         image.reference(),
         places.msb_home.display()
     ))?;

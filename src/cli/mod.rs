@@ -6,6 +6,7 @@
 pub mod agent_checks;
 pub mod channel;
 pub mod chat;
+pub mod chown;
 pub mod doctor;
 pub mod heartbeat;
 pub mod human;

@@ -42,10 +42,8 @@ pub fn run(args: StatusArgs) -> Result<ExitCode, String> {
         &ControlRequest::Status,
         STATUS_TIMEOUT,
     ));
-    let inbox =
-        crate::log::peek_journal(&agent_dir.inbox_dir()).map_err(|error| error.to_string())?;
-    let outbox =
-        crate::log::peek_journal(&agent_dir.outbox_dir()).map_err(|error| error.to_string())?;
+    let (inbox, inbox_closed) = peek(&agent_dir.inbox_dir());
+    let (outbox, outbox_closed) = peek(&agent_dir.outbox_dir());
     let unknown: Vec<UnknownDelivery> = outbox
         .consumed
         .iter()
@@ -124,8 +122,14 @@ pub fn run(args: StatusArgs) -> Result<ExitCode, String> {
         channel_health: live.as_ref().map(|live| live.channels.clone()),
         undecryptable,
         inbox_pending: inbox.pending.len(),
-        inbox_unreadable: inbox.unreadable.iter().map(ToString::to_string).collect(),
-        outbox_unreadable: outbox.unreadable.iter().map(ToString::to_string).collect(),
+        inbox_unreadable: inbox_closed
+            .into_iter()
+            .chain(inbox.unreadable.iter().map(ToString::to_string))
+            .collect(),
+        outbox_unreadable: outbox_closed
+            .into_iter()
+            .chain(outbox.unreadable.iter().map(ToString::to_string))
+            .collect(),
         outbox_pending: outbox.pending.len(),
         deliveries_unknown: unknown,
         pairings_pending: pairing
@@ -182,7 +186,10 @@ pub fn run(args: StatusArgs) -> Result<ExitCode, String> {
             &report,
             &channel_names,
             (&pairing, pairing_error.as_deref()),
-            (!inbox.unreadable.is_empty(), !outbox.unreadable.is_empty()),
+            (
+                !report.inbox_unreadable.is_empty(),
+                !report.outbox_unreadable.is_empty(),
+            ),
             now,
         ))?;
     }
@@ -191,6 +198,19 @@ pub fn run(args: StatusArgs) -> Result<ExitCode, String> {
         "stopped" => NOT_RUNNING,
         _ => STATE_UNKNOWN,
     }))
+}
+
+/// A journal's contents, or nothing and why it could not be read: an operator who reaches the
+/// control socket through the operators' group may not read the agent's journals, and still
+/// sees what the service says.
+fn peek(dir: &std::path::Path) -> (crate::log::JournalContents, Option<String>) {
+    match crate::log::peek_journal(dir) {
+        Ok(contents) => (contents, None),
+        Err(error) => (
+            crate::log::JournalContents::default(),
+            Some(error.to_string()),
+        ),
+    }
 }
 
 /// `perch status`'s exit status when perch is not running, as `systemctl status` (LSB) has it.

@@ -52,6 +52,48 @@ impl ControlRequest {
     }
 }
 
+/// Who is on the other end of a control connection, as the kernel says (`SO_PEERCRED` and
+/// `SO_PEERGROUPS`): nothing the client writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub uid: u32,
+    pub gid: u32,
+    /// Its supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+/// Who the control socket answers: root, the agent's own user, and, when the agent directory
+/// names one, the members of its operators' group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ControlAccess {
+    /// The uid perch runs as.
+    pub own_uid: u32,
+    /// The operators' group (the agent directory's group when the directory is set-group-id).
+    pub operators: Option<u32>,
+}
+
+impl ControlAccess {
+    /// `Ok` when `peer` may use the socket; otherwise why not, for the refusal and the log.
+    pub fn admits(&self, peer: &Peer) -> Result<(), String> {
+        let in_operators = self
+            .operators
+            .is_some_and(|gid| peer.gid == gid || peer.groups.contains(&gid));
+        if peer.uid == 0 || peer.uid == self.own_uid || in_operators {
+            return Ok(());
+        }
+        Err(match self.operators {
+            Some(gid) => format!(
+                "uid {} is not root, the agent's user (uid {}) or in its operators' group (gid {gid})",
+                peer.uid, self.own_uid
+            ),
+            None => format!(
+                "uid {} is not root or the agent's user (uid {})",
+                peer.uid, self.own_uid
+            ),
+        })
+    }
+}
+
 /// The reply to a request: its body, or why it was refused.
 pub type Reply<T> = Result<T, String>;
 
@@ -337,9 +379,47 @@ pub struct LastEvent {
 
 #[cfg(test)]
 mod tests {
+
     use super::*;
     use chrono::TimeZone;
 
+    #[test]
+    fn the_control_socket_admits_root_its_user_and_its_operators() {
+        let peer = |uid: u32, gid: u32, groups: &[u32]| Peer {
+            uid,
+            gid,
+            groups: groups.to_vec(),
+        };
+        let with_operators = ControlAccess {
+            own_uid: 990,
+            operators: Some(991),
+        };
+        let alone = ControlAccess {
+            own_uid: 990,
+            operators: None,
+        };
+        let cases = [
+            (alone, peer(0, 0, &[]), true),
+            (alone, peer(990, 990, &[]), true),
+            (alone, peer(1000, 991, &[991]), false),
+            (with_operators, peer(1000, 1000, &[27, 991]), true),
+            (with_operators, peer(1000, 991, &[]), true),
+            (with_operators, peer(1000, 1000, &[27]), false),
+            (with_operators, peer(992, 992, &[990, 106]), false),
+            (with_operators, peer(0, 0, &[]), true),
+        ];
+        for (access, peer, admitted) in cases {
+            assert_eq!(
+                access.admits(&peer).is_ok(),
+                admitted,
+                "{access:?} {peer:?}"
+            );
+        }
+        assert_eq!(
+            with_operators.admits(&peer(1000, 1000, &[])),
+            Err("uid 1000 is not root, the agent's user (uid 990) or in its operators' group (gid 991)".to_owned())
+        );
+    }
     /// The JSON of `value` as perch prints it: keys sorted, pretty.
     fn printed<T: Serialize>(value: &T) -> String {
         let tree = serde_json::to_value(value).unwrap();

@@ -35,6 +35,7 @@ pub mod name;
 pub mod narration;
 pub mod origin;
 pub mod output;
+pub mod ownership;
 pub mod pairing;
 pub mod problem;
 pub mod prompt;

@@ -11,6 +11,7 @@ pub mod logging;
 pub mod metrics;
 pub mod narrate;
 pub mod notify;
+pub mod ownership;
 mod places;
 pub mod signals;
 pub mod trust;

@@ -135,7 +135,8 @@ pub async fn run(
     let (stores, unsettled) = open_stores(&dir, &clock).await?;
     let (channels, hooks) = open_channels(&dir, loaded_channels, &setup.connectors, &alerts)?;
     let pairing = crate::store::pairing::read_pairing(&dir.pairing_file())?;
-    let control_listener = control::listen(&dir.control_socket())?;
+    let control_access = control::access(dir.root());
+    let control_listener = control::listen(&dir.control_socket(), control_access)?;
     crate::store::generations::migrate(&dir)?;
     let started_at = clock.now();
     let earlier_starts = starts::read_starts(&dir.starts_file())?;
@@ -182,7 +183,7 @@ pub async fn run(
     serve_outside(
         &outside,
         raised,
-        control_listener,
+        (control_listener, control_access),
         setup.metrics_listener.take(),
     );
     let recovered = Recovered {
@@ -458,13 +459,17 @@ fn open_channels(
 fn serve_outside(
     outside: &Arc<Outside>,
     raised: mpsc::UnboundedReceiver<crate::host::alert::Alert>,
-    control_listener: tokio::net::UnixListener,
+    (control_listener, control_access): (
+        tokio::net::UnixListener,
+        perch_core::control::ControlAccess,
+    ),
     metrics_listener: Option<tokio::net::TcpListener>,
 ) {
     outside.start_alerts(raised);
     let answering = Arc::clone(outside);
     tokio::spawn(control::serve(
         control_listener,
+        control_access,
         outside.common.shutdown.clone(),
         move |request| {
             let outside = Arc::clone(&answering);

@@ -9,6 +9,7 @@ use super::support::status::Report;
 use super::support::status::without_ages;
 use super::support::wait::wait_until;
 use super::support::{new_agent, perch, stderr, stdout, write};
+use std::os::unix::fs::MetadataExt;
 use std::process::{Output, Stdio};
 
 /// The subcommands `help` lists, in its order.
@@ -137,6 +138,16 @@ fn every_command_takes_the_agent_directory_as_dash_c() {
             "heartbeat" => {
                 let text = succeeded(&run(&["heartbeat", "list", "-C", dir]), "heartbeat list");
                 assert_eq!(text, "no heartbeat tasks\n");
+            }
+            "chown" => {
+                // Giving the tree from its owner to its owner changes nothing and walks it all.
+                let uid = std::fs::metadata(agent.path()).unwrap().uid().to_string();
+                let said = succeeded(
+                    &run(&["chown", "-C", dir, "--from", &uid, "--to", &uid]),
+                    "chown",
+                );
+                assert!(said.starts_with("gave "), "{said}");
+                assert!(said.contains(&format!(" under {dir} to {uid}")), "{said}");
             }
             other => panic!("perch {other}: no -C case here; add one"),
         }

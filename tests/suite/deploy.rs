@@ -195,8 +195,8 @@ fn the_unit_keeps_its_promises() {
             "ExecStart",
             "/usr/local/bin/perch run /var/lib/perch/agents/%i",
         ),
-        ("User", "perch"),
-        ("Group", "perch"),
+        ("User", "perch-%i"),
+        ("Group", "perch-%i"),
         ("EnvironmentFile", "/etc/perch/%i.env"),
         ("Restart", "on-failure"),
         ("RestartSec", "5"),
@@ -219,7 +219,7 @@ fn the_unit_keeps_its_promises() {
     }
     let environment = unit.all(service, "Environment");
     for variable in [
-        "MSB_HOME=/var/lib/perch/msb",
+        "MSB_HOME=/var/lib/perch/msb/%i",
         "MSB_PATH=/usr/local/lib/perch/runtime/bin/msb",
         "MSB_LIBKRUNFW_PATH=/usr/local/lib/perch/runtime/lib/libkrunfw.so.5.6.1",
         "PERCH_CACHE=/var/lib/perch/cache",
@@ -234,7 +234,10 @@ fn the_unit_keeps_its_promises() {
         .split_whitespace()
         .map(|path| path.trim_start_matches('-'))
         .collect();
-    assert_eq!(writable, ["/var/lib/perch/agents/%i", "/var/lib/perch/msb"]);
+    assert_eq!(
+        writable,
+        ["/var/lib/perch/agents/%i", "/var/lib/perch/msb/%i"]
+    );
     let drain = 30;
     let machine_stop_grace = 20;
     let stop: u32 = unit.one(service, "TimeoutStopSec").parse().unwrap();
@@ -292,7 +295,7 @@ fn install_reinstall_uninstall_and_purge_a_staged_tree() {
         ("installed", "/etc/perch/env.example"),
         ("created", "/etc/perch/"),
         ("created", "/var/lib/perch/agents/"),
-        ("skipped", "user perch and group kvm"),
+        ("skipped", "groups perch and kvm"),
         ("skipped", "runtime"),
         ("skipped", "image perch:default"),
         ("skipped", "systemd and udev reload"),
@@ -311,10 +314,10 @@ fn install_reinstall_uninstall_and_purge_a_staged_tree() {
         ("/etc/udev/rules.d/99-perch-kvm.rules", 0o644),
         ("/etc/perch", 0o700),
         ("/etc/perch/env.example", 0o600),
-        ("/var/lib/perch", 0o750),
-        ("/var/lib/perch/agents", 0o750),
-        ("/var/lib/perch/msb", 0o700),
-        ("/var/lib/perch/cache", 0o750),
+        ("/var/lib/perch", 0o755),
+        ("/var/lib/perch/agents", 0o755),
+        ("/var/lib/perch/msb", 0o755),
+        ("/var/lib/perch/cache", 0o755),
     ] {
         assert_eq!(
             mode(&installed(path)),

@@ -33,6 +33,7 @@ mod metrics;
 mod model;
 mod narration;
 mod origin;
+mod ownership;
 mod pairing;
 mod prompt;
 mod quick_start;

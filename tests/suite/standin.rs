@@ -786,3 +786,83 @@ fn perch_run_answers_a_chat_with_tools_run_through_the_standin() {
     assert_eq!(launches(&setup, &name).len(), 1, "{stderr}");
     wait_until_no_host_process(&name, Duration::from_secs(20));
 }
+
+/// A read-only bind mount of `path` over itself, undone on drop.
+struct ReadOnly(PathBuf);
+
+impl ReadOnly {
+    fn mount(path: &Path) -> Self {
+        for args in [
+            vec!["--bind", path.to_str().unwrap(), path.to_str().unwrap()],
+            vec!["-o", "remount,bind,ro", path.to_str().unwrap()],
+        ] {
+            let status = std::process::Command::new("mount")
+                .args(&args)
+                .status()
+                .unwrap();
+            assert!(status.success(), "mount {args:?}");
+        }
+        Self(path.to_owned())
+    }
+}
+
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Whether agents could share one image cache that root loaded and they cannot write: no.
+/// microsandbox 0.7.11 takes lock files and storage leases in `<home>/cache/` when it creates a
+/// machine (microsandbox-image's `cache/lock.rs`, `cache/lease.rs`), so a boot from a
+/// read-only cache fails. Each agent's user therefore loads the image into its own home
+/// (deploy/README.md, "One user per agent"); should a later microsandbox boot here, this test
+/// fails and the shared cache becomes possible.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_machine_does_not_boot_from_an_image_cache_it_cannot_write() {
+    let Some((setup, agent_dir)) = standin_agent().await else {
+        return;
+    };
+    let shared = &setup.places.msb_home;
+    let home = tempfile::tempdir_in(&setup.places.cache).unwrap();
+    for dir in ["bin", "lib"] {
+        std::fs::create_dir_all(home.path().join(dir)).unwrap();
+    }
+    std::fs::copy(shared.join("bin/msb"), home.path().join("bin/msb")).unwrap();
+    std::fs::copy(
+        shared.join("lib/libkrunfw.so.5.6.1"),
+        home.path().join("lib/libkrunfw.so.5.6.1"),
+    )
+    .unwrap();
+    let perch::sandbox::ImageRef::Local {
+        reference, rootfs, ..
+    } = perch::sandbox::image::resolve_default_image(&setup.places.cache).unwrap()
+    else {
+        panic!("perch:default is not a local build");
+    };
+    perch::sandbox::microvm::load_image(
+        home.path(),
+        &rootfs.with_file_name("image.tar"),
+        &reference,
+    )
+    .await
+    .unwrap();
+    let read_only = ReadOnly::mount(&home.path().join("cache"));
+    let mut own_home = setup.clone();
+    own_home.places.msb_home = home.path().to_owned();
+    let agent = load(agent_dir.path());
+    let machine = sandbox::machine_for(&agent, &own_home, lookup).unwrap();
+    let boot = machine
+        .run(Command::shell("echo booted"), CancellationToken::new())
+        .await;
+    let _ = machine.stop().await;
+    drop(read_only);
+    match boot {
+        Err(SandboxError::Failed { action, reason }) => {
+            assert_eq!(action, "boot");
+            assert!(reason.contains("Read-only file system"), "{reason}");
+        }
+        other => panic!("a boot from a read-only image cache: {other:?}"),
+    }
+    drop(machine);
+}

@@ -1,6 +1,6 @@
 //! `deploy/` under a real systemd: a Debian container booted with systemd as its PID 1
-//! ([`Container`]), perch installed in it with `deploy/install.sh` as README says, two agents
-//! driven with `systemctl`. On a host that cannot boot the container the test prints
+//! ([`Container`]), perch installed in it with `deploy/install.sh` as README says, two agents,
+//! each its own user, driven with `systemctl`. On a host that cannot boot the container the test prints
 //! `skipped: <reason>`, and fails under `CI=true`, like the stand-in runtime's tests.
 //!
 //! What the test adds to the shipped unit, all of it in one drop-in it writes
@@ -81,11 +81,13 @@ impl Deployed<'_> {
     }
 }
 
-/// Writes agent `name` into the container's `/var/lib/perch/agents`, its model and channel
-/// pointed at the fakes on the host's loopback, and its environment file.
+/// Fills in agent `name`, which `install.sh --agent` made: `perch init` as its user, its model
+/// and channel pointed at the fakes on the host's loopback, and its environment file.
 fn add_agent(container: &Container, name: &str, model: &FakeModel, telegram: &FakeTelegram) {
     let dir = format!("/var/lib/perch/agents/{name}");
-    container.sh_ok(&format!("runuser -u perch -- perch init {dir} >/dev/null"));
+    container.sh_ok(&format!(
+        "cd / && runuser -u perch-{name} -- perch init {dir} >/dev/null"
+    ));
     container.write(
         &format!("{dir}/models.yml"),
         &model.models_yml_with_key("fake", "m1", "FAKE_MODEL_KEY"),
@@ -109,36 +111,35 @@ fn add_agent(container: &Container, name: &str, model: &FakeModel, telegram: &Fa
         ),
     );
     container.sh_ok(&format!(
-        "chown -R perch:perch {dir} && chmod 0600 /etc/perch/{name}.env"
+        "chown -R perch-{name}:perch {dir} && chmod 0600 /etc/perch/{name}.env"
     ));
 }
 
-/// The unit's environment, for commands run as the service user by hand.
-const UNIT_ENV: &str = "MSB_HOME=/var/lib/perch/msb PERCH_CACHE=/var/lib/perch/cache \
-    MSB_PATH=/usr/local/lib/perch/runtime/bin/msb \
-    MSB_LIBKRUNFW_PATH=/usr/local/lib/perch/runtime/lib/libkrunfw.so.5.6.1";
-
-/// Copies the image CI built (its archive, records and root tree) into the service's
-/// cache, root's and readable by the group `perch` as the installer makes it, and loads it with
-/// `perch image load` as the service user, as deploy/README.md says.
-fn load_the_image(container: &Container, built: &Path) {
+/// Copies the image CI built (its archive, records and root tree) into the service's cache,
+/// root's, where `install.sh --agent` finds it and loads it into each agent's home as the
+/// agent's user.
+fn copy_the_image(container: &Container, built: &Path) {
     let record = std::fs::read_to_string(built.join("default.json")).unwrap();
     let record: serde_json::Value = serde_json::from_str(&record).unwrap();
     let key = record["key"].as_str().unwrap();
     let cache = "/var/lib/perch/cache/images";
     container.sh_ok(&format!(
-        "install -d -o root -g perch -m 0750 {cache} {cache}/{key} \
-         && install -o root -g perch -m 0640 /opt/perch/images/default.json {cache}/ \
-         && install -o root -g perch -m 0640 /opt/perch/images/{key}/image.tar /opt/perch/images/{key}/recipe.json {cache}/{key}/ \
+        "install -d -m 0755 {cache} {cache}/{key} \
+         && install -m 0644 /opt/perch/images/default.json {cache}/ \
+         && install -m 0644 /opt/perch/images/{key}/image.tar /opt/perch/images/{key}/recipe.json {cache}/{key}/ \
          && cp -a /opt/perch/images/{key}/rootfs {cache}/{key}/"
     ));
-    let loaded = container.sh_ok(&format!(
-        "cd / && runuser -u perch -- env {UNIT_ENV} perch image load 2>&1"
-    ));
-    assert!(
-        loaded.contains("is loaded into /var/lib/perch/msb"),
-        "{loaded}"
-    );
+}
+
+/// `deploy/install.sh` as README says, with CI's binary and runtime and the agents `names`.
+fn install(container: &Container, names: &[&str]) -> String {
+    let agents: String = names
+        .iter()
+        .map(|name| format!(" --agent {name}"))
+        .collect();
+    container.sh_ok(&format!(
+        "/opt/perch/deploy/install.sh --binary /opt/perch/bin/perch --runtime-from /opt/msb --no-image{agents} 2>&1"
+    ))
 }
 
 #[test]
@@ -175,16 +176,19 @@ fn perch_deployed_under_systemd_starts_answers_restarts_and_drains() {
     ]);
 
     container.sh_ok("mknod -m 0660 /dev/kvm c 10 232");
-    let installed = container.sh_ok(
-        "/opt/perch/deploy/install.sh --binary /opt/perch/bin/perch --runtime-from /opt/msb --no-image 2>&1",
-    );
-    assert!(
-        installed.contains("installed  /usr/local/bin/perch")
-            && installed.contains("installed  /etc/systemd/system/perch@.service"),
-        "{installed}"
-    );
+    copy_the_image(&container, &places.cache.join("images"));
+    let installed = install(&container, &["a", "b"]);
+    for step in [
+        "installed  /usr/local/bin/perch",
+        "installed  /etc/systemd/system/perch@.service",
+        "created    user perch-a (home /var/lib/perch/agents/a, no login)",
+        "created    /var/lib/perch/agents/b/ (2750 perch-b:perch)",
+        "created    /var/lib/perch/msb/b/ (0700 perch-b:perch-b)",
+        "loaded     image perch:default in /var/lib/perch/msb/a (as perch-a)",
+    ] {
+        assert!(installed.contains(step), "{step:?} in:\n{installed}");
+    }
     container.sh_ok("chgrp kvm /dev/kvm");
-    load_the_image(&container, &places.cache.join("images"));
     container.write("/etc/systemd/system/perch@.service.d/journey.conf", DROP_IN);
     add_agent(&container, "a", &model, &telegram_a);
     add_agent(&container, "b", &model, &telegram_b);
@@ -213,6 +217,7 @@ fn perch_deployed_under_systemd_starts_answers_restarts_and_drains() {
     }
     let shown = container.sh_ok("systemctl status --no-pager perch@a || true");
     assert!(shown.contains("active (running)"), "{shown}");
+    agents_are_kept_apart(&container, &b);
 
     model.push(Script::text("hello from a"));
     a.ask("are you there?");
@@ -291,6 +296,14 @@ fn perch_deployed_under_systemd_starts_answers_restarts_and_drains() {
 
     // The start-limit breaker: an agent whose configuration perch refuses exits 1 at each start;
     // after StartLimitBurst failures systemd stops restarting it.
+    let again = install(&container, &["a", "b", "c"]);
+    for step in [
+        "unchanged  user perch-a",
+        "unchanged  image perch:default in /var/lib/perch/msb/b",
+        "created    user perch-c",
+    ] {
+        assert!(again.contains(step), "{step:?} in:\n{again}");
+    }
     add_agent(&container, "c", &model, &telegram_b);
     container.write(
         "/var/lib/perch/agents/c/agent.lua",
@@ -332,7 +345,120 @@ fn perch_deployed_under_systemd_starts_answers_restarts_and_drains() {
         "an error at start is an error: {line}"
     );
 
+    an_agent_of_the_shared_user_moves_to_its_own(&container);
     record_what_this_host_enforces(&container);
+}
+
+/// An agent of an older install, owned by the shared user perch, with a symbolic link to a
+/// root-only file, a hard link to another agent's file and a file of root's planted in it:
+/// `install.sh --agent old` gives it to perch-old and skips and reports all three.
+fn an_agent_of_the_shared_user_moves_to_its_own(container: &Container) {
+    let old = "/var/lib/perch/agents/old";
+    container.sh_ok(&format!(
+        "useradd --system --gid perch --no-create-home perch \
+         && mkdir -p {old}/workspace {old}/.perch \
+         && echo 'agent {{}}' > {old}/agent.lua \
+         && echo 'b' > /var/lib/perch/another-agents-file \
+         && ln -s /etc/shadow {old}/workspace/link \
+         && ln /var/lib/perch/another-agents-file {old}/workspace/hard \
+         && chown -hR perch:perch {old} \
+         && touch {old}/workspace/planted-by-root"
+    ));
+    let moved = install(container, &["old"]);
+    for line in [
+        "moving     /var/lib/perch/agents/old/ from the user perch to perch-old",
+        "skipped  workspace/link: a symbolic link, not followed",
+        "skipped  workspace/hard: a file with 2 hard links, which may name a file outside the agent",
+        "skipped  workspace/planted-by-root: owned by uid 0, not the old service user",
+        "moved      /var/lib/perch/agents/old/ to perch-old:perch",
+    ] {
+        assert!(moved.contains(line), "{line:?} in:\n{moved}");
+    }
+    let owner = |path: &str| {
+        container
+            .sh_ok(&format!("stat -c %U:%G {path}"))
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(owner(&format!("{old}/agent.lua")), "perch-old:perch");
+    assert_eq!(owner(&format!("{old}/.perch")), "perch-old:perch");
+    assert_eq!(owner("/etc/shadow"), "root:shadow");
+    assert_eq!(owner("/var/lib/perch/another-agents-file"), "perch:perch");
+    assert_eq!(
+        owner(&format!("{old}/workspace/planted-by-root")),
+        "root:root"
+    );
+    assert_eq!(
+        container.sh_ok(&format!("stat -c %a {old}")).trim(),
+        "2750",
+        "the directory is set-group-id for the operators"
+    );
+}
+
+/// Agent a's user reaches nothing of agent b's: not its directory, its microsandbox home, its
+/// process's environment or its control socket. An operator in the group perch reaches the
+/// control socket; another user does not.
+fn agents_are_kept_apart(container: &Container, b: &Deployed) {
+    assert_eq!(
+        container
+            .sh_ok("ps -o user= -p $(systemctl show -p MainPID --value perch@a)")
+            .trim(),
+        "perch-a"
+    );
+    let b_pid = b.main_pid(container);
+    for (what, command) in [
+        ("b's directory", "ls /var/lib/perch/agents/b".to_owned()),
+        (
+            "b's configuration",
+            "cat /var/lib/perch/agents/b/models.yml".to_owned(),
+        ),
+        (
+            "b's journals",
+            "ls /var/lib/perch/agents/b/.perch".to_owned(),
+        ),
+        (
+            "b's microsandbox home",
+            "ls /var/lib/perch/msb/b".to_owned(),
+        ),
+        ("b's environment", format!("cat /proc/{b_pid}/environ")),
+        ("b's tokens", "cat /etc/perch/b.env".to_owned()),
+    ] {
+        let tried = container.sh(&format!("cd / && runuser -u perch-a -- {command}"));
+        assert!(
+            !tried.status.success(),
+            "perch-a read {what}: {}",
+            tried.stdout_text()
+        );
+    }
+    let status_as = |user: &str| {
+        let output = container.sh(&format!(
+            "cd / && runuser -u {user} -- perch status --json /var/lib/perch/agents/b"
+        ));
+        format!(
+            "{}{}",
+            output.stdout_text(),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    };
+    let running = |json: &str| {
+        serde_json::from_str::<serde_json::Value>(json)
+            .is_ok_and(|status| status["running"] == true)
+    };
+    assert!(
+        !running(&status_as("perch-a")),
+        "perch-a reached b's control socket"
+    );
+    container
+        .sh_ok("useradd --no-create-home --groups perch alice && useradd --no-create-home mallory");
+    assert!(
+        running(&status_as("alice")),
+        "an operator in the group perch: {}",
+        status_as("alice")
+    );
+    assert!(
+        !running(&status_as("mallory")),
+        "a user outside the group perch"
+    );
 }
 
 /// Prints which resource and device directives this host's cgroups enforce, and the unit's

@@ -309,20 +309,40 @@ fn built_layer(dir: &ImageDir) -> Option<String> {
 /// `perch image load`: loads the build `images/default.json` (under `places.cache`) records
 /// into the microsandbox home `places.msb_home`. Writes nothing into the cache, which may be
 /// root's.
-pub async fn load_recorded(places: &Places) -> Result<ImageRef, ImageError> {
+pub async fn load_recorded(places: &Places) -> Result<(ImageRef, Loaded), ImageError> {
     let image = resolve_default_image(&places.cache)?;
-    if let ImageRef::Local {
-        reference, rootfs, ..
+    let ImageRef::Local {
+        reference,
+        rootfs,
+        layer,
     } = &image
-    {
-        crate::sandbox::microvm::load_image(
-            &places.msb_home,
-            &rootfs.with_file_name("image.tar"),
-            reference,
-        )
-        .await?;
+    else {
+        return Ok((image, Loaded::Already));
+    };
+    let marker = places.msb_home.join(LOADED_LAYER);
+    let recorded = fs::read_to_string(&marker).is_ok_and(|text| text.trim() == layer);
+    if recorded && crate::sandbox::microvm::image_loaded(&places.msb_home, reference).await? {
+        return Ok((image, Loaded::Already));
     }
-    Ok(image)
+    crate::sandbox::microvm::load_image(
+        &places.msb_home,
+        &rootfs.with_file_name("image.tar"),
+        reference,
+    )
+    .await?;
+    fs::write(&marker, layer).map_err(|error| ImageError::io("write", &marker, &error))?;
+    Ok((image, Loaded::Now))
+}
+
+/// The file in a microsandbox home naming the layer of `perch:default` perch loaded into it, so
+/// loading the same build again is skipped.
+pub const LOADED_LAYER: &str = "perch-loaded-layer";
+
+/// Whether [`load_recorded`] loaded the image or found that build loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loaded {
+    Now,
+    Already,
 }
 
 /// The build `perch:default` refers to, as the sandbox boots it; `Unavailable` if

@@ -54,9 +54,16 @@ fn parse_plan(text: &str) -> Vec<Action> {
         .collect()
 }
 
-/// Every root action that touches a path under a directory the plan gives to `perch`, or that
-/// executes, reads or writes a path `perch` owns. Creating or renaming a directory of perch's
-/// inside one of root's is allowed: perch cannot swap the name, only what is under it.
+/// Whether `user` is a service user: the shared `perch` of older installs or an agent's own
+/// `perch-NAME`.
+fn service_user(user: &str) -> bool {
+    user == "perch" || user.starts_with("perch-")
+}
+
+/// Every root action that touches a path under a directory the plan gives to a service user, or
+/// that executes, reads or writes a path a service user owns. Creating or renaming a directory
+/// of theirs inside one of root's is allowed (they cannot swap the name, only what is under
+/// it), and so is `walk`, `perch chown`'s descriptor-relative walk that follows no link.
 fn root_actions_on_perchs_paths(plan: &[Action]) -> Vec<String> {
     let owners: BTreeMap<&str, &str> = plan
         .iter()
@@ -70,9 +77,12 @@ fn root_actions_on_perchs_paths(plan: &[Action]) -> Vec<String> {
         }
         let target = Path::new(&action.target);
         for ancestor in target.ancestors().skip(1) {
-            if owners.get(ancestor.to_str().unwrap()) == Some(&"perch") {
+            if owners
+                .get(ancestor.to_str().unwrap())
+                .is_some_and(|owner| service_user(owner))
+            {
                 found.push(format!(
-                    "root {} {} is under {}, which perch owns",
+                    "root {} {} is under {}, which a service user owns",
                     action.verb,
                     action.target,
                     ancestor.display()
@@ -80,9 +90,9 @@ fn root_actions_on_perchs_paths(plan: &[Action]) -> Vec<String> {
             }
         }
         let own = ["exec", "read", "write"].contains(&action.verb.as_str());
-        if own && action.owner_user == "perch" {
+        if own && service_user(&action.owner_user) {
             found.push(format!(
-                "root {} {}, which perch owns",
+                "root {} {}, which a service user owns",
                 action.verb, action.target
             ));
         }
@@ -94,7 +104,13 @@ fn root_actions_on_perchs_paths(plan: &[Action]) -> Vec<String> {
 fn the_install_plan_has_root_touch_nothing_the_service_user_owns() {
     let output = Command::new("sh")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/install.sh"))
-        .args(["--plan", "--binary", env!("CARGO_BIN_EXE_perch")])
+        .args([
+            "--plan",
+            "--binary",
+            env!("CARGO_BIN_EXE_perch"),
+            "--agent",
+            "helpdesk",
+        ])
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .output()
@@ -116,18 +132,21 @@ fn the_install_plan_has_root_touch_nothing_the_service_user_owns() {
         ("root", "mkdir", "/var/lib/perch/cache"),
         ("root", "write", "/usr/local/lib/perch/runtime/bin/msb"),
         ("root", "exec", "/usr/local/lib/perch/runtime/bin/msb"),
+        ("root", "mkdir", "/var/lib/perch/agents/helpdesk"),
+        ("root", "mkdir", "/var/lib/perch/msb/helpdesk"),
+        ("perch-helpdesk", "write", "/var/lib/perch/msb/helpdesk"),
     ] {
         assert!(
             has(actor, verb, target),
             "no `{actor} {verb} {target}`:\n{text}"
         );
     }
-    if has("root", "exec", "/usr/local/bin/perch") {
-        assert!(
-            has("perch", "write", "/var/lib/perch/msb"),
-            "the image is loaded into perch's home by perch:\n{text}"
-        );
-    }
+    assert!(
+        !plan.iter().any(|action| action.actor == "root"
+            && action.target.starts_with("/var/lib/perch/msb/")
+            && action.verb == "write"),
+        "the image is loaded into an agent's home by the agent's user alone:\n{text}"
+    );
     let found = root_actions_on_perchs_paths(&plan);
     assert!(found.is_empty(), "{found:#?}\n{text}");
 
@@ -140,6 +159,11 @@ fn the_install_plan_has_root_touch_nothing_the_service_user_owns() {
          plan root write /var/lib/perch/cache/images root:root\n",
     );
     assert_eq!(root_actions_on_perchs_paths(&old).len(), 2);
+    let shared_home = parse_plan(
+        "plan root mkdir /var/lib/perch/msb/helpdesk perch-helpdesk:perch-helpdesk\n\
+         plan root write /var/lib/perch/msb/helpdesk/db root:root\n",
+    );
+    assert_eq!(root_actions_on_perchs_paths(&shared_home).len(), 1);
 }
 
 /// Every path under `root` with its size and modification time, not following links.
