@@ -427,7 +427,14 @@ fn install_reinstall_uninstall_and_purge_a_staged_tree() {
 #[test]
 fn the_scripts_explain_themselves_and_refuse_unknown_flags() {
     let root = tempfile::tempdir().unwrap();
-    for name in ["install.sh", "uninstall.sh", "install-runtime.sh"] {
+    for name in [
+        "install.sh",
+        "uninstall.sh",
+        "install-runtime.sh",
+        "upgrade.sh",
+        "backup.sh",
+        "restore.sh",
+    ] {
         let help = succeeded(&script(name, root.path(), &["--help"]));
         assert!(help.starts_with("usage: "), "{name}: {help}");
         let wrong = script(name, root.path(), &["--frobnicate"]);

@@ -13,7 +13,7 @@
 
 use super::support::container::{Bind, Container, StdoutText as _, unavailable};
 use super::support::fake_model::{FakeModel, Gate, Script};
-use super::support::fake_telegram::{self, Chat, FakeTelegram, User};
+use super::support::fake_telegram::{self, Chat, FakeTelegram, Pushed, User};
 use super::support::wait::Poll;
 use perch::host::Places;
 use perch_core::config::Api;
@@ -68,10 +68,10 @@ impl Deployed<'_> {
             .to_owned()
     }
 
-    fn ask(&self, text: &str) {
+    fn ask(&self, text: &str) -> Pushed {
         let person = User::human(42, "Ada");
         self.telegram
-            .push_message(&Chat::private(&person), &person, text);
+            .push_message(&Chat::private(&person), &person, text)
     }
 
     fn wait_for_replies(&self, count: usize) {
@@ -131,28 +131,11 @@ fn copy_the_image(container: &Container, built: &Path) {
     ));
 }
 
-/// `deploy/install.sh` as README says, with CI's binary and runtime and the agents `names`.
-fn install(container: &Container, names: &[&str]) -> String {
-    let agents: String = names
-        .iter()
-        .map(|name| format!(" --agent {name}"))
-        .collect();
-    container.sh_ok(&format!(
-        "/opt/perch/deploy/install.sh --binary /opt/perch/bin/perch --runtime-from /opt/msb --no-image{agents} 2>&1"
-    ))
-}
-
-#[test]
-fn perch_deployed_under_systemd_starts_answers_restarts_and_drains() {
-    if let Some(reason) = unavailable() {
-        skipped(&reason);
-        return;
-    }
-    let model = FakeModel::start(Api::OpenAiCompletions);
-    let (telegram_a, telegram_b) = (FakeTelegram::start(), FakeTelegram::start());
-    let places = Places::from_environment();
+/// What each container is given, read-only: CI's perch, `deploy/`, the image CI built, the
+/// runtime pair from the wheel, and, for the second container, a backup made in the first.
+fn binds(places: &Places, backup: Option<&Path>) -> Vec<Bind> {
     let repository = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let container = Container::boot(&[
+    let mut binds = vec![
         Bind {
             host: env!("CARGO_BIN_EXE_perch").into(),
             inside: "/opt/perch/bin/perch".into(),
@@ -173,7 +156,37 @@ fn perch_deployed_under_systemd_starts_answers_restarts_and_drains() {
             host: places.msb_home.join("lib"),
             inside: "/opt/msb/lib".into(),
         },
-    ]);
+    ];
+    if let Some(backup) = backup {
+        binds.push(Bind {
+            host: backup.to_owned(),
+            inside: "/opt/backup/a.tar".into(),
+        });
+    }
+    binds
+}
+
+/// `deploy/install.sh` as README says, with CI's binary and runtime and the agents `names`.
+fn install(container: &Container, names: &[&str]) -> String {
+    let agents: String = names
+        .iter()
+        .map(|name| format!(" --agent {name}"))
+        .collect();
+    container.sh_ok(&format!(
+        "/opt/perch/deploy/install.sh --binary /opt/perch/bin/perch --runtime-from /opt/msb --no-image{agents} 2>&1"
+    ))
+}
+
+#[test]
+fn perch_deployed_under_systemd_starts_answers_restarts_and_drains() {
+    if let Some(reason) = unavailable() {
+        skipped(&reason);
+        return;
+    }
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let (telegram_a, telegram_b) = (FakeTelegram::start(), FakeTelegram::start());
+    let places = Places::from_environment();
+    let container = Container::boot(&binds(&places, None));
 
     container.sh_ok("mknod -m 0660 /dev/kvm c 10 232");
     copy_the_image(&container, &places.cache.join("images"));
@@ -347,32 +360,171 @@ fn perch_deployed_under_systemd_starts_answers_restarts_and_drains() {
 
     an_agent_of_the_shared_user_moves_to_its_own(&container);
     record_what_this_host_enforces(&container);
+    upgraded_under_traffic(&container, &model, [&a, &b]);
+    backed_up_running_and_restored_elsewhere(&container, &places, &model, &a);
 }
 
-/// An agent of an older install, owned by the shared user perch, with a symbolic link to a
-/// root-only file, a hard link to another agent's file and a file of root's planted in it:
-/// `install.sh --agent old` gives it to perch-old and skips and reports all three.
-fn an_agent_of_the_shared_user_moves_to_its_own(container: &Container) {
-    let old = "/var/lib/perch/agents/old";
+/// `deploy/upgrade.sh` with a new binary while both agents run and people write to them: each
+/// stops (draining), the binary is replaced, each starts again, and every message sent during
+/// the upgrade is answered exactly once.
+fn upgraded_under_traffic(container: &Container, model: &FakeModel, agents: [&Deployed; 2]) {
+    let [a, b] = agents;
+    container.sh_ok("systemctl start perch@a");
+    // The upgrade moves an agent an older install left to the shared user, as the install does.
+    plant_an_agent_of_the_shared_user(container, "older");
+    // A binary that differs from the installed one by a byte past its end, and runs the same.
+    container.sh_ok("cp /usr/local/bin/perch /root/perch-next && printf '\\0' >> /root/perch-next");
+    let before = [a.telegram.sent_count(), b.telegram.sent_count()];
+    let mut asked: [Vec<Pushed>; 2] = [Vec::new(), Vec::new()];
+    let upgraded = std::thread::scope(|scope| {
+        let upgrade = scope.spawn(|| {
+            container.sh(
+                "/opt/perch/deploy/upgrade.sh --binary /root/perch-next --runtime-from /opt/msb --no-image 2>&1",
+            )
+        });
+        poll().until("the upgrade to stop perch@a", || {
+            a.property(container, "ActiveState") != "active"
+        });
+        for (agent, asked) in [a, b].into_iter().zip(&mut asked) {
+            for text in ["one, during the upgrade", "two, during the upgrade"] {
+                model.push(Script::text(&format!("heard: {text}")));
+                asked.push(agent.ask(text));
+            }
+        }
+        upgrade.join().unwrap()
+    });
+    let said = upgraded.stdout_text();
+    assert!(upgraded.status.success(), "{said}");
+    for line in [
+        "stopped    perch@a.service perch@b.service",
+        "updated    /usr/local/bin/perch",
+        "unchanged  user perch-a",
+        "started    perch@a.service perch@b.service",
+        "upgraded",
+    ] {
+        assert!(said.contains(line), "{line:?} in:\n{said}");
+    }
+    moved_without_the_plants(container, "older", &said);
+    for ((agent, before), asked) in [a, b].into_iter().zip(before).zip(&asked) {
+        assert_eq!(agent.property(container, "ActiveState"), "active");
+        agent.wait_for_replies(before + 2);
+        let sent = agent.telegram.sent();
+        for message in asked {
+            let replies = sent
+                .iter()
+                .filter(|reply| reply.reply_to == Some(message.message_id))
+                .count();
+            assert_eq!(
+                replies, 1,
+                "message {} of {}: {sent:?}",
+                message.message_id, agent.name
+            );
+        }
+    }
+}
+
+/// `deploy/backup.sh` of the running agent a (stopped for the copy and started again), restored
+/// with `deploy/restore.sh` into a second container as its user there, where it answers and
+/// holds the conversation it had.
+fn backed_up_running_and_restored_elsewhere(
+    container: &Container,
+    places: &Places,
+    model: &FakeModel,
+    a: &Deployed,
+) {
+    let backed_up = container.sh_ok("/opt/perch/deploy/backup.sh a /root/a.tar 2>&1");
+    assert!(
+        backed_up.contains("started    perch@a (stopped for"),
+        "{backed_up}"
+    );
+    assert_eq!(a.property(container, "ActiveState"), "active");
+    assert_eq!(
+        container.sh_ok("stat -c '%a %U' /root/a.tar").trim(),
+        "600 root"
+    );
+    let archive = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(archive.path(), container.sh("cat /root/a.tar").stdout).unwrap();
+    // One runner per agent: the original stops before its copy starts elsewhere.
+    container.sh_ok("systemctl stop perch@a");
+
+    let elsewhere = Container::boot(&binds(places, Some(archive.path())));
+    elsewhere.sh_ok("mknod -m 0660 /dev/kvm c 10 232");
+    copy_the_image(&elsewhere, &places.cache.join("images"));
+    let restored = elsewhere.sh_ok(
+        "/opt/perch/deploy/restore.sh /opt/backup/a.tar a --binary /opt/perch/bin/perch --runtime-from /opt/msb --no-image 2>&1",
+    );
+    assert!(
+        restored.contains("restored    a into /var/lib/perch/agents/a (as perch-a)"),
+        "{restored}"
+    );
+    elsewhere.sh_ok("chgrp kvm /dev/kvm");
+    elsewhere.write("/etc/systemd/system/perch@.service.d/journey.conf", DROP_IN);
+    let owners = elsewhere.sh_ok(
+        "find /var/lib/perch/agents/a ! -user perch-a | head -5; stat -c '%a %U:%G' /var/lib/perch/agents/a",
+    );
+    assert_eq!(
+        owners.trim(),
+        "2750 perch-a:perch",
+        "every file is perch-a's"
+    );
+    let started = elsewhere.sh("systemctl daemon-reload && systemctl start perch@a");
+    assert!(
+        started.status.success(),
+        "{}",
+        elsewhere
+            .sh("journalctl -u perch@a --no-pager -n 40")
+            .stdout_text()
+    );
+    let before = a.telegram.sent_count();
+    model.push(Script::text("answered from the restored copy"));
+    a.ask("where are you now?");
+    a.wait_for_replies(before + 1);
+    let history =
+        elsewhere.sh_ok("cd / && runuser -u perch-a -- perch log -n 50 /var/lib/perch/agents/a");
+    for earlier in [
+        "hello from a",
+        "two, during the upgrade",
+        "answered from the restored copy",
+    ] {
+        assert!(
+            history.contains(earlier),
+            "{earlier:?} in the restored log:\n{history}"
+        );
+    }
+}
+
+/// Plants an agent `name` of an older install, owned by the shared user perch (created once),
+/// with a symbolic link to a root-only file, a hard link to another agent's file and a file of
+/// root's in it.
+fn plant_an_agent_of_the_shared_user(container: &Container, name: &str) {
+    let old = format!("/var/lib/perch/agents/{name}");
+    let other = format!("/var/lib/perch/another-agents-file-{name}");
     container.sh_ok(&format!(
-        "useradd --system --gid perch --no-create-home perch \
+        "(getent passwd perch >/dev/null || useradd --system --gid perch --no-create-home perch) \
          && mkdir -p {old}/workspace {old}/.perch \
          && echo 'agent {{}}' > {old}/agent.lua \
-         && echo 'b' > /var/lib/perch/another-agents-file \
+         && echo 'b' > {other} \
          && ln -s /etc/shadow {old}/workspace/link \
-         && ln /var/lib/perch/another-agents-file {old}/workspace/hard \
+         && ln {other} {old}/workspace/hard \
          && chown -hR perch:perch {old} \
          && touch {old}/workspace/planted-by-root"
     ));
-    let moved = install(container, &["old"]);
+}
+
+/// What a walk over an agent [`plant_an_agent_of_the_shared_user`] planted must have said and
+/// left: the rest given to `perch-NAME:perch`, the three plants listed and unchanged, and what
+/// they point at unchanged.
+fn moved_without_the_plants(container: &Container, name: &str, said: &str) {
+    let old = format!("/var/lib/perch/agents/{name}");
     for line in [
-        "moving     /var/lib/perch/agents/old/ from the user perch to perch-old",
-        "skipped  workspace/link: a symbolic link, not followed",
-        "skipped  workspace/hard: a file with 2 hard links, which may name a file outside the agent",
-        "skipped  workspace/planted-by-root: owned by uid 0, not the old service user",
-        "moved      /var/lib/perch/agents/old/ to perch-old:perch",
+        format!("moving     {old}/ from the user perch to perch-{name}"),
+        "skipped  workspace/link: a symbolic link, not followed".to_owned(),
+        "skipped  workspace/hard: a file with 2 hard links, which may name a file outside the agent"
+            .to_owned(),
+        "skipped  workspace/planted-by-root: owned by uid 0, not the old service user".to_owned(),
+        format!("moved      {old}/ to perch-{name}:perch"),
     ] {
-        assert!(moved.contains(line), "{line:?} in:\n{moved}");
+        assert!(said.contains(&line), "{line:?} in:\n{said}");
     }
     let owner = |path: &str| {
         container
@@ -380,10 +532,14 @@ fn an_agent_of_the_shared_user_moves_to_its_own(container: &Container) {
             .trim()
             .to_owned()
     };
-    assert_eq!(owner(&format!("{old}/agent.lua")), "perch-old:perch");
-    assert_eq!(owner(&format!("{old}/.perch")), "perch-old:perch");
+    let user = format!("perch-{name}:perch");
+    assert_eq!(owner(&format!("{old}/agent.lua")), user);
+    assert_eq!(owner(&format!("{old}/.perch")), user);
     assert_eq!(owner("/etc/shadow"), "root:shadow");
-    assert_eq!(owner("/var/lib/perch/another-agents-file"), "perch:perch");
+    assert_eq!(
+        owner(&format!("/var/lib/perch/another-agents-file-{name}")),
+        "perch:perch"
+    );
     assert_eq!(
         owner(&format!("{old}/workspace/planted-by-root")),
         "root:root"
@@ -393,6 +549,15 @@ fn an_agent_of_the_shared_user_moves_to_its_own(container: &Container) {
         "2750",
         "the directory is set-group-id for the operators"
     );
+}
+
+/// An agent of an older install, owned by the shared user perch, with links and a file of
+/// root's planted in it: `install.sh --agent old` gives it to perch-old and skips and reports
+/// all three.
+fn an_agent_of_the_shared_user_moves_to_its_own(container: &Container) {
+    plant_an_agent_of_the_shared_user(container, "old");
+    let said = install(container, &["old"]);
+    moved_without_the_plants(container, "old", &said);
 }
 
 /// Agent a's user reaches nothing of agent b's: not its directory, its microsandbox home, its
