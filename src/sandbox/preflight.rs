@@ -143,7 +143,8 @@ pub fn virtualization(places: &Places) -> Check {
 }
 
 /// `msb` reports version [`MSB_VERSION`] and `libkrunfw.so.5.6.1` is in the `lib/` beside its
-/// `bin/`. As root, `msb` is not run unless it and every directory above it are root's alone
+/// `bin/`. perch's test stand-in (`tests/msb`, which says so in its `--version`) is refused by
+/// name. As root, `msb` is not run unless it and every directory above it are root's alone
 /// ([`crate::host::trust`]).
 pub fn runtime(places: &Places) -> Check {
     let msb = places
@@ -174,6 +175,17 @@ pub fn runtime(places: &Places) -> Check {
             );
         }
     };
+    if output.contains("stand-in") {
+        return check(
+            "runtime",
+            false,
+            format!(
+                "{} is perch's test stand-in ({output:?}): it runs commands in Linux namespaces, not in microVMs",
+                msb.display()
+            ),
+            "install the real runtime pair over it with deploy/install-runtime.sh (from perch's source; it takes msb 0.7.11 from the microsandbox==0.7.11 wheel), or point MSB_HOME or MSB_PATH at a home that holds the real msb",
+        );
+    }
     if output != format!("msb {MSB_VERSION}") {
         return check(
             "runtime",

@@ -450,6 +450,180 @@ fn the_scripts_explain_themselves_and_refuse_unknown_flags() {
     );
 }
 
+/// The name install-runtime.sh looks for in its wheel directory on this machine.
+fn wheel_name() -> String {
+    format!(
+        "microsandbox-0.7.11-cp310-abi3-manylinux_2_28_{}.whl",
+        std::env::consts::ARCH
+    )
+}
+
+/// A zip named like the microsandbox wheel, in a fresh directory of its own, holding an `msb`
+/// that answers `msb 0.7.11` and leaves a mark when it runs, and the library: everything but
+/// the pinned SHA-256. Returns the directory, the wheel and the mark.
+fn impostor_wheel() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("tree");
+    let bundled = tree.join("microsandbox/_bundled");
+    std::fs::create_dir_all(bundled.join("bin")).unwrap();
+    std::fs::create_dir_all(bundled.join("lib")).unwrap();
+    let marker = dir.path().join("ran");
+    std::fs::write(
+        bundled.join("bin/msb"),
+        format!(
+            "#!/bin/sh
+touch {}
+echo 'msb 0.7.11'
+",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(bundled.join("lib/libkrunfw.so.5.6.1"), "").unwrap();
+    let wheels = dir.path().join("wheels");
+    std::fs::create_dir(&wheels).unwrap();
+    let wheel = wheels.join(wheel_name());
+    let zipped = Command::new("python3")
+        .args(["-m", "zipfile", "-c"])
+        .arg(&wheel)
+        .arg(tree.join("microsandbox"))
+        .output()
+        .unwrap();
+    assert!(zipped.status.success(), "{zipped:?}");
+    (dir, wheel, marker)
+}
+
+/// Runs install-runtime.sh with ARGS, expects it to fail, and returns what it said.
+fn runtime_install_refused(args: &[&Path]) -> String {
+    let output = Command::new("sh")
+        .arg(deploy().join("install-runtime.sh"))
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!output.status.success(), "{said}");
+    said
+}
+
+#[test]
+fn install_runtime_unpacks_no_wheel_without_the_pinned_hash() {
+    let (dir, wheel, marker) = impostor_wheel();
+    let target = dir.path().join("runtime");
+    let wheels = wheel.parent().unwrap();
+    for said in [
+        runtime_install_refused(&[Path::new("--wheels"), wheels, &target]),
+        runtime_install_refused(&[Path::new("--wheel"), &wheel, &target]),
+    ] {
+        assert!(said.contains(wheel.to_str().unwrap()), "{said}");
+        assert!(said.contains("has SHA-256"), "{said}");
+        assert!(said.contains("nothing was installed"), "{said}");
+        assert!(!marker.exists(), "the impostor's msb ran: {said}");
+        assert!(!target.exists(), "something was installed: {said}");
+    }
+}
+
+#[test]
+fn install_runtime_as_root_takes_no_wheel_another_user_can_change() {
+    if !nix::unistd::geteuid().is_root() {
+        println!("skipped: needs root");
+        return;
+    }
+    let (dir, wheel, marker) = impostor_wheel();
+    let target = dir.path().join("runtime");
+    let wheels = wheel.parent().unwrap();
+
+    std::fs::set_permissions(wheels, std::fs::Permissions::from_mode(0o777)).unwrap();
+    for said in [
+        runtime_install_refused(&[Path::new("--wheels"), wheels, &target]),
+        runtime_install_refused(&[Path::new("--wheel"), &wheel, &target]),
+    ] {
+        assert!(
+            said.contains(&format!(
+                "{} is writable by its group or by others (mode 777)",
+                wheels.display()
+            )),
+            "{said}"
+        );
+        assert!(said.contains("writable by no one else"), "{said}");
+        assert!(!marker.exists(), "the wheel's msb ran: {said}");
+        assert!(!target.exists(), "something was installed: {said}");
+    }
+
+    std::fs::set_permissions(wheels, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::lchown(&wheel, Some(65_534), Some(65_534)).unwrap();
+    for said in [
+        runtime_install_refused(&[Path::new("--wheels"), wheels, &target]),
+        runtime_install_refused(&[Path::new("--wheel"), &wheel, &target]),
+    ] {
+        assert!(
+            said.contains(&format!("{} is owned by uid 65534", wheel.display())),
+            "{said}"
+        );
+        assert!(!marker.exists(), "the wheel's msb ran: {said}");
+        assert!(!target.exists(), "something was installed: {said}");
+    }
+}
+
+/// perch's test stand-in (tests/msb) carries the real runtime's `.msbver` stamp, but its
+/// `--version` says what it is: `perch doctor` and install-runtime.sh refuse it by name. Beside
+/// the marker the suite's stand-in home holds, it answers like the real runtime.
+#[test]
+fn doctor_and_the_runtime_installer_refuse_the_stand_in() {
+    let standin = match super::standin_home::built_standin() {
+        Ok(standin) => standin,
+        Err(reason) => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "the stand-in is not built, and CI=true: {reason}"
+            );
+            println!("skipped: {reason}");
+            return;
+        }
+    };
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(home.path().join("bin")).unwrap();
+    std::fs::create_dir_all(home.path().join("lib")).unwrap();
+    std::fs::copy(&standin, home.path().join("bin/msb")).unwrap();
+    std::fs::write(home.path().join("lib/libkrunfw.so.5.6.1"), "").unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let doctor = || {
+        let output = Command::new(env!("CARGO_BIN_EXE_perch"))
+            .arg("doctor")
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("MSB_HOME", home.path())
+            .env("PERCH_CACHE", cache.path())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .skip_while(|line| !line.contains(" runtime "))
+            .take(2)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+
+    let said = doctor();
+    assert!(said.starts_with("FAIL  runtime"), "{said}");
+    assert!(said.contains("is perch's test stand-in"), "{said}");
+    assert!(
+        said.contains("fix: install the real runtime pair"),
+        "{said}"
+    );
+
+    let target = home.path().join("installed");
+    let said = runtime_install_refused(&[Path::new("--from"), home.path(), &target]);
+    assert!(said.contains("is perch's test stand-in"), "{said}");
+    assert!(said.contains("install the real msb 0.7.11"), "{said}");
+    assert!(!target.exists(), "the stand-in was installed: {said}");
+
+    std::fs::write(home.path().join("bin/msb.pose-as-real"), "").unwrap();
+    let said = doctor();
+    assert!(said.starts_with("ok    runtime"), "{said}");
+}
+
 /// `systemd-analyze verify` on the unit, with ExecStart pointing at the binary under test
 /// (the unit names /usr/local/bin/perch, which this machine need not have). Any warning fails.
 #[test]

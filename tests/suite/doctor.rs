@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// A runtime home with `bin/msb` (reporting 0.7.11), `bin/msb-0.7.13` and the library, written
+/// A runtime home with `bin/msb` (reporting 0.7.11), `bin/msb-0.7.13`, `bin/msb-standin`
+/// (answering like perch's test stand-in, tests/msb) and the library, written
 /// once per test process: scripts written and run at once by parallel tests can fail with
 /// "text file busy".
 fn msb_home() -> &'static Path {
@@ -23,7 +24,11 @@ fn msb_home() -> &'static Path {
         let home = Path::new(env!("CARGO_TARGET_TMPDIR")).join("doctor-msb");
         std::fs::create_dir_all(home.join("bin")).unwrap();
         std::fs::create_dir_all(home.join("lib")).unwrap();
-        for (name, version) in [("msb", "0.7.11"), ("msb-0.7.13", "0.7.13")] {
+        for (name, version) in [
+            ("msb", "0.7.11"),
+            ("msb-0.7.13", "0.7.13"),
+            ("msb-standin", "0.7.11 (perch test stand-in)"),
+        ] {
             let partial = home.join(format!("{name}.{}", std::process::id()));
             std::fs::write(&partial, format!("#!/bin/sh\necho 'msb {version}'\n")).unwrap();
             std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -159,6 +164,26 @@ fn require_reports_the_first_failure_with_its_fix() {
         missing.contains("deploy/install-runtime.sh") && !missing.contains(".ci/"),
         "the fix names the runtime's installer, not CI's setup: {missing}"
     );
+}
+
+#[test]
+fn the_test_stand_in_is_refused_by_name_with_the_real_runtimes_installer() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut places = good_machine(dir.path());
+    places.msb_path = Some(msb_home().join("bin/msb-standin"));
+    let check = doctor::runtime(&places);
+    assert_eq!(check.status, Status::Fail, "{check}");
+    assert!(check.detail.contains("perch's test stand-in"), "{check}");
+    assert!(
+        check
+            .fix
+            .as_deref()
+            .unwrap()
+            .contains("deploy/install-runtime.sh"),
+        "{check}"
+    );
+    let error = doctor::require(&places).unwrap_err().to_string();
+    assert!(error.contains("test stand-in"), "{error}");
 }
 
 #[test]

@@ -828,7 +828,9 @@ async fn a_machine_does_not_boot_from_an_image_cache_it_cannot_write() {
     for dir in ["bin", "lib"] {
         std::fs::create_dir_all(home.path().join(dir)).unwrap();
     }
-    std::fs::copy(shared.join("bin/msb"), home.path().join("bin/msb")).unwrap();
+    for file in ["bin/msb", "bin/msb.pose-as-real"] {
+        std::fs::copy(shared.join(file), home.path().join(file)).unwrap();
+    }
     std::fs::copy(
         shared.join("lib/libkrunfw.so.5.6.1"),
         home.path().join("lib/libkrunfw.so.5.6.1"),

@@ -4,8 +4,10 @@
 //!
 //! One home per run, `$PERCH_CACHE/standin-home`: root-owned like the cache, so perch's
 //! root-trust check accepts the runtime in it. It holds a fresh copy of the stand-in as
-//! `bin/msb`, an empty `lib/libkrunfw.so.5.6.1` (the crate only checks that it exists), and
-//! `perch:default` loaded by the real crate (reloaded only when the built layer changed).
+//! `bin/msb`, with `bin/msb.pose-as-real` beside it so that it answers `--version` like the real
+//! runtime (perch checks that answer before every boot, and refuses the stand-in's own), an empty
+//! `lib/libkrunfw.so.5.6.1` (the crate only checks that it exists), and `perch:default` loaded by
+//! the real crate (reloaded only when the built layer changed).
 
 use perch::host::Places;
 use perch::sandbox::{ImageRef, microvm};
@@ -68,6 +70,8 @@ pub async fn prepare(preparation: Preparation) -> Result<Places, String> {
     fs::create_dir_all(home.join("bin")).unwrap_or_else(|error| failed(&home, &error));
     fs::create_dir_all(home.join("lib")).unwrap_or_else(|error| failed(&home, &error));
     install_runtime(&standin, &home.join("bin/msb"));
+    let pose = home.join("bin/msb.pose-as-real");
+    fs::write(&pose, "").unwrap_or_else(|error| failed(&pose, &error));
     let firmware = home.join("lib/libkrunfw.so.5.6.1");
     fs::OpenOptions::new()
         .create(true)
@@ -116,6 +120,11 @@ fn missing_prerequisite() -> Result<PathBuf, String> {
             ));
         }
     }
+    built_standin()
+}
+
+/// The stand-in binary as cargo built it, `Err` saying how to build it when it is not there.
+pub fn built_standin() -> Result<PathBuf, String> {
     // The test binary is <target>/debug/deps/<name>-<hash>; `cargo build -p
     // perch-msb-standin` puts the stand-in at <target>/debug/msb.
     let exe = std::env::current_exe().map_err(|error| format!("no current exe: {error}"))?;

@@ -9,10 +9,13 @@ use std::process::Command;
 const MSB: &str = env!("CARGO_BIN_EXE_msb");
 
 #[test]
-fn msb_reports_the_crates_version_and_carries_the_elf_stamp() {
+fn msb_names_itself_a_stand_in_and_carries_the_crates_elf_stamp() {
     let output = Command::new(MSB).arg("--version").output().unwrap();
     assert!(output.status.success());
-    assert_eq!(String::from_utf8_lossy(&output.stdout), "msb 0.7.11\n");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "msb 0.7.11 (perch test stand-in)\n"
+    );
     let elf = std::fs::read(MSB).unwrap();
     assert_eq!(
         &elf[..4],
@@ -21,6 +24,19 @@ fn msb_reports_the_crates_version_and_carries_the_elf_stamp() {
     );
     let names = elf.windows(8).any(|window| window == b".msbver\0");
     assert!(names, "no .msbver section name in {MSB}");
+}
+
+#[test]
+fn msb_answers_like_the_real_runtime_beside_the_marker_the_tests_write() {
+    // A hard link, not a copy: no descriptor open for writing that a process forked meanwhile
+    // could hold ("text file busy").
+    let home = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let copy = home.path().join("msb");
+    std::fs::hard_link(MSB, &copy).unwrap();
+    std::fs::write(home.path().join("msb.pose-as-real"), "").unwrap();
+    let output = Command::new(&copy).arg("--version").output().unwrap();
+    assert!(output.status.success());
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "msb 0.7.11\n");
 }
 
 #[test]
