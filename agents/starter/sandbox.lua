@@ -12,6 +12,8 @@ sandbox {
   image = "perch:default",
   cpus = 1,
   memory = 1024, -- MiB
+  -- How much the VM may write into /workspace, in MiB (the default, 4 GiB):
+  -- workspace_disk = 4096,
 
   -- Outbound network is denied by default. Every host the VM may reach is
   -- listed here and nothing is added behind your back; private and metadata

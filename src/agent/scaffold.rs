@@ -10,7 +10,7 @@ use perch_core::name::ChannelName;
 use perch_core::problem::Problems;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 
 enum Template {
@@ -143,7 +143,8 @@ fn place(root: &Path, relative: &str, template: &Template) -> io::Result<InitSta
                             reason: "something other than a file is in the way".into(),
                         });
                     }
-                    if holds_exactly(&path, text.as_bytes())? {
+                    let guest_writable = relative.starts_with("workspace/");
+                    if holds_exactly(&path, text.as_bytes(), guest_writable)? {
                         Ok(InitStatus::Unchanged)
                     } else {
                         Ok(InitStatus::Changed)
@@ -157,14 +158,23 @@ fn place(root: &Path, relative: &str, template: &Template) -> io::Result<InitSta
 
 /// Whether the file at `path` holds exactly `expected`, read without following a symlink,
 /// without waiting on a FIFO and no further than one byte past `expected`: the guest may have
-/// swapped a workspace file for anything.
-fn holds_exactly(path: &Path, expected: &[u8]) -> io::Result<bool> {
+/// swapped a workspace file for anything. With `guest_writable`, a file with another hard link
+/// (perhaps to a file outside the directory) is an error, never read.
+fn holds_exactly(path: &Path, expected: &[u8], guest_writable: bool) -> io::Result<bool> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK).bits())
         .open(path)?;
-    if !file.metadata()?.is_file() {
+    let meta = file.metadata()?;
+    if !meta.is_file() {
         return Ok(false);
+    }
+    if guest_writable && meta.nlink() > 1 {
+        return Err(io::Error::other(format!(
+            "it has {} hard links, and perch reads no workspace file linked from elsewhere; \
+             replace it with a copy of its own",
+            meta.nlink()
+        )));
     }
     let mut bytes = Vec::new();
     file.take(expected.len() as u64 + 1)

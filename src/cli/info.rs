@@ -100,6 +100,7 @@ pub fn to_json(agent: &LoadedAgent) -> serde_json::Value {
             "image": sandbox.image,
             "cpus": sandbox.cpus,
             "memory_mib": sandbox.memory,
+            "workspace_disk_mib": sandbox.workspace_disk,
             "allow": sandbox.allow,
             "secrets": sandbox.secrets.iter().map(|grant| json!({
                 "env": grant.env,
@@ -314,8 +315,8 @@ pub fn to_text(agent: &LoadedAgent) -> String {
     row(
         "sandbox",
         format!(
-            "{}, {} {cpus}, {} MiB",
-            sandbox.image, sandbox.cpus, sandbox.memory
+            "{}, {} {cpus}, {} MiB, the workspace may grow by {} MiB",
+            sandbox.image, sandbox.cpus, sandbox.memory, sandbox.workspace_disk
         ),
     );
     row("egress", list_or_none(&sandbox.allow));

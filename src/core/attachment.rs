@@ -18,6 +18,14 @@ pub const MAX_REPLY_FILES: usize = 10;
 pub const NAME_LIMIT: usize = 100;
 /// Where inbound files go, relative to the workspace.
 pub const INBOX_DIR: &str = "inbox";
+/// The most bytes of files `workspace/inbox/` may hold for perch to save another there: every
+/// regular file under it counts, whoever wrote it (ten files at [`FILE_LIMIT`]).
+pub const INBOX_LIMIT: u64 = 250_000_000;
+/// The most entries perch counts under `workspace/inbox/`; past them it saves nothing there.
+pub const INBOX_ENTRY_LIMIT: usize = 100_000;
+/// The deepest perch looks under `workspace/inbox/` (its own files are three levels down); a
+/// deeper directory is not counted, so perch saves nothing there.
+pub const INBOX_DEPTH_LIMIT: usize = 16;
 
 /// One file attached to an inbound message, as a reference the connector can fetch again:
 /// never the bytes, never a credential or a URL that embeds one.
@@ -71,6 +79,15 @@ pub enum FileRefusal {
     /// A symlink is on the path: perch follows none in the workspace.
     Symlink,
     NotAFile,
+    /// A regular file with this many links: it may be a file outside the workspace too, so
+    /// perch neither reads nor sends it.
+    HardLinked(u64),
+    /// `workspace/inbox/` holds this many bytes, and the file would take it past
+    /// [`INBOX_LIMIT`]; `None` when it holds more than [`INBOX_ENTRY_LIMIT`] entries or nests
+    /// deeper than [`INBOX_DEPTH_LIMIT`] levels, and was not counted.
+    InboxFull {
+        used: Option<u64>,
+    },
     /// Anything else (a failed download, an unreadable file), said in a few words.
     Failed(String),
 }
@@ -95,6 +112,21 @@ impl fmt::Display for FileRefusal {
             FileRefusal::NotFound => f.write_str("no such file"),
             FileRefusal::Symlink => f.write_str("a symlink is in the way"),
             FileRefusal::NotAFile => f.write_str("not a regular file"),
+            FileRefusal::HardLinked(links) => write!(
+                f,
+                "it has {links} hard links, and perch reads no workspace file linked from elsewhere"
+            ),
+            FileRefusal::InboxFull { used: Some(used) } => write!(
+                f,
+                "/workspace/inbox holds {} and may hold at most {}; delete files there to make room",
+                human_size(*used),
+                human_size(INBOX_LIMIT)
+            ),
+            FileRefusal::InboxFull { used: None } => write!(
+                f,
+                "/workspace/inbox holds more than {INBOX_ENTRY_LIMIT} entries or nests deeper than \
+                 {INBOX_DEPTH_LIMIT} levels; delete files there to make room"
+            ),
             FileRefusal::Failed(why) => f.write_str(why),
         }
     }
@@ -236,14 +268,69 @@ pub fn inbox_dir(channel: &str, platform_id: &str) -> String {
     format!("{INBOX_DIR}/{channel}/{id}")
 }
 
-/// How many bytes the next attachment may have, given its declared size and what is left of
-/// the message's budget; a refusal when the declared size is already too much.
-pub fn download_limit(declared: Option<u64>, remaining: u64) -> Result<u64, FileRefusal> {
+/// How many bytes the next attachment may have, and which bound that is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DownloadLimit {
+    pub bytes: u64,
+    bound: Bound,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bound {
+    File,
+    Message,
+    Inbox { used: u64 },
+}
+
+impl DownloadLimit {
+    /// Why a file of `size` bytes (when known), larger than [`DownloadLimit::bytes`], is refused.
+    pub fn refusal(&self, size: Option<u64>) -> FileRefusal {
+        match self.bound {
+            Bound::File => FileRefusal::TooLarge { size },
+            Bound::Message => FileRefusal::MessageTooLarge,
+            Bound::Inbox { used } => FileRefusal::InboxFull { used: Some(used) },
+        }
+    }
+}
+
+/// How many bytes the next attachment may have, given its declared size, what is left of the
+/// message's budget and how much `workspace/inbox/` holds (`None`: too much to count); a
+/// refusal when the declared size is already too much.
+pub fn download_limit(
+    declared: Option<u64>,
+    remaining: u64,
+    inbox_used: Option<u64>,
+) -> Result<DownloadLimit, FileRefusal> {
+    let Some(used) = inbox_used else {
+        return Err(FileRefusal::InboxFull { used: None });
+    };
+    let room = INBOX_LIMIT.saturating_sub(used);
     match declared {
         Some(size) if size > FILE_LIMIT => Err(FileRefusal::TooLarge { size: Some(size) }),
         Some(size) if size > remaining => Err(FileRefusal::MessageTooLarge),
         _ if remaining == 0 => Err(FileRefusal::MessageTooLarge),
-        _ => Ok(FILE_LIMIT.min(remaining)),
+        Some(size) if size > room => Err(FileRefusal::InboxFull { used: Some(used) }),
+        _ if room == 0 => Err(FileRefusal::InboxFull { used: Some(used) }),
+        _ => {
+            let (bytes, bound) = [
+                (FILE_LIMIT, Bound::File),
+                (remaining, Bound::Message),
+                (room, Bound::Inbox { used }),
+            ]
+            .into_iter()
+            .min_by_key(|(bytes, _)| *bytes)
+            .unwrap_or((FILE_LIMIT, Bound::File));
+            Ok(DownloadLimit { bytes, bound })
+        }
+    }
+}
+
+/// Whether a fetched file of `size` bytes may be saved now that `workspace/inbox/` holds
+/// `inbox_used` bytes (`None`: too much to count).
+pub fn inbox_has_room(inbox_used: Option<u64>, size: u64) -> Result<(), FileRefusal> {
+    match inbox_used {
+        Some(used) if used.saturating_add(size) <= INBOX_LIMIT => Ok(()),
+        used => Err(FileRefusal::InboxFull { used }),
     }
 }
 
@@ -591,19 +678,82 @@ mod tests {
 
     #[test]
     fn download_limits_follow_declared_sizes_and_the_budget() {
-        assert_eq!(download_limit(None, MESSAGE_LIMIT), Ok(FILE_LIMIT));
-        assert_eq!(download_limit(Some(10), 100), Ok(100));
+        let empty = Some(0);
+        let bytes = |limit: Result<DownloadLimit, FileRefusal>| limit.map(|limit| limit.bytes);
         assert_eq!(
-            download_limit(Some(FILE_LIMIT + 1), MESSAGE_LIMIT),
+            bytes(download_limit(None, MESSAGE_LIMIT, empty)),
+            Ok(FILE_LIMIT)
+        );
+        assert_eq!(bytes(download_limit(Some(10), 100, empty)), Ok(100));
+        assert_eq!(
+            download_limit(Some(FILE_LIMIT + 1), MESSAGE_LIMIT, empty),
             Err(FileRefusal::TooLarge {
                 size: Some(FILE_LIMIT + 1)
             })
         );
         assert_eq!(
-            download_limit(Some(101), 100),
+            download_limit(Some(101), 100, empty),
             Err(FileRefusal::MessageTooLarge)
         );
-        assert_eq!(download_limit(None, 0), Err(FileRefusal::MessageTooLarge));
+        assert_eq!(
+            download_limit(None, 0, empty),
+            Err(FileRefusal::MessageTooLarge)
+        );
+        let limit = download_limit(None, MESSAGE_LIMIT, empty).unwrap();
+        assert_eq!(
+            limit.refusal(Some(7)),
+            FileRefusal::TooLarge { size: Some(7) }
+        );
+        let limit = download_limit(None, 100, empty).unwrap();
+        assert_eq!(limit.refusal(Some(101)), FileRefusal::MessageTooLarge);
+    }
+
+    #[test]
+    fn the_inbox_total_bounds_every_download_and_save() {
+        let used = INBOX_LIMIT - 50;
+        let full = FileRefusal::InboxFull { used: Some(used) };
+        let limit = download_limit(None, MESSAGE_LIMIT, Some(used)).unwrap();
+        assert_eq!(limit.bytes, 50);
+        assert_eq!(limit.refusal(Some(51)), full);
+        assert_eq!(
+            download_limit(Some(51), MESSAGE_LIMIT, Some(used)),
+            Err(full.clone())
+        );
+        assert_eq!(
+            download_limit(Some(50), MESSAGE_LIMIT, Some(used)).map(|limit| limit.bytes),
+            Ok(50)
+        );
+        assert_eq!(
+            download_limit(None, MESSAGE_LIMIT, Some(INBOX_LIMIT + 1)),
+            Err(FileRefusal::InboxFull {
+                used: Some(INBOX_LIMIT + 1)
+            })
+        );
+        assert_eq!(
+            download_limit(Some(1), MESSAGE_LIMIT, None),
+            Err(FileRefusal::InboxFull { used: None })
+        );
+        assert_eq!(
+            download_limit(Some(FILE_LIMIT + 1), MESSAGE_LIMIT, Some(used)),
+            Err(FileRefusal::TooLarge {
+                size: Some(FILE_LIMIT + 1)
+            }),
+            "a file too large for any inbox says so"
+        );
+        assert_eq!(inbox_has_room(Some(used), 50), Ok(()));
+        assert_eq!(inbox_has_room(Some(used), 51), Err(full.clone()));
+        assert_eq!(
+            inbox_has_room(None, 1),
+            Err(FileRefusal::InboxFull { used: None })
+        );
+        assert_eq!(
+            full.to_string(),
+            "/workspace/inbox holds 250 MB and may hold at most 250 MB; delete files there to make room"
+        );
+        assert_eq!(
+            FileRefusal::HardLinked(2).to_string(),
+            "it has 2 hard links, and perch reads no workspace file linked from elsewhere"
+        );
     }
 
     #[test]

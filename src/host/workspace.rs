@@ -2,8 +2,9 @@
 //! prompt and the skills, the files a chat message brings (saved under `inbox/`) and the files a
 //! reply attaches. The guest can change anything under `workspace/`, including replacing a file
 //! or a directory with a symlink to a host path, so a path is walked one component at a time from
-//! directories held open (`openat`), never followed through a symlink, and a file is opened
-//! only if it is a regular file, the same one that was checked. Text files are read up to
+//! directories held open (`openat`), never followed through a symlink, and a file is read only
+//! if the descriptor opened says it is a regular file with no other hard link (one could be a
+//! host file linked into the workspace), the same one that was checked. Text files are read up to
 //! [`WORKSPACE_FILE_LIMIT`] bytes. A file perch writes is written under a temporary hidden name
 //! in its directory, synced, and renamed into place, so a file under its own name is complete.
 
@@ -235,46 +236,37 @@ impl WorkspaceDir {
     /// size; `Ok(None)` when there is none.
     fn read_up_to(&self, name: &OsStr, limit: u64) -> Result<Option<(Vec<u8>, u64)>, Problem> {
         let relative = self.relative.join(name);
-        let checked = match fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
-            Ok(checked) => checked,
-            Err(Errno::ENOENT) => return Ok(None),
-            Err(error) => return Err(unreadable(&relative, error)),
-        };
-        match kind_of_mode(checked.st_mode) {
-            EntryKind::File => {}
-            EntryKind::Symlink => return Err(symlink(&relative)),
-            EntryKind::Directory | EntryKind::Other => {
+        let (file, size) = match open_single_file(&self.fd, name) {
+            Ok(Some(opened)) => opened,
+            Ok(None) => return Ok(None),
+            Err(Unopened::Symlink) => return Err(symlink(&relative)),
+            Err(Unopened::NotAFile) => {
                 return Err(problem(
                     &relative,
                     "is not a regular file",
                     "make it a regular file",
                 ));
             }
-        }
-        let file = match openat(&self.fd, name, FILE, Mode::empty()) {
-            Ok(fd) => File::from(fd),
-            Err(Errno::ENOENT) => return Ok(None),
-            Err(Errno::ELOOP) => return Err(symlink(&relative)),
-            Err(error) => return Err(unreadable(&relative, error)),
-        };
-        let read = file.metadata().and_then(|opened| {
-            if !opened.is_file() || opened.dev() != checked.st_dev || opened.ino() != checked.st_ino
-            {
-                return Err(io::Error::other(
-                    "it was replaced while perch was reading it",
+            Err(Unopened::HardLinked(links)) => return Err(hard_linked(&relative, links)),
+            Err(Unopened::Failed(error)) => {
+                return Err(problem(
+                    &relative,
+                    &format!("cannot be read: {error}"),
+                    "check that it is a regular file that perch may read",
                 ));
             }
-            let mut bytes = Vec::new();
-            file.take(limit + 1).read_to_end(&mut bytes)?;
-            Ok((bytes, opened.len()))
-        });
-        read.map(Some).map_err(|error| {
-            problem(
-                &relative,
-                &format!("cannot be read: {error}"),
-                "check that it is a regular file that perch may read",
-            )
-        })
+        };
+        let mut bytes = Vec::new();
+        file.take(limit + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|error| {
+                problem(
+                    &relative,
+                    &format!("cannot be read: {error}"),
+                    "check that it is a regular file that perch may read",
+                )
+            })?;
+        Ok(Some((bytes, size)))
     }
 
     fn kind(&self, name: &OsStr) -> Option<EntryKind> {
@@ -481,6 +473,87 @@ pub fn save_workspace_file(
     written
 }
 
+/// How many bytes the regular files under the directory `relative` in `workspace` hold
+/// together, by their sizes, walked without following a symlink; `Ok(Some(0))` when there is
+/// no such directory, and `Ok(None)` when it holds more than `max_entries` entries or nests
+/// deeper than `max_depth` levels (then it was not counted). An entry removed while it is
+/// walked is not counted.
+pub fn tree_size(
+    workspace: &Path,
+    relative: &Path,
+    max_entries: usize,
+    max_depth: usize,
+) -> Result<Option<u64>, FileRefusal> {
+    let Some(root) = walk_dirs(workspace, relative, false)? else {
+        return Ok(Some(0));
+    };
+    let mut walk = TreeWalk {
+        entries_left: max_entries,
+        total: 0,
+    };
+    Ok(walk.visit(&root, max_depth)?.then_some(walk.total))
+}
+
+struct TreeWalk {
+    entries_left: usize,
+    total: u64,
+}
+
+impl TreeWalk {
+    /// Adds the sizes under `dir`, `depth_left` levels deep at most; false when a bound was
+    /// reached.
+    fn visit(&mut self, dir: &OwnedFd, depth_left: usize) -> Result<bool, FileRefusal> {
+        let failed = |error: Errno| FileRefusal::Failed(io::Error::from(error).to_string());
+        let mut listing = Dir::openat(
+            dir,
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(failed)?;
+        let mut subdirs = Vec::new();
+        for entry in listing.iter() {
+            let entry = entry.map_err(failed)?;
+            let name = OsStr::from_bytes(entry.file_name().to_bytes());
+            if name == "." || name == ".." {
+                continue;
+            }
+            if self.entries_left == 0 {
+                return Ok(false);
+            }
+            self.entries_left -= 1;
+            let stat = match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(stat) => stat,
+                Err(Errno::ENOENT) => continue,
+                Err(error) => return Err(failed(error)),
+            };
+            match kind_of_mode(stat.st_mode) {
+                EntryKind::File => {
+                    let size = u64::try_from(stat.st_size).unwrap_or_default();
+                    self.total = self.total.saturating_add(size);
+                }
+                EntryKind::Directory => subdirs.push(name.to_owned()),
+                EntryKind::Symlink | EntryKind::Other => {}
+            }
+        }
+        drop(listing);
+        for name in subdirs {
+            if depth_left == 0 {
+                return Ok(false);
+            }
+            let subdir = match openat(dir, name.as_os_str(), DIRECTORY, Mode::empty()) {
+                Ok(fd) => fd,
+                Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => continue,
+                Err(error) => return Err(failed(error)),
+            };
+            if !self.visit(&subdir, depth_left - 1)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
 /// Reads the regular file `relative` under `workspace` (a plain relative path) whole, refusing
 /// it when it is larger than `limit` bytes, a symlink is on its path, or it is not a regular
 /// file.
@@ -514,26 +587,64 @@ fn open_regular(workspace: &Path, relative: &Path) -> Result<(File, u64), FileRe
         return Err(FileRefusal::Outside);
     };
     let dir = walk_dirs(workspace, parent, false)?.ok_or(FileRefusal::NotFound)?;
-    let Some(_) = regular_size(&dir, name)? else {
-        return Err(FileRefusal::NotFound);
-    };
-    let checked = fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
-        .map_err(|error| FileRefusal::Failed(io::Error::from(error).to_string()))?;
-    let file = match openat(&dir, name, FILE, Mode::empty()) {
-        Ok(fd) => File::from(fd),
-        Err(Errno::ENOENT) => return Err(FileRefusal::NotFound),
-        Err(Errno::ELOOP) => return Err(FileRefusal::Symlink),
-        Err(error) => return Err(FileRefusal::Failed(io::Error::from(error).to_string())),
-    };
-    let opened = file
-        .metadata()
-        .map_err(|error| FileRefusal::Failed(error.to_string()))?;
-    if !opened.is_file() || opened.dev() != checked.st_dev || opened.ino() != checked.st_ino {
-        return Err(FileRefusal::Failed(
-            "it was replaced while perch was reading it".into(),
-        ));
+    match open_single_file(&dir, name) {
+        Ok(Some(opened)) => Ok(opened),
+        Ok(None) => Err(FileRefusal::NotFound),
+        Err(Unopened::Symlink) => Err(FileRefusal::Symlink),
+        Err(Unopened::NotAFile) => Err(FileRefusal::NotAFile),
+        Err(Unopened::HardLinked(links)) => Err(FileRefusal::HardLinked(links)),
+        Err(Unopened::Failed(error)) => Err(FileRefusal::Failed(error.to_string())),
     }
-    Ok((file, opened.len()))
+}
+
+/// Why a workspace file was not opened for reading.
+#[derive(Debug)]
+enum Unopened {
+    Symlink,
+    /// A directory, a FIFO, a device or a socket.
+    NotAFile,
+    /// A regular file with this many links.
+    HardLinked(u64),
+    Failed(io::Error),
+}
+
+/// The file `name` in the directory `dir`, opened for reading, and its size; `Ok(None)` when
+/// there is none. The one place perch decides whether it may read a file the guest can write:
+/// the entry is looked at without following a symlink (so a FIFO or a device is never opened),
+/// opened with `O_NOFOLLOW | O_NONBLOCK`, and the descriptor it got must be a regular file
+/// with exactly one link, the same file that was looked at. A second link may be a host file
+/// (a secret, another agent's file) linked into the workspace, so such a file is refused
+/// whatever its name there.
+fn open_single_file(dir: &OwnedFd, name: &OsStr) -> Result<Option<(File, u64)>, Unopened> {
+    let checked = match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(checked) => checked,
+        Err(Errno::ENOENT) => return Ok(None),
+        Err(error) => return Err(Unopened::Failed(io::Error::from(error))),
+    };
+    match kind_of_mode(checked.st_mode) {
+        EntryKind::File => {}
+        EntryKind::Symlink => return Err(Unopened::Symlink),
+        EntryKind::Directory | EntryKind::Other => return Err(Unopened::NotAFile),
+    }
+    let file = match openat(dir, name, FILE, Mode::empty()) {
+        Ok(fd) => File::from(fd),
+        Err(Errno::ENOENT) => return Ok(None),
+        Err(Errno::ELOOP) => return Err(Unopened::Symlink),
+        Err(error) => return Err(Unopened::Failed(io::Error::from(error))),
+    };
+    let opened = file.metadata().map_err(Unopened::Failed)?;
+    if !opened.is_file() {
+        return Err(Unopened::NotAFile);
+    }
+    if opened.nlink() > 1 {
+        return Err(Unopened::HardLinked(opened.nlink()));
+    }
+    if opened.dev() != checked.st_dev || opened.ino() != checked.st_ino {
+        return Err(Unopened::Failed(io::Error::other(
+            "it was replaced while perch was reading it",
+        )));
+    }
+    Ok(Some((file, opened.len())))
 }
 
 fn kind_of_mode(mode: u32) -> EntryKind {
@@ -562,6 +673,19 @@ fn symlink(relative: &Path) -> Problem {
         relative,
         "is a symlink; perch reads workspace files on the host and never follows a symlink there",
         "replace the symlink with the file or directory itself",
+    )
+}
+
+fn hard_linked(relative: &Path, links: u64) -> Problem {
+    let file = label(relative);
+    problem(
+        relative,
+        &format!(
+            "has {links} hard links; perch reads workspace files on the host and never one that is also linked elsewhere, which could be a file outside the workspace"
+        ),
+        &format!(
+            "replace it with a copy of its own: cp {file} {file}.copy && mv {file}.copy {file}"
+        ),
     )
 }
 
@@ -720,6 +844,82 @@ mod tests {
         assert_eq!(read("missing", 10), Err(FileRefusal::NotFound));
         assert_eq!(read("nodir/x", 10), Err(FileRefusal::NotFound));
         assert_eq!(read("../secret", 10), Err(FileRefusal::Outside));
+    }
+
+    #[test]
+    fn a_file_with_another_hard_link_is_never_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let workspace = dir.path().join("workspace");
+        fs::create_dir_all(workspace.join("skills/s")).unwrap();
+        fs::write(dir.path().join("secret"), b"host secret").unwrap();
+        for linked in ["HEARTBEAT.yml", "AGENTS.md", "skills/s/SKILL.md", "out.pdf"] {
+            fs::hard_link(dir.path().join("secret"), workspace.join(linked)).unwrap();
+        }
+        let refused = read_workspace_text(&workspace, Path::new("HEARTBEAT.yml"), 1024)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            refused,
+            "workspace/HEARTBEAT.yml: has 5 hard links; perch reads workspace files on the host \
+             and never one that is also linked elsewhere, which could be a file outside the \
+             workspace\n  fix: replace it with a copy of its own: cp workspace/HEARTBEAT.yml \
+             workspace/HEARTBEAT.yml.copy && mv workspace/HEARTBEAT.yml.copy \
+             workspace/HEARTBEAT.yml"
+        );
+        let refused = read_workspace_file(&workspace, Path::new("AGENTS.md")).unwrap_err();
+        assert!(refused.message.starts_with("has 5 hard links"), "{refused}");
+        let skills = WorkspaceDir::open(&workspace, Path::new("skills/s"))
+            .unwrap()
+            .unwrap();
+        assert!(skills.read_file(OsStr::new("SKILL.md")).is_err());
+        assert_eq!(
+            read_workspace_bytes(&workspace, Path::new("out.pdf"), 1024),
+            Err(FileRefusal::HardLinked(5))
+        );
+        assert_eq!(
+            workspace_file_size(&workspace, Path::new("out.pdf")),
+            Err(FileRefusal::HardLinked(5))
+        );
+        fs::remove_file(workspace.join("out.pdf")).unwrap();
+        fs::copy(dir.path().join("secret"), workspace.join("out.pdf")).unwrap();
+        assert_eq!(
+            read_workspace_bytes(&workspace, Path::new("out.pdf"), 1024),
+            Ok(b"host secret".to_vec()),
+            "a copy of its own is read"
+        );
+    }
+
+    #[test]
+    fn a_tree_is_sized_without_following_symlinks_and_within_its_bounds() {
+        let dir = tempfile::tempdir().unwrap();
+        let workspace = dir.path().join("workspace");
+        let inbox = Path::new("inbox");
+        fs::create_dir_all(&workspace).unwrap();
+        assert_eq!(tree_size(&workspace, inbox, 100, 4), Ok(Some(0)));
+        fs::create_dir_all(workspace.join("inbox/tg/1")).unwrap();
+        fs::create_dir_all(workspace.join("inbox/dc/2")).unwrap();
+        fs::write(workspace.join("inbox/tg/1/a"), [0; 10]).unwrap();
+        fs::write(workspace.join("inbox/dc/2/b"), [0; 5]).unwrap();
+        let sparse = fs::File::create(workspace.join("inbox/tg/1/sparse")).unwrap();
+        sparse.set_len(1_000_000).unwrap();
+        fs::write(dir.path().join("host"), [0; 1000]).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("host"), workspace.join("inbox/link")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), workspace.join("inbox/tg/up")).unwrap();
+        assert_eq!(tree_size(&workspace, inbox, 100, 4), Ok(Some(1_000_015)));
+        assert_eq!(
+            tree_size(&workspace, inbox, 8, 4),
+            Ok(None),
+            "too many entries"
+        );
+        assert_eq!(tree_size(&workspace, inbox, 9, 4), Ok(Some(1_000_015)));
+        assert_eq!(tree_size(&workspace, inbox, 100, 1), Ok(None), "too deep");
+        assert_eq!(tree_size(&workspace, inbox, 100, 2), Ok(Some(1_000_015)));
+        fs::remove_dir_all(workspace.join("inbox")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), workspace.join("inbox")).unwrap();
+        assert_eq!(
+            tree_size(&workspace, inbox, 100, 4),
+            Err(FileRefusal::Symlink)
+        );
     }
 
     #[test]

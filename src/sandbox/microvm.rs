@@ -3,7 +3,8 @@
 //!
 //! One machine per agent, named `spec.name`, booted from an OCI image (perch's own image,
 //! loaded with [`load_image`], or a registry reference). The guest sees the agent's workspace
-//! read-write at [`GUEST_WORKSPACE`] and no other host directory. Its network is the allowlist
+//! read-write at [`GUEST_WORKSPACE`] and no other host directory; what it may add there is
+//! bounded by the bind mount's quota (`workspace_disk`). Its network is the allowlist
 //! built by `network_policy`; secrets reach it only as placeholders, which microsandbox's
 //! network boundary swaps for the real value on the way to the secret's hosts.
 //!
@@ -161,12 +162,14 @@ impl Microvm {
         let NetworkConfig {
             policy, secrets, ..
         } = guest_network(spec)?;
-        let workspace = spec.workspace.clone();
+        let (workspace, quota) = (spec.workspace.clone(), spec.workspace_disk);
         let mut builder = microsandbox::Sandbox::builder(spec.name.as_str())
             .cpus(spec.cpus)
             .memory(spec.memory)
             .ephemeral(false)
-            .volume(GUEST_WORKSPACE, move |mount| mount.bind(workspace))
+            .volume(GUEST_WORKSPACE, move |mount| {
+                mount.bind(workspace).quota(quota)
+            })
             .workdir(GUEST_WORKSPACE)
             .network(move |network| {
                 network

@@ -76,6 +76,8 @@ pub struct Spec {
     pub memory: u32,
     /// Mounted read-write at [`GUEST_WORKSPACE`]; the only host directory the guest sees.
     pub workspace: PathBuf,
+    /// MiB the guest may add to the workspace beyond what it held at boot.
+    pub workspace_disk: u32,
     /// Hosts the guest may reach (DNS aside, nothing else).
     pub allow: Vec<HostName>,
     pub secrets: Vec<ResolvedSecret>,

@@ -104,6 +104,7 @@ pub fn machine_for(
         cpus: policy.cpus,
         memory: policy.memory,
         workspace: agent.dir.workspace(),
+        workspace_disk: policy.workspace_disk,
         allow: policy.allow.clone(),
         secrets,
         env: policy

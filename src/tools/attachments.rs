@@ -8,15 +8,20 @@
 
 use crate::channel::{Connector, FetchError, InboundEvent, OutboundFile, Upload};
 use crate::host::workspace::{
-    read_workspace_bytes, save_workspace_file, saved_file_size, workspace_file_size,
+    read_workspace_bytes, save_workspace_file, saved_file_size, tree_size, workspace_file_size,
 };
 use crate::sandbox::GUEST_WORKSPACE;
 use perch_core::attachment::{
-    FILE_LIMIT, FileRefusal, MAX_REPLY_FILES, MESSAGE_LIMIT, attachment_line, content_type_for,
-    could_not_attach, download_limit, inbox_dir, safe_file_name, saved_names, take_attach_lines,
-    unsaved_line, workspace_path,
+    FILE_LIMIT, FileRefusal, INBOX_DEPTH_LIMIT, INBOX_DIR, INBOX_ENTRY_LIMIT, MAX_REPLY_FILES,
+    MESSAGE_LIMIT, attachment_line, content_type_for, could_not_attach, download_limit, inbox_dir,
+    inbox_has_room, safe_file_name, saved_names, take_attach_lines, unsaved_line, workspace_path,
 };
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+
+/// Held while the inbox is counted and a file saved into it, so that files of messages run at
+/// once cannot pass [`perch_core::attachment::INBOX_LIMIT`] together.
+static INBOX_WRITES: Mutex<()> = Mutex::new(());
 
 /// What became of a message's attachments.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -29,8 +34,10 @@ pub struct Received {
 
 /// Fetches and saves every attachment of `event`, which arrived on `channel`, into the
 /// workspace. A file already saved there (a redelivery, a restart) is not fetched again. A file
-/// over [`FILE_LIMIT`], or past [`MESSAGE_LIMIT`] for the message, is refused without being
-/// written, by its declared size before downloading and by its real size while downloading.
+/// over [`FILE_LIMIT`], past [`MESSAGE_LIMIT`] for the message, or that would take what
+/// `workspace/inbox/` holds past [`perch_core::attachment::INBOX_LIMIT`], is refused without
+/// being written (nothing already there is removed to make room), by its declared size before
+/// downloading and by its real size while downloading and again before saving.
 pub async fn receive(
     connector: &dyn Connector,
     workspace: &Path,
@@ -86,28 +93,40 @@ async fn fetch_and_save(
     attachment: &crate::channel::Attachment,
     remaining: u64,
 ) -> Result<u64, FileRefusal> {
-    let limit = download_limit(attachment.size, remaining)?;
-    let too_large = |size: Option<u64>| {
-        if limit < FILE_LIMIT {
-            FileRefusal::MessageTooLarge
-        } else {
-            FileRefusal::TooLarge { size }
-        }
+    let used = {
+        let workspace = workspace.to_path_buf();
+        blocking(move || inbox_used(&workspace)).await?
     };
-    let bytes = match connector.fetch(event, attachment, limit).await {
-        Ok(bytes) if bytes.len() as u64 > limit => {
-            return Err(too_large(Some(bytes.len() as u64)));
+    let limit = download_limit(attachment.size, remaining, used)?;
+    let bytes = match connector.fetch(event, attachment, limit.bytes).await {
+        Ok(bytes) if bytes.len() as u64 > limit.bytes => {
+            return Err(limit.refusal(Some(bytes.len() as u64)));
         }
         Ok(bytes) => bytes,
-        Err(FetchError::TooLarge { size }) => return Err(too_large(size)),
+        Err(FetchError::TooLarge { size }) => return Err(limit.refusal(size)),
         Err(error @ FetchError::Failed { .. }) => {
             return Err(FileRefusal::Failed(error.to_string()));
         }
     };
     let size = bytes.len() as u64;
     let (workspace, dir, name) = (workspace.to_path_buf(), dir.to_path_buf(), name.to_owned());
-    blocking(move || save_workspace_file(&workspace, &dir, &name, &bytes)).await?;
+    blocking(move || {
+        let _writing = INBOX_WRITES.lock().unwrap_or_else(PoisonError::into_inner);
+        inbox_has_room(inbox_used(&workspace)?, size)?;
+        save_workspace_file(&workspace, &dir, &name, &bytes)
+    })
+    .await?;
     Ok(size)
+}
+
+/// The bytes `workspace/inbox/` holds, or `None` when it holds too many entries to count.
+fn inbox_used(workspace: &Path) -> Result<Option<u64>, FileRefusal> {
+    tree_size(
+        workspace,
+        Path::new(INBOX_DIR),
+        INBOX_ENTRY_LIMIT,
+        INBOX_DEPTH_LIMIT,
+    )
 }
 
 /// A reply with its `attach:` lines taken out, and the files they name that may be sent: inside

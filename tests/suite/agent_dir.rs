@@ -147,6 +147,27 @@ fn init_never_follows_a_symlink_out_of_the_directory() {
 }
 
 #[test]
+fn init_never_reads_a_workspace_file_hard_linked_from_elsewhere() {
+    let outside = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let secret = outside.path().join("secret");
+    fs::write(&secret, "host secret").unwrap();
+    fs::create_dir(dir.path().join("workspace")).unwrap();
+    fs::hard_link(&secret, dir.path().join("workspace/SOUL.md")).unwrap();
+    let output = perch(&["init", dir.path().to_str().unwrap()], &[]);
+    assert!(!output.status.success());
+    assert!(
+        stdout(&output).contains(
+            "refused    workspace/SOUL.md  (it has 2 hard links, and perch reads no workspace file \
+             linked from elsewhere; replace it with a copy of its own)"
+        ),
+        "{}",
+        stdout(&output)
+    );
+    assert_eq!(fs::read_to_string(&secret).unwrap(), "host secret");
+}
+
+#[test]
 fn every_other_command_refuses_a_directory_that_is_not_an_agent() {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "README.md", "some checkout\n");

@@ -340,6 +340,7 @@ fn every_json_perch_defines_has_snake_case_keys_but_those_of_models_yml() {
     let info = &printed[0].1[0];
     assert_eq!(info["provider"]["baseUrl"], agent.model.base_url());
     assert!(info["sandbox"]["memory_mib"].is_u64(), "{info}");
+    assert_eq!(info["sandbox"]["workspace_disk_mib"], 4096, "{info}");
 }
 
 /// `perch status` of the running Telegram agent after one answer, in UTC, with its pid, when it

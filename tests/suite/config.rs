@@ -129,6 +129,19 @@ fn unknown_keys_and_wrong_types_name_the_line_of_the_key() {
         &found,
         "sandbox.lua:2: memory: expected an integer, found a string",
     );
+    let found = problems_with("sandbox.lua", "sandbox {\n\n  workspace_disk = 32,\n}\n");
+    assert_one(
+        &found,
+        "sandbox.lua:3: workspace_disk: 32 is out of range; use a value from 64 to 1048576",
+    );
+    let found = problems_with(
+        "sandbox.lua",
+        "sandbox {\n  workspace_disk = \"4GiB\",\n}\n",
+    );
+    assert_one(
+        &found,
+        "sandbox.lua:2: workspace_disk: expected an integer, found a string",
+    );
 }
 
 #[test]

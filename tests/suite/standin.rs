@@ -114,6 +114,34 @@ async fn argv(machine: &Machine, args: &[&str]) -> sandbox::Output {
         .unwrap()
 }
 
+/// The options of the launch's directory mount of the agent's `workspace/` (`tag:host:options`),
+/// such as `["rw", "quota=4096"]`.
+fn workspace_mount_options(launch: &Value) -> Vec<String> {
+    let mounts: Vec<&str> = launch["config"]["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|mount| mount.as_str().unwrap())
+        .collect();
+    let workspace: Vec<&str> = mounts
+        .iter()
+        .filter_map(|mount| {
+            let (_tag, rest) = mount.split_once(':')?;
+            let (host, options) = rest.rsplit_once(':')?;
+            host.ends_with("/workspace").then_some(options)
+        })
+        .collect();
+    assert_eq!(workspace.len(), 1, "one workspace mount: {mounts:?}");
+    workspace[0].split(',').map(str::to_owned).collect()
+}
+
+/// The quota, in MiB, of the launch's workspace mount.
+fn workspace_quota(launch: &Value) -> Option<String> {
+    workspace_mount_options(launch)
+        .iter()
+        .find_map(|option| option.strip_prefix("quota=").map(str::to_owned))
+}
+
 /// Each egress rule of a launch's network policy as `action destination protocols ports`.
 fn rules(network: &Value) -> Vec<String> {
     let policy = &network["policy"];
@@ -204,6 +232,7 @@ async fn the_runtime_gets_the_exact_policy_and_one_entry_per_secret_with_its_hos
         root,
         "sandbox.lua",
         r#"sandbox {
+  workspace_disk = 2048,
   allow = { "api.github.com", "*.githubusercontent.com", "host.microsandbox.internal" },
   secrets = {
     { env = "GITHUB_TOKEN", source = env "JOURNEY_SOURCE", placeholder = "perch-github-token", hosts = { "api.github.com" } },
@@ -225,6 +254,11 @@ async fn the_runtime_gets_the_exact_policy_and_one_entry_per_secret_with_its_hos
 
     let launched = launches(&setup, &name);
     assert_eq!(launched.len(), 1, "{launched:?}");
+    assert_eq!(
+        workspace_quota(&launched[0]).as_deref(),
+        Some("2048"),
+        "workspace_disk is the workspace bind's quota"
+    );
     let network = &launched[0]["config"]["network"]["config"];
     assert_eq!(network["strict"], true, "{network}");
     assert_eq!(network["dns"]["rebind_protection"], true, "{network}");
@@ -369,6 +403,13 @@ async fn a_machine_resumes_with_its_disk_and_is_recreated_with_bootstrap_when_it
         launches_so_far[0]["sandbox_id"], launches_so_far[1]["sandbox_id"],
         "resumed, not recreated"
     );
+    for launch in &launches_so_far {
+        assert_eq!(
+            workspace_quota(launch).as_deref(),
+            Some("4096"),
+            "without workspace_disk, microsandbox's default quota"
+        );
+    }
 
     // A rebuilt image (another layer digest): a new machine, bootstrapped on an empty disk.
     let cache = rebuilt_cache(&setup.places);
@@ -633,6 +674,7 @@ async fn a_machine_held_by_another_process_is_refused_and_left_running() {
         cpus: 1,
         memory: 512,
         workspace: agent.dir.workspace(),
+        workspace_disk: 4096,
         allow: Vec::new(),
         secrets: Vec::new(),
         env: Vec::new(),

@@ -14,7 +14,9 @@ pub use channel::{
     TERMINAL_CHANNEL, channel_secret_problems, channel_stem, check_channel,
 };
 pub use models::{Api, ModelSpec, ModelsFile, Provider, check_models};
-pub use sandbox::{DEFAULT_IMAGE, SandboxPolicy, SecretGrant, check_sandbox};
+pub use sandbox::{
+    DEFAULT_IMAGE, DEFAULT_WORKSPACE_DISK, SandboxPolicy, SecretGrant, check_sandbox,
+};
 pub use tool::{
     BUILTIN_TOOLS, Param, ParamType, Replay, ToolDecl, arguments_schema, check_tool,
     prepare_arguments,

@@ -9,6 +9,10 @@ use std::collections::BTreeMap;
 /// perch's own image, built offline by `perch image build`.
 pub const DEFAULT_IMAGE: &str = "perch:default";
 
+/// How many MiB the guest may add to the workspace unless `sandbox.lua` says otherwise:
+/// microsandbox's own default quota for a bind mount (4 GiB).
+pub const DEFAULT_WORKSPACE_DISK: u32 = 4096;
+
 /// `sandbox.lua`: the microVM every command runs in.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SandboxPolicy {
@@ -17,6 +21,9 @@ pub struct SandboxPolicy {
     pub cpus: u8,
     /// MiB.
     pub memory: u32,
+    /// MiB the guest may add to the workspace beyond what it held at boot: the quota of its
+    /// bind mount.
+    pub workspace_disk: u32,
     /// Hosts the guest may reach; nothing else is reachable.
     pub allow: Vec<HostName>,
     pub secrets: Vec<SecretGrant>,
@@ -58,14 +65,20 @@ impl SandboxPolicy {
                 })
             })
             .collect();
-        serde_json::json!({
+        let mut fingerprint = serde_json::json!({
             "image": image,
             "bootstrap": self.bootstrap,
             "cpus": self.cpus,
             "memory": self.memory,
             "allow": allow,
             "secrets": secrets,
-        })
+        });
+        // Only when set: the default is the quota machines made before the key existed had, so
+        // they are resumed rather than recreated.
+        if self.workspace_disk != DEFAULT_WORKSPACE_DISK {
+            fingerprint["workspace_disk"] = self.workspace_disk.into();
+        }
+        fingerprint
     }
 }
 
@@ -74,6 +87,7 @@ const KEYS: &[&str] = &[
     "image",
     "cpus",
     "memory",
+    "workspace_disk",
     "allow",
     "secrets",
     "env",
@@ -126,6 +140,11 @@ fn read_policy(checker: &mut Checker, fields: &mut Fields<'_>) -> SandboxPolicy 
         .and_then(|node| checker.int_in(node, &root.key("memory"), 256..=262_144))
         .and_then(|n| u32::try_from(n).ok())
         .unwrap_or(1024);
+    let workspace_disk = fields
+        .optional("workspace_disk")
+        .and_then(|node| checker.int_in(node, &root.key("workspace_disk"), 64..=1_048_576))
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or(DEFAULT_WORKSPACE_DISK);
     let allow = fields
         .optional("allow")
         .map(|node| hosts(checker, node, &root.key("allow")))
@@ -152,6 +171,7 @@ fn read_policy(checker: &mut Checker, fields: &mut Fields<'_>) -> SandboxPolicy 
         image,
         cpus,
         memory,
+        workspace_disk,
         allow,
         secrets,
         env,
@@ -409,4 +429,41 @@ fn plain_env(
     }
     fields.finish(checker, &[]);
     env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_workspace_quota_is_in_the_fingerprint_only_when_set() {
+        let policy = SandboxPolicy {
+            image: DEFAULT_IMAGE.into(),
+            cpus: 1,
+            memory: 1024,
+            workspace_disk: DEFAULT_WORKSPACE_DISK,
+            allow: Vec::new(),
+            secrets: Vec::new(),
+            env: BTreeMap::new(),
+            bootstrap: Vec::new(),
+        };
+        let before = policy.fingerprint("sha256:0");
+        assert_eq!(
+            before,
+            serde_json::json!({
+                "image": "sha256:0",
+                "bootstrap": [],
+                "cpus": 1,
+                "memory": 1024,
+                "allow": [],
+                "secrets": [],
+            }),
+            "a machine made before workspace_disk existed is resumed"
+        );
+        let set = SandboxPolicy {
+            workspace_disk: 512,
+            ..policy
+        };
+        assert_eq!(set.fingerprint("sha256:0")["workspace_disk"], 512);
+    }
 }

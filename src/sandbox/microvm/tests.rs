@@ -181,6 +181,7 @@ fn spec(allow: &[&str], secret_hosts: &[&str]) -> Spec {
         cpus: 1,
         memory: 512,
         workspace: "/nonexistent/workspace".into(),
+        workspace_disk: 4096,
         allow: hosts(allow),
         secrets: vec![ResolvedSecret {
             env: env.clone(),

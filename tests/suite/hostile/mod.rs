@@ -6,6 +6,7 @@
 
 mod chat;
 mod deploy;
+mod inbox;
 mod lua;
 mod output;
 mod workspace_files;

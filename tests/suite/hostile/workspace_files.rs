@@ -1,4 +1,5 @@
-//! A guest writing hostile files into `workspace/`: deep YAML, huge files, FIFOs, symlinks.
+//! A guest writing hostile files into `workspace/`: deep YAML, huge files, FIFOs, symlinks, hard
+//! links.
 
 use super::super::support::fake_model::Script;
 use super::super::support::procfs::status_kib;
@@ -111,6 +112,14 @@ fn hostile_heartbeat_files() -> Vec<Hostile> {
             expected: "workspace/HEARTBEAT.yml: is a symlink",
         },
         Hostile {
+            name: "a hard link to a host file",
+            plant: |file, host| {
+                remove(file);
+                std::fs::hard_link(host.join("host.yml"), file).unwrap();
+            },
+            expected: "workspace/HEARTBEAT.yml: has 2 hard links",
+        },
+        Hostile {
             name: "a 300 KiB file",
             plant: |file, _| {
                 remove(file);
@@ -138,7 +147,8 @@ fn hostile_heartbeat_files() -> Vec<Hostile> {
     ]
 }
 
-/// A host file the guest cannot read but can point a symlink at, holding a schedule of its own.
+/// A host file the guest cannot read but can point a symlink at (or someone on the host can link
+/// into the workspace), holding a schedule of its own.
 fn host_file(host: &Path) {
     std::fs::write(
         host.join("host.yml"),

@@ -494,6 +494,7 @@ fn a_channel_credential_may_not_be_a_sandbox_secret() {
         image: "perch:default".into(),
         cpus: 1,
         memory: 1024,
+        workspace_disk: crate::config::DEFAULT_WORKSPACE_DISK,
         allow: vec![host.clone()],
         secrets: vec![
             SecretGrant {
