@@ -23,8 +23,8 @@ is staged under that directory instead: no root needed, no user, no owners, no i
 systemd.
 
   --binary PATH        install this perch binary instead of building one with
-                       `cargo build --release --locked` (build as yourself, then
-                       `sudo deploy/install.sh --binary target/release/perch`)
+                       `cargo build --profile dist --locked` (build as yourself, then
+                       `sudo deploy/install.sh --binary target/dist/perch`)
   --runtime-from DIR   copy the microsandbox runtime pair (msb, libkrunfw) from this
                        microsandbox home instead of the PyPI wheel
   --no-runtime         do not install the runtime pair into /usr/local/lib/perch/runtime
@@ -207,10 +207,11 @@ if [ -n "$plan" ]; then
 	binary=$bin
 elif [ -z "$binary" ]; then
 	command -v cargo >/dev/null ||
-		fail "cargo is not on PATH; build as yourself (cargo build --release --locked) and pass --binary target/release/perch"
-	echo "  building   cargo build --release --locked (in $repo)"
-	(cd "$repo" && cargo build --release --locked --quiet) || fail "cargo build failed"
-	binary=${CARGO_TARGET_DIR:-$repo/target}/release/perch
+		fail "cargo is not on PATH; build as yourself (cargo build --profile dist --locked) and pass --binary target/dist/perch"
+	# The dist profile: the binary the published figures measure (docs/benchmarks.md).
+	echo "  building   cargo build --profile dist --locked (in $repo)"
+	(cd "$repo" && cargo build --profile dist --locked --quiet) || fail "cargo build failed"
+	binary=${CARGO_TARGET_DIR:-$repo/target}/dist/perch
 fi
 if [ -z "$plan" ] && { [ ! -f "$binary" ] || [ ! -x "$binary" ]; }; then fail "$binary is not an executable file"; fi
 install_file "$binary" "$bin" 0755 root:root

@@ -13,7 +13,7 @@ usage() {
 usage: deploy/upgrade.sh [INSTALL OPTIONS]
 
 Stops the running perch@ instances, runs deploy/install.sh with INSTALL OPTIONS (for example
---binary target/release/perch, --runtime-from DIR) and --agent NAME for every directory in
+--binary target/dist/perch, --runtime-from DIR) and --agent NAME for every directory in
 /var/lib/perch/agents, and starts again the instances that were running. Run it as root.
 
   -h, --help    this help

@@ -5,9 +5,35 @@
 # (it takes a dist build, about half an hour, and minutes of idling).
 #
 # Usage: tests/figures.sh [--bench]
-#   --bench  also runs the throughput benchmarks in a release build (another half hour)
+#        tests/figures.sh --symbol-order BINARY [ORDER]
+#   --bench         also runs the throughput benchmarks in a release build (another half hour)
+#   --symbol-order  only counts the names of ORDER (default src/symbol-order.txt) that BINARY
+#                   defines, with the warning below; builds and measures nothing
 # PERCH_FIGURE_IDLE_SECS shortens each idle minute, to try the figures quickly.
 set -euo pipefail
+
+# symbol_order_check BINARY ORDER: how many of ORDER's names BINARY defines (nm), and a warning
+# when fewer than 95% do. The linker skips the others without a word (src/build.rs), and the
+# code they named lands wherever it falls, so the figures would be of a binary whose hot code
+# is scattered again.
+symbol_order_check() (
+  export LC_ALL=C
+  binary=$1 order=$2
+  names="$(grep -v '^#' "$order" | sort -u | grep -c . || true)"
+  matched="$(grep -v '^#' "$order" | sort -u |
+    comm -12 - <(nm --defined-only "$binary" | awk '{ print $3 }' | sort -u) | grep -c . || true)"
+  echo "symbol order: $matched of $names names in $order are in this build (tests/symbol-order.sh writes them again)"
+  if (( matched * 100 < names * 95 )); then
+    echo "warning: only $((matched * 100 / names))% of the names in $order match symbols of $binary (fewer than 95%): the figures are of a binary whose hot code is no longer placed together; run tests/symbol-order.sh (as root), then this again"
+  fi
+)
+
+if [[ "${1:-}" == --symbol-order ]]; then
+  [[ $# -ge 2 && $# -le 3 ]] || { echo "usage: tests/figures.sh --symbol-order BINARY [ORDER]" >&2; exit 2; }
+  symbol_order_check "$2" "${3:-$(dirname "$0")/../src/symbol-order.txt}"
+  exit 0
+fi
+
 cd "$(dirname "$0")/.."
 export PERCH_CACHE="${PERCH_CACHE:-$HOME/.cache/perch}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PERCH_CACHE/target}"
@@ -28,12 +54,14 @@ export PERCH_TEST_SYNAPSE_URL PERCH_TEST_SYNAPSE_SECRET
 
 echo "perch figures, $(date -u +%Y-%m-%d), $(git rev-parse --short HEAD), $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
 
-# The dist profile without the test-only features. It keeps its symbols, which cargo-bloat
-# attributes and the symbol order names; the figures are of the binary stripped of them.
-CARGO_TARGET_DIR="$dist_target" cargo build --locked --profile dist --bin perch
+# The binary users install: the dist profile without the test-only features, built by the
+# command deploy/install.sh and README's install run. It keeps its symbols, which cargo-bloat
+# attributes and the symbol order names; the figures are of the binary stripped of them (the
+# symbols are in no loaded segment, so what runs and what is resident is the same).
+echo "measured binary: cargo build --profile dist --locked --bin perch (what deploy/install.sh and README's install build), then strip --strip-all"
+CARGO_TARGET_DIR="$dist_target" cargo build --profile dist --locked --bin perch
 strip --strip-all -o "$dist_target/dist/perch.stripped" "$dist_target/dist/perch"
-ordered="$(grep -v '^#' src/symbol-order.txt | sort -u | comm -12 - <(nm --defined-only "$dist_target/dist/perch" | awk '{ print $3 }' | sort -u) | wc -l)"
-echo "symbol order: $ordered of $(grep -vc '^#' src/symbol-order.txt) names in src/symbol-order.txt are in this build (tests/symbol-order.sh writes them again)"
+symbol_order_check "$dist_target/dist/perch" src/symbol-order.txt
 binary="$dist_target/dist/perch.stripped"
 size="$(stat -c %s "$binary")"
 awk -v bytes="$size" 'BEGIN { printf "stripped dist binary: %.1f MiB (%d bytes); target <= 60 MB\n", bytes / 1048576, bytes }'

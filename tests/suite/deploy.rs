@@ -424,6 +424,55 @@ fn install_reinstall_uninstall_and_purge_a_staged_tree() {
     assert!(!installed("/etc/perch").exists());
 }
 
+/// Without `--binary` the installer builds the binary the published figures measure: the dist
+/// profile, `target/dist/perch` (under CARGO_TARGET_DIR). A `cargo` on PATH records how it was
+/// run and leaves a small program where the dist build leaves perch.
+#[test]
+fn install_builds_the_dist_profile_when_given_no_binary() {
+    let destdir = tempfile::tempdir().unwrap();
+    let tools = tempfile::tempdir().unwrap();
+    let target = tempfile::tempdir().unwrap();
+    let ran = tools.path().join("cargo-ran");
+    let cargo = tools.path().join("cargo");
+    std::fs::write(
+        &cargo,
+        format!(
+            "#!/bin/sh\necho \"$*\" > {}\nmkdir -p \"$CARGO_TARGET_DIR/dist\"\n\
+             printf '#!/bin/sh\\necho dist\\n' > \"$CARGO_TARGET_DIR/dist/perch\"\n\
+             chmod 0755 \"$CARGO_TARGET_DIR/dist/perch\"\n",
+            ran.display(),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&cargo, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = std::env::join_paths(std::iter::once(tools.path().to_owned()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
+    .unwrap();
+    let output = Command::new("sh")
+        .arg(deploy().join("install.sh"))
+        .args(["--no-systemd", "--no-runtime", "--no-image"])
+        .env_clear()
+        .env("PATH", path)
+        .env("DESTDIR", destdir.path())
+        .env("CARGO_TARGET_DIR", target.path())
+        .output()
+        .unwrap();
+    let stdout = succeeded(&output);
+    assert_eq!(
+        std::fs::read_to_string(&ran).unwrap(),
+        "build --profile dist --locked --quiet\n"
+    );
+    assert!(
+        has_step(&stdout, "building", "cargo build --profile dist --locked"),
+        "{stdout}"
+    );
+    assert!(same_bytes(
+        &destdir.path().join("usr/local/bin/perch"),
+        &target.path().join("dist/perch")
+    ));
+}
+
 #[test]
 fn the_scripts_explain_themselves_and_refuse_unknown_flags() {
     let root = tempfile::tempdir().unwrap();
