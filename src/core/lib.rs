@@ -43,6 +43,7 @@ pub mod redact;
 pub mod refusals;
 pub mod secret;
 pub mod skill;
+pub mod slack;
 pub mod spend;
 pub mod sse;
 pub mod starts;
