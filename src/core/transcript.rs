@@ -33,7 +33,7 @@ use crate::Timestamp;
 use crate::id::{EntryId, OperationId};
 use crate::log::{LinePosition, Trigger};
 use crate::name::LaneName;
-use crate::redact::redact_telegram_token;
+use crate::redact::{redact_slack_token, redact_telegram_token};
 use chrono::TimeDelta;
 use serde::Serialize;
 
@@ -262,7 +262,8 @@ pub struct Judgement {
     pub reason: Option<String>,
 }
 
-/// Secret values to cut out of everything shown, and the shape of a bot token.
+/// Secret values to cut out of everything shown, and the shapes of Telegram's and Slack's
+/// tokens.
 #[derive(Debug, Clone, Default)]
 pub struct Redaction {
     values: Vec<String>,
@@ -278,7 +279,8 @@ impl Redaction {
         Redaction { values }
     }
 
-    /// `text` without any secret value and without anything shaped like a bot token.
+    /// `text` without any secret value and without anything shaped like a Telegram or Slack
+    /// token.
     pub fn apply(&self, text: &str) -> String {
         let mut out = text.to_owned();
         for value in &self.values {
@@ -286,6 +288,9 @@ impl Redaction {
         }
         if out.contains(':') {
             out = redact_telegram_token(&out, "");
+        }
+        if out.contains("xox") || out.contains("xapp-") || out.contains("ticket=") {
+            out = redact_slack_token(&out, "");
         }
         out
     }

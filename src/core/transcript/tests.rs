@@ -517,7 +517,9 @@ fn secrets_and_terminal_controls_never_reach_the_output() {
                 Role::Tool,
                 vec![Part::ToolResult {
                     call_id: "c1".into(),
-                    output: "token 123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw\n".into(),
+                    output: "token 123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw\n\
+                             SLACK_BOT_TOKEN=xoxb-17653672481-19874698323-pdFZKVeTuE8sk7oOcBrzbqgy\n"
+                        .into(),
                     is_error: false,
                 }],
                 vec![],
@@ -540,6 +542,7 @@ fn secrets_and_terminal_controls_never_reach_the_output() {
             !shown.contains("AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"),
             "{shown}"
         );
+        assert!(!shown.contains("pdFZKVeTuE8sk7oOcBrzbqgy"), "{shown}");
     }
     assert!(
         !text.contains('\u{1b}') && !text.contains('\u{202e}'),
