@@ -1,7 +1,8 @@
 //! The integration suite. `support` is the harness (the fakes, waiting, the status reader and the
 //! `perch run` scenario); the other modules are the scenarios, grouped by journey (`intake`,
 //! `conversations`, `delivery`, `recovery`, `lifecycle`, `heartbeat`, `status`, ...) and, for
-//! each chat platform, its connector's contract (`telegram`, `discord`, `matrix`).
+//! each chat platform, its connector's contract (`telegram`, `discord`, `matrix`; `slack` so far
+//! holds only its fake's rules).
 mod agent_dir;
 mod attachments;
 mod builtin;
@@ -41,6 +42,7 @@ mod recovery;
 mod sandbox;
 #[cfg(feature = "sandbox-double")]
 mod scale;
+mod slack;
 mod spend;
 mod standin;
 mod standin_home;

@@ -7,6 +7,7 @@ pub mod container;
 pub mod counting_proxy;
 pub mod fake_discord;
 pub mod fake_model;
+pub mod fake_slack;
 pub mod fake_telegram;
 mod http;
 #[cfg(feature = "sandbox-double")]
