@@ -10,6 +10,7 @@
 use crate::Timestamp;
 use crate::attachment::Attachment;
 use crate::journal::event::{InboundEvent, Sender};
+use crate::slack::mrkdwn::readable;
 use serde::Deserialize;
 
 /// The most files of one message perch keeps (Slack's own limit per message).
@@ -89,6 +90,7 @@ pub struct SlackMessage {
     pub bot_id: Option<String>,
     /// The name a bot message gave itself (`username`).
     pub username: Option<String>,
+    /// As Slack sent it: mrkdwn, with its `<…>` sequences and `&amp;`, `&lt;`, `&gt;`.
     pub text: String,
     pub files: Vec<SlackFile>,
     /// `thread_broadcast`, `file_share`, `me_message`, `bot_message`; `None` for a plain one.
@@ -141,8 +143,8 @@ pub enum Classified {
 
 impl Classified {
     /// The event to journal for a message, an edit or a refused message, with `sender_name`
-    /// (from `users.info`, or a bot's `username`; the user id when neither is known); `None`
-    /// for everything else.
+    /// (from `users.info`, or a bot's `username`; the user id when neither is known) and the
+    /// text as a person reads it ([`readable`]); `None` for everything else.
     pub fn inbound_event(&self, sender_name: Option<&str>) -> Option<InboundEvent> {
         let (message, edit_of, refused) = match self {
             Classified::Message(message) => (message, None, None),
@@ -165,7 +167,7 @@ impl Classified {
             },
             direct: message.kind.is_direct(),
             addressed: message.addressed && edit_of.is_none(),
-            text: message.text.clone(),
+            text: readable(&message.text),
             sent_at: message.sent_at,
             attachments: message
                 .files
@@ -542,6 +544,10 @@ mod tests {
         );
         assert_eq!(mention, plain);
         assert_eq!(mention.platform_id, "C123ABC456:1515449522.000016");
+        assert_eq!(
+            mention.text,
+            "@U0LAN0Z89 is it everything a river should be?"
+        );
         assert!(mention.addressed && !mention.direct);
         assert_eq!(mention.room, "C123ABC456");
         assert_eq!(mention.sender.id, "U061F7AUR");

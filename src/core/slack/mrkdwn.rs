@@ -1,5 +1,5 @@
-//! perch's Markdown as Slack's mrkdwn ([`to_mrkdwn`]), and text shown as written
-//! ([`escape`]).
+//! perch's Markdown as Slack's mrkdwn ([`to_mrkdwn`]), text shown as written ([`escape`]),
+//! and a message's mrkdwn as a person reads it ([`readable`]).
 //!
 //! Bold, italic, strikethrough, inline code, fenced code blocks, links, headings, bullets and
 //! block quotes become their mrkdwn forms; what is not recognised stays visible as written.
@@ -18,6 +18,63 @@
 /// message and truncates past 40,000; conversion at most multiplies a text's length by five (an
 /// `&` becomes `&amp;`), so a converted piece is never truncated.
 pub const MAX_CHARS: usize = 4000;
+
+/// A message's text as Slack shows it, for the model: `&amp;`, `&lt;` and `&gt;` decoded, a
+/// mention as `@<name>` (`<@U…|name>`) or `@U…`, a channel as `#<name>` or `#C…`, `<!here>`,
+/// `<!channel>` and `<!everyone>` as `@here`, `@channel` and `@everyone`, a user group as its
+/// label, a date as its fallback text, and a link as `label (url)`, or its URL alone.
+pub fn readable(mrkdwn: &str) -> String {
+    let mut out = String::with_capacity(mrkdwn.len());
+    let mut rest = mrkdwn;
+    while let Some(open) = rest.find('<') {
+        out.push_str(&decode(&rest[..open]));
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('>') else {
+            out.push_str(&decode(&rest[open..]));
+            return out;
+        };
+        out.push_str(&control(&after[..close]));
+        rest = &after[close + 1..];
+    }
+    out.push_str(&decode(rest));
+    out
+}
+
+/// One `<…>` sequence of a message's text, as a person reads it.
+fn control(inside: &str) -> String {
+    let (target, label) = match inside.split_once('|') {
+        Some((target, label)) => (target, Some(decode(label))),
+        None => (inside, None),
+    };
+    let label = label.filter(|label| !label.is_empty());
+    if let Some(user) = target.strip_prefix('@') {
+        return format!("@{}", label.unwrap_or_else(|| user.to_owned()));
+    }
+    if let Some(channel) = target.strip_prefix('#') {
+        return format!("#{}", label.unwrap_or_else(|| channel.to_owned()));
+    }
+    if let Some(special) = target.strip_prefix('!') {
+        let word = special.split('^').next().unwrap_or_default();
+        return match (word, label) {
+            ("here" | "channel" | "everyone", _) => format!("@{word}"),
+            (_, Some(label)) => label,
+            ("subteam", None) => format!("@{}", special.trim_start_matches("subteam^")),
+            (_, None) => word.to_owned(),
+        };
+    }
+    let url = decode(target);
+    let shown = url.strip_prefix("mailto:").unwrap_or(&url);
+    match label {
+        Some(label) if label != url && label != shown => format!("{label} ({url})"),
+        _ => shown.to_owned(),
+    }
+}
+
+fn decode(text: &str) -> String {
+    text.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
+}
 
 /// Put after the `@` of a broadcast word: invisible, and it keeps the word from being one.
 const WORD_JOINER: char = '\u{2060}';
@@ -556,6 +613,67 @@ mod tests {
             for control in ["<!", "<@", "<#"] {
                 assert!(!mrkdwn.contains(control), "{markdown:?} kept {control}");
             }
+        }
+    }
+
+    #[test]
+    fn a_message_reads_as_slack_shows_it() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "<@U0LAN0Z89> is it everything a river should be?",
+                "@U0LAN0Z89 is it everything a river should be?",
+            ),
+            (
+                "<@U2147483828|cal> has joined the channel",
+                "@cal has joined the channel",
+            ),
+            (
+                "see <#C123ABC456|general> and <#C0>",
+                "see #general and #C0",
+            ),
+            (
+                "<!here> <!channel|channel> <!everyone>",
+                "@here @channel @everyone",
+            ),
+            (
+                "<!subteam^S0123ABC|@oncall> and <!subteam^S0456>",
+                "@oncall and @S0456",
+            ),
+            (
+                "<!date^1392734382^{date_pretty}|Feb 18, 2014 PST>",
+                "Feb 18, 2014 PST",
+            ),
+            (
+                "<https://example.org/a?b=1&amp;c=2|the docs>",
+                "the docs (https://example.org/a?b=1&c=2)",
+            ),
+            ("<https://example.org>", "https://example.org"),
+            (
+                "<https://example.org|https://example.org>",
+                "https://example.org",
+            ),
+            (
+                "<mailto:ada@example.org|ada@example.org>",
+                "ada@example.org",
+            ),
+            ("a &lt; b &amp;&amp; c &gt; d", "a < b && c > d"),
+            ("&amp;lt; is how you write &lt;", "&lt; is how you write <"),
+            ("unclosed <https://x", "unclosed <https://x"),
+            ("", ""),
+        ];
+        for (mrkdwn, expected) in cases {
+            assert_eq!(readable(mrkdwn), *expected, "{mrkdwn:?}");
+        }
+        for written in [
+            "a < b & <!here> **x**",
+            "[x](https://e.example/?a=1&b=2)",
+            "`<@U1>`",
+        ] {
+            let shown = readable(&to_mrkdwn(written));
+            assert!(
+                !shown.contains("&amp;") && !shown.contains("&lt;"),
+                "{written:?}: {shown:?}"
+            );
         }
     }
 
