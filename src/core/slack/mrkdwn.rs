@@ -271,7 +271,12 @@ struct Open {
     bold: bool,
     italic: bool,
     strike: bool,
+    /// Spans around this text: past [`MAX_SPAN_DEPTH`], markers are left as written.
+    depth: u8,
 }
+
+/// How deep spans are read inside each other (three kinds, and some flattened repeats).
+const MAX_SPAN_DEPTH: u8 = 6;
 
 fn inline(text: &str, open: Open) -> String {
     let chars: Vec<char> = text.chars().collect();
@@ -313,7 +318,12 @@ fn inline(text: &str, open: Open) -> String {
             at = end;
             continue;
         }
-        if let Some((marker, inner, end)) = span(&chars, at) {
+        if let Some((marker, inner, end)) = span(&chars, at).filter(|_| open.depth < MAX_SPAN_DEPTH)
+        {
+            let open = Open {
+                depth: open.depth + 1,
+                ..open
+            };
             let (already, mark, within) = match marker {
                 Marker::Bold => (open.bold, '*', Open { bold: true, ..open }),
                 Marker::Italic => (
@@ -675,6 +685,20 @@ mod tests {
                 "{written:?}: {shown:?}"
             );
         }
+    }
+
+    #[test]
+    fn deeply_nested_markers_end_in_time_and_keep_every_word() {
+        let nested = format!("{}b{}", "**a ".repeat(2000), " c**".repeat(2000));
+        let mrkdwn = to_mrkdwn(&nested);
+        assert!(mrkdwn.starts_with("*a **a **a"), "{}", &mrkdwn[..40]);
+        assert!(mrkdwn.contains("a b c* c**"));
+        let alternating: String = (0..3000)
+            .map(|level| if level % 2 == 0 { "**x " } else { "__y " })
+            .collect();
+        assert!(to_mrkdwn(&format!("{alternating}z")).ends_with('z'));
+        let mixed = format!("{}x{}", "**_~~".repeat(500), "~~_**".repeat(500));
+        assert!(to_mrkdwn(&mixed).contains('x'));
     }
 
     #[test]

@@ -460,3 +460,33 @@ async fn a_lost_connection_hands_its_envelopes_to_the_next() {
         (first.envelope_id.as_str(), 1)
     );
 }
+
+#[test]
+fn every_fixture_names_its_source_and_holds_a_body() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/slack");
+    let mut read = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|extension| extension != "json") {
+            continue;
+        }
+        let file: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            file["source"]
+                .as_str()
+                .is_some_and(|source| source.starts_with("https://docs.slack.dev/")),
+            "{name}"
+        );
+        assert!(file["body"].is_object(), "{name}");
+        if name.starts_with("web-") {
+            assert!(
+                file["status"].is_u64() && file["headers"].is_object(),
+                "{name}"
+            );
+        }
+        read += 1;
+    }
+    assert!(read >= 18, "{read} fixtures");
+}
