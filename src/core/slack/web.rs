@@ -1,7 +1,7 @@
 //! The Web API's answers read ([`read_answer`], [`read`]) into the typed answers of the methods
 //! perch calls, a failure's meaning for a delivery ([`WebFailure::delivery`]) and for the
-//! credentials ([`WebFailure::refuses_credentials`]), and where a URL Slack hands out may lead
-//! ([`socket_url_allowed`], [`sends_token_to`]).
+//! credentials ([`WebFailure::refuses_credentials`], with the fix: [`bot_token_refusal`]), and
+//! where a URL Slack hands out may lead ([`socket_url_allowed`], [`sends_token_to`]).
 
 use crate::delivery::AttemptFailure;
 use crate::slack::event::Me;
@@ -103,6 +103,35 @@ impl fmt::Display for WebFailure {
             WebFailure::Unreadable { reason } => write!(f, "an answer perch cannot read: {reason}"),
         }
     }
+}
+
+/// Why the bot token (`xoxb-…`) was refused, with the fix; `None` when the failure says
+/// nothing against the token. For `auth.test` and every call made with the bot token.
+pub fn bot_token_refusal(failure: &WebFailure) -> Option<String> {
+    if !failure.refuses_credentials() {
+        return None;
+    }
+    let WebFailure::Error { error, needed } = failure else {
+        return Some(format!("Slack refused the bot token ({failure})"));
+    };
+    Some(match (error.as_str(), needed) {
+        ("missing_scope", Some(needed)) => format!(
+            "the bot token lacks the {needed} scope (missing_scope): add it under OAuth & \
+             Permissions, Bot Token Scopes, and reinstall the app"
+        ),
+        ("invalid_auth" | "not_authed", _) => format!(
+            "Slack refused the bot token ({error}): set it to the app's xoxb-… token (OAuth & \
+             Permissions, Bot User OAuth Token)"
+        ),
+        ("account_inactive" | "token_revoked" | "token_expired", _) => format!(
+            "the bot token no longer works ({error}): reinstall the app to the workspace and \
+             use its new xoxb-… token"
+        ),
+        ("not_allowed_token_type", _) => format!(
+            "the Web API needs the bot token (xoxb-…), not an app-level or user token ({error})"
+        ),
+        _ => format!("Slack refused the bot token ({error})"),
+    })
 }
 
 #[derive(Deserialize)]
@@ -552,6 +581,54 @@ mod tests {
         for (failure, delivery, credentials) in cases {
             assert_eq!(failure.delivery(), delivery, "{failure}");
             assert_eq!(failure.refuses_credentials(), credentials, "{failure}");
+        }
+    }
+
+    #[test]
+    fn a_refused_bot_token_says_what_to_fix() {
+        let error = |error: &str, needed: Option<&str>| WebFailure::Error {
+            error: error.into(),
+            needed: needed.map(Into::into),
+        };
+        let cases: Vec<(WebFailure, Option<&str>)> = vec![
+            (
+                error("missing_scope", Some("chat:write")),
+                Some("lacks the chat:write scope"),
+            ),
+            (
+                error("invalid_auth", None),
+                Some("xoxb-… token (OAuth & Permissions"),
+            ),
+            (error("not_authed", None), Some("(not_authed)")),
+            (error("token_revoked", None), Some("reinstall the app")),
+            (
+                error("not_allowed_token_type", None),
+                Some("not an app-level or user token"),
+            ),
+            (
+                error("team_access_not_granted", None),
+                Some("(team_access_not_granted)"),
+            ),
+            (WebFailure::Status { status: 403 }, Some("HTTP 403")),
+            (error("channel_not_found", None), None),
+            (
+                WebFailure::RateLimited {
+                    retry_after: Duration::from_secs(1),
+                },
+                None,
+            ),
+        ];
+        for (failure, says) in cases {
+            let refusal = bot_token_refusal(&failure);
+            match says {
+                Some(says) => assert!(
+                    refusal
+                        .as_deref()
+                        .is_some_and(|refusal| refusal.contains(says)),
+                    "{failure}: {refusal:?}"
+                ),
+                None => assert_eq!(refusal, None, "{failure}"),
+            }
         }
     }
 
