@@ -62,8 +62,11 @@ const CREDENTIAL_ERRORS: &[&str] = &[
 impl WebFailure {
     /// The token was refused or lacks a scope: trying again will not help until it is fixed.
     pub fn refuses_credentials(&self) -> bool {
-        matches!(self, WebFailure::Error { error, .. } if CREDENTIAL_ERRORS.contains(&error.as_str()))
-            || matches!(self, WebFailure::Status { status: 401 | 403 })
+        match self {
+            WebFailure::Error { error, .. } => CREDENTIAL_ERRORS.contains(&error.as_str()),
+            WebFailure::Status { status } => matches!(status, 401 | 403),
+            WebFailure::RateLimited { .. } | WebFailure::Unreadable { .. } => false,
+        }
     }
 
     /// What the failure of a call that posts (`chat.postMessage`,

@@ -439,6 +439,10 @@ async fn users_info_names_people_and_knows_their_workspace() {
         .await
         .unwrap();
     assert_eq!(guest.user.team_id.as_deref(), Some("T0THEIRS"));
+    let bot: UserInfo = bot_call(&fake, "users.info", &[("user", BOT_USER)])
+        .await
+        .unwrap();
+    assert!(bot.user.is_bot);
     let unknown = bot_call::<UserInfo>(&fake, "users.info", &[("user", "U404")]).await;
     assert!(matches!(unknown, Err(WebFailure::Error { error, .. }) if error == "user_not_found"));
 }

@@ -9,11 +9,13 @@
 //! `auth.test` answers as `web-auth.test-bot.json`; `chat.postMessage` needs a known `channel`
 //! (`channel_not_found`) and `text` (`no_text`) of at most 40,000 characters (`msg_too_long`),
 //! posts into `thread_ts` when given, and echoes the post as a `message` event with the bot's
-//! `bot_id`, as Slack does to an app subscribed to the channel; `users.info` knows the users the
-//! test added (`user_not_found`); `files.getUploadURLExternal` (`filename`, `length`) gives an
-//! upload URL on the fake and `files.completeUploadExternal` (`files` as JSON, `channel_id`,
-//! `thread_ts`, `initial_comment`) shares what was uploaded there, refusing a file never uploaded
-//! or uploaded at another length. [`FakeSlack::fail_next`] makes the next call of a method fail:
+//! `bot_id`, as Slack does to an app subscribed to the channel; `users.info` knows the bot and
+//! the users the test added or who wrote (`user_not_found` otherwise);
+//! `files.getUploadURLExternal` (`filename`, `length`) gives an upload URL on the fake and
+//! `files.completeUploadExternal` (`files` as JSON, `channel_id`, `thread_ts`,
+//! `initial_comment`) shares what was uploaded there, refusing a file never uploaded or uploaded
+//! at another length. Shared files download only with the bot token (without it, a redirect to
+//! a sign-in page). [`FakeSlack::fail_next`] makes the next call of a method fail:
 //! a `429` with `Retry-After`, an error, an HTTP status.
 //!
 //! Socket Mode (`ws://…/link/?ticket=…`; an unknown or used ticket is refused with 401): `hello`,
@@ -240,11 +242,15 @@ impl FakeSlack {
     pub fn start() -> FakeSlack {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
+        let bot = SlackUser {
+            is_bot: true,
+            ..SlackUser::person(BOT_USER, "perch")
+        };
         let state = Arc::new(Mutex::new(Platform {
             addr,
             counter: 0,
             last_ts: 0,
-            users: HashMap::new(),
+            users: HashMap::from([(BOT_USER.to_owned(), bot)]),
             channels: HashMap::new(),
             tickets: HashSet::new(),
             opened: 0,
