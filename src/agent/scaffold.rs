@@ -206,6 +206,7 @@ pub fn stock_channel(kind: ChannelKind) -> &'static str {
         ChannelKind::Discord => include_str!("../../channels/discord.lua"),
         ChannelKind::Telegram => include_str!("../../channels/telegram.lua"),
         ChannelKind::Matrix => include_str!("../../channels/matrix.lua"),
+        ChannelKind::Slack => include_str!("../../channels/slack.lua"),
     }
 }
 

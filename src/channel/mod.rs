@@ -1,4 +1,4 @@
-//! Chat channels: connections to Discord, Telegram and Matrix behind one [`Connector`] trait
+//! Chat channels: connections to Discord, Telegram, Matrix and Slack behind one [`Connector`] trait
 //! (the effect boundary for chat platforms), each in its own module, the only one that names its
 //! SDK.
 //!
@@ -11,6 +11,7 @@
 pub mod discord;
 pub mod hooks;
 pub mod matrix;
+pub mod slack;
 pub mod telegram;
 
 pub use perch_core::admission::Gate;
@@ -355,7 +356,7 @@ pub fn credential_variables(channel: &crate::agent::LoadedChannel) -> String {
         .join(" and ")
 }
 
-/// Where a channel connects: its `api_url` or the platform's own (Telegram, Discord), or its
+/// Where a channel connects: its `api_url` or the platform's own (Telegram, Discord, Slack), or its
 /// homeserver (Matrix). Never holds a credential.
 pub fn endpoint(config: &perch_core::config::ChannelConfig) -> String {
     use perch_core::config::Platform;
@@ -369,6 +370,10 @@ pub fn endpoint(config: &perch_core::config::ChannelConfig) -> String {
             .api_url
             .clone()
             .unwrap_or_else(|| "https://discord.com".to_owned()),
+        Platform::Slack { .. } => config
+            .api_url
+            .clone()
+            .unwrap_or_else(|| perch_core::slack::web::API_URL.to_owned()),
     }
 }
 
@@ -395,6 +400,22 @@ pub fn connect(
             Ok(std::sync::Arc::new(discord::DiscordConnector::new(
                 token,
                 config.api_url.clone(),
+            )))
+        }
+        Platform::Slack {
+            app_token,
+            bot_token,
+        } => {
+            let tokens = slack::SlackTokens {
+                app_token: app_token.resolve(&lookup).map_err(missing)?,
+                app_variable: app_token.name().to_string(),
+                bot_token: bot_token.resolve(&lookup).map_err(missing)?,
+                bot_variable: bot_token.name().to_string(),
+            };
+            Ok(std::sync::Arc::new(slack::SlackConnector::new(
+                tokens,
+                config.api_url.as_deref(),
+                config.allow.users.clone(),
             )))
         }
         Platform::Matrix {

@@ -19,10 +19,10 @@ pub struct ChannelArgs {
 pub enum ChannelCommand {
     /// Copy the stock adapter for KIND into DIR/channels/KIND.lua
     ///
-    /// KIND is discord, telegram or matrix; every option is explained in comments. Says which
+    /// KIND is discord, telegram, matrix or slack; every option is explained in comments. Says which
     /// environment variables to set. Never overwrites a file.
     Add {
-        /// discord, telegram or matrix
+        /// discord, telegram, matrix or slack
         kind: String,
         /// The agent directory [default: the current directory]
         dir: Option<PathBuf>,
@@ -51,7 +51,7 @@ pub fn run(args: ChannelArgs) -> Result<ExitCode, String> {
 
 fn add_channel(kind: &str, dir: PathBuf, name: Option<&str>) -> Result<ExitCode, String> {
     let kind = ChannelKind::parse(kind).ok_or_else(|| {
-        format!("unknown channel kind {kind:?}; use one of discord, telegram, matrix")
+        format!("unknown channel kind {kind:?}; use one of discord, telegram, matrix, slack")
     })?;
     let name = name
         .map(|name| ChannelName::try_from(name).map_err(|error| format!("--name: {error}")))

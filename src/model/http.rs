@@ -1,6 +1,7 @@
 //! The only module that names the HTTP client crate (reqwest): one JSON POST whose response is
 //! read as a stream of byte chunks, and one GET (`perch doctor --online`'s key check), with every
-//! failure turned into a [`ModelErrorKind`].
+//! failure turned into a [`ModelErrorKind`]; and, for a chat platform's Web API (Slack's), one
+//! call answered whole ([`Http::exchange`]), which follows no redirect by itself.
 //!
 //! The API key is handed in as a [`Secret`] and exposed only into the one header it belongs in.
 //! Error text from the server is cut short and has the key removed before anything keeps it.
@@ -49,6 +50,49 @@ const ERROR_BODY_LIMIT: usize = 64 * 1024;
 #[derive(Debug, Default)]
 pub(crate) struct Http {
     clients: [OnceLock<reqwest::Client>; 4],
+    /// The same four, following no redirect: a platform's caller decides where its token goes.
+    unredirected: [OnceLock<reqwest::Client>; 4],
+}
+
+/// What a platform call sends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Payload<'a> {
+    /// Nothing (a GET, or a POST with no arguments).
+    Empty,
+    /// `application/x-www-form-urlencoded` arguments.
+    Form(&'a [(&'a str, &'a str)]),
+}
+
+/// A platform's answer, read whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    /// `Retry-After`, as written.
+    pub(crate) retry_after: Option<String>,
+    /// `Location`, for a redirect.
+    pub(crate) location: Option<String>,
+    pub(crate) body: Vec<u8>,
+}
+
+/// Why a platform call got no answer. Never holds the token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum NoAnswer {
+    /// No connection could be made (or no client built): nothing reached the platform.
+    NotSent { detail: String },
+    /// The request went out, or may have; no whole answer came back.
+    Failed { detail: String },
+    /// The answer's body is longer than the limit asked for; its declared size when known.
+    TooLarge { size: Option<u64> },
+}
+
+impl std::fmt::Display for NoAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoAnswer::NotSent { detail } | NoAnswer::Failed { detail } => f.write_str(detail),
+            NoAnswer::TooLarge { size: Some(size) } => write!(f, "too large ({size} bytes)"),
+            NoAnswer::TooLarge { size: None } => f.write_str("too large"),
+        }
+    }
 }
 
 impl Http {
@@ -65,6 +109,94 @@ impl Http {
         }
         let client = build_client(direct, tls).map_err(ModelErrorKind::Misconfigured)?;
         Ok(cell.get_or_init(|| client))
+    }
+
+    fn unredirected_client_for(&self, url: &str) -> Result<&reqwest::Client, SetupProblem> {
+        let direct = is_loopback(url);
+        let tls = !is_plain_http(url);
+        let cell = &self.unredirected[usize::from(direct) * 2 + usize::from(tls)];
+        if let Some(client) = cell.get() {
+            return Ok(client);
+        }
+        let client = build_platform_client(direct, tls)?;
+        Ok(cell.get_or_init(|| client))
+    }
+
+    /// Calls a platform's `url` (POST when `post`, else GET) with `bearer` as
+    /// `Authorization: Bearer`, within `timeout`, and reads the answer whole, refusing a body
+    /// over `limit` bytes. A redirect is returned as it is, never followed.
+    pub(crate) async fn exchange(
+        &self,
+        post: bool,
+        url: &str,
+        bearer: Option<&Secret>,
+        payload: Payload<'_>,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<Answer, NoAnswer> {
+        let client = self
+            .unredirected_client_for(url)
+            .map_err(|problem| NoAnswer::NotSent {
+                detail: format!("{} ({})", problem.problem, problem.fix),
+            })?;
+        let mut request = if post {
+            client.post(url)
+        } else {
+            client.get(url)
+        }
+        .timeout(timeout);
+        match payload {
+            Payload::Empty => {}
+            Payload::Form(arguments) => {
+                let body = url::form_urlencoded::Serializer::new(String::new())
+                    .extend_pairs(arguments)
+                    .finish();
+                request = request
+                    .header("content-type", "application/x-www-form-urlencoded")
+                    .body(body);
+            }
+        }
+        if let Some(secret) = bearer {
+            request = request.header("authorization", format!("Bearer {}", secret.expose()));
+        }
+        let fail = |error: &reqwest::Error| {
+            let detail = redact(&on_one_line(error), bearer);
+            if error.is_connect() {
+                NoAnswer::NotSent {
+                    detail: format!("cannot connect: {detail}"),
+                }
+            } else if error.is_timeout() {
+                NoAnswer::Failed {
+                    detail: format!("no answer within {} s", timeout.as_secs()),
+                }
+            } else {
+                NoAnswer::Failed { detail }
+            }
+        };
+        let mut response = request.send().await.map_err(|error| fail(&error))?;
+        let declared = response.content_length();
+        if declared.is_some_and(|size| size > limit as u64) {
+            return Err(NoAnswer::TooLarge { size: declared });
+        }
+        let mut body = Vec::new();
+        loop {
+            match response.chunk().await {
+                Ok(Some(chunk)) => {
+                    if body.len() + chunk.len() > limit {
+                        return Err(NoAnswer::TooLarge { size: declared });
+                    }
+                    body.extend_from_slice(&chunk);
+                }
+                Ok(None) => break,
+                Err(error) => return Err(fail(&error)),
+            }
+        }
+        Ok(Answer {
+            status: response.status().as_u16(),
+            retry_after: header(&response, "retry-after"),
+            location: header(&response, "location"),
+            body,
+        })
     }
     /// POSTs `body` (JSON) to `url` and returns the response body as a stream, once the status
     /// says it is a reply; an error status becomes the matching [`ModelErrorKind`].
@@ -187,6 +319,17 @@ impl ByteStream {
 
 fn build_client(direct: bool, tls: bool) -> Result<reqwest::Client, SetupProblem> {
     let mut builder = reqwest::Client::builder();
+    if direct {
+        builder = builder.no_proxy();
+    }
+    if !tls {
+        builder = builder.tls_certs_only(Vec::new());
+    }
+    builder.build().map_err(|error| setup_problem(&error))
+}
+
+fn build_platform_client(direct: bool, tls: bool) -> Result<reqwest::Client, SetupProblem> {
+    let mut builder = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
     if direct {
         builder = builder.no_proxy();
     }

@@ -13,6 +13,7 @@ mod test_support;
 
 pub use client::{check_provider, connect, endpoint_for, endpoint_for_model};
 pub use http::check_trust_store;
+pub(crate) use http::{Answer, Http, NoAnswer, Payload};
 
 use perch_core::config::{Api, ModelSpec, Provider, Thinking};
 use perch_core::heartbeat::ModelFailure;

@@ -120,7 +120,10 @@ fn every_stock_channel_loads() {
         .filter(|name| name.ends_with(".lua"))
         .collect();
     files.sort();
-    assert_eq!(files, vec!["discord.lua", "matrix.lua", "telegram.lua"]);
+    assert_eq!(
+        files,
+        vec!["discord.lua", "matrix.lua", "slack.lua", "telegram.lua"]
+    );
     for kind in ChannelKind::ALL {
         let file = format!("{kind}.lua");
         let text = std::fs::read_to_string(stock.join(&file)).unwrap();

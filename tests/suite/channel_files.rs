@@ -439,6 +439,35 @@ fn perch_channel_add_writes_a_stock_adapter_once() {
     assert!(dir.path().join("channels/team.lua").is_file());
     assert_eq!(load(dir.path()).unwrap().channels.len(), 1);
 
+    let output = perch(&["channel", "add", "slack", root], &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let shown = stdout(&output);
+    assert!(
+        shown.contains(
+            "  SLACK_APP_TOKEN          app_token
+  SLACK_BOT_TOKEN          bot_token
+"
+        ),
+        "{shown}"
+    );
+    assert!(
+        shown.ends_with(&format!(
+            "\nnext: cd {root}; export SLACK_APP_TOKEN=…; export SLACK_BOT_TOKEN=…; perch doctor --online; perch run\n"
+        )),
+        "{shown}"
+    );
+    let info: serde_json::Value =
+        serde_json::from_str(&stdout(&perch(&["info", "--json", root], &[]))).unwrap();
+    let slack = info["channels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|channel| channel["kind"] == "slack")
+        .unwrap_or_else(|| panic!("no slack channel in {info}"));
+    assert_eq!(slack["credentials"]["app_token"], "SLACK_APP_TOKEN");
+    assert_eq!(slack["credentials"]["bot_token"], "SLACK_BOT_TOKEN");
+    std::fs::remove_file(dir.path().join("channels/slack.lua")).unwrap();
+
     let outside = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(
         outside.path().join("discord.lua"),
@@ -451,8 +480,8 @@ fn perch_channel_add_writes_a_stock_adapter_once() {
 
     for (args, expected) in [
         (
-            vec!["channel", "add", "slack", root],
-            "unknown channel kind \"slack\"",
+            vec!["channel", "add", "irc", root],
+            "unknown channel kind \"irc\"",
         ),
         (
             vec!["channel", "add", "discord", root, "--name", "a/b"],

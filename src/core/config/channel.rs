@@ -20,14 +20,16 @@ pub enum ChannelKind {
     Discord,
     Telegram,
     Matrix,
+    Slack,
 }
 
 impl ChannelKind {
     /// Every kind, in the order they are listed in messages.
-    pub const ALL: [ChannelKind; 3] = [
+    pub const ALL: [ChannelKind; 4] = [
         ChannelKind::Discord,
         ChannelKind::Telegram,
         ChannelKind::Matrix,
+        ChannelKind::Slack,
     ];
 
     /// The word written in `kind = "..."`.
@@ -36,6 +38,7 @@ impl ChannelKind {
             ChannelKind::Discord => "discord",
             ChannelKind::Telegram => "telegram",
             ChannelKind::Matrix => "matrix",
+            ChannelKind::Slack => "slack",
         }
     }
 
@@ -51,6 +54,7 @@ impl ChannelKind {
         match self {
             ChannelKind::Discord | ChannelKind::Telegram => &["token", "api_url"],
             ChannelKind::Matrix => &["homeserver", "user", "password", "store_passphrase"],
+            ChannelKind::Slack => &["app_token", "bot_token", "api_url"],
         }
     }
 
@@ -61,6 +65,9 @@ impl ChannelKind {
             ChannelKind::Matrix => {
                 "homeserver = \"https://matrix.example.org\", user = \"@perch:example.org\", \
                  password = env \"MATRIX_PASSWORD\", store_passphrase = env \"MATRIX_STORE_PASSPHRASE\""
+            }
+            ChannelKind::Slack => {
+                "app_token = env \"SLACK_APP_TOKEN\", bot_token = env \"SLACK_BOT_TOKEN\""
             }
         }
     }
@@ -90,6 +97,12 @@ pub enum Platform {
         password: EnvRef,
         store_passphrase: EnvRef,
     },
+    /// A Slack app over Socket Mode: the app-level token (`xapp-…`, scope `connections:write`)
+    /// opens the socket, the bot token (`xoxb-…`) makes every Web API call.
+    Slack {
+        app_token: EnvRef,
+        bot_token: EnvRef,
+    },
 }
 
 impl Platform {
@@ -99,6 +112,7 @@ impl Platform {
             Platform::Discord { .. } => ChannelKind::Discord,
             Platform::Telegram { .. } => ChannelKind::Telegram,
             Platform::Matrix { .. } => ChannelKind::Matrix,
+            Platform::Slack { .. } => ChannelKind::Slack,
         }
     }
 
@@ -114,6 +128,10 @@ impl Platform {
                 ("password", password),
                 ("store_passphrase", store_passphrase),
             ],
+            Platform::Slack {
+                app_token,
+                bot_token,
+            } => vec![("app_token", app_token), ("bot_token", bot_token)],
         }
     }
 }
@@ -204,7 +222,8 @@ pub struct ChannelConfig {
     pub pos: Pos,
     pub platform: Platform,
     /// The platform's endpoint, when not the public one (a self-hosted Bot API server, a test
-    /// double). Discord and Telegram only: a Matrix channel names its homeserver.
+    /// double; Slack's Web API base). Discord, Telegram and Slack only: a Matrix channel names
+    /// its homeserver.
     pub api_url: Option<String>,
     /// Platform room ids by alias.
     pub rooms: BTreeMap<RoomAlias, String>,

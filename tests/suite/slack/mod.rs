@@ -2,6 +2,7 @@
 //! tests will meet them.
 
 mod fake;
+mod run;
 
 use super::support::fake_slack::{
     APP_TOKEN, BOT_TOKEN, BOT_USER, Failure, FakeSlack, Kind, SlackUser, TEAM,

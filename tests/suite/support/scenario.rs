@@ -5,6 +5,7 @@
 
 use super::fake_discord::{self, FakeDiscord};
 use super::fake_model::{FakeModel, Script};
+use super::fake_slack::{self, FakeSlack};
 use super::fake_telegram::{self, Chat, FakeTelegram, Pushed, User};
 use super::status::{self, StatusReport};
 use super::wait::{Poll, wait_until};
@@ -19,6 +20,7 @@ use std::time::Duration;
 enum Platform {
     Telegram(FakeTelegram),
     Discord(FakeDiscord),
+    Slack(FakeSlack),
     /// The channel Lua names its own place (a Synapse, a port nobody answers on, ...).
     Elsewhere,
 }
@@ -50,6 +52,12 @@ const DISCORD: Fake = Fake {
     token: ("DISCORD_TOKEN", fake_discord::TOKEN),
 };
 
+const SLACK: Fake = Fake {
+    start: || Platform::Slack(FakeSlack::start()),
+    file: "channels/sl.lua",
+    token: ("SLACK_BOT_TOKEN", fake_slack::BOT_TOKEN),
+};
+
 /// An agent directory to be: the model's wire API, `agent.lua`'s options and one channel.
 pub struct Scenario {
     api: Api,
@@ -77,6 +85,13 @@ impl Scenario {
     /// file's second line.
     pub fn discord(options: &str) -> Scenario {
         Scenario::on(&DISCORD, options)
+    }
+
+    /// A Slack channel `sl` on a fresh fake Slack (its bot token in `SLACK_BOT_TOKEN`, its
+    /// app-level token in `SLACK_APP_TOKEN`); `options` go inside `channel { ... }`, on the
+    /// file's second line.
+    pub fn slack(options: &str) -> Scenario {
+        Scenario::on(&SLACK, options).env("SLACK_APP_TOKEN", fake_slack::APP_TOKEN)
     }
 
     /// A Telegram channel `tg` whose Bot API is at `url`, with no fake behind it.
@@ -162,6 +177,12 @@ impl Scenario {
             (Channel::Fake, Platform::Discord(discord)) => {
                 fake_channel("discord", "DISCORD_TOKEN", &discord.url(), &self.options)
             }
+            (Channel::Fake, Platform::Slack(slack)) => format!(
+                "channel {{ kind = \"slack\", app_token = env \"SLACK_APP_TOKEN\", \
+                 bot_token = env \"SLACK_BOT_TOKEN\", api_url = {:?},\n  {} }}\n",
+                slack.api_url(),
+                self.options
+            ),
             (Channel::Fake, Platform::Elsewhere) => unreachable!("a fake channel has its fake"),
         };
         write(dir.path(), &self.file, &channel);
@@ -212,6 +233,14 @@ impl Agent {
         match &self.platform {
             Platform::Discord(discord) => discord,
             _ => panic!("not a Discord scenario"),
+        }
+    }
+
+    /// The fake Slack of a Slack scenario.
+    pub fn slack(&self) -> &FakeSlack {
+        match &self.platform {
+            Platform::Slack(slack) => slack,
+            _ => panic!("not a Slack scenario"),
         }
     }
 
@@ -316,6 +345,7 @@ impl Agent {
         match &self.platform {
             Platform::Telegram(telegram) => telegram.sent_count(),
             Platform::Discord(discord) => discord.posted().len(),
+            Platform::Slack(slack) => slack.posted().len(),
             Platform::Elsewhere => panic!("replies are counted on a fake"),
         }
     }

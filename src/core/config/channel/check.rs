@@ -42,7 +42,13 @@ const COMMON_KEYS: &[&str] = &[
 
 const ALLOW_KEYS: &[&str] = &["users", "rooms"];
 
-const CREDENTIAL_KEYS: &[&str] = &["token", "password", "store_passphrase"];
+const CREDENTIAL_KEYS: &[&str] = &[
+    "token",
+    "password",
+    "store_passphrase",
+    "app_token",
+    "bot_token",
+];
 
 /// The channel name of `file` (`channels/ops.lua` is `ops`), as written.
 pub fn channel_stem(file: &str) -> &str {
@@ -110,7 +116,7 @@ fn read_channel(
         .required(
             checker,
             "kind",
-            "name the platform: kind = \"discord\", \"telegram\" or \"matrix\"",
+            "name the platform: kind = \"discord\", \"telegram\", \"matrix\" or \"slack\"",
         )
         .and_then(|node| {
             choice(
@@ -121,7 +127,7 @@ fn read_channel(
                 &ChannelKind::ALL.map(|kind| (kind.as_str(), kind)),
             )
         });
-    let platform = platform(checker, &mut fields, kind);
+    let platform = platform(checker, &mut fields, kind, pos);
     let api_url = if kind == Some(ChannelKind::Matrix) {
         None
     } else {
@@ -135,6 +141,15 @@ fn read_channel(
                 &root.key("api_url"),
                 "api_url must not hold the bot's path or token (value not shown)",
                 "give the server's base URL, such as https://api.telegram.org; perch adds /bot<token>/ itself",
+            );
+            return None;
+        }
+        if kind == Some(ChannelKind::Slack) && url.contains("xox") {
+            checker.report_fix(
+                node.pos,
+                &root.key("api_url"),
+                "api_url must not hold a token (value not shown)",
+                "give the Web API's base, such as https://slack.com/api/; the tokens are app_token and bot_token",
             );
             return None;
         }
@@ -264,6 +279,7 @@ fn platform(
     checker: &mut Checker,
     fields: &mut Fields<'_>,
     kind: Option<ChannelKind>,
+    pos: Pos,
 ) -> Option<Platform> {
     let root = Path::root();
     let Some(kind) = kind else {
@@ -290,7 +306,7 @@ fn platform(
             checker.report_fix(
                 node.pos,
                 &root.key(key),
-                format!("{key} is for {} channels, not {kind}", owners.join(" and ")),
+                format!("{key} is for {} channels, not {kind}", listed(&owners)),
                 format!(
                     "remove it; a {kind} channel takes {}",
                     kind.credential_example()
@@ -305,6 +321,27 @@ fn platform(
         ChannelKind::Telegram => Some(Platform::Telegram {
             token: credential(checker, fields, kind, "token")?,
         }),
+        ChannelKind::Slack => {
+            let app_token = credential(checker, fields, kind, "app_token");
+            let bot_token = credential(checker, fields, kind, "bot_token");
+            let (app_token, bot_token) = (app_token?, bot_token?);
+            if app_token.name() == bot_token.name() {
+                checker.report_fix(
+                    pos,
+                    &root.key("bot_token"),
+                    format!(
+                        "app_token and bot_token both name {}, but they are two tokens",
+                        bot_token.name()
+                    ),
+                    "keep the app-level token (xapp-…) and the bot token (xoxb-…) in two variables, such as SLACK_APP_TOKEN and SLACK_BOT_TOKEN",
+                );
+                return None;
+            }
+            Some(Platform::Slack {
+                app_token,
+                bot_token,
+            })
+        }
         ChannelKind::Matrix => {
             let password = credential(checker, fields, kind, "password");
             let store_passphrase = credential(checker, fields, kind, "store_passphrase");
@@ -332,6 +369,15 @@ fn platform(
                 store_passphrase: store_passphrase?,
             })
         }
+    }
+}
+
+/// `a`, `a and b`, `a, b and c`.
+fn listed(words: &[&str]) -> String {
+    match words.split_last() {
+        None => String::new(),
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
     }
 }
 

@@ -202,7 +202,7 @@ fn a_literal_credential_is_refused_without_its_value() {
              fix: keep it in the service's environment and reference it: token = env \"NAME\""
         ]
     );
-    let found = problems(vec![("kind", text("slack")), ("token", text(secret))]);
+    let found = problems(vec![("kind", text("irc")), ("token", text(secret))]);
     assert_eq!(found.len(), 2, "{found:#?}");
     assert!(found.iter().all(|problem| !problem.contains(secret)));
     let found = problems(vec![
@@ -229,14 +229,14 @@ fn kind_is_required_and_must_be_known() {
         problems(vec![("token", env("T"))]),
         vec![
             "channels/ops.lua:2: missing kind\n  \
-             fix: name the platform: kind = \"discord\", \"telegram\" or \"matrix\""
+             fix: name the platform: kind = \"discord\", \"telegram\", \"matrix\" or \"slack\""
         ]
     );
     assert_eq!(
-        problems(vec![("kind", text("slack")), ("token", env("T"))]),
+        problems(vec![("kind", text("irc")), ("token", env("T"))]),
         vec![
-            "channels/ops.lua:2: kind: unknown kind \"slack\"\n  \
-             fix: use one of discord, telegram, matrix"
+            "channels/ops.lua:2: kind: unknown kind \"irc\"\n  \
+             fix: use one of discord, telegram, matrix, slack"
         ]
     );
 }
@@ -290,7 +290,12 @@ fn keys_of_another_kind_and_unknown_keys_are_named() {
         ]);
         assert_eq!(found.len(), 1, "{found:#?}");
         let expected = format!(
-            "channels/ops.lua:2: {key}: {key} is for discord and telegram channels, not matrix\n"
+            "channels/ops.lua:2: {key}: {key} is for {} channels, not matrix\n",
+            if key == "token" {
+                "discord and telegram"
+            } else {
+                "discord, telegram and slack"
+            }
         );
         assert!(found[0].starts_with(&expected), "{found:#?}");
     }
@@ -541,5 +546,86 @@ fn a_channel_credential_may_not_be_a_sandbox_secret() {
     assert_eq!(
         found,
         vec![expected("channels/ops.lua"), expected("channels/ops2.lua")]
+    );
+}
+
+fn slack(mut extra: Vec<(&'static str, Value)>) -> Vec<(&'static str, Value)> {
+    let mut entries = vec![
+        ("kind", text("slack")),
+        ("app_token", env("SLACK_APP_TOKEN")),
+        ("bot_token", env("SLACK_BOT_TOKEN")),
+    ];
+    entries.append(&mut extra);
+    entries
+}
+
+#[test]
+fn a_slack_channel_takes_two_tokens_and_an_api_url() {
+    let config = check(slack(vec![("api_url", text("http://127.0.0.1:9/api/"))])).unwrap();
+    assert_eq!(
+        config.platform,
+        Platform::Slack {
+            app_token: reference("SLACK_APP_TOKEN"),
+            bot_token: reference("SLACK_BOT_TOKEN"),
+        }
+    );
+    assert_eq!(config.kind(), ChannelKind::Slack);
+    assert_eq!(config.api_url.as_deref(), Some("http://127.0.0.1:9/api"));
+    assert_eq!(
+        config.platform.credentials(),
+        vec![
+            ("app_token", &reference("SLACK_APP_TOKEN")),
+            ("bot_token", &reference("SLACK_BOT_TOKEN")),
+        ]
+    );
+}
+
+#[test]
+fn a_slack_channel_is_checked_with_its_lines_and_fixes() {
+    assert_eq!(
+        problems(vec![("kind", text("slack"))]),
+        vec![
+            "channels/ops.lua:2: missing app_token\n  fix: add it: app_token = env \"SLACK_APP_TOKEN\", bot_token = env \"SLACK_BOT_TOKEN\"",
+            "channels/ops.lua:2: missing bot_token\n  fix: add it: app_token = env \"SLACK_APP_TOKEN\", bot_token = env \"SLACK_BOT_TOKEN\"",
+        ]
+    );
+    let literal = problems(vec![
+        ("kind", text("slack")),
+        ("app_token", text("xapp-1-A0-1-abc")),
+        ("bot_token", env("SLACK_BOT_TOKEN")),
+    ]);
+    assert_eq!(literal.len(), 1, "{literal:#?}");
+    assert!(
+        literal[0].starts_with(
+            "channels/ops.lua:2: app_token: a literal app_token is not allowed in a channel file (value not shown)"
+        ),
+        "{literal:#?}"
+    );
+    assert!(!literal[0].contains("xapp-1"), "{literal:#?}");
+    let same = problems(vec![
+        ("kind", text("slack")),
+        ("app_token", env("SLACK")),
+        ("bot_token", env("SLACK")),
+    ]);
+    assert_eq!(
+        same,
+        vec![
+            "channels/ops.lua:2: bot_token: app_token and bot_token both name SLACK, but they are two tokens\n  \
+             fix: keep the app-level token (xapp-…) and the bot token (xoxb-…) in two variables, such as SLACK_APP_TOKEN and SLACK_BOT_TOKEN"
+        ]
+    );
+    let token_in_url = problems(slack(vec![(
+        "api_url",
+        text("https://slack.com/api/?token=xoxb-1-2"),
+    )]));
+    assert_eq!(token_in_url.len(), 1, "{token_in_url:#?}");
+    assert!(!token_in_url[0].contains("xoxb-1"), "{token_in_url:#?}");
+    let foreign = problems(slack(vec![("token", env("T"))]));
+    assert_eq!(
+        foreign,
+        vec![
+            "channels/ops.lua:2: token: token is for discord and telegram channels, not slack\n  \
+             fix: remove it; a slack channel takes app_token = env \"SLACK_APP_TOKEN\", bot_token = env \"SLACK_BOT_TOKEN\""
+        ]
     );
 }

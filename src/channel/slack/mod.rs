@@ -1,0 +1,330 @@
+//! Slack over Socket Mode: the one module (this folder) that names Slack's wire. What each
+//! frame, event and answer means is decided by the pure `perch_core::slack`; this module opens
+//! the socket (over tokio-tungstenite) and makes the Web API calls (through perch's one HTTP
+//! door, `src/model/http.rs`).
+//!
+//! The socket loop is perch's own, not a library's listener: each `events_api` envelope is
+//! handed to perch and acknowledged only once perch has journaled it, an envelope perch cannot
+//! read is journaled as a refusal and acknowledged, and every reconnect is decided by
+//! `perch_core::slack::socket` inside the receive attempt the connection machine steps
+//! (receive.rs). A message is known by `<channel>:<ts>`, so its `message` and `app_mention`
+//! deliveries and Slack's redeliveries are one inbox item.
+//!
+//! Replies are posted with `chat.postMessage` as mrkdwn (`perch_core::slack::mrkdwn`, which
+//! notifies no one the model names), in the thread of the message they answer. Calls are paced
+//! per method across the workspace and per channel; a `429` holds the method for its
+//! `Retry-After`. Slack has no idempotency key, so a post whose answer was lost is `unknown` and
+//! never sent again. Both tokens travel only in an `Authorization` header, and every error text
+//! is redacted before it leaves this module.
+
+mod receive;
+mod web;
+
+use super::{
+    Attachment, BoxFuture, CheckError, Checked, Connector, ConnectorError, Delivery, DeliveryError,
+    FetchError, InboundEvent, PlatformLimits, Receipt, ReceiveAttempt, Upload,
+};
+use perch_core::secret::Secret;
+use perch_core::slack::event::Me;
+use perch_core::slack::mrkdwn::{MAX_CHARS, to_mrkdwn};
+use perch_core::slack::socket::open_refusal;
+use perch_core::slack::web::sends_token_to;
+use perch_core::slack::web::{AuthTest, Posted, WebFailure, bot_token_refusal};
+use std::fmt;
+use std::sync::Mutex;
+use tokio::sync::OnceCell;
+use web::{CallError, WebApi};
+
+/// How many redirects a file's download follows.
+const MAX_REDIRECTS: usize = 3;
+
+/// A connection to one Slack app in one workspace.
+pub struct SlackConnector {
+    app_token: Secret,
+    bot_token: Secret,
+    /// The variables the tokens come from, for fixes.
+    app_variable: String,
+    bot_variable: String,
+    web: WebApi,
+    /// Who the bot is (from `auth.test`), and the account as `perch status` shows it.
+    identity: OnceCell<(Me, String)>,
+    names: Mutex<receive::Names>,
+    /// `allow.users`: the people of another organisation (Slack Connect) perch takes.
+    allowed_users: Vec<String>,
+}
+
+impl fmt::Debug for SlackConnector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlackConnector")
+            .field("api_url", &self.web.base())
+            .field("identity", &self.identity.get().map(|(_, account)| account))
+            .finish_non_exhaustive()
+    }
+}
+
+/// The tokens of a Slack channel and the variables they come from.
+#[derive(Debug)]
+pub struct SlackTokens {
+    pub app_token: Secret,
+    pub app_variable: String,
+    pub bot_token: Secret,
+    pub bot_variable: String,
+}
+
+impl SlackConnector {
+    /// A connector for the app with `tokens`, calling the Web API at `api_url` (Slack's own
+    /// when `None`); `allowed_users` are `allow.users`. Nothing is sent until the first call.
+    pub fn new(
+        tokens: SlackTokens,
+        api_url: Option<&str>,
+        allowed_users: Vec<String>,
+    ) -> SlackConnector {
+        SlackConnector {
+            app_token: tokens.app_token,
+            bot_token: tokens.bot_token,
+            app_variable: tokens.app_variable,
+            bot_variable: tokens.bot_variable,
+            web: WebApi::new(api_url),
+            identity: OnceCell::new(),
+            names: Mutex::new(receive::Names::default()),
+            allowed_users,
+        }
+    }
+
+    /// The bot, from `auth.test` on the first call and cached after it.
+    async fn identity(&self) -> Result<(Me, String), ConnectorError> {
+        self.identity
+            .get_or_try_init(|| async {
+                let auth = self.auth_test().await.map_err(|error| match error {
+                    CallError::Web(failure) => match bot_token_refusal(&failure) {
+                        Some(refusal) => ConnectorError::Unauthorized {
+                            message: format!("{refusal} ({})", self.bot_variable),
+                        },
+                        None => ConnectorError::Disconnected {
+                            message: format!("auth.test: {failure}"),
+                        },
+                    },
+                    CallError::Unanswered(failure) => ConnectorError::Disconnected {
+                        message: format!("auth.test: {failure}"),
+                    },
+                })?;
+                Ok((auth.me(), account(&auth)))
+            })
+            .await
+            .cloned()
+    }
+
+    async fn auth_test(&self) -> Result<AuthTest, CallError> {
+        let value = self
+            .web
+            .call(&self.bot_token, "auth.test", &[], None)
+            .await?;
+        serde_json::from_value(value).map_err(|error| {
+            CallError::Web(WebFailure::Unreadable {
+                reason: error.to_string(),
+            })
+        })
+    }
+
+    async fn send(&self, delivery: &Delivery, files: &[Upload]) -> Result<Receipt, DeliveryError> {
+        let mut text = to_mrkdwn(&delivery.text);
+        if !files.is_empty() {
+            let names: Vec<&str> = files.iter().map(|file| file.name.as_str()).collect();
+            text.push_str(&format!(
+                "\n_(not attached: {}; perch does not upload files to Slack yet)_",
+                to_mrkdwn(&names.join(", "))
+            ));
+        }
+        let mut arguments = vec![("channel", delivery.room.as_str()), ("text", text.as_str())];
+        if let Some(thread) = &delivery.thread {
+            arguments.push(("thread_ts", thread.as_str()));
+        }
+        let posted = self
+            .web
+            .call(
+                &self.bot_token,
+                "chat.postMessage",
+                &arguments,
+                Some(&delivery.room),
+            )
+            .await
+            .map_err(|error| self.delivery_error(error))?;
+        let posted: Posted =
+            serde_json::from_value(posted).map_err(|error| DeliveryError::Failed {
+                message: format!("chat.postMessage answered, but not as documented: {error}"),
+            })?;
+        Ok(Receipt {
+            platform_id: posted.platform_id(),
+        })
+    }
+
+    fn delivery_error(&self, error: CallError) -> DeliveryError {
+        use perch_core::delivery::AttemptFailure;
+        match error {
+            CallError::Web(failure) => {
+                let message = match bot_token_refusal(&failure) {
+                    Some(refusal) => format!("{refusal} ({})", self.bot_variable),
+                    None => failure.to_string(),
+                };
+                match failure.delivery() {
+                    AttemptFailure::RateLimited { retry_after } => {
+                        DeliveryError::RateLimited { retry_after }
+                    }
+                    AttemptFailure::Rejected => DeliveryError::Rejected { message },
+                    AttemptFailure::Failed => DeliveryError::Failed { message },
+                    AttemptFailure::NotSent => DeliveryError::NotSent { message },
+                }
+            }
+            CallError::Unanswered(crate::model::NoAnswer::NotSent { detail }) => {
+                DeliveryError::NotSent { message: detail }
+            }
+            CallError::Unanswered(failure) => DeliveryError::Failed {
+                message: failure.to_string(),
+            },
+        }
+    }
+
+    /// `auth.test` with the bot token, then `apps.connections.open` with the app-level token,
+    /// whose URL is never connected to (Slack would hand that connection some of a running
+    /// agent's events).
+    async fn check_tokens(&self) -> Result<Checked, CheckError> {
+        let auth = self.auth_test().await.map_err(|error| {
+            check_error(error, "auth.test", &self.bot_variable, bot_token_refusal)
+        })?;
+        self.web
+            .call(&self.app_token, "apps.connections.open", &[], None)
+            .await
+            .map_err(|error| {
+                check_error(
+                    error,
+                    "apps.connections.open",
+                    &self.app_variable,
+                    open_refusal,
+                )
+            })?;
+        Ok(Checked {
+            detail: format!(
+                "auth.test: {} accepts the bot token for {}; apps.connections.open: {} is \
+                 accepted for Socket Mode",
+                self.bot_variable,
+                account(&auth),
+                self.app_variable
+            ),
+            verified: true,
+        })
+    }
+
+    /// Downloads a file from its `url_private_download`, with the bot token only to Slack's
+    /// hosts (a redirect elsewhere is followed without it), refusing past `limit` bytes.
+    async fn download(&self, attachment: &Attachment, limit: u64) -> Result<Vec<u8>, FetchError> {
+        if let Some(size) = attachment.size.filter(|size| *size > limit) {
+            return Err(FetchError::TooLarge { size: Some(size) });
+        }
+        let failed = |message: String| FetchError::Failed { message };
+        let mut url = attachment.source.clone();
+        for _ in 0..=MAX_REDIRECTS {
+            let token = sends_token_to(self.web.base(), &url).then_some(&self.bot_token);
+            let answer = self
+                .web
+                .get(&url, token, usize::try_from(limit).unwrap_or(usize::MAX))
+                .await
+                .map_err(|error| match error {
+                    crate::model::NoAnswer::TooLarge { size } => FetchError::TooLarge { size },
+                    other => failed(self.clean(&other.to_string())),
+                })?;
+            match (answer.status, answer.location) {
+                (200..=299, _) => return Ok(answer.body),
+                (300..=399, Some(location)) => {
+                    url = url::Url::parse(&url)
+                        .and_then(|base| base.join(&location))
+                        .map_err(|_| failed("Slack redirected the download nowhere".to_owned()))?
+                        .to_string();
+                }
+                (status, _) => {
+                    return Err(failed(format!("Slack answered HTTP {status} for the file")));
+                }
+            }
+        }
+        Err(failed(format!(
+            "the download was redirected more than {MAX_REDIRECTS} times"
+        )))
+    }
+
+    fn clean(&self, text: &str) -> String {
+        let text = perch_core::redact::redact_slack_token(text, self.app_token.expose());
+        perch_core::redact::redact_slack_token(&text, self.bot_token.expose())
+    }
+}
+
+/// The bot as `perch status` shows it: `@name in Team (T…)`.
+fn account(auth: &AuthTest) -> String {
+    let user = auth.user.as_deref().unwrap_or(&auth.user_id);
+    match &auth.team {
+        Some(team) => format!("@{user} in {team} ({})", auth.team_id),
+        None => format!("@{user} in {}", auth.team_id),
+    }
+}
+
+fn check_error(
+    error: CallError,
+    method: &str,
+    variable: &str,
+    refusal: fn(&WebFailure) -> Option<String>,
+) -> CheckError {
+    match error {
+        CallError::Web(failure) => match refusal(&failure) {
+            Some(refusal) => CheckError::Refused {
+                message: format!("{method}: {refusal} (the token in {variable})"),
+            },
+            None => CheckError::Failed {
+                message: format!("{method}: {failure}"),
+            },
+        },
+        CallError::Unanswered(crate::model::NoAnswer::NotSent { detail }) => {
+            CheckError::Unreachable {
+                message: format!("{method}: {detail}"),
+            }
+        }
+        CallError::Unanswered(failure) => CheckError::Failed {
+            message: format!("{method}: {failure}"),
+        },
+    }
+}
+
+impl Connector for SlackConnector {
+    fn receive(&self, attempt: ReceiveAttempt) -> BoxFuture<'_, Result<(), ConnectorError>> {
+        Box::pin(self.receive_attempt(attempt))
+    }
+
+    fn post<'a>(
+        &'a self,
+        delivery: &'a Delivery,
+        files: &'a [Upload],
+    ) -> BoxFuture<'a, Result<Receipt, DeliveryError>> {
+        Box::pin(self.send(delivery, files))
+    }
+
+    fn fetch<'a>(
+        &'a self,
+        _event: &'a InboundEvent,
+        attachment: &'a Attachment,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<Vec<u8>, FetchError>> {
+        Box::pin(self.download(attachment, limit))
+    }
+
+    fn typing<'a>(&'a self, _room: &'a str, _thread: Option<&'a str>) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
+    fn limits(&self) -> PlatformLimits {
+        PlatformLimits {
+            max_chars: MAX_CHARS,
+            resend_window: None,
+        }
+    }
+
+    fn check(&self) -> BoxFuture<'_, Result<Checked, CheckError>> {
+        Box::pin(self.check_tokens())
+    }
+}
