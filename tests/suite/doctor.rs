@@ -2,6 +2,7 @@
 
 use super::support::fake_discord::{self, FakeDiscord};
 use super::support::fake_model::FakeModel;
+use super::support::fake_slack::{self, FakeSlack};
 use super::support::fake_telegram::{self, FakeTelegram};
 use super::support::{new_agent, perch, stderr, stdout, write};
 use perch::agent::AgentDir;
@@ -440,6 +441,78 @@ fn online_checks_accept_good_credentials_and_report_refused_ones_without_showing
     assert!(fix_after(&text, tg).contains("check TELEGRAM_TOKEN, which channels/tg.lua names"));
     assert_eq!(fix_after(&text, fake), "check the key in FAKE_KEY");
     shows_none_of(&[WRONG_TOKEN, WRONG_DISCORD_TOKEN, WRONG_KEY], &text, &err);
+}
+
+#[test]
+fn online_slack_checks_both_tokens_and_never_connects_to_the_socket() {
+    let slack = FakeSlack::start();
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let channel = format!(
+        "channel {{ kind = \"slack\", app_token = env \"SLACK_APP_TOKEN\", \
+         bot_token = env \"SLACK_BOT_TOKEN\", api_url = {:?} }}\n",
+        slack.api_url()
+    );
+    let agent = online_agent(&model, &[("sl.lua", channel)]);
+    let good = [
+        ("SLACK_APP_TOKEN", fake_slack::APP_TOKEN),
+        ("SLACK_BOT_TOKEN", fake_slack::BOT_TOKEN),
+        ("FAKE_KEY", MODEL_KEY),
+    ];
+    let (_, text, err) = doctor_online(agent.path(), &good);
+    checked(
+        &text,
+        ["channel", "sl"],
+        "ok",
+        "auth.test: SLACK_BOT_TOKEN accepts the bot token for @perch",
+    );
+    assert!(
+        text.contains("apps.connections.open: SLACK_APP_TOKEN is accepted for Socket Mode"),
+        "{text}"
+    );
+    assert_eq!(slack.calls_of("apps.connections.open"), 1);
+    assert_eq!(
+        slack.connections_opened(),
+        0,
+        "doctor connected to the socket"
+    );
+    shows_none_of(&[fake_slack::APP_TOKEN, fake_slack::BOT_TOKEN], &text, &err);
+
+    let wrong_bot = "xoxb-1-2-wrongBotTokenNeverPrinted";
+    let (output, text, err) = doctor_online(
+        agent.path(),
+        &[good[0], ("SLACK_BOT_TOKEN", wrong_bot), good[2]],
+    );
+    assert!(!output.status.success());
+    checked(
+        &text,
+        ["channel", "sl"],
+        "FAIL",
+        "refused: auth.test: Slack refused the bot token (invalid_auth): set it to the app's \
+         xoxb-… token (OAuth & Permissions, Bot User OAuth Token) (the token in SLACK_BOT_TOKEN)",
+    );
+    shows_none_of(&[wrong_bot, fake_slack::APP_TOKEN], &text, &err);
+
+    let (output, text, err) = doctor_online(
+        agent.path(),
+        &[("SLACK_APP_TOKEN", fake_slack::BOT_TOKEN), good[1], good[2]],
+    );
+    assert!(!output.status.success());
+    checked(
+        &text,
+        ["channel", "sl"],
+        "FAIL",
+        "refused: apps.connections.open: the socket needs an app-level token (xapp-…), not a \
+         bot or user token (not_allowed_token_type) (the token in SLACK_APP_TOKEN)",
+    );
+    shows_none_of(&[fake_slack::BOT_TOKEN], &text, &err);
+
+    slack.fail_next(
+        "auth.test",
+        fake_slack::Failure::Error("missing_scope".into()),
+    );
+    let (_, text, _) = doctor_online(agent.path(), &good);
+    checked(&text, ["channel", "sl"], "FAIL", "(missing_scope)");
+    assert_eq!(slack.connections_opened(), 0);
 }
 
 /// A loopback port nothing listens on.
