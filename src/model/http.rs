@@ -61,6 +61,8 @@ pub(crate) enum Payload<'a> {
     Empty,
     /// `application/x-www-form-urlencoded` arguments.
     Form(&'a [(&'a str, &'a str)]),
+    /// Raw bytes (a file's upload).
+    Bytes(&'a [u8]),
 }
 
 /// A platform's answer, read whole.
@@ -154,6 +156,11 @@ impl Http {
                 request = request
                     .header("content-type", "application/x-www-form-urlencoded")
                     .body(body);
+            }
+            Payload::Bytes(bytes) => {
+                request = request
+                    .header("content-type", "application/octet-stream")
+                    .body(bytes.to_vec());
             }
         }
         if let Some(secret) = bearer {

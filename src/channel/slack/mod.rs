@@ -14,7 +14,8 @@
 //! notifies no one the model names), in the thread of the message they answer. Calls are paced
 //! per method across the workspace and per channel; a `429` holds the method for its
 //! `Retry-After`. Slack has no idempotency key, so a post whose answer was lost is `unknown` and
-//! never sent again. Both tokens travel only in an `Authorization` header, and every error text
+//! never sent again. A reply's files are uploaded (`files.getUploadURLExternal`, the bytes,
+//! `files.completeUploadExternal`) into the same room and thread after its text. Both tokens travel only in an `Authorization` header, and every error text
 //! is redacted before it leaves this module.
 
 mod receive;
@@ -29,7 +30,9 @@ use perch_core::slack::event::Me;
 use perch_core::slack::mrkdwn::{MAX_CHARS, to_mrkdwn};
 use perch_core::slack::socket::open_refusal;
 use perch_core::slack::web::sends_token_to;
-use perch_core::slack::web::{AuthTest, Posted, WebFailure, bot_token_refusal};
+use perch_core::slack::web::{
+    AuthTest, CompletedUpload, Posted, UploadUrl, WebFailure, bot_token_refusal,
+};
 use std::fmt;
 use std::sync::Mutex;
 use tokio::sync::OnceCell;
@@ -127,15 +130,32 @@ impl SlackConnector {
     }
 
     async fn send(&self, delivery: &Delivery, files: &[Upload]) -> Result<Receipt, DeliveryError> {
-        let mut text = to_mrkdwn(&delivery.text);
-        if !files.is_empty() {
-            let names: Vec<&str> = files.iter().map(|file| file.name.as_str()).collect();
-            text.push_str(&format!(
-                "\n_(not attached: {}; perch does not upload files to Slack yet)_",
-                to_mrkdwn(&names.join(", "))
-            ));
+        let text = to_mrkdwn(&delivery.text);
+        let receipt = if text.trim().is_empty() && !files.is_empty() {
+            None
+        } else {
+            Some(self.post_text(delivery, &text).await?)
+        };
+        if files.is_empty() {
+            return receipt.ok_or_else(|| DeliveryError::Rejected {
+                message: "nothing to send".to_owned(),
+            });
         }
-        let mut arguments = vec![("channel", delivery.room.as_str()), ("text", text.as_str())];
+        let shared = self.share_files(delivery, files).await;
+        match (receipt, shared) {
+            (Some(receipt), Ok(_)) => Ok(receipt),
+            (None, Ok(first)) => Ok(Receipt {
+                platform_id: format!("{}:file:{first}", delivery.room),
+            }),
+            (None, Err(error)) => Err(error),
+            (Some(_), Err(error)) => Err(DeliveryError::Failed {
+                message: format!("the reply was posted, but not its files: {error}"),
+            }),
+        }
+    }
+
+    async fn post_text(&self, delivery: &Delivery, text: &str) -> Result<Receipt, DeliveryError> {
+        let mut arguments = vec![("channel", delivery.room.as_str()), ("text", text)];
         if let Some(thread) = &delivery.thread {
             arguments.push(("thread_ts", thread.as_str()));
         }
@@ -156,6 +176,93 @@ impl SlackConnector {
         Ok(Receipt {
             platform_id: posted.platform_id(),
         })
+    }
+
+    /// Uploads `files` (`files.getUploadURLExternal`, then each file's bytes) and shares them
+    /// in the delivery's room and thread with `files.completeUploadExternal`; the first file's
+    /// id.
+    async fn share_files(
+        &self,
+        delivery: &Delivery,
+        files: &[Upload],
+    ) -> Result<String, DeliveryError> {
+        let mut uploaded = Vec::with_capacity(files.len());
+        for file in files {
+            let length = file.bytes.len().to_string();
+            let slot = self
+                .web
+                .call(
+                    &self.bot_token,
+                    "files.getUploadURLExternal",
+                    &[
+                        ("filename", file.name.as_str()),
+                        ("length", length.as_str()),
+                    ],
+                    None,
+                )
+                .await
+                .map_err(|error| self.delivery_error(error))?;
+            let slot: UploadUrl =
+                serde_json::from_value(slot).map_err(|error| DeliveryError::Rejected {
+                    message: format!(
+                        "files.getUploadURLExternal answered, but not as documented: {error}"
+                    ),
+                })?;
+            if !sends_token_to(self.web.base(), &slot.upload_url) {
+                return Err(DeliveryError::Rejected {
+                    message: "Slack's upload URL is not one of Slack's hosts".to_owned(),
+                });
+            }
+            match self.web.upload(&slot.upload_url, &file.bytes).await {
+                Ok(200..=299) => {}
+                Ok(status) => {
+                    return Err(DeliveryError::Rejected {
+                        message: format!("uploading {} was answered with HTTP {status}", file.name),
+                    });
+                }
+                Err(crate::model::NoAnswer::NotSent { detail }) => {
+                    return Err(DeliveryError::NotSent { message: detail });
+                }
+                Err(error) => {
+                    return Err(DeliveryError::Rejected {
+                        message: format!("uploading {}: {error}", file.name),
+                    });
+                }
+            }
+            uploaded.push(serde_json::json!({"id": slot.file_id, "title": file.name}));
+        }
+        let listed = serde_json::Value::Array(uploaded).to_string();
+        let mut arguments = vec![
+            ("files", listed.as_str()),
+            ("channel_id", delivery.room.as_str()),
+        ];
+        if let Some(thread) = &delivery.thread {
+            arguments.push(("thread_ts", thread.as_str()));
+        }
+        let completed = self
+            .web
+            .call(
+                &self.bot_token,
+                "files.completeUploadExternal",
+                &arguments,
+                Some(&delivery.room),
+            )
+            .await
+            .map_err(|error| self.delivery_error(error))?;
+        let completed: CompletedUpload =
+            serde_json::from_value(completed).map_err(|error| DeliveryError::Failed {
+                message: format!(
+                    "files.completeUploadExternal answered, but not as documented: {error}"
+                ),
+            })?;
+        completed
+            .files
+            .into_iter()
+            .next()
+            .map(|file| file.id)
+            .ok_or_else(|| DeliveryError::Failed {
+                message: "files.completeUploadExternal shared no file".to_owned(),
+            })
     }
 
     fn delivery_error(&self, error: CallError) -> DeliveryError {

@@ -132,6 +132,21 @@ impl WebApi {
             })
     }
 
+    /// POSTs a file's `bytes` to its upload URL, with no token; the answer's HTTP status.
+    pub(super) async fn upload(&self, url: &str, bytes: &[u8]) -> Result<u16, NoAnswer> {
+        self.http
+            .exchange(
+                true,
+                url,
+                None,
+                Payload::Bytes(bytes),
+                ANSWER_LIMIT,
+                CALL_TIMEOUT,
+            )
+            .await
+            .map(|answer| answer.status)
+    }
+
     fn redacted(&self, failure: NoAnswer, token: &Secret) -> NoAnswer {
         let clean =
             |detail: String| perch_core::redact::redact_slack_token(&detail, token.expose());

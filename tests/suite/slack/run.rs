@@ -261,3 +261,63 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     files
 }
+
+#[test]
+fn a_shared_file_is_downloaded_with_the_bot_token_into_the_inbox() {
+    let agent = agent();
+    agent.model.push(Script::text("got it"));
+    let service = agent.start();
+    wait_for_hello(&agent);
+    agent.slack().push_file(
+        DM,
+        &ada(),
+        "see this",
+        "notes.txt",
+        "text/plain",
+        b"the file's words",
+    );
+    agent.wait_for_replies(1);
+    let downloads = agent.slack().downloads();
+    assert_eq!(downloads.len(), 1, "{downloads:?}");
+    assert!(
+        downloads[0].1,
+        "downloaded without the bot token: {downloads:?}"
+    );
+    let request = agent.model.last_request().body.to_string();
+    assert!(request.contains("notes.txt"), "{request}");
+    let saved: Vec<_> = walk(&agent.path().join("workspace/inbox"))
+        .into_iter()
+        .filter(|path| std::fs::read(path).unwrap() == b"the file's words")
+        .collect();
+    assert_eq!(saved.len(), 1, "{saved:?}");
+    service.stop();
+}
+
+#[test]
+fn a_reply_attaches_a_workspace_file_uploaded_into_its_thread() {
+    let agent = agent();
+    agent.write("workspace/out/answer.md", "# Answer\n");
+    agent
+        .model
+        .push(Script::text("Done.\nattach: out/answer.md"));
+    let service = agent.start();
+    wait_for_hello(&agent);
+    let parent = agent.slack().push_message(TEAM_ROOM, &ada(), "a thread");
+    agent.slack().push_in_thread(
+        TEAM_ROOM,
+        &ada(),
+        &format!("<@{BOT_USER}> the answer, as a file"),
+        &parent,
+    );
+    agent.wait_for_replies(2);
+    let posted = agent.slack().posted();
+    assert_eq!(posted[0].method, "chat.postMessage");
+    assert_eq!(posted[0].text, "Done.");
+    assert_eq!(posted[1].method, "files.completeUploadExternal");
+    assert_eq!(posted[1].thread_ts.as_deref(), Some(parent.as_str()));
+    assert_eq!(
+        posted[1].files,
+        [("answer.md".to_owned(), b"# Answer\n".to_vec())]
+    );
+    service.stop();
+}
