@@ -321,3 +321,44 @@ fn a_reply_attaches_a_workspace_file_uploaded_into_its_thread() {
     );
     service.stop();
 }
+
+#[test]
+fn two_people_in_one_channel_are_each_named_in_what_the_model_reads() {
+    let grace = SlackUser::person("U0GRACE42", "Grace");
+    let agent = Scenario::slack(
+        "rooms = { team = \"C0TEAM\" }, allow = { users = { \"U061F7AUR\", \"U0GRACE42\" }, rooms = { \"team\" } }",
+    )
+    .build();
+    let slack = agent.slack();
+    slack.user(&ada());
+    slack.user(&grace);
+    slack.channel(TEAM_ROOM, Kind::Channel);
+    agent.model.push(Script::text("for Ada"));
+    agent.model.push(Script::text("for Grace"));
+    let service = agent.start();
+    wait_for_hello(&agent);
+    slack.push_message(TEAM_ROOM, &ada(), &format!("<@{BOT_USER}> first question"));
+    agent.wait_for_replies(1);
+    slack.push_message(TEAM_ROOM, &grace, &format!("<@{BOT_USER}> second question"));
+    agent.wait_for_replies(2);
+    let requests = agent.model.requests();
+    let asked_by = |question: &str| {
+        requests
+            .iter()
+            .map(|request| request.body.to_string())
+            .find(|body| body.contains(question))
+            .unwrap_or_else(|| panic!("no model request with {question:?}"))
+    };
+    // Grace's id is U0GRACE42: "Grace" in the request can only be her name from users.info.
+    assert!(asked_by("first question").contains("Ada"));
+    let second = asked_by("second question");
+    assert!(
+        second.contains("Grace"),
+        "the origin header names Grace: {second}"
+    );
+    let posted = slack.posted();
+    assert_eq!(posted.len(), 2, "{posted:#?}");
+    assert!(posted.iter().all(|post| post.channel == TEAM_ROOM));
+    wait_for_acks(&agent);
+    service.stop();
+}
