@@ -362,3 +362,33 @@ fn two_people_in_one_channel_are_each_named_in_what_the_model_reads() {
     wait_for_acks(&agent);
     service.stop();
 }
+
+#[test]
+fn a_heartbeat_message_is_posted_into_a_slack_room_once() {
+    let agent = Scenario::slack("rooms = { team = \"C0TEAM\" }").build();
+    let slack = agent.slack();
+    slack.channel(TEAM_ROOM, Kind::Channel);
+    agent.write(
+        "workspace/HEARTBEAT.yml",
+        "tasks:\n  - name: digest\n    prompt: Post the digest.\n    cron: \"0 9 * * Mon-Fri\"\n    delivery: sl:team\n",
+    );
+    let service = agent.start();
+    wait_for_hello(&agent);
+    agent
+        .model
+        .push(Script::text("Message: **All green** today, <!here>."));
+    let ran = agent.perch(&["heartbeat", "run", "digest"]);
+    assert!(ran.status.success(), "{}", stdout(&ran));
+    assert!(
+        stdout(&ran).contains("digest: message to sl:team"),
+        "{}",
+        stdout(&ran)
+    );
+    wait_until("the digest posted", || !slack.posted().is_empty());
+    let posted = slack.posted();
+    assert_eq!(posted.len(), 1, "{posted:#?}");
+    assert_eq!(posted[0].channel, TEAM_ROOM);
+    assert_eq!(posted[0].text, "*All green* today, &lt;!here&gt;.");
+    assert_eq!(posted[0].thread_ts, None);
+    service.stop();
+}
