@@ -111,14 +111,16 @@ impl Writer {
     }
 }
 
-struct Fence<'a> {
+/// A code fence's opening line (CommonMark: three or more backticks or tildes, indented at most
+/// three spaces), shared by every renderer of perch's Markdown.
+pub(crate) struct Fence<'a> {
     marker: char,
     count: usize,
-    language: &'a str,
+    pub(crate) language: &'a str,
 }
 
 impl<'a> Fence<'a> {
-    fn open(line: &'a str) -> Option<Fence<'a>> {
+    pub(crate) fn open(line: &'a str) -> Option<Fence<'a>> {
         let trimmed = strip_indent(line)?;
         let marker = trimmed
             .chars()
@@ -148,7 +150,7 @@ impl<'a> Fence<'a> {
         })
     }
 
-    fn closes(&self, line: &str) -> bool {
+    pub(crate) fn closes(&self, line: &str) -> bool {
         let Some(trimmed) = strip_indent(line) else {
             return false;
         };
@@ -158,7 +160,7 @@ impl<'a> Fence<'a> {
 }
 
 /// The line without up to three leading spaces; `None` when it is indented further.
-fn strip_indent(line: &str) -> Option<&str> {
+pub(crate) fn strip_indent(line: &str) -> Option<&str> {
     let spaces = line.chars().take_while(|&ch| ch == ' ').count();
     (spaces <= 3).then(|| &line[spaces..])
 }

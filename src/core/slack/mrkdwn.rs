@@ -13,6 +13,8 @@
 //! Spans do not cross line breaks, and a span inside one of its own kind is flattened (Slack
 //! does not nest them).
 
+use crate::markdown::{Fence, strip_indent};
+
 /// The longest piece of a reply, in characters of Markdown before conversion (the split of
 /// `perch_core::delivery::split_message`). Slack advises at most 4,000 characters of text per
 /// message and truncates past 40,000; conversion at most multiplies a text's length by five (an
@@ -158,39 +160,6 @@ fn escape_code(text: &str) -> String {
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace("```", "``\u{200B}`")
-}
-
-struct Fence {
-    marker: char,
-    count: usize,
-}
-
-impl Fence {
-    fn open(line: &str) -> Option<Fence> {
-        let trimmed = strip_indent(line)?;
-        let marker = trimmed
-            .chars()
-            .next()
-            .filter(|&ch| ch == '`' || ch == '~')?;
-        let count = trimmed.chars().take_while(|&ch| ch == marker).count();
-        if count < 3 || (marker == '`' && trimmed[count..].contains('`')) {
-            return None;
-        }
-        Some(Fence { marker, count })
-    }
-
-    fn closes(&self, line: &str) -> bool {
-        strip_indent(line).is_some_and(|trimmed| {
-            let count = trimmed.chars().take_while(|&ch| ch == self.marker).count();
-            count >= self.count && trimmed[count * self.marker.len_utf8()..].trim().is_empty()
-        })
-    }
-}
-
-/// The line without up to three spaces of indentation; `None` when it is indented more.
-fn strip_indent(line: &str) -> Option<&str> {
-    let spaces = line.chars().take_while(|&ch| ch == ' ').count();
-    (spaces <= 3).then(|| &line[spaces..])
 }
 
 fn block_line(line: &str, out: &mut String) {
