@@ -123,11 +123,13 @@ pub fn run(args: StatusArgs) -> Result<ExitCode, String> {
         undecryptable,
         inbox_pending: inbox.pending.len(),
         inbox_unreadable: inbox_closed
-            .into_iter()
+            .iter()
+            .cloned()
             .chain(inbox.unreadable.iter().map(ToString::to_string))
             .collect(),
         outbox_unreadable: outbox_closed
-            .into_iter()
+            .iter()
+            .cloned()
             .chain(outbox.unreadable.iter().map(ToString::to_string))
             .collect(),
         outbox_pending: outbox.pending.len(),
@@ -186,10 +188,7 @@ pub fn run(args: StatusArgs) -> Result<ExitCode, String> {
             &report,
             &channel_names,
             (&pairing, pairing_error.as_deref()),
-            (
-                !report.inbox_unreadable.is_empty(),
-                !report.outbox_unreadable.is_empty(),
-            ),
+            [inbox_closed.as_deref(), outbox_closed.as_deref()],
             now,
         ))?;
     }
@@ -237,9 +236,11 @@ fn status_text(
     report: &StatusReport,
     channel_names: &[&str],
     (pairing, pairing_error): (&perch_core::pairing::Pairing, Option<&str>),
-    (inbox_unreadable, outbox_unreadable): (bool, bool),
+    closed: [Option<&str>; 2],
     now: Timestamp,
 ) -> String {
+    let inbox_unreadable = !report.inbox_unreadable.is_empty();
+    let outbox_unreadable = !report.outbox_unreadable.is_empty();
     let at_least = |unreadable: bool| if unreadable { "at least " } else { "" };
     let mut out = String::new();
     let mut line = |label: &str, value: &str| out.push_str(&format!("{label:<18} {value}\n"));
@@ -331,11 +332,26 @@ fn status_text(
                 .unwrap_or_default()
         ),
     );
-    for (journal, unreadable) in [
+    for ((journal, unreadable), closed) in [
         ("inbox", &report.inbox_unreadable),
         ("outbox", &report.outbox_unreadable),
-    ] {
-        for problem in unreadable {
+    ]
+    .into_iter()
+    .zip(closed)
+    {
+        if let Some(closed) = closed {
+            line(
+                &format!("{journal} not read"),
+                &format!(
+                    "{}; this user cannot read the agent's journals (root or the agent's own user can)",
+                    shown(closed)
+                ),
+            );
+        }
+        for problem in unreadable
+            .iter()
+            .filter(|problem| Some(problem.as_str()) != closed)
+        {
             line(
                 &format!("{journal} corrupt"),
                 &format!(

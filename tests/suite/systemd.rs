@@ -624,6 +624,13 @@ fn agents_are_kept_apart(container: &Container, b: &Deployed) {
         !running(&status_as("mallory")),
         "a user outside the group perch"
     );
+    let text = container
+        .sh("cd / && runuser -u alice -- perch status /var/lib/perch/agents/b")
+        .stdout_text();
+    assert!(
+        text.contains("inbox not read") && !text.contains("corrupt"),
+        "an operator is told the journals are closed to them, not that they are broken:\n{text}"
+    );
 }
 
 /// Prints which resource and device directives this host's cgroups enforce, and the unit's
