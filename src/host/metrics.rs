@@ -433,6 +433,11 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// all.
 pub const MAX_CONNECTIONS: usize = 16;
 
+/// The most connection descriptors the server holds at once: those with a slot, and those closed
+/// for a newer one whose task has not yet let go of them. The accept loop waits for one to be
+/// let go rather than run ahead of the closes under a flood of idle connections.
+pub const MAX_DESCRIPTORS: usize = 2 * MAX_CONNECTIONS;
+
 /// How long the accept loop pauses after a failed accept (`EMFILE` and the like) before it tries
 /// again, instead of spinning on the error.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -508,10 +513,12 @@ fn lock(open: &Shared) -> std::sync::MutexGuard<'_, OpenConnections> {
     open.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Gives a connection's slot back when its task ends, however it ends.
+/// Gives a connection's slot, and its share of [`MAX_DESCRIPTORS`], back when its task ends,
+/// however it ends.
 struct Slot {
     open: Shared,
     id: u64,
+    _descriptor: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Drop for Slot {
@@ -530,8 +537,16 @@ where
 {
     let scrape = Arc::new(scrape);
     let open: Shared = Arc::default();
+    let descriptors = Arc::new(tokio::sync::Semaphore::new(MAX_DESCRIPTORS));
     let (mut refused, mut replaced): (u64, u64) = (0, 0);
     loop {
+        let descriptor = tokio::select! {
+            () = shutdown.cancelled() => return,
+            permit = Arc::clone(&descriptors).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+        };
         let accepted = tokio::select! {
             () = shutdown.cancelled() => return,
             accepted = listener.accept() => accepted,
@@ -565,6 +580,7 @@ where
                 let slot = Slot {
                     open: Arc::clone(&open),
                     id,
+                    _descriptor: descriptor,
                 };
                 tokio::spawn(async move {
                     let head_read = || lock(&slot.open).head_read(slot.id);
