@@ -27,8 +27,8 @@ channel {
 
   -- Channels, by a name of your choice. The id is the channel id (the channel's name >
   -- About, at the bottom: C… for a channel, G… for some private ones). Replies and scheduled
-  -- reports name a room as <channel>:<name>, for example slack:team. A thread is a
-  -- conversation of its own, and the agent answers in the thread it was asked in.
+  -- reports name a room as <channel>:<name>, for example slack:team. See threads below
+  -- for how threads are answered.
   rooms = {
     -- team = "C0123456789",
   },
@@ -65,6 +65,11 @@ channel {
   --   "interrupt" stops the running answer and is answered instead
   busy = "followup",
   -- collect_window = 3,   -- seconds, only with busy = "collect" (1 to 300, default 3)
+
+  -- A thread is a conversation of its own: its own history, queue and /new ("own", the
+  -- default). "room" joins its messages to the conversation of the room it is in. Either
+  -- way the agent answers in the thread it was asked in.
+  threads = "own",
 
   -- Messages older than this many seconds when perch sees them (after an outage, say) are
   -- recorded but not answered. Default 3600.

@@ -57,6 +57,11 @@ channel {
   busy = "followup",
   -- collect_window = 3,   -- seconds, only with busy = "collect" (1 to 300, default 3)
 
+  -- A forum topic is a conversation of its own: its own history, queue and /new ("own", the
+  -- default). "room" joins its messages to the conversation of the room it is in. Either
+  -- way the agent answers in the thread it was asked in.
+  threads = "own",
+
   -- Messages older than this many seconds when perch sees them (after an outage, say) are
   -- recorded but not answered. Default 3600.
   max_age = 3600,

@@ -5,7 +5,9 @@ use super::agent_checks::loaded_checks;
 use super::{dir_or_current, emit, emit_escaped, load_agent, printed};
 use crate::agent::{LoadedAgent, LoadedChannel};
 use crate::sandbox::preflight::{Check, Status};
-use perch_core::config::{BusyPolicy, ChannelConfig, Platform, ToolDecl};
+use perch_core::config::{
+    BusyPolicy, ChannelConfig, ChannelKind, Platform, ThreadPolicy, ToolDecl,
+};
 use perch_core::spend::{HEARTBEAT_PAUSE_PERCENT, Money, SpendPolicy};
 use perch_core::terminal::escaped;
 use serde_json::json;
@@ -201,6 +203,7 @@ fn channel_json(channel: &LoadedChannel) -> serde_json::Value {
         "groups": config.groups,
         "busy": config.busy.as_str(),
         "collect_window_seconds": collect_window,
+        "threads": (config.kind() != ChannelKind::Discord).then(|| config.threads.as_str()),
         "max_age_seconds": config.max_age.as_secs(),
         "queue_limit": config.queue_limit,
         "allow_bots": config.allow_bots,
@@ -233,6 +236,9 @@ fn channel_text(channel: &LoadedChannel) -> String {
         busy,
         credentials.join(", ")
     );
+    if config.threads == ThreadPolicy::Room {
+        line.push_str("; threads join their room");
+    }
     let hooks = declared_hooks(config);
     if !hooks.is_empty() {
         line.push_str(&format!("; hooks {}", hooks.join(", ")));

@@ -172,7 +172,7 @@ impl Gate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Access, BusyPolicy, Platform};
+    use crate::config::{Access, BusyPolicy, Platform, ThreadPolicy};
     use crate::name::{ChannelName, EnvName, RoomAlias};
     use crate::problem::Pos;
     use crate::secret::EnvRef;
@@ -205,6 +205,7 @@ mod tests {
             dm,
             groups,
             busy: BusyPolicy::Followup,
+            threads: ThreadPolicy::Own,
             max_age: Duration::from_secs(3600),
             queue_limit: 20,
             allow_bots: bots.iter().map(|bot| (*bot).to_owned()).collect(),

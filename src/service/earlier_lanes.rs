@@ -136,7 +136,7 @@ mod tests {
     use super::*;
     use crate::log::LaneLog;
     use chrono::TimeZone;
-    use perch_core::config::{Access, BusyPolicy, DmPolicy, GroupPolicy, Platform};
+    use perch_core::config::{Access, BusyPolicy, DmPolicy, GroupPolicy, Platform, ThreadPolicy};
     use perch_core::id::EntryId;
     use perch_core::log::{Entry, Message, Part};
     use perch_core::name::{ChannelName, EnvName, RoomAlias};
@@ -172,6 +172,7 @@ mod tests {
             dm: DmPolicy::Pair,
             groups: GroupPolicy::Mention,
             busy: BusyPolicy::Followup,
+            threads: ThreadPolicy::Own,
             max_age: std::time::Duration::from_secs(3600),
             queue_limit: 20,
             allow_bots: Vec::new(),

@@ -58,7 +58,7 @@ fn channel_problems_name_file_line_and_key() {
             "channels/ops.lua:3: missing token\n  fix: add it: token = env \"TELEGRAM_TOKEN\"",
             "channels/ops.lua:5: tokn: unknown key\n  fix: did you mean token? known keys: kind, rooms, \
              allow, dm, groups, busy, collect_window, max_age, queue_limit, allow_bots, bot_turns, \
-             on_message, format, token, api_url",
+             on_message, format, token, api_url, threads",
             "channels/ops.lua:6: dm: unknown dm policy \"open\"\n  fix: use one of pair, allow, refuse",
         ]
     );
@@ -557,6 +557,7 @@ fn perch_info_shows_channels_by_variable_names_only() {
             "groups": "mention",
             "busy": "collect",
             "collect_window_seconds": 3,
+            "threads": "own",
             "max_age_seconds": 3600,
             "queue_limit": 20,
             "allow_bots": [],

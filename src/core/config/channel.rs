@@ -52,9 +52,16 @@ impl ChannelKind {
     /// The keys only this kind takes: its credentials and connection details.
     fn own_keys(self) -> &'static [&'static str] {
         match self {
-            ChannelKind::Discord | ChannelKind::Telegram => &["token", "api_url"],
-            ChannelKind::Matrix => &["homeserver", "user", "password", "store_passphrase"],
-            ChannelKind::Slack => &["app_token", "bot_token", "api_url"],
+            ChannelKind::Discord => &["token", "api_url"],
+            ChannelKind::Telegram => &["token", "api_url", "threads"],
+            ChannelKind::Matrix => &[
+                "homeserver",
+                "user",
+                "password",
+                "store_passphrase",
+                "threads",
+            ],
+            ChannelKind::Slack => &["app_token", "bot_token", "api_url", "threads"],
         }
     }
 
@@ -179,6 +186,37 @@ impl GroupPolicy {
     }
 }
 
+/// Which conversation a message in a thread belongs to. Discord has no such choice: a thread
+/// there is a channel, and so a room of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ThreadPolicy {
+    /// Each thread is a conversation of its own (the default).
+    #[default]
+    Own,
+    /// A thread's messages join the conversation of the room it is in.
+    Room,
+}
+
+impl ThreadPolicy {
+    /// The word written in `threads = "..."`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ThreadPolicy::Own => "own",
+            ThreadPolicy::Room => "room",
+        }
+    }
+
+    /// The thread that names the conversation of a message posted in `thread`: the thread
+    /// itself, or none when threads join their room's conversation. Replies still go to the
+    /// thread the message was posted in.
+    pub fn conversation_thread(self, thread: Option<&str>) -> Option<&str> {
+        match self {
+            ThreadPolicy::Own => thread,
+            ThreadPolicy::Room => None,
+        }
+    }
+}
+
 /// What happens to a message that arrives while its lane is running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BusyPolicy {
@@ -231,6 +269,8 @@ pub struct ChannelConfig {
     pub dm: DmPolicy,
     pub groups: GroupPolicy,
     pub busy: BusyPolicy,
+    /// Whether a thread is a conversation of its own or part of its room's.
+    pub threads: ThreadPolicy,
     /// Events older than this when perch sees them are stale and not answered.
     pub max_age: Duration,
     /// Messages that may wait per lane before more are answered with an overflow message.

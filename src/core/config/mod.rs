@@ -11,7 +11,7 @@ mod tool;
 pub use agent::{AgentConfig, AgentRefused, Thinking, check_agent};
 pub use channel::{
     Access, BusyPolicy, ChannelConfig, ChannelKind, DmPolicy, GroupPolicy, Platform,
-    TERMINAL_CHANNEL, channel_secret_problems, channel_stem, check_channel,
+    TERMINAL_CHANNEL, ThreadPolicy, channel_secret_problems, channel_stem, check_channel,
 };
 pub use models::{Api, ModelSpec, ModelsFile, Provider, check_models};
 pub use sandbox::{

@@ -556,7 +556,8 @@ impl IntakeTask {
 
     /// The first lane of the conversation `event` belongs to (before any `/new`).
     fn first_lane(&self, config: &ChannelConfig, event: &InboundEvent) -> Result<LaneName, String> {
-        earlier_lanes::first_lane(&self.dir, config, &event.room, event.thread.as_deref())
+        let thread = config.threads.conversation_thread(event.thread.as_deref());
+        earlier_lanes::first_lane(&self.dir, config, &event.room, thread)
     }
 
     /// `/stop` aborts this conversation's run, `/new` starts a fresh conversation, `/status` says

@@ -7,7 +7,9 @@ use crate::suite::support::{journal_lines, pairing_code};
 /// rooms in `allowed_rooms` are open to everyone, and other direct messages are offered
 /// pairing.
 fn gate_for(allowed: &[&Account], allowed_rooms: &[&str]) -> perch::channel::Gate {
-    use perch_core::config::{Access, BusyPolicy, ChannelConfig, DmPolicy, GroupPolicy, Platform};
+    use perch_core::config::{
+        Access, BusyPolicy, ChannelConfig, DmPolicy, GroupPolicy, Platform, ThreadPolicy,
+    };
     use perch_core::name::{ChannelName, RoomAlias};
     let rooms: std::collections::BTreeMap<RoomAlias, String> = allowed_rooms
         .iter()
@@ -38,6 +40,7 @@ fn gate_for(allowed: &[&Account], allowed_rooms: &[&str]) -> perch::channel::Gat
         dm: DmPolicy::Pair,
         groups: GroupPolicy::Mention,
         busy: BusyPolicy::Followup,
+        threads: ThreadPolicy::Own,
         max_age: Duration::from_secs(3600),
         queue_limit: 20,
         allow_bots: Vec::new(),

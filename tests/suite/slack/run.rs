@@ -125,6 +125,47 @@ fn a_thread_reply_is_answered_in_its_thread() {
 }
 
 #[test]
+fn threads_are_conversations_of_their_own_unless_the_channel_joins_them_to_their_room() {
+    for (threads, joined) in [("own", false), ("room", true)] {
+        let agent = Scenario::slack(&format!("{CHANNEL}, threads = \"{threads}\"")).build();
+        agent.slack().user(&ada());
+        agent.slack().channel(TEAM_ROOM, Kind::Channel);
+        agent.model.push(Script::text("in the room"));
+        agent.model.push(Script::text("in the thread"));
+        let service = agent.start();
+        wait_for_hello(&agent);
+        let parent = agent.slack().push_message(
+            TEAM_ROOM,
+            &ada(),
+            &format!("<@{BOT_USER}> first in the room"),
+        );
+        agent.wait_for_replies(1);
+        agent.slack().push_in_thread(
+            TEAM_ROOM,
+            &ada(),
+            &format!("<@{BOT_USER}> then in its thread"),
+            &parent,
+        );
+        agent.wait_for_replies(2);
+        let second = agent.model.last_request().body.to_string();
+        assert!(second.contains("then in its thread"), "{second}");
+        assert_eq!(
+            second.contains("first in the room"),
+            joined,
+            "threads = {threads:?}: {second}"
+        );
+        let posted = agent.slack().posted();
+        assert_eq!(posted[0].thread_ts, None, "{threads}");
+        assert_eq!(
+            posted[1].thread_ts.as_deref(),
+            Some(parent.as_str()),
+            "threads = {threads:?}: the reply goes into the thread either way"
+        );
+        service.stop();
+    }
+}
+
+#[test]
 fn an_edit_is_journaled_and_not_answered_and_an_unknown_subtype_is_refused_with_its_reason() {
     let agent = agent();
     agent.model.push(Script::text("first"));

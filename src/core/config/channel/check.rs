@@ -3,7 +3,7 @@
 
 use super::{
     Access, BusyPolicy, ChannelConfig, ChannelKind, DmPolicy, GroupPolicy, Platform,
-    TERMINAL_CHANNEL,
+    TERMINAL_CHANNEL, ThreadPolicy,
 };
 use crate::config::sandbox::SandboxPolicy;
 use crate::config::{Declaration, single, table_argument};
@@ -188,6 +188,17 @@ fn read_channel(
             )
         });
     let busy = busy(checker, &mut fields);
+    let threads = fields
+        .optional("threads")
+        .map_or(Some(ThreadPolicy::Own), |node| {
+            choice(
+                checker,
+                node,
+                &root.key("threads"),
+                "threads policy",
+                &[("own", ThreadPolicy::Own), ("room", ThreadPolicy::Room)],
+            )
+        });
     let max_age = seconds(
         checker,
         &mut fields,
@@ -239,6 +250,7 @@ fn read_channel(
         dm: dm?,
         groups: groups?,
         busy: busy?,
+        threads: threads?,
         max_age: max_age?,
         queue_limit: queue_limit?,
         allow_bots,

@@ -79,6 +79,7 @@ fn a_minimal_channel_takes_every_default() {
             dm: DmPolicy::Pair,
             groups: GroupPolicy::Mention,
             busy: BusyPolicy::Followup,
+            threads: ThreadPolicy::Own,
             max_age: Duration::from_secs(3600),
             queue_limit: 20,
             allow_bots: Vec::new(),
@@ -117,6 +118,7 @@ fn every_option_is_read() {
             ("groups", text("all")),
             ("busy", text("collect")),
             ("collect_window", Value::Int(5)),
+            ("threads", text("room")),
             ("max_age", Value::Int(600)),
             ("queue_limit", Value::Float(7.0)),
             ("allow_bots", list(&["@other:localhost"])),
@@ -151,6 +153,7 @@ fn every_option_is_read() {
             busy: BusyPolicy::Collect {
                 window: Duration::from_secs(5),
             },
+            threads: ThreadPolicy::Room,
             max_age: Duration::from_secs(600),
             queue_limit: 7,
             allow_bots: vec!["@other:localhost".into()],
@@ -276,7 +279,7 @@ fn keys_of_another_kind_and_unknown_keys_are_named() {
              fix: remove it; a telegram channel takes token = env \"TELEGRAM_TOKEN\"",
             "channels/ops.lua:2: alow: unknown key\n  fix: did you mean allow? known keys: \
              kind, rooms, allow, dm, groups, busy, collect_window, max_age, queue_limit, \
-             allow_bots, bot_turns, on_message, format, token, api_url",
+             allow_bots, bot_turns, on_message, format, token, api_url, threads",
         ]
     );
     for (key, value) in [("token", env("T")), ("api_url", text("https://m.example"))] {
@@ -384,6 +387,44 @@ fn rooms_and_access_are_checked() {
              fix: name each room: rooms = { standup = \"<platform room id>\" }"
         ]
     );
+}
+
+#[test]
+fn threads_join_their_room_only_where_the_file_asks_and_the_platform_has_them() {
+    let telegram_with = |word: &str| check(telegram(vec![("threads", text(word))]));
+    for (word, policy) in [("own", ThreadPolicy::Own), ("room", ThreadPolicy::Room)] {
+        assert_eq!(telegram_with(word).unwrap().threads, policy, "{word}");
+    }
+    assert_eq!(check(telegram(vec![])).unwrap().threads, ThreadPolicy::Own);
+    assert_eq!(
+        problems(telegram(vec![("threads", text("fold"))])),
+        vec![
+            "channels/ops.lua:2: threads: unknown threads policy \"fold\"\n  fix: use one of own, room"
+        ]
+    );
+    assert_eq!(
+        problems(vec![
+            ("kind", text("discord")),
+            ("token", env("DISCORD_TOKEN")),
+            ("threads", text("room")),
+        ]),
+        vec![
+            "channels/ops.lua:2: threads: threads is for telegram, matrix and slack channels, not discord\n  \
+             fix: remove it; a discord channel takes token = env \"DISCORD_TOKEN\""
+        ]
+    );
+    for (policy, posted_in, conversation) in [
+        (ThreadPolicy::Own, Some("t1"), Some("t1")),
+        (ThreadPolicy::Own, None, None),
+        (ThreadPolicy::Room, Some("t1"), None),
+        (ThreadPolicy::Room, None, None),
+    ] {
+        assert_eq!(
+            policy.conversation_thread(posted_in),
+            conversation,
+            "{policy:?} {posted_in:?}"
+        );
+    }
 }
 
 #[test]
