@@ -119,6 +119,9 @@ pub enum CheckError {
     /// The platform answered, but not as the check needs (a server error, not the platform's
     /// API at that URL).
     Failed { message: String },
+    /// The credentials were accepted, but lack what perch needs (a Slack bot token without
+    /// some of the manifest's scopes); `fix` is the platform's own remedy.
+    Incomplete { message: String, fix: String },
 }
 
 impl fmt::Display for CheckError {
@@ -127,6 +130,7 @@ impl fmt::Display for CheckError {
             CheckError::Refused { message } => write!(f, "refused: {message}"),
             CheckError::Unreachable { message } => write!(f, "unreachable: {message}"),
             CheckError::Failed { message } => write!(f, "failed: {message}"),
+            CheckError::Incomplete { message, .. } => write!(f, "incomplete: {message}"),
         }
     }
 }

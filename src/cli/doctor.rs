@@ -720,6 +720,7 @@ async fn channel_check(
                 CheckError::Refused { .. } => fixes.refused,
                 CheckError::Unreachable { .. } => fixes.unreachable,
                 CheckError::Failed { .. } => fixes.failed,
+                CheckError::Incomplete { fix, .. } => fix.clone(),
             };
             (Status::Fail, error.to_string(), Some(fix))
         }

@@ -1,7 +1,8 @@
 //! Slack's wire as pure functions: Socket Mode frames read ([`envelope`]), an event classified
 //! into what perch does with it ([`event`]), what ends a socket leads to ([`socket`]), the Web
-//! API's answers read ([`web`]) and its calls paced ([`pace`]), and perch's Markdown written as
-//! Slack's mrkdwn ([`mrkdwn`]).
+//! API's answers read ([`web`]) and its calls paced ([`pace`]), the bot token's scopes held
+//! against the app manifest's ([`scopes`]), and perch's Markdown written as Slack's mrkdwn
+//! ([`mrkdwn`]).
 //!
 //! Nothing here opens a socket or sends a request: the channel's door does, and asks these
 //! functions what each frame, answer and failure means. The tests read Slack's documented
@@ -11,6 +12,7 @@ pub mod envelope;
 pub mod event;
 pub mod mrkdwn;
 pub mod pace;
+pub mod scopes;
 pub mod socket;
 pub mod web;
 

@@ -73,6 +73,8 @@ pub(crate) struct Answer {
     pub(crate) retry_after: Option<String>,
     /// `Location`, for a redirect.
     pub(crate) location: Option<String>,
+    /// `X-OAuth-Scopes`: the scopes of the token sent, as Slack lists them with every answer.
+    pub(crate) oauth_scopes: Option<String>,
     pub(crate) body: Vec<u8>,
 }
 
@@ -202,6 +204,7 @@ impl Http {
             status: response.status().as_u16(),
             retry_after: header(&response, "retry-after"),
             location: header(&response, "location"),
+            oauth_scopes: header(&response, "x-oauth-scopes"),
             body,
         })
     }

@@ -382,3 +382,40 @@ fn readme_is_a_guide_of_about_40_kb_that_starts_with_its_contents_and_installing
         "sections missing from Contents: {unlisted:?}"
     );
 }
+
+/// The bot scopes listed under `bot:` in docs/channels.md's Slack app manifest.
+fn manifest_bot_scopes(channels_md: &str) -> Vec<String> {
+    let manifest = &channels_md[channels_md.find("oauth_config:").expect("the manifest")..];
+    let bot = &manifest[manifest.find("    bot:\n").expect("its bot scopes") + 9..];
+    bot.lines()
+        .map_while(|line| line.trim().strip_prefix("- "))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_slack_manifest_s_bot_scopes_are_those_doctor_and_the_stock_adapter_name() {
+    let documented = manifest_bot_scopes(&read("docs/channels.md"));
+    let checked: Vec<String> = perch_core::slack::scopes::BOT_SCOPES
+        .iter()
+        .map(|(scope, _)| (*scope).to_owned())
+        .collect();
+    assert_eq!(documented, checked, "docs/channels.md and perch_core");
+    let faked: Vec<String> = super::support::fake_slack::MANIFEST_SCOPES
+        .iter()
+        .map(|scope| (*scope).to_owned())
+        .collect();
+    assert_eq!(documented, faked, "docs/channels.md and the fake");
+    let adapter: String = read("channels/slack.lua")
+        .lines()
+        .take_while(|line| line.starts_with("--"))
+        .map(|line| line.trim_start_matches('-').trim())
+        .collect::<Vec<_>>()
+        .join(" ");
+    for scope in &documented {
+        assert!(
+            adapter.contains(scope.as_str()),
+            "channels/slack.lua's header does not name {scope}"
+        );
+    }
+}

@@ -515,6 +515,62 @@ fn online_slack_checks_both_tokens_and_never_connects_to_the_socket() {
     assert_eq!(slack.connections_opened(), 0);
 }
 
+#[test]
+fn online_slack_names_the_bot_scopes_the_token_lacks_and_how_to_add_them() {
+    let slack = FakeSlack::start();
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let channel = format!(
+        "channel {{ kind = \"slack\", app_token = env \"SLACK_APP_TOKEN\", \
+         bot_token = env \"SLACK_BOT_TOKEN\", api_url = {:?} }}\n",
+        slack.api_url()
+    );
+    let agent = online_agent(&model, &[("sl.lua", channel)]);
+    let env = [
+        ("SLACK_APP_TOKEN", fake_slack::APP_TOKEN),
+        ("SLACK_BOT_TOKEN", fake_slack::BOT_TOKEN),
+        ("FAKE_KEY", MODEL_KEY),
+    ];
+    let (_, text, _) = doctor_online(agent.path(), &env);
+    checked(
+        &text,
+        ["channel", "sl"],
+        "ok",
+        "it holds every bot scope of the app manifest",
+    );
+
+    slack.remove_scopes(&["mpim:history", "files:write"]);
+    let (_, text, err) = doctor_online(agent.path(), &env);
+    let found = checked(
+        &text,
+        ["channel", "sl"],
+        "FAIL",
+        "incomplete: auth.test: the bot token lacks mpim:history (group DMs) and files:write \
+         (uploading a reply's files) (the token in SLACK_BOT_TOKEN)",
+    );
+    assert_eq!(
+        fix_after(&text, found),
+        "add mpim:history and files:write under OAuth & Permissions > Bot Token Scopes at \
+         https://api.slack.com/apps, then reinstall the app to the workspace (the token gets \
+         them only then)"
+    );
+    assert!(
+        !found.contains("app_mentions:read") && !found.contains("chat:write"),
+        "only the missing scopes are named: {found}"
+    );
+    shows_none_of(&[fake_slack::APP_TOKEN, fake_slack::BOT_TOKEN], &text, &err);
+
+    slack.list_no_scopes();
+    let (_, text, _) = doctor_online(agent.path(), &env);
+    let found = checked(
+        &text,
+        ["channel", "sl"],
+        "ok",
+        "could not see the token's scopes",
+    );
+    assert!(!found.contains("lacks"), "{found}");
+    assert_eq!(slack.connections_opened(), 0);
+}
+
 /// A loopback port nothing listens on.
 fn closed_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -28,6 +28,7 @@ use super::{
 use perch_core::secret::Secret;
 use perch_core::slack::event::Me;
 use perch_core::slack::mrkdwn::{MAX_CHARS, to_mrkdwn};
+use perch_core::slack::scopes::{Scopes, bot_scopes, lacking, missing_scopes_fix};
 use perch_core::slack::socket::open_refusal;
 use perch_core::slack::web::sends_token_to;
 use perch_core::slack::web::{
@@ -98,7 +99,7 @@ impl SlackConnector {
     async fn identity(&self) -> Result<(Me, String), ConnectorError> {
         self.identity
             .get_or_try_init(|| async {
-                let auth = self.auth_test().await.map_err(|error| match error {
+                let (auth, _) = self.auth_test().await.map_err(|error| match error {
                     CallError::Web(failure) => match bot_token_refusal(&failure) {
                         Some(refusal) => ConnectorError::Unauthorized {
                             message: format!("{refusal} ({})", self.bot_variable),
@@ -117,16 +118,18 @@ impl SlackConnector {
             .cloned()
     }
 
-    async fn auth_test(&self) -> Result<AuthTest, CallError> {
-        let value = self
+    /// `auth.test` with the bot token: who it is, and its scopes when Slack listed them.
+    async fn auth_test(&self) -> Result<(AuthTest, Option<String>), CallError> {
+        let called = self
             .web
-            .call(&self.bot_token, "auth.test", &[], None)
+            .call_listing_scopes(&self.bot_token, "auth.test", &[], None)
             .await?;
-        serde_json::from_value(value).map_err(|error| {
+        let auth = serde_json::from_value(called.body).map_err(|error| {
             CallError::Web(WebFailure::Unreadable {
                 reason: error.to_string(),
             })
-        })
+        })?;
+        Ok((auth, called.scopes))
     }
 
     async fn send(&self, delivery: &Delivery, files: &[Upload]) -> Result<Receipt, DeliveryError> {
@@ -293,9 +296,10 @@ impl SlackConnector {
 
     /// `auth.test` with the bot token, then `apps.connections.open` with the app-level token,
     /// whose URL is never connected to (Slack would hand that connection some of a running
-    /// agent's events).
+    /// agent's events); then the bot token's scopes, as `auth.test`'s answer listed them,
+    /// against the app manifest's.
     async fn check_tokens(&self) -> Result<Checked, CheckError> {
-        let auth = self.auth_test().await.map_err(|error| {
+        let (auth, scopes) = self.auth_test().await.map_err(|error| {
             check_error(error, "auth.test", &self.bot_variable, bot_token_refusal)
         })?;
         self.web
@@ -309,10 +313,24 @@ impl SlackConnector {
                     open_refusal,
                 )
             })?;
+        let scopes = match bot_scopes(scopes.as_deref()) {
+            Scopes::Missing(missing) => {
+                return Err(CheckError::Incomplete {
+                    message: format!(
+                        "auth.test: {} (the token in {})",
+                        lacking(&missing),
+                        self.bot_variable
+                    ),
+                    fix: missing_scopes_fix(&missing),
+                });
+            }
+            Scopes::Complete => "it holds every bot scope of the app manifest",
+            Scopes::Unseen => "could not see the token's scopes (Slack listed none)",
+        };
         Ok(Checked {
             detail: format!(
-                "auth.test: {} accepts the bot token for {}; apps.connections.open: {} is \
-                 accepted for Socket Mode",
+                "auth.test: {} accepts the bot token for {}; {scopes}; apps.connections.open: \
+                 {} is accepted for Socket Mode",
                 self.bot_variable,
                 account(&auth),
                 self.app_variable

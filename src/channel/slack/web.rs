@@ -32,6 +32,15 @@ impl fmt::Display for CallError {
     }
 }
 
+/// A call's `"ok": true` answer.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Called {
+    pub(super) body: serde_json::Value,
+    /// `x-oauth-scopes`: the scopes of the token the call was made with, when Slack listed
+    /// them.
+    pub(super) scopes: Option<String>,
+}
+
 /// One workspace's Web API: its base, the HTTP clients and the calls' pace.
 #[derive(Debug)]
 pub(super) struct WebApi {
@@ -86,6 +95,19 @@ impl WebApi {
         arguments: &[(&str, &str)],
         channel: Option<&str>,
     ) -> Result<serde_json::Value, CallError> {
+        self.call_listing_scopes(token, method, arguments, channel)
+            .await
+            .map(|called| called.body)
+    }
+
+    /// [`WebApi::call`], with the token's scopes Slack listed in the answer.
+    pub(super) async fn call_listing_scopes(
+        &self,
+        token: &Secret,
+        method: &str,
+        arguments: &[(&str, &str)],
+        channel: Option<&str>,
+    ) -> Result<Called, CallError> {
         loop {
             let wait = self.wait_before(method, channel);
             if wait.is_zero() {
@@ -112,7 +134,11 @@ impl WebApi {
             let now = self.now();
             self.with_pace(|pace| pace.rate_limited(method, now, *retry_after));
         }
-        read.map_err(CallError::Web)
+        read.map(|body| Called {
+            body,
+            scopes: answer.oauth_scopes,
+        })
+        .map_err(CallError::Web)
     }
 
     /// GETs `url` with `token` (or none), reading at most `limit` bytes; a redirect is returned,

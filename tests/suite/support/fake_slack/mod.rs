@@ -16,7 +16,11 @@
 //! `initial_comment`) shares what was uploaded there, refusing a file never uploaded or uploaded
 //! at another length. Shared files download only with the bot token (without it, a redirect to
 //! a sign-in page). [`FakeSlack::fail_next`] makes the next call of a method fail:
-//! a `429` with `Retry-After`, an error, an HTTP status.
+//! a `429` with `Retry-After`, an error, an HTTP status. Every answer to a known token of the
+//! right kind lists the token's scopes in `x-oauth-scopes`, comma-separated, as Slack does: the
+//! app-level token's `connections:write`; the bot token's, those of perch's app manifest
+//! ([`MANIFEST_SCOPES`]) unless [`FakeSlack::remove_scopes`] took some away or
+//! [`FakeSlack::list_no_scopes`] dropped the header.
 //!
 //! Socket Mode (`ws://…/link/?ticket=…`; an unknown or used ticket is refused with 401): `hello`,
 //! then `events_api` envelopes, each held until the client acknowledges its `envelope_id`; one
@@ -62,6 +66,21 @@ pub const APP_ID: &str = "A123ABC456";
 pub const MAX_TEXT: usize = 40_000;
 /// How many times an envelope that is never acknowledged is sent again.
 pub const MAX_RETRIES: u32 = 3;
+/// The bot scopes of perch's app manifest (docs/channels.md), which the bot token holds unless
+/// a test takes some away ([`FakeSlack::remove_scopes`]).
+pub const MANIFEST_SCOPES: &[&str] = &[
+    "app_mentions:read",
+    "channels:history",
+    "groups:history",
+    "im:history",
+    "mpim:history",
+    "chat:write",
+    "users:read",
+    "files:read",
+    "files:write",
+];
+/// The app-level token's one scope.
+pub const APP_SCOPE: &str = "connections:write";
 
 macro_rules! fixture_body {
     ($name:literal) => {{
@@ -227,6 +246,8 @@ struct Platform {
     files: HashMap<String, (String, Vec<u8>)>,
     downloads: Vec<(String, bool)>,
     redirect_downloads: Option<String>,
+    /// The bot token's scopes, sent as `x-oauth-scopes`; `None` sends no header.
+    bot_scopes: Option<Vec<String>>,
 }
 
 type Shared = Arc<Mutex<Platform>>;
@@ -273,6 +294,12 @@ impl FakeSlack {
             files: HashMap::new(),
             downloads: Vec::new(),
             redirect_downloads: None,
+            bot_scopes: Some(
+                MANIFEST_SCOPES
+                    .iter()
+                    .map(|scope| (*scope).to_owned())
+                    .collect(),
+            ),
         }));
         let shared = Arc::clone(&state);
         let server = ServerThread::spawn(listener, 2, move |listener| async move {
@@ -472,6 +499,19 @@ impl FakeSlack {
         self.state()
             .failures
             .push_back((method.to_owned(), failure));
+    }
+
+    /// The bot token loses `scopes`: the answers to it list the others in `x-oauth-scopes`.
+    pub fn remove_scopes(&self, scopes: &[&str]) {
+        if let Some(held) = self.state().bot_scopes.as_mut() {
+            held.retain(|scope| !scopes.contains(&scope.as_str()));
+        }
+    }
+
+    /// The answers to the bot token list no scopes (no `x-oauth-scopes`), as a proxy that
+    /// drops the header would leave them.
+    pub fn list_no_scopes(&self) {
+        self.state().bot_scopes = None;
     }
 
     /// Downloads of shared files answer with a redirect to `url` (another host).

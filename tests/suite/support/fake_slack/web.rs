@@ -134,6 +134,21 @@ fn api(state: &Shared, name: &str, headers: &HeaderMap, arguments: Value) -> Res
         kind if kind != wants => return error("not_allowed_token_type"),
         _ => {}
     }
+    let scopes = match token {
+        "app" => Some(APP_SCOPE.to_owned()),
+        _ => state.bot_scopes.as_ref().map(|scopes| scopes.join(",")),
+    };
+    let mut response = respond(&mut state, name, &arguments);
+    if let Some(scopes) = scopes {
+        response
+            .headers_mut()
+            .insert("x-oauth-scopes", scopes.parse().unwrap());
+    }
+    response
+}
+
+/// The answer of `name` to a token of the kind it wants.
+fn respond(state: &mut Platform, name: &str, arguments: &Value) -> Response {
     if let Some(at) = state.failures.iter().position(|(method, _)| method == name) {
         let (_, scripted) = state.failures.remove(at).unwrap();
         return failure(&scripted);
@@ -153,17 +168,17 @@ fn api(state: &Shared, name: &str, headers: &HeaderMap, arguments: Value) -> Res
             answer(body)
         }
         "auth.test" => answer(fixture_body!("web-auth.test-bot.json")),
-        "chat.postMessage" => post_message(&mut state, &arguments),
+        "chat.postMessage" => post_message(state, arguments),
         "users.info" => {
-            let id = text_of(&arguments, "user").unwrap_or_default();
+            let id = text_of(arguments, "user").unwrap_or_default();
             match state.users.get(&id) {
                 Some(user) => answer(json!({"ok": true, "user": user.json()})),
                 None => error("user_not_found"),
             }
         }
         "files.getUploadURLExternal" => {
-            let filename = text_of(&arguments, "filename").unwrap_or_default();
-            let Some(length) = text_of(&arguments, "length").and_then(|n| n.parse().ok()) else {
+            let filename = text_of(arguments, "filename").unwrap_or_default();
+            let Some(length) = text_of(arguments, "length").and_then(|n| n.parse().ok()) else {
                 return error("invalid_arguments");
             };
             if filename.is_empty() {
@@ -183,7 +198,7 @@ fn api(state: &Shared, name: &str, headers: &HeaderMap, arguments: Value) -> Res
             body["file_id"] = json!(file_id);
             answer(body)
         }
-        "files.completeUploadExternal" => complete_upload(&mut state, &arguments),
+        "files.completeUploadExternal" => complete_upload(state, arguments),
         _ => error("unknown_method"),
     }
 }
