@@ -791,6 +791,11 @@ mod tests {
             assert_eq!(message.kind, kind, "{event}");
             assert_eq!(message.addressed, addressed, "{event}");
             assert_eq!(message.other_team.as_deref(), other_team, "{event}");
+            assert_eq!(
+                outcome.inbound_event(None).unwrap().direct,
+                kind == ConversationKind::Im,
+                "only a DM is direct; a group DM is a group chat: {event}"
+            );
         }
     }
 

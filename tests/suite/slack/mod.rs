@@ -2,6 +2,7 @@
 //! tests will meet them.
 
 mod fake;
+mod rooms;
 mod run;
 
 use super::support::fake_slack::{

@@ -106,6 +106,8 @@ pub struct SlackUser {
     /// The user's workspace.
     pub team: String,
     pub is_bot: bool,
+    /// The bot id (`B…`) an app's bot user writes with; `None` for a person.
+    pub bot_id: Option<String>,
 }
 
 impl SlackUser {
@@ -117,6 +119,17 @@ impl SlackUser {
             display_name: display_name.into(),
             team: TEAM.into(),
             is_bot: false,
+            bot_id: None,
+        }
+    }
+
+    /// Another app's bot user in the bot's workspace: its messages carry `bot_id` and
+    /// `bot_profile`, as Slack sends them.
+    pub fn bot(id: &str, bot_id: &str, name: &str) -> SlackUser {
+        SlackUser {
+            is_bot: true,
+            bot_id: Some(bot_id.into()),
+            ..SlackUser::person(id, name)
         }
     }
 
@@ -734,6 +747,12 @@ impl FakeSlack {
             event["files"] = json!(files);
             event["upload"] = json!(false);
         }
+        if let Some(bot_id) = &user.bot_id {
+            event["bot_id"] = json!(bot_id);
+            event["bot_profile"] = json!({
+                "id": bot_id, "name": user.name, "deleted": false, "team_id": user.team,
+            });
+        }
         state.enqueue(event.clone());
         if kind != Kind::Im && text.contains(&format!("<@{BOT_USER}")) {
             let mut mention = json!({
@@ -745,6 +764,9 @@ impl FakeSlack {
             }
             if let Some(files) = event.get("files") {
                 mention["files"] = files.clone();
+            }
+            if let Some(bot_id) = event.get("bot_id") {
+                mention["bot_id"] = bot_id.clone();
             }
             state.enqueue(mention);
         }
