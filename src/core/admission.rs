@@ -98,6 +98,9 @@ pub(crate) const NOT_ALLOWED: &str = "neither the room nor the sender is allowed
 pub(crate) const DM_REFUSED: &str = "direct messages from senders not in allow.users are refused";
 /// How the loop guard's refusal begins.
 pub(crate) const LOOP_GUARD: &str = "loop guard";
+/// How the refusal of a person of another organisation (Slack Connect) not in `allow.users`
+/// begins; the connector adds which organisation.
+pub const OTHER_ORGANISATION: &str = "a person of another organisation";
 
 /// The part of [`admit`] a connector applies on its own, before it asks its platform anything
 /// more about a message (the message it quotes, the room's members): the channel's allowlists

@@ -4,7 +4,9 @@
 //! text; every name or id a platform, a chat user or a guest chose is escaped for the terminal.
 
 use crate::Timestamp;
-use crate::admission::{Admission, DM_REFUSED, LOOP_GUARD, NOT_ALLOWED, UNLISTED_BOT};
+use crate::admission::{
+    Admission, DM_REFUSED, LOOP_GUARD, NOT_ALLOWED, OTHER_ORGANISATION, UNLISTED_BOT,
+};
 use crate::heartbeat::SlotOutcome;
 use crate::terminal::shown;
 use std::collections::HashMap;
@@ -70,6 +72,8 @@ pub enum Refusal {
     Stale,
     /// An unknown sender in a direct message whose pairing is waiting for the operator.
     AwaitingPairing,
+    /// A person of another organisation (Slack Connect) not in `allow.users`.
+    OtherOrganisation,
     /// Any other reason (a channel that is no longer loaded, say).
     Other,
 }
@@ -94,6 +98,7 @@ impl Refusal {
             DM_REFUSED => Refusal::DirectRefused,
             UNLISTED_BOT => Refusal::UnlistedBot,
             reason if reason.starts_with(LOOP_GUARD) => Refusal::LoopGuard,
+            reason if reason.starts_with(OTHER_ORGANISATION) => Refusal::OtherOrganisation,
             _ => Refusal::Other,
         }
     }
@@ -109,6 +114,9 @@ impl Refusal {
             Refusal::LoopGuard => "the loop guard: too many bot-to-bot exchanges in a row",
             Refusal::Stale => "older than max_age when perch saw it",
             Refusal::AwaitingPairing => "an unknown sender whose pairing is not approved",
+            Refusal::OtherOrganisation => {
+                "a person of another organisation (Slack Connect) not in allow.users"
+            }
             Refusal::Other => "refused",
         }
     }
@@ -130,6 +138,10 @@ impl Refusal {
             Refusal::AwaitingPairing => format!(
                 "perch pair approve CODE (`perch pair list` shows it), or {file}: allow.users \
                  (add \"{sender}\")"
+            ),
+            Refusal::OtherOrganisation => format!(
+                "{file}: allow.users (add \"{sender}\"); people of another organisation are \
+                 answered only when listed there"
             ),
             Refusal::Other => format!("{file}: see the reason"),
         }
@@ -639,6 +651,13 @@ mod tests {
                 refused("loop guard: 3 bot-to-bot exchanges in a row in this room"),
                 false,
                 Some(Refusal::LoopGuard),
+            ),
+            (
+                refused(
+                    "a person of another organisation (Slack Connect, workspace T1) not in allow.users",
+                ),
+                true,
+                Some(Refusal::OtherOrganisation),
             ),
             (refused("no channel tg"), false, Some(Refusal::Other)),
         ];

@@ -142,11 +142,11 @@ pub fn selects(selection: &Selection, refused: &Refused) -> bool {
     selection.until.is_none_or(|until| refused.at < until)
 }
 
-/// The reason in words: narration's, or admission's own for a reason narration has no words
-/// for.
+/// The reason in words: narration's, or the reason itself where it says more (which
+/// organisation) or narration has no words for it.
 pub fn reason_words(refusal: Refusal, reason: &str) -> String {
     match refusal {
-        Refusal::Other => shown(reason),
+        Refusal::Other | Refusal::OtherOrganisation => shown(reason),
         known => known.words().to_owned(),
     }
 }
@@ -160,6 +160,7 @@ pub fn kind(refusal: Refusal) -> &'static str {
         Refusal::LoopGuard => "loop_guard",
         Refusal::Stale => "stale",
         Refusal::AwaitingPairing => "awaiting_pairing",
+        Refusal::OtherOrganisation => "other_organisation",
         Refusal::Other => "other",
     }
 }

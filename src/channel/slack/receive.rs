@@ -8,6 +8,7 @@ use crate::channel::{
     AttemptUp, ConnectorError, InboundEvent, ReceiveAttempt, Sender, Step, hand_over,
 };
 use futures_util::{SinkExt, StreamExt};
+use perch_core::admission::OTHER_ORGANISATION;
 use perch_core::connection::AttemptEnd;
 use perch_core::slack::envelope::{EventsEnvelope, Frame, ack, read_frame};
 use perch_core::slack::event::{Classified, Me, classify};
@@ -296,8 +297,7 @@ impl SlackConnector {
                     && !self.allowed_users.contains(&message.user)
                 {
                     event.refused = Some(format!(
-                        "a person of another organisation (Slack Connect, workspace {team}) not \
-                         in allow.users"
+                        "{OTHER_ORGANISATION} (Slack Connect, workspace {team}) not in allow.users"
                     ));
                 }
                 Some(event)

@@ -238,6 +238,10 @@ fn a_slack_connect_guest_is_refused_with_why_until_allow_users_lists_them() {
         "a person of another organisation (Slack Connect, workspace T0THEIRS) not in allow.users",
     );
     assert!(log.contains("U0GUEST"), "{log}");
+    assert!(
+        log.contains("allow.users (add \"U0GUEST\")"),
+        "the fix names the key and the id: {log}"
+    );
     wait_for_acks(&agent);
     service.stop();
     assert!(slack.posted().is_empty(), "{:#?}", slack.posted());
