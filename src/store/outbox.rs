@@ -52,9 +52,11 @@ pub struct Outbox {
 }
 
 impl Outbox {
-    /// Opens the journal in `dir` and starts its writer thread. Blocking.
+    /// Opens the journal in `dir` and starts its writer thread. Blocking. What a crash left
+    /// unconsumed though it is done with (a settled delivery and the record that settled it, an
+    /// `unsent` record) is consumed now, so it is not counted as pending forever.
     pub fn open(dir: &Path, clock: Clock) -> Result<(Outbox, OutboxBacklog), LogError> {
-        let (journal, contents) =
+        let (mut journal, contents) =
             Journal::open_retaining(dir, MAX_SEGMENT_BYTES, RETAIN, clock.clone())?;
         let mut intents: BTreeMap<u64, (Timestamp, String, Delivery, Option<DeliveryLane>)> =
             BTreeMap::new();
@@ -92,6 +94,17 @@ impl Outbox {
             }
         }
         let pending: HashSet<u64> = contents.pending.iter().map(|item| item.seq).collect();
+        let done: Vec<u64> = contents
+            .pending
+            .iter()
+            .filter(|item| {
+                settled.contains(&item.seq)
+                    || OutboxRecord::read(&item.body)
+                        .is_ok_and(|record| !matches!(record, OutboxRecord::Intent { .. }))
+            })
+            .map(|item| item.seq)
+            .collect();
+        journal.consume(&done)?;
         backlog.unsettled = intents
             .into_iter()
             .filter(|(seq, _)| pending.contains(seq) && !settled.contains(seq))
@@ -171,5 +184,112 @@ impl Outbox {
 
     async fn append(&self, record: &OutboxRecord) -> Result<u64, LogError> {
         self.writer.append_record(record, "an outbox record").await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::Receipt;
+    use crate::host::clock::system_clock;
+    use crate::log::peek_journal;
+
+    fn intent(reply_to: &str) -> serde_json::Value {
+        serde_json::to_value(OutboxRecord::Intent {
+            channel: "sl".into(),
+            delivery: Delivery {
+                id: Outbox::new_id(),
+                room: "C1".into(),
+                thread: None,
+                reply_to: Some(reply_to.into()),
+                text: "hi".into(),
+                attachments: Vec::new(),
+            },
+            lane: None,
+        })
+        .unwrap()
+    }
+
+    fn as_body(record: OutboxRecord) -> serde_json::Value {
+        serde_json::to_value(record).unwrap()
+    }
+
+    /// Each unsettled delivery's intent and whether it may have been posted.
+    fn unsettled(backlog: &OutboxBacklog) -> Vec<(u64, Sent)> {
+        backlog
+            .unsettled
+            .iter()
+            .map(|delivery| (delivery.seq, delivery.sent))
+            .collect()
+    }
+
+    #[test]
+    fn what_a_crash_left_settled_and_unconsumed_is_consumed_at_the_next_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut journal, _) =
+            Journal::open_retaining(dir.path(), MAX_SEGMENT_BYTES, RETAIN, system_clock()).unwrap();
+        // perch died after each of the last three records and before consuming what it
+        // settles (a receipt, an unknown fate, an `unsent` mark); the fourth delivery waited.
+        let intents = journal
+            .append(&[
+                intent("C1:1"),
+                intent("C1:2"),
+                intent("C1:3"),
+                intent("C1:4"),
+            ])
+            .unwrap();
+        let receipt = Receipt {
+            platform_id: "C1:5".into(),
+        };
+        journal
+            .append(&[
+                as_body(OutboxRecord::Receipt {
+                    intent: intents[0],
+                    receipt,
+                }),
+                as_body(OutboxRecord::Unknown {
+                    intent: intents[1],
+                    reason: "perch stopped".into(),
+                }),
+                as_body(OutboxRecord::Unsent {
+                    intents: vec![intents[2]],
+                    reason: "perch stopped while this delivery waited".into(),
+                }),
+            ])
+            .unwrap();
+        drop(journal);
+
+        let (outbox, backlog) = Outbox::open(dir.path(), system_clock()).unwrap();
+        drop(outbox);
+        let waiting = [(intents[2], Sent::Not), (intents[3], Sent::Maybe)];
+        assert_eq!(unsettled(&backlog), waiting);
+        assert_eq!(backlog.unknown.len(), 1);
+        let pending: Vec<u64> = peek_journal(dir.path())
+            .unwrap()
+            .pending
+            .iter()
+            .map(|item| item.seq)
+            .collect();
+        assert_eq!(
+            pending,
+            [intents[2], intents[3]],
+            "only the unsettled deliveries are pending"
+        );
+
+        // The first outbox's writer thread lets go of the journal once it sees the handle gone.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let again = loop {
+            match Outbox::open(dir.path(), system_clock()) {
+                Err(LogError::Held { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                opened => break opened.unwrap().1,
+            }
+        };
+        assert_eq!(
+            unsettled(&again),
+            waiting,
+            "the consumed `unsent` record is still read"
+        );
     }
 }
