@@ -1,5 +1,6 @@
 //! Crashes and restarts of `perch run`: nothing lost or doubled, interrupted runs resumed once.
 
+use super::support::crash::{Seeded, restart, restart_past_resumptions, unknown_deliveries};
 use super::support::fake_discord::{Author, BOT_ID};
 use super::support::fake_model::{Received, Reply, Script};
 use super::support::fake_telegram::{Chat, User};
@@ -283,75 +284,11 @@ fn a_resumed_run_that_crashes_again_is_not_resumed_a_third_time() {
     );
 }
 
-/// A small deterministic generator (splitmix64), so a failing kill schedule can be replayed.
-struct Seeded(u64);
-
-impl Seeded {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound
-    }
-}
-
-/// How many resumed runs the agent's lanes record, and whether every one has finished.
-fn resumptions(dir: &Path) -> (usize, bool) {
-    let mut resumed = std::collections::HashSet::new();
-    let mut finished = std::collections::HashSet::new();
-    for line in super::support::journal_lines(&dir.join(".perch/sessions")) {
-        let op = line["op"].as_str().unwrap_or_default().to_owned();
-        match line["type"].as_str() {
-            Some("operation_started") if line["resumed"] == true => {
-                resumed.insert(op);
-            }
-            Some("operation_finished") => {
-                finished.insert(op);
-            }
-            _ => {}
-        }
-    }
-    (resumed.len(), resumed.is_subset(&finished))
-}
-
-/// The start `perch run` last recorded, once it has resumed its inbox.
-fn last_start(dir: &Path) -> serde_json::Value {
-    std::fs::read(dir.join(".perch/last-start.json"))
-        .ok()
-        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-        .unwrap_or(serde_json::Value::Null)
-}
-
-/// Starts `perch run` and waits until it has recorded a start later than the last one.
-fn restart(agent: &super::support::scenario::Agent) -> super::support::scenario::Perch {
-    let before = last_start(agent.path())["started"].clone();
-    let service = agent.start();
-    wait_until("the restart to resume its inbox", || {
-        let started = last_start(agent.path());
-        started["started"] != before && started["started"].is_string()
-    });
-    service
-}
-
 #[test]
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 fn a_burst_survives_repeated_sigkills_answered_once_each_by_the_model() {
-    let seed = std::env::var("PERCH_TEST_SEED")
-        .ok()
-        .and_then(|seed| seed.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("kill schedule: PERCH_TEST_SEED={seed}");
-    let mut random = Seeded(seed);
+    let mut random = Seeded::from_env();
+    let seed = random.seed();
     let agent = Scenario::telegram_dm().build();
     let telegram = agent.telegram();
     agent.model.echo_after(Duration::from_millis(900));
@@ -368,16 +305,8 @@ fn a_burst_survives_repeated_sigkills_answered_once_each_by_the_model() {
     }
     let mut resumed = 0;
     for kill in 0..3 {
-        // A run is resumed once: the kills come after the resumed runs, so none is cut twice.
-        let service = restart(&agent);
-        resumed += last_start(agent.path())["inbox"]["resumed"]
-            .as_u64()
-            .unwrap_or(0) as usize;
-        wait_until("the resumed runs to finish", || {
-            let (recorded, finished) = resumptions(agent.path());
-            recorded >= resumed && finished
-        });
-        let after = Duration::from_millis(200 + random.below(1600));
+        let service = restart_past_resumptions(&agent, &mut resumed);
+        let after = random.moment();
         eprintln!("kill {kill} after {after:?}");
         // The kill lands at a random moment of the work: this sleep is the schedule, not a wait.
         std::thread::sleep(after);
@@ -385,16 +314,12 @@ fn a_burst_survives_repeated_sigkills_answered_once_each_by_the_model() {
     }
     eprintln!("{resumed} run(s) resumed");
     let service = restart(&agent);
-    let unknown_deliveries = || {
-        super::support::journal_text(&agent.path().join(".perch/outbox"))
-            .matches("\"type\":\"unknown\"")
-            .count()
-    };
+    let unknown = || unknown_deliveries(agent.path()).len();
     wait_until("every message answered", || {
         let status = agent.status();
         status.inbox_pending == 0
             && status.outbox_pending == 0
-            && telegram.sent().len() + unknown_deliveries() >= pushed.len()
+            && telegram.sent().len() + unknown() >= pushed.len()
     });
     service.stop();
     let sent = telegram.sent();
@@ -420,8 +345,8 @@ fn a_burst_survives_repeated_sigkills_answered_once_each_by_the_model() {
     // resent; it may have been posted (then it is among `answered` too) or not.
     let missing = pushed.len() - answered.len();
     assert!(
-        missing <= unknown_deliveries(),
+        missing <= unknown(),
         "nothing lost (seed {seed}): {missing} message(s) unanswered, {} delivery(ies) of unknown fate",
-        unknown_deliveries()
+        unknown()
     );
 }

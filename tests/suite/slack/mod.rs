@@ -1,6 +1,7 @@
 //! Slack: the fake Socket Mode and Web API's own rules, read with perch's core, as the wiring's
 //! tests will meet them.
 
+mod crash;
 mod fake;
 mod rooms;
 mod run;

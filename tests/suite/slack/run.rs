@@ -24,7 +24,7 @@ fn agent() -> Agent {
     agent
 }
 
-fn wait_for_hello(agent: &Agent) {
+pub(super) fn wait_for_hello(agent: &Agent) {
     wait_until("a live Socket Mode connection", || {
         agent.slack().live_connections() > 0
     });

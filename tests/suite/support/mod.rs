@@ -5,6 +5,7 @@
 mod binary;
 pub mod container;
 pub mod counting_proxy;
+pub mod crash;
 pub mod fake_discord;
 pub mod fake_model;
 pub mod fake_slack;
