@@ -220,12 +220,15 @@ impl ChannelHooks {
         let spawned = std::thread::Builder::new()
             .name("perch-hook".into())
             .spawn(move || {
-                let _running = Running(running);
+                let running = Running(running);
                 crate::host::failpoint::stall("stall:hook");
                 let outcome = fresh_or(code, &channel).map(|code| {
                     let returned = code.call_hook_blocking(function, &input, &mut draft);
                     (code, returned.map(|returned| (returned, draft)))
                 });
+                // Counted out before the answer goes: a call answered in time was never
+                // abandoned, however late this thread then gets to exit.
+                drop(running);
                 let _ = sender.send(outcome);
             });
         if let Err(error) = spawned {
