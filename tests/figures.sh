@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The published figures of the binary users install (the dist profile): its size and what it is
-# made of, then `perch run` idle with three channels and with two, and many agents on one host,
-# each figure beside its target. Targets are figures to beat, not gates. Never run by .ci/run
-# (it takes a dist build, about half an hour, and minutes of idling).
+# made of, then `perch run` idle with four channels, with three and with two, and many agents on
+# one host, each figure beside its target. Targets are figures to beat, not gates. Never run by
+# .ci/run (it takes a dist build, about half an hour, and minutes of idling).
 #
 # Usage: tests/figures.sh [--bench]
 #        tests/figures.sh --symbol-order BINARY [ORDER]
@@ -78,9 +78,10 @@ PATH="$PERCH_CACHE/tools/bin:$PATH" CARGO_TARGET_DIR="$dist_target" \
 
 # perch run against the fakes and Synapse (the stand-in runtime's home satisfies the start's
 # runtime check; no figure boots a machine): start to first answer; idle RSS, PSS, the resident
-# breakdown by mapping, the heap, CPU and wakeups over a minute without traffic, with three
-# channels and with Telegram and Discord; memory per agent with 1, 10 and 50 agents. The
-# harness is the ordinary test build; what it measures is the dist binary.
+# breakdown by mapping, the heap, CPU and wakeups over a minute without traffic, with four
+# channels (Telegram, Discord, Matrix, Slack), with three (Slack aside) and with Telegram and
+# Discord; memory per agent with 1, 10 and 50 agents. The harness is the ordinary test build;
+# what it measures is the dist binary.
 PERCH_FIGURES_BIN="$binary" cargo test --locked "${features[@]}" --test all -- --ignored --nocapture \
   --test-threads 1 suite::figures:: 2>&1 | grep -oE '(figures of|start to first|idle (RSS|heap|CPU|wakeups|working set)|agents per host).*'
 

@@ -1,16 +1,18 @@
 //! The published figures that need a running `perch run` (ignored; tests/figures.sh runs them).
 //!
 //! The time from process start to the first message answered; idle memory (RSS and PSS,
-//! resident memory by mapping, the heap) and idle CPU with three channels connected and with
-//! Telegram and Discord only; and memory per agent with 1, 10 and 50 agents on one host.
+//! resident memory by mapping, the heap) and idle CPU with four channels connected (Telegram,
+//! Discord, Matrix and Slack), with three (Slack aside) and with Telegram and Discord only; and
+//! memory per agent with 1, 10 and 50 agents on one host.
 //! `tests/figures.sh` runs them against the dist build (`PERCH_FIGURES_BIN`) and prints each
 //! figure beside its target. Figures are not gates: a test fails only if the service does not
 //! work (a process died, a channel is not `receiving`).
 //!
 //! Idle is the platforms' own rhythm: the Telegram fake holds `getUpdates` for the timeout perch
 //! asks (Telegram allows up to 50 s), the Discord fake's HELLO announces Discord's 41,250 ms
-//! heartbeat, and Synapse holds `/sync` for the timeout perch asks. `PERCH_FIGURE_IDLE_SECS`
-//! shortens the idle minute (60 s by default) to try the figures quickly.
+//! heartbeat, Synapse holds `/sync` for the timeout perch asks, and the Slack fake's Socket Mode
+//! sends nothing while perch pings it every 30 s. `PERCH_FIGURE_IDLE_SECS` shortens the idle
+//! minute (60 s by default) to try the figures quickly.
 #![allow(clippy::print_stdout)]
 
 mod measure;
@@ -20,10 +22,11 @@ use measure::*;
 use super::standin_home::{Preparation, prepare};
 use super::support::fake_discord::{FakeDiscord, TOKEN as DISCORD_TOKEN};
 use super::support::fake_model::{FakeModel, Script};
+use super::support::fake_slack::{self, FakeSlack};
 use super::support::fake_telegram::{Chat, FakeTelegram, TOKEN as TELEGRAM_TOKEN, User};
 use super::support::procfs::{self, kib_field};
 use super::support::status::status;
-use super::support::synapse::Synapse;
+use super::support::synapse::{Account, Synapse};
 use super::support::wait::Poll;
 use super::support::{new_agent, write};
 use perch::host::Places;
@@ -81,7 +84,7 @@ fn measured() -> &'static Measured {
             "PERCH_FIGURES_BIN {} is not a file",
             binary.display()
         );
-        // A thread of its own: the three-channel figure is a tokio test.
+        // A thread of its own: the three- and four-channel figures are tokio tests.
         let places = std::thread::spawn(|| {
             tokio::runtime::Runtime::new()
                 .unwrap()
@@ -122,6 +125,8 @@ fn command(dir: &Path, matrix_password: Option<&str>, options: &[&str]) -> Comma
         .env("PERCH_CACHE", Places::from_environment().cache)
         .env("TELEGRAM_TOKEN", TELEGRAM_TOKEN)
         .env("DISCORD_TOKEN", DISCORD_TOKEN)
+        .env("SLACK_APP_TOKEN", fake_slack::APP_TOKEN)
+        .env("SLACK_BOT_TOKEN", fake_slack::BOT_TOKEN)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -270,6 +275,28 @@ fn telegram_and_discord(
     dir
 }
 
+fn add_matrix(dir: &Path, bot: &Account) {
+    write(
+        dir,
+        "channels/mx.lua",
+        &format!(
+            "channel {{ kind = \"matrix\", homeserver = {:?}, user = {:?}, password = env \"MATRIX_PASSWORD\", store_passphrase = env \"MATRIX_STORE_PASSPHRASE\" }}\n",
+            bot.url, bot.user_id
+        ),
+    );
+}
+
+fn add_slack(dir: &Path, slack: &FakeSlack) {
+    write(
+        dir,
+        "channels/sl.lua",
+        &format!(
+            "channel {{ kind = \"slack\", app_token = env \"SLACK_APP_TOKEN\", bot_token = env \"SLACK_BOT_TOKEN\", api_url = {:?} }}\n",
+            slack.api_url()
+        ),
+    );
+}
+
 #[test]
 #[ignore = "a published figure: run by tests/figures.sh against the dist build"]
 fn figure_start_to_first_message_answered() {
@@ -303,11 +330,34 @@ struct IdleSetup<'a> {
     matrix_password: Option<&'a str>,
     telegram: &'a FakeTelegram,
     discord: &'a FakeDiscord,
+    slack: Option<&'a FakeSlack>,
     channels: usize,
     /// How the figure names the channels, in full and short.
     label: &'a str,
     short: &'a str,
     rss_target: &'a str,
+}
+
+/// What the Slack fake has seen of perch's socket: its pings and the sockets it opened.
+struct SlackRhythm {
+    pings: usize,
+    connections_opened: usize,
+}
+
+impl SlackRhythm {
+    fn of(slack: &FakeSlack) -> SlackRhythm {
+        SlackRhythm {
+            pings: slack.pings(),
+            connections_opened: slack.connections_opened(),
+        }
+    }
+
+    fn since(&self, before: &SlackRhythm) -> SlackRhythm {
+        SlackRhythm {
+            pings: self.pings - before.pings,
+            connections_opened: self.connections_opened - before.connections_opened,
+        }
+    }
 }
 
 /// Starts `perch run`, waits until every channel is `receiving` and the start has settled, then
@@ -321,6 +371,9 @@ fn idle_figures(setup: &IdleSetup<'_>) {
         !setup.telegram.poll_offsets().is_empty()
     });
     FIGURES.until("the Discord gateway", || setup.discord.live_sessions() > 0);
+    if let Some(slack) = setup.slack {
+        FIGURES.until("Slack's socket", || slack.live_connections() > 0);
+    }
     FIGURES
         .every(Duration::from_millis(50))
         .until("every channel receiving", || {
@@ -332,6 +385,7 @@ fn idle_figures(setup: &IdleSetup<'_>) {
 
     let polls_before = setup.telegram.poll_offsets().len();
     let heartbeats_before = setup.discord.heartbeats();
+    let slack_before = setup.slack.map(SlackRhythm::of);
     clear_referenced(pid);
     let start = cpu_sample(pid);
     // The figure is what perch does during this period without traffic.
@@ -339,6 +393,10 @@ fn idle_figures(setup: &IdleSetup<'_>) {
     let end = cpu_sample(pid);
     let polls = setup.telegram.poll_offsets().len() - polls_before;
     let heartbeats = setup.discord.heartbeats() - heartbeats_before;
+    let slack_window = setup
+        .slack
+        .zip(slack_before)
+        .map(|(slack, before)| SlackRhythm::of(slack).since(&before));
     assert_alive(&mut child);
 
     let total = resident(pid);
@@ -427,8 +485,14 @@ fn idle_figures(setup: &IdleSetup<'_>) {
         cpu.cpu_ms,
         cpu.on_cpu.on_cpu_ns as f64 / 1e6
     );
+    let slack_rhythm = slack_window.map_or_else(String::new, |window| {
+        format!(
+            ", {} Slack pings (perch's, every 30 s), {} Slack sockets opened",
+            window.pings, window.connections_opened
+        )
+    });
     println!(
-        "idle wakeups of perch run, {short}: {:.0} context switches per minute ({} voluntary, {} involuntary over {seconds:.1} s; threads {} at start, {} at end, {} ended uncounted); in the window {polls} getUpdates (timeout {poll_timeout} s), {heartbeats} Discord heartbeats (interval {DISCORD_HEARTBEAT_MS} ms)",
+        "idle wakeups of perch run, {short}: {:.0} context switches per minute ({} voluntary, {} involuntary over {seconds:.1} s; threads {} at start, {} at end, {} ended uncounted); in the window {polls} getUpdates (timeout {poll_timeout} s), {heartbeats} Discord heartbeats (interval {DISCORD_HEARTBEAT_MS} ms){slack_rhythm}",
         per_minute((cpu.on_cpu.voluntary + cpu.on_cpu.involuntary) as f64),
         cpu.on_cpu.voluntary,
         cpu.on_cpu.involuntary,
@@ -457,23 +521,48 @@ async fn figure_idle_with_three_channels_connected() {
     let discord = FakeDiscord::start();
     discord.set_heartbeat_interval(DISCORD_HEARTBEAT_MS);
     let dir = telegram_and_discord(&model, &telegram, &discord);
-    write(
-        dir.path(),
-        "channels/mx.lua",
-        &format!(
-            "channel {{ kind = \"matrix\", homeserver = {:?}, user = {:?}, password = env \"MATRIX_PASSWORD\", store_passphrase = env \"MATRIX_STORE_PASSPHRASE\" }}\n",
-            bot.url, bot.user_id
-        ),
-    );
+    add_matrix(dir.path(), &bot);
     tokio::task::spawn_blocking(move || {
         idle_figures(&IdleSetup {
             dir: dir.path(),
             matrix_password: Some(&bot.password),
             telegram: &telegram,
             discord: &discord,
+            slack: None,
             channels: 3,
             label: "three channels connected (Telegram and Discord fakes, Synapse)",
             short: "three channels",
+            rss_target: "<= 20 MB (<= 35 MB with Matrix's encrypted stores open)",
+        });
+        drop(model);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a published figure: run by tests/figures.sh against the dist build, with Synapse"]
+async fn figure_idle_with_four_channels_connected() {
+    let synapse = Synapse::from_env();
+    let bot = synapse.register("figures-bot").await;
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let telegram = FakeTelegram::start();
+    let discord = FakeDiscord::start();
+    discord.set_heartbeat_interval(DISCORD_HEARTBEAT_MS);
+    let slack = FakeSlack::start();
+    let dir = telegram_and_discord(&model, &telegram, &discord);
+    add_matrix(dir.path(), &bot);
+    add_slack(dir.path(), &slack);
+    tokio::task::spawn_blocking(move || {
+        idle_figures(&IdleSetup {
+            dir: dir.path(),
+            matrix_password: Some(&bot.password),
+            telegram: &telegram,
+            discord: &discord,
+            slack: Some(&slack),
+            channels: 4,
+            label: "four channels connected (Telegram, Discord and Slack fakes, Synapse)",
+            short: "four channels",
             rss_target: "<= 20 MB (<= 35 MB with Matrix's encrypted stores open)",
         });
         drop(model);
@@ -495,6 +584,7 @@ fn figure_idle_with_telegram_and_discord_connected() {
         matrix_password: None,
         telegram: &telegram,
         discord: &discord,
+        slack: None,
         channels: 2,
         label: "Telegram and Discord connected (fakes)",
         short: "Telegram and Discord",

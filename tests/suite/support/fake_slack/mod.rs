@@ -28,6 +28,7 @@
 //! one higher and `retry_reason` `timeout`, on the newest connection, up to three retries (then
 //! Slack gives up on it, and so does the fake); envelopes waiting when a connection opens (none
 //! was open, or theirs closed) are sent on it after `hello`. A redelivery keeps its envelope id.
+//! The client's WebSocket pings are answered with pongs and counted ([`FakeSlack::pings`]).
 //! A message mentioning the bot outside a DM comes twice, as `message` and as `app_mention`,
 //! with different event ids. `disconnect` frames on request: `refresh_requested` and `warning`
 //! (the connection closes after a grace period), `link_disabled` (it closes at once, and so does
@@ -247,6 +248,7 @@ struct Platform {
     delivered: Vec<Value>,
     abandoned: Vec<String>,
     client_frames: Vec<Value>,
+    pings: usize,
     ack_timeout: Duration,
     refresh_grace: Duration,
     socket_disabled: bool,
@@ -295,6 +297,7 @@ impl FakeSlack {
             delivered: Vec::new(),
             abandoned: Vec::new(),
             client_frames: Vec::new(),
+            pings: 0,
             ack_timeout: Duration::from_secs(3),
             refresh_grace: Duration::from_secs(10),
             socket_disabled: false,
@@ -544,6 +547,11 @@ impl FakeSlack {
     /// How many connections were opened, refused ones aside.
     pub fn connections_opened(&self) -> usize {
         self.state().opened
+    }
+
+    /// WebSocket pings the client sent, over every connection (each answered with a pong).
+    pub fn pings(&self) -> usize {
+        self.state().pings
     }
 
     /// Envelope ids acknowledged, in order.

@@ -58,6 +58,7 @@ async fn connection(mut socket: WebSocket, state: Shared) {
         tokio::select! {
             incoming = socket.recv() => match incoming {
                 Some(Ok(WsMessage::Text(text))) => received(&state, text.as_str()),
+                Some(Ok(WsMessage::Ping(_))) => state.lock().unwrap().pings += 1,
                 Some(Ok(WsMessage::Close(_))) | Some(Err(_)) | None => break,
                 Some(Ok(_)) => {}
             },
