@@ -443,16 +443,21 @@ fn online_checks_accept_good_credentials_and_report_refused_ones_without_showing
     shows_none_of(&[WRONG_TOKEN, WRONG_DISCORD_TOKEN, WRONG_KEY], &text, &err);
 }
 
-#[test]
-fn online_slack_checks_both_tokens_and_never_connects_to_the_socket() {
-    let slack = FakeSlack::start();
-    let model = FakeModel::start(Api::OpenAiCompletions);
+/// An agent with the Slack channel `sl` pointed at `slack`.
+fn slack_agent(slack: &FakeSlack, model: &FakeModel) -> tempfile::TempDir {
     let channel = format!(
         "channel {{ kind = \"slack\", app_token = env \"SLACK_APP_TOKEN\", \
          bot_token = env \"SLACK_BOT_TOKEN\", api_url = {:?} }}\n",
         slack.api_url()
     );
-    let agent = online_agent(&model, &[("sl.lua", channel)]);
+    online_agent(model, &[("sl.lua", channel)])
+}
+
+#[test]
+fn online_slack_checks_both_tokens_and_never_connects_to_the_socket() {
+    let slack = FakeSlack::start();
+    let model = FakeModel::start(Api::OpenAiCompletions);
+    let agent = slack_agent(&slack, &model);
     let good = [
         ("SLACK_APP_TOKEN", fake_slack::APP_TOKEN),
         ("SLACK_BOT_TOKEN", fake_slack::BOT_TOKEN),
@@ -519,12 +524,7 @@ fn online_slack_checks_both_tokens_and_never_connects_to_the_socket() {
 fn online_slack_names_the_bot_scopes_the_token_lacks_and_how_to_add_them() {
     let slack = FakeSlack::start();
     let model = FakeModel::start(Api::OpenAiCompletions);
-    let channel = format!(
-        "channel {{ kind = \"slack\", app_token = env \"SLACK_APP_TOKEN\", \
-         bot_token = env \"SLACK_BOT_TOKEN\", api_url = {:?} }}\n",
-        slack.api_url()
-    );
-    let agent = online_agent(&model, &[("sl.lua", channel)]);
+    let agent = slack_agent(&slack, &model);
     let env = [
         ("SLACK_APP_TOKEN", fake_slack::APP_TOKEN),
         ("SLACK_BOT_TOKEN", fake_slack::BOT_TOKEN),
