@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Writes src/symbol-order.txt, the order in which the linker places perch's hottest code: the
 # functions and constants a dist build touches while it starts, answers a message, connects
-# three channels and idles, most common first. Run it after a toolchain or dependency upgrade
-# (tests/figures.sh prints how many of the names a build still has), then run tests/figures.sh.
+# two, three and four channels and idles, most common first. Run it after a toolchain or
+# dependency upgrade, or when tests/figures.sh warns that fewer than 95% of the names match.
 #
 # It needs root: it turns the readahead of the device holding the build off while it measures
 # (and puts it back), so that what a process has resident is what it touched. It takes two dist
@@ -50,7 +50,7 @@ cargo test --locked "${features[@]}" --test all --no-run
 python3 tests/symbol-order.py sample "$aligned" "$sample" &
 sampler=$!
 for figure in figure_start_to_first_message_answered figure_idle_with_telegram_and_discord_connected \
-  figure_idle_with_three_channels_connected; do
+  figure_idle_with_three_channels_connected figure_idle_with_four_channels_connected; do
   PERCH_FIGURES_BIN="$aligned" cargo test --locked "${features[@]}" --test all -- --ignored \
     --exact "suite::figures::$figure" >/dev/null
 done
