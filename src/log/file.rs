@@ -8,7 +8,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// Takes the exclusive lock at `path`, creating the file. The lock lasts as long as the
-/// returned handle.
+/// returned handle. Blocking: a lock held by someone else is tried again for a moment
+/// ([`crate::host::file_lock`]).
 pub(crate) fn lock_exclusive(path: &Path) -> Result<File, LogError> {
     let file = OpenOptions::new()
         .create(true)
@@ -16,7 +17,7 @@ pub(crate) fn lock_exclusive(path: &Path) -> Result<File, LogError> {
         .write(true)
         .open(path)
         .map_err(LogError::io(path, "open the lock file"))?;
-    match file.try_lock() {
+    match crate::host::file_lock::lock_exclusive(&file) {
         Ok(()) => Ok(file),
         Err(TryLockError::WouldBlock) => Err(LogError::Held {
             path: path.to_owned(),
