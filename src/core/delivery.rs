@@ -36,10 +36,11 @@ pub enum Unreceipted {
 /// Whether a delivery without a receipt may have reached its platform.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sent {
-    /// It may have been posted: perch stopped during or after sending it.
+    /// It may have been posted: perch stopped during or after an attempt at it.
     Maybe,
-    /// It certainly was not: perch stopped while it waited (its turn, a rate limit, a retry
-    /// after a request that never reached the platform) and recorded so.
+    /// It certainly was not: perch stopped before its first attempt, or while it waited (its
+    /// turn, a rate limit, a retry after a request that never reached the platform), and the
+    /// outbox says so.
     Not,
 }
 
@@ -95,6 +96,17 @@ pub struct Attempts {
     pub made: u32,
     /// The platform's rate-limit waits already waited out, in total.
     pub rate_limited: Duration,
+    /// Whether an attempt failed in a way that leaves it unknown whether it was posted.
+    pub maybe_posted: bool,
+}
+
+impl Attempts {
+    /// Whether no attempt so far may have posted the delivery (every one was rate-limited or
+    /// never reached the platform), so that while it waits to try again the outbox can say it
+    /// is certainly not posted, and a restart sends it on any platform.
+    pub fn certainly_not_posted(&self) -> bool {
+        !self.maybe_posted
+    }
 }
 
 /// What to do after a failed attempt at a delivery.
@@ -156,6 +168,7 @@ pub fn after_failure(
     let mut now = Attempts {
         made,
         rate_limited: before.rate_limited,
+        maybe_posted: before.maybe_posted || failure == AttemptFailure::Failed,
     };
     let retry = match failure {
         AttemptFailure::RateLimited { retry_after } => {
@@ -334,6 +347,29 @@ mod tests {
                 retry
             })
             .collect()
+    }
+
+    #[test]
+    fn a_delivery_is_certainly_not_posted_until_an_attempt_fails_with_an_unknown_fate() {
+        use AttemptFailure::*;
+        let limited = RateLimited {
+            retry_after: Duration::from_secs(3),
+        };
+        let table: [(&[AttemptFailure], bool); 5] = [
+            (&[], true),
+            (&[limited], true),
+            (&[NotSent, limited], true),
+            (&[Failed], false),
+            (&[Failed, limited], false),
+        ];
+        for (failures, expected) in table {
+            let attempts = failures
+                .iter()
+                .fold(Attempts::default(), |before, failure| {
+                    after_failure(before, *failure, true).0
+                });
+            assert_eq!(attempts.certainly_not_posted(), expected, "{failures:?}");
+        }
     }
 
     #[test]

@@ -1,14 +1,17 @@
-//! The durable outbox: a delivery is recorded (fsynced) with its id before any platform call,
-//! and its receipt after. On a restart, a delivery without a receipt is resent with the same id
-//! only inside the platform's own deduplication window; outside it (and always on Telegram,
-//! which has none) it is marked `unknown` and reported, never resent; past the time to live it
-//! is dropped with a record.
+//! The durable outbox: a delivery is recorded (fsynced) with its id when it is queued, each
+//! attempt at it is marked (fsynced) just before the platform call, and its receipt is recorded
+//! after. On a restart, a delivery never attempted, or known not posted since, is sent; one
+//! attempted without a receipt is resent with the same id only inside the platform's own
+//! deduplication window, and outside it (and always on Telegram and Slack, which have none) it
+//! is marked `unknown` and reported, never resent. Past the time to live it is dropped with a
+//! record.
 
 use crate::channel::Delivery;
 use crate::host::clock::Clock;
 use crate::log::{Journal, JournalItem, JournalWriter, LogError};
 use perch_core::Timestamp;
 use perch_core::delivery::{Sent, Unreceipted, delivery_id, unreceipted};
+use perch_core::journal::outbox::Attempted;
 pub use perch_core::journal::outbox::{DeliveryLane, OutboxRecord};
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -61,15 +64,22 @@ impl Outbox {
         let mut intents: BTreeMap<u64, (Timestamp, String, Delivery, Option<DeliveryLane>)> =
             BTreeMap::new();
         let mut settled = HashSet::new();
-        let mut unsent = HashSet::new();
+        let mut attempted = Attempted::default();
         let mut backlog = OutboxBacklog::default();
-        let all: Vec<&JournalItem> = contents.consumed.iter().chain(&contents.pending).collect();
+        let mut all: Vec<&JournalItem> =
+            contents.consumed.iter().chain(&contents.pending).collect();
+        all.sort_by_key(|item| item.seq);
         for item in &all {
-            match OutboxRecord::read(&item.body).ok() {
+            let record = OutboxRecord::read(&item.body).ok();
+            if let Some(record) = &record {
+                attempted.read(item.seq, record);
+            }
+            match record {
                 Some(OutboxRecord::Intent {
                     channel,
                     delivery,
                     lane,
+                    ..
                 }) => {
                     if let Some(to) = &delivery.reply_to {
                         backlog.replied_to.insert((channel.clone(), to.clone()));
@@ -89,8 +99,7 @@ impl Outbox {
                             .push((channel.clone(), delivery.id.clone(), reason));
                     }
                 }
-                Some(OutboxRecord::Unsent { intents, .. }) => unsent.extend(intents),
-                None => {}
+                Some(OutboxRecord::Sending { .. } | OutboxRecord::Unsent { .. }) | None => {}
             }
         }
         let pending: HashSet<u64> = contents.pending.iter().map(|item| item.seq).collect();
@@ -114,11 +123,7 @@ impl Outbox {
                 channel,
                 delivery,
                 lane,
-                sent: if unsent.contains(&seq) {
-                    Sent::Not
-                } else {
-                    Sent::Maybe
-                },
+                sent: attempted.sent(seq),
             })
             .collect();
         let writer = JournalWriter::start(journal, dir, "outbox")?;
@@ -142,8 +147,16 @@ impl Outbox {
             channel: channel.to_owned(),
             delivery: delivery.clone(),
             lane: lane.cloned(),
+            marked: true,
         })
         .await
+    }
+
+    /// Records (fsynced) that the delivery recorded as `intent` is about to be handed to its
+    /// platform, so a crash from here on leaves it possibly posted.
+    pub async fn sending(&self, intent: u64) -> Result<(), LogError> {
+        let seq = self.append(&OutboxRecord::Sending { intent }).await?;
+        self.writer.consume(vec![seq]).await
     }
 
     /// Records how the delivery recorded as `intent` ended, and settles it.
@@ -153,7 +166,8 @@ impl Outbox {
     }
 
     /// Records that the deliveries recorded as `intents` were certainly not sent (perch is
-    /// stopping while they wait), so the next start sends them.
+    /// stopping while they wait, or the platform refused an attempt before taking it), so the
+    /// next start sends them.
     pub async fn unsent(&self, intents: Vec<u64>, reason: &str) -> Result<(), LogError> {
         if intents.is_empty() {
             return Ok(());
@@ -206,6 +220,7 @@ mod tests {
                 attachments: Vec::new(),
             },
             lane: None,
+            marked: false,
         })
         .unwrap()
     }
@@ -291,5 +306,55 @@ mod tests {
             waiting,
             "the consumed `unsent` record is still read"
         );
+    }
+
+    #[tokio::test]
+    async fn a_delivery_is_possibly_posted_from_its_attempt_on_across_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let (outbox, _) = Outbox::open(dir.path(), system_clock()).unwrap();
+        let delivery = |text: &str| Delivery {
+            id: Outbox::new_id(),
+            room: "C1".into(),
+            thread: None,
+            reply_to: None,
+            text: text.into(),
+            attachments: Vec::new(),
+        };
+        let queued = outbox
+            .intend("sl", &delivery("queued"), None)
+            .await
+            .unwrap();
+        let attempted = outbox
+            .intend("sl", &delivery("attempted"), None)
+            .await
+            .unwrap();
+        let refused = outbox
+            .intend("sl", &delivery("rate limited"), None)
+            .await
+            .unwrap();
+        outbox.sending(attempted).await.unwrap();
+        outbox.sending(refused).await.unwrap();
+        outbox.unsent(vec![refused], "rate limited").await.unwrap();
+        drop(outbox);
+
+        let expected = [
+            (queued, Sent::Not),
+            (attempted, Sent::Maybe),
+            (refused, Sent::Not),
+        ];
+        for _ in 0..2 {
+            // The writer thread lets go of the journal once it sees the handle gone.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let (outbox, backlog) = loop {
+                match Outbox::open(dir.path(), system_clock()) {
+                    Err(LogError::Held { .. }) if std::time::Instant::now() < deadline => {
+                        tokio::task::yield_now().await;
+                    }
+                    opened => break opened.unwrap(),
+                }
+            };
+            assert_eq!(unsettled(&backlog), expected);
+            drop(outbox);
+        }
     }
 }

@@ -179,7 +179,7 @@ fn a_delivery_the_platform_refuses_is_recorded_as_not_sent() {
 #[test]
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
 fn a_delivery_of_unknown_fate_after_a_crash_is_recorded_as_unknown_once() {
-    let agent = crash_on_one_message(Some("maybe posted"), "hello", "after:delivery_intent");
+    let agent = crash_on_one_message(Some("maybe posted"), "hello", "after:delivery_sending");
     let dir = &agent.dir;
     assert!(records(&lane_lines(dir.path()), "delivery_settled").is_empty());
     let op = records(&lane_lines(dir.path()), "operation_started")[0]["op"].clone();
@@ -344,6 +344,7 @@ async fn a_delivery_too_old_to_send_at_a_restart_is_recorded_as_dropped() {
                 attachments: Vec::new(),
             },
             lane: Some(DeliveryLane::new(lane, None)),
+            marked: true,
         };
         outbox
             .append(&[serde_json::to_value(&intent).unwrap()])

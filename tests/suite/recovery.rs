@@ -31,9 +31,9 @@ fn an_unknown_delivery(dir: &Path) -> bool {
 
 #[test]
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
-fn a_crash_after_the_delivery_intent_is_reported_not_resent_on_telegram() {
+fn a_crash_after_an_attempt_began_is_reported_not_resent_on_telegram() {
     let reply = Some("this may or may not have been posted");
-    let agent = crash_on_one_message(reply, "hello", "after:delivery_intent");
+    let agent = crash_on_one_message(reply, "hello", "after:delivery_sending");
 
     let service = agent.start();
     wait_until("the outbox to settle", || an_unknown_delivery(agent.path()));
@@ -43,6 +43,33 @@ fn a_crash_after_the_delivery_intent_is_reported_not_resent_on_telegram() {
         "never resent on Telegram"
     );
     assert!(stderr.contains("unknown"), "{stderr}");
+    assert_eq!(
+        agent.model.requests().len(),
+        1,
+        "the message was not answered again"
+    );
+}
+
+#[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the failpoints feature")]
+fn a_reply_recorded_but_never_attempted_before_a_crash_is_sent_once_after_it_on_telegram() {
+    let agent = crash_on_one_message(
+        Some("sent after the restart"),
+        "hello",
+        "after:delivery_intent",
+    );
+    assert!(agent.telegram().sent().is_empty());
+
+    let service = agent.start();
+    agent.wait_for_a_reply();
+    wait_until("the outbox to settle", || {
+        agent.status().outbox_pending == 0
+    });
+    service.stop();
+    let sent = agent.telegram().sent();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert!(sent[0].text.contains("sent after the restart"), "{sent:?}");
+    assert!(!an_unknown_delivery(agent.path()));
     assert_eq!(
         agent.model.requests().len(),
         1,
@@ -70,11 +97,12 @@ fn a_crash_after_a_command_reply_is_recorded_neither_repeats_the_command_nor_sen
         "1",
         "/new was not carried out a second time"
     );
-    assert!(
-        agent.telegram().sent().is_empty(),
-        "the reply recorded before the crash is reported, not resent on Telegram, and no second \
-         reply is made: {:?}",
-        agent.telegram().sent()
+    let sent = agent.telegram().sent();
+    assert_eq!(
+        sent.len(),
+        1,
+        "the reply recorded before the crash, never attempted, is sent once, and no second \
+         reply is made: {sent:?}"
     );
     assert!(agent.model.requests().is_empty());
 }

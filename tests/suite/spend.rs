@@ -127,7 +127,7 @@ fn a_delivery_of_unknown_fate_is_reported_in_the_owner_room() {
         .model
         .push(Script::text("this may or may not have been posted"));
     agent.send(&alice(), "hello");
-    agent.crash_at("after:delivery_intent");
+    agent.crash_at("after:delivery_sending");
 
     let service = agent.start();
     let (alert, _) = the_owner_was_told_once(telegram, service);

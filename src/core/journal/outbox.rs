@@ -2,10 +2,12 @@
 //! delivery an intent records.
 
 use crate::attachment::OutboundFile;
+use crate::delivery::Sent;
 use crate::id::OperationId;
 use crate::log::Settled;
 use crate::name::LaneName;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -17,7 +19,15 @@ pub enum OutboxRecord {
         delivery: Delivery,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         lane: Option<DeliveryLane>,
+        /// Every attempt at this delivery is preceded by a [`OutboxRecord::Sending`], so without
+        /// one it was never attempted. False in outboxes written before perch marked its
+        /// attempts, whose unreceipted intents may have been posted.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        marked: bool,
     },
+    /// perch is about to hand the delivery recorded as `intent` to its platform: from here it may
+    /// have been posted. Not a settlement; consumed as soon as it is written, like `unsent`.
+    Sending { intent: u64 },
     /// The platform took the delivery recorded as `intent`.
     Receipt { intent: u64, receipt: Receipt },
     /// Whether the delivery recorded as `intent` was posted is unknown; it is not resent.
@@ -89,8 +99,51 @@ impl OutboxRecord {
             OutboxRecord::Dropped { reason, .. } => Some(Settled::NotSent {
                 reason: reason.clone(),
             }),
-            OutboxRecord::Intent { .. } | OutboxRecord::Unsent { .. } => None,
+            OutboxRecord::Intent { .. }
+            | OutboxRecord::Sending { .. }
+            | OutboxRecord::Unsent { .. } => None,
         }
+    }
+}
+
+/// Whether each unreceipted delivery may have been posted, read from the outbox's records in
+/// the order they were written: an intent starts as never attempted (or, unmarked, as possibly
+/// posted), `sending` makes it possibly posted and `unsent` certainly not again.
+#[derive(Debug, Default)]
+pub struct Attempted {
+    intents: BTreeMap<u64, Sent>,
+}
+
+impl Attempted {
+    /// Takes the record written as `seq`; records must come in `seq` order.
+    pub fn read(&mut self, seq: u64, record: &OutboxRecord) {
+        match record {
+            OutboxRecord::Intent { marked, .. } => {
+                let sent = if *marked { Sent::Not } else { Sent::Maybe };
+                self.intents.insert(seq, sent);
+            }
+            OutboxRecord::Sending { intent } => self.set(*intent, Sent::Maybe),
+            OutboxRecord::Unsent { intents, .. } => {
+                for intent in intents {
+                    self.set(*intent, Sent::Not);
+                }
+            }
+            OutboxRecord::Receipt { .. }
+            | OutboxRecord::Unknown { .. }
+            | OutboxRecord::Dropped { .. } => {}
+        }
+    }
+
+    fn set(&mut self, intent: u64, sent: Sent) {
+        if let Some(known) = self.intents.get_mut(&intent) {
+            *known = sent;
+        }
+    }
+
+    /// Whether the delivery recorded as `intent` may have been posted; an intent never read is
+    /// taken as possibly posted.
+    pub fn sent(&self, intent: u64) -> Sent {
+        self.intents.get(&intent).copied().unwrap_or(Sent::Maybe)
     }
 }
 
@@ -121,6 +174,7 @@ mod tests {
                     channel: "tg".into(),
                     delivery: hi(),
                     lane: None,
+                    marked: false,
                 },
                 concat!(
                     r#"{"type":"intent","channel":"tg","delivery":{"id":"d0123456789abcdef01234567","#,
@@ -135,12 +189,18 @@ mod tests {
                         LaneName::try_from("tg-42").unwrap(),
                         Some(OperationId::from_bytes([1; 16])),
                     )),
+                    marked: true,
                 },
                 concat!(
                     r#"{"type":"intent","channel":"tg","delivery":{"id":"d0123456789abcdef01234567","#,
                     r#""room":"42","thread":null,"reply_to":"42:17","text":"hi"},"#,
-                    r#""lane":{"lane":"tg-42","op":"01010101-0101-0101-0101-010101010101"}}"#
+                    r#""lane":{"lane":"tg-42","op":"01010101-0101-0101-0101-010101010101"},"#,
+                    r#""marked":true}"#
                 ),
+            ),
+            (
+                OutboxRecord::Sending { intent: 1 },
+                r#"{"type":"sending","intent":1}"#,
             ),
             (
                 OutboxRecord::Receipt {
@@ -195,6 +255,7 @@ mod tests {
                 }],
             },
             lane: Some(DeliveryLane::new(LaneName::try_from("mx-r").unwrap(), None)),
+            marked: false,
         };
         let line = concat!(
             r#"{"type":"intent","channel":"mx","delivery":{"id":"d0123456789abcdef01234567","#,
@@ -231,9 +292,70 @@ mod tests {
                 r#"{"type":"unsent","intents":[1],"reason":"stopping"}"#,
                 None,
             ),
+            (r#"{"type":"sending","intent":1}"#, None),
         ];
         for (line, settled) in table {
             assert_eq!(OutboxRecord::read(&item(line)).unwrap().settled(), settled);
+        }
+    }
+
+    #[test]
+    fn a_delivery_may_have_been_posted_only_once_an_attempt_at_it_began() {
+        let intent = |marked| OutboxRecord::Intent {
+            channel: "tg".into(),
+            delivery: hi(),
+            lane: None,
+            marked,
+        };
+        let sending = OutboxRecord::Sending { intent: 1 };
+        let unsent = OutboxRecord::Unsent {
+            intents: vec![1],
+            reason: "rate limited".into(),
+        };
+        let table: [(&str, Vec<OutboxRecord>, Sent); 7] = [
+            ("recorded, never attempted", vec![intent(true)], Sent::Not),
+            (
+                "attempted",
+                vec![intent(true), sending.clone()],
+                Sent::Maybe,
+            ),
+            (
+                "attempted, then known not posted",
+                vec![intent(true), sending.clone(), unsent.clone()],
+                Sent::Not,
+            ),
+            (
+                "attempted again after that",
+                vec![
+                    intent(true),
+                    sending.clone(),
+                    unsent.clone(),
+                    sending.clone(),
+                ],
+                Sent::Maybe,
+            ),
+            (
+                "written before attempts were marked",
+                vec![intent(false)],
+                Sent::Maybe,
+            ),
+            (
+                "written before, then stopped while it waited",
+                vec![intent(false), unsent],
+                Sent::Not,
+            ),
+            ("a mark for an intent not read", vec![sending], Sent::Maybe),
+        ];
+        for (case, records, sent) in table {
+            let mut attempted = Attempted::default();
+            for record in &records {
+                let seq = match record {
+                    OutboxRecord::Intent { .. } => 1,
+                    _ => 2,
+                };
+                attempted.read(seq, record);
+            }
+            assert_eq!(attempted.sent(1), sent, "{case}");
         }
     }
 }

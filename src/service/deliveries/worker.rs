@@ -182,7 +182,17 @@ impl Workers {
         let resends = channel.connector.limits().resend_window.is_some();
         let mut attempts = Attempts::default();
         let mut refused = None;
+        // Whether the outbox says an attempt at it has begun since it was last known not posted.
+        let mut marked = false;
         let record = loop {
+            if !marked {
+                self.outbox
+                    .sending(intent)
+                    .await
+                    .map_err(|error| Unfinished::Write(error.to_string()))?;
+                crate::host::failpoint::hit("after:delivery_sending");
+                marked = true;
+            }
             let error = match channel.connector.post(delivery, &uploads).await {
                 Ok(receipt) => {
                     crate::host::failpoint::hit("after:delivery_sent");
@@ -205,6 +215,17 @@ impl Workers {
             (attempts, retry) = after_failure(attempts, failure, resends);
             match retry {
                 Retry::After(wait) => {
+                    if attempts.certainly_not_posted() && !wait.is_zero() {
+                        // A restart during the wait sends it then, on any platform.
+                        self.outbox
+                            .unsent(
+                                vec![intent],
+                                "the platform did not take it; waiting to try again",
+                            )
+                            .await
+                            .map_err(|error| Unfinished::Write(error.to_string()))?;
+                        marked = false;
+                    }
                     match failure {
                         AttemptFailure::NotSent => tracing::warn!(
                             channel = %channel.loaded.config.name,
@@ -296,7 +317,9 @@ fn narration(channel: &str, delivery: &Delivery, record: &OutboxRecord) -> Optio
             room,
             reason: reason.clone(),
         }),
-        OutboxRecord::Intent { .. } | OutboxRecord::Unsent { .. } => None,
+        OutboxRecord::Intent { .. }
+        | OutboxRecord::Sending { .. }
+        | OutboxRecord::Unsent { .. } => None,
     }
 }
 
@@ -306,6 +329,8 @@ fn delivery_outcome(record: &OutboxRecord) -> Option<DeliveryOutcome> {
         OutboxRecord::Receipt { .. } => Some(DeliveryOutcome::Receipt),
         OutboxRecord::Dropped { .. } => Some(DeliveryOutcome::Dropped),
         OutboxRecord::Unknown { .. } => Some(DeliveryOutcome::Unknown),
-        OutboxRecord::Intent { .. } | OutboxRecord::Unsent { .. } => None,
+        OutboxRecord::Intent { .. }
+        | OutboxRecord::Sending { .. }
+        | OutboxRecord::Unsent { .. } => None,
     }
 }

@@ -75,7 +75,7 @@ fn through_perch_run_a_tool_call_unknown_delivery_corrected_heartbeat_and_recove
 
     model.push(Script::text("maybe posted"));
     agent.send(&alice(), "hello");
-    agent.crash_at("after:delivery_intent");
+    agent.crash_at("after:delivery_sending");
     model.push(Script::Reply(Reply::bash(
         "call-1",
         "touch /workspace/once",
