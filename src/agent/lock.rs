@@ -73,7 +73,7 @@ impl OwnerLock {
             .write(true)
             .open(&path)
             .map_err(io_error)?;
-        match crate::host::file_lock::lock_exclusive(&file) {
+        match file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
                 let mut text = String::new();

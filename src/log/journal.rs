@@ -90,7 +90,7 @@ impl Journal {
         clock: Clock,
     ) -> Result<(Journal, JournalContents), LogError> {
         fs::create_dir_all(dir).map_err(LogError::io(dir, "create"))?;
-        let lock = lock_exclusive(&dir.join("lock"))?;
+        let lock = lock_exclusive(&dir.join("lock"), std::time::Duration::ZERO)?;
         let mut numbers = segment_numbers(dir)?;
         if numbers.is_empty() {
             create_segment(dir, 1, &clock)?;

@@ -3,7 +3,9 @@
 //! ([`super::pool`]), never on a thread of their own.
 
 use super::error::LogError;
-use super::file::{Appender, append_to, create_with_first_line, lock_exclusive};
+use super::file::{
+    Appender, LANE_LOCK_PATIENCE, append_to, create_with_first_line, lock_exclusive,
+};
 use super::segment::{Access, Chain, Segment, index_path, segment_numbers, segment_path};
 use super::snapshot::{Appended, IndexStatus, LaneSnapshot, OpenReport, TailRepair};
 use crate::host::clock::Clock;
@@ -193,7 +195,7 @@ impl Writer {
     ) -> Result<(Writer, OpenReport), LogError> {
         let dir = sessions.join(lane.as_str());
         fs::create_dir_all(&dir).map_err(LogError::io(&dir, "create"))?;
-        let lock = lock_exclusive(&dir.join("lock"))?;
+        let lock = lock_exclusive(&dir.join("lock"), LANE_LOCK_PATIENCE)?;
         let numbers = segment_numbers(&dir)?;
         let created = numbers.is_empty();
         let number = match numbers.last() {

@@ -418,7 +418,7 @@ fn lock(dir: &ImageDir) -> Result<File, ImageError> {
         .custom_flags(nix::libc::O_NOFOLLOW)
         .open(&path)
         .map_err(|error| ImageError::io("open", &path, &error))?;
-    match crate::host::file_lock::lock_exclusive(&file) {
+    match file.try_lock() {
         Ok(()) => Ok(file),
         Err(fs::TryLockError::WouldBlock) => Err(ImageError::new(
             format!(
