@@ -13,7 +13,9 @@
 //! Replies are posted with `chat.postMessage` as mrkdwn (`perch_core::slack::mrkdwn`, which
 //! notifies no one the model names), in the thread of the message they answer. Calls are paced
 //! per method across the workspace and per channel; a `429` holds the method for its
-//! `Retry-After`. Slack has no idempotency key, so a post whose answer was lost is `unknown` and
+//! `Retry-After`. A wait before a reply's first call is handed back to the delivery worker as a
+//! rate limit, so the outbox knows the reply is not sent while it waits. Slack has no
+//! idempotency key, so a post whose answer was lost is `unknown` and
 //! never sent again. A reply's files are uploaded (`files.getUploadURLExternal`, the bytes,
 //! `files.completeUploadExternal`) into the same room and thread after its text. Both tokens travel only in an `Authorization` header, and every error text
 //! is redacted before it leaves this module.
@@ -134,7 +136,22 @@ impl SlackConnector {
 
     async fn send(&self, delivery: &Delivery, files: &[Upload]) -> Result<Receipt, DeliveryError> {
         let text = to_mrkdwn(&delivery.text);
-        let receipt = if text.trim().is_empty() && !files.is_empty() {
+        let text_first = !text.trim().is_empty() || files.is_empty();
+        // A wait the pace asks for before anything is sent is the worker's to take, as a rate
+        // limit: the outbox then records the delivery as not sent while it waits, and a crash
+        // during the wait resends it instead of leaving it unknown.
+        let first_wait = if text_first {
+            self.web
+                .wait_before("chat.postMessage", Some(&delivery.room))
+        } else {
+            self.web.wait_before("files.getUploadURLExternal", None)
+        };
+        if !first_wait.is_zero() {
+            return Err(DeliveryError::RateLimited {
+                retry_after: first_wait,
+            });
+        }
+        let receipt = if !text_first {
             None
         } else {
             Some(self.post_text(delivery, &text).await?)

@@ -213,6 +213,68 @@ fn a_429_is_waited_out_and_the_reply_posted_once() {
     service.stop();
 }
 
+/// A `429` holds `chat.postMessage` across the workspace: the reply it refused and a reply to
+/// another channel waiting behind the hold are both recorded as not sent while they wait, so a
+/// SIGKILL then leaves nothing unknown, and the next start posts each once.
+#[test]
+fn replies_held_by_a_rate_limit_when_perch_is_killed_are_posted_once_after_the_restart() {
+    let agent = agent();
+    agent.model.push(Script::text("first, after the limit"));
+    agent.model.push(Script::text("second, behind the hold"));
+    let service = agent.start();
+    wait_for_hello(&agent);
+    agent
+        .slack()
+        .fail_next("chat.postMessage", Failure::RateLimited { seconds: 120 });
+    agent.slack().push_message(DM, &ada(), "hello");
+    wait_until("the first reply to be rate-limited", || {
+        agent.slack().calls_of("chat.postMessage") == 1
+    });
+    agent
+        .slack()
+        .push_message(TEAM_ROOM, &ada(), &format!("<@{BOT_USER}> and here"));
+    let outbox = agent.path().join(".perch/outbox");
+    wait_until("both replies recorded as not sent while they wait", || {
+        crate::suite::support::journal_text(&outbox)
+            .matches(r#""type":"unsent""#)
+            .count()
+            >= 2
+    });
+    service.kill();
+    assert!(agent.slack().posted().is_empty());
+    assert_eq!(
+        agent.slack().calls_of("chat.postMessage"),
+        1,
+        "the second reply waited on perch's side of the hold"
+    );
+
+    let service = agent.start();
+    agent.wait_for_replies(2);
+    wait_until("the outbox to be empty", || {
+        agent.status().outbox_pending == 0
+    });
+    let stderr = service.stop();
+    let mut posted: Vec<(String, String)> = agent
+        .slack()
+        .posted()
+        .into_iter()
+        .map(|posted| (posted.channel, posted.text))
+        .collect();
+    posted.sort();
+    assert_eq!(
+        posted,
+        [
+            (TEAM_ROOM.to_owned(), "second, behind the hold".to_owned()),
+            (DM.to_owned(), "first, after the limit".to_owned()),
+        ]
+    );
+    assert!(
+        !stderr.contains(": unknown") && !stderr.contains("unknown fate"),
+        "{stderr}"
+    );
+    assert_eq!(agent.model.requests().len(), 2, "neither answered again");
+}
+
 #[test]
 fn a_refresh_requested_disconnect_is_survived() {
     let agent = agent();
