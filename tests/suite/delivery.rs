@@ -113,40 +113,29 @@ fn a_rooms_replies_keep_their_order_and_its_rate_limit_does_not_delay_another_ro
 fn a_reply_waiting_out_a_rate_limit_when_perch_is_killed_is_sent_after_the_restart_even_on_telegram()
  {
     let (agent, service, _, _) = a_long_reply_rate_limited(120);
-    let telegram = agent.telegram();
     let outbox = agent.path().join(".perch/outbox");
     wait_until(
         "the outbox to say the rate-limited piece was not taken",
         || super::support::journal_text(&outbox).contains(r#""type":"unsent""#),
     );
     service.kill();
-    assert!(telegram.sent().is_empty());
-
-    telegram.lift_rate_limits();
-    let service = agent.start();
-    wait_until("both pieces of the reply", || telegram.sent().len() >= 2);
-    wait_until("the outbox to be empty", || {
-        agent.status().outbox_pending == 0
-    });
-    let stderr = service.stop();
-    let shown: Vec<String> = telegram.sent().into_iter().map(|sent| sent.shown).collect();
-    assert_eq!(shown.len(), 2, "each piece once: {shown:?}");
-    assert!(shown[0].starts_with("one one"), "in order: {shown:?}");
-    assert!(shown[1].starts_with("two two"), "in order: {shown:?}");
-    assert!(
-        !stderr.contains(": unknown") && !stderr.contains("unknown fate"),
-        "the first piece was refused and the second never tried, so neither is unknown: {stderr}"
-    );
-    assert_eq!(agent.model.requests().len(), 1, "not answered again");
+    // The first piece was refused and the second never tried: neither is unknown.
+    each_piece_is_sent_once_after_the_restart(&agent);
 }
 
 #[test]
 fn a_reply_waiting_out_a_rate_limit_at_shutdown_is_sent_after_the_restart_even_on_telegram() {
     let (agent, service, _, _) = a_long_reply_rate_limited(120);
-    let telegram = agent.telegram();
     service.stop();
-    assert!(telegram.sent().is_empty());
+    each_piece_is_sent_once_after_the_restart(&agent);
+}
 
+/// With the long reply of [`a_long_reply_rate_limited`] unsent and perch stopped: the rate limit
+/// lifted and perch started again, each piece is sent once, in order, and neither is reported
+/// unknown.
+fn each_piece_is_sent_once_after_the_restart(agent: &Agent) {
+    let telegram = agent.telegram();
+    assert!(telegram.sent().is_empty());
     telegram.lift_rate_limits();
     let service = agent.start();
     wait_until("both pieces of the reply", || telegram.sent().len() >= 2);
