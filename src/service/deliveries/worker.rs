@@ -36,7 +36,8 @@ enum Unfinished {
     /// An outbox write failed.
     Write(String),
     /// perch is stopping, and a retry would have had to wait: the intents of the piece that
-    /// waited and of the reply's pieces after it, none of them sent.
+    /// waited (unless an earlier attempt at it may have posted it) and of the reply's pieces
+    /// after it, none of them sent.
     Stopping { unsent: Vec<u64> },
 }
 
@@ -245,7 +246,14 @@ impl Workers {
                     if !wait.is_zero() {
                         tokio::select! {
                             () = self.common.shutdown.cancelled() => {
-                                return Err(Unfinished::Stopping { unsent: vec![intent] });
+                                // An earlier attempt that may have posted it keeps it unsettled
+                                // for the resend window, never marked unsent.
+                                let unsent = if attempts.certainly_not_posted() {
+                                    vec![intent]
+                                } else {
+                                    Vec::new()
+                                };
+                                return Err(Unfinished::Stopping { unsent });
                             }
                             () = tokio::time::sleep(wait) => {}
                         }
