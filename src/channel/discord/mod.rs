@@ -13,8 +13,9 @@
 //! id>:edited:<edit time>`, with `edit_of` naming the message; perch journals it and does not
 //! answer it. A reply quotes `referenced_message` (its author and text, bounded).
 //!
-//! After every READY and RESUMED (and on attaching to a runner that is already connected), each
-//! room in `since`, plus each room seen during the call, is back-filled with
+//! After every READY and RESUMED (and on attaching to a runner that is already connected, or
+//! once a runner attached to before it connected says it is, since it may have handled READY
+//! before it added perch's collector), each room in `since`, plus each room seen during the call, is back-filled with
 //! `GET /channels/{id}/messages?after=` from its last message, oldest first; perch drops the
 //! duplicates by `platform_id`. A message in a room perch has never seen, sent while no runner
 //! was connected, cannot be back-filled.
@@ -82,6 +83,9 @@ pub const DEFAULT_LIVENESS: Duration = Duration::from_secs(120);
 
 const PAGE: u8 = 100;
 const ATTACH_POLL: Duration = Duration::from_millis(5);
+/// How often a collector attached before its runner connected checks whether it has, in case
+/// the runner handled READY before it added the collector.
+const CATCH_UP_POLL: Duration = Duration::from_millis(50);
 /// The longest wait between two liveness checks; a short liveness timeout is checked four times
 /// as often as it lasts.
 const WATCH_TICK_MAX: Duration = Duration::from_secs(5);
@@ -274,6 +278,12 @@ impl DiscordConnector {
         watch.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut attach = tokio::time::interval(ATTACH_POLL);
         attach.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // Whether the rooms were back-filled since the collector was attached with the runner
+        // connected. A collector is added through the runner's queue, so a READY the runner
+        // handles first is never seen; the runner's stage then says it is connected.
+        let mut caught_up = false;
+        let mut catch_up = tokio::time::interval(CATCH_UP_POLL);
+        catch_up.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
             let step = tokio::select! {
                 biased;
@@ -289,6 +299,7 @@ impl DiscordConnector {
                         match item {
                             GatewayItem::Ready | GatewayItem::Resumed => {
                                 up.mark_as(gateway.account.clone());
+                                caught_up = true;
                                 self.backfill(&mut rooms, &handoff).await
                             }
                             GatewayItem::Message(message) => {
@@ -309,13 +320,31 @@ impl DiscordConnector {
                         Some((receiver, true)) => {
                             events = Some(receiver);
                             up.mark_as(gateway.account.clone());
+                            caught_up = true;
                             self.backfill(&mut rooms, &handoff).await
                         }
                         Some((receiver, false)) => {
                             events = Some(receiver);
+                            caught_up = false;
                             Ok(Step::Go)
                         }
                         None => Ok(Step::Go),
+                    }
+                }
+                _ = catch_up.tick(), if events.is_some() && !caught_up => {
+                    let connected = gateway
+                        .manager
+                        .runners
+                        .lock()
+                        .await
+                        .get(&SHARD)
+                        .is_some_and(|runner| matches!(runner.stage, ConnectionStage::Connected));
+                    if connected {
+                        up.mark_as(gateway.account.clone());
+                        caught_up = true;
+                        self.backfill(&mut rooms, &handoff).await
+                    } else {
+                        Ok(Step::Go)
                     }
                 }
                 _ = watch.tick() => {
