@@ -43,8 +43,9 @@ impl fmt::Display for LockError {
 impl std::error::Error for LockError {}
 
 impl OwnerLock {
-    /// Takes `.perch/lock`, creating `.perch/` (mode 0700) if needed. Fails at once if another
-    /// process or task holds it.
+    /// Takes `.perch/lock`, creating `.perch/` (mode 0700) if needed. Fails if another process
+    /// or task holds it, after a moment's patience ([`crate::host::file_lock::MOMENT`]) for a
+    /// lock that a forked child still holds after its owner let go.
     pub fn acquire(agent: &AgentDir) -> Result<OwnerLock, LockError> {
         OwnerLock::acquire_path(agent.owner_lock_file())
     }
@@ -73,7 +74,7 @@ impl OwnerLock {
             .write(true)
             .open(&path)
             .map_err(io_error)?;
-        match file.try_lock() {
+        match crate::host::file_lock::lock_exclusive(&file, crate::host::file_lock::MOMENT) {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
                 let mut text = String::new();

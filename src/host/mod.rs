@@ -1,4 +1,4 @@
-//! perch and the machine it runs on: the clock, signals, process limits, systemd's notify
+//! perch and the machine it runs on: the clock, signals, process limits, file locks, systemd's notify
 //! protocol, the log lines and `perch run`'s narration on stderr, metrics, failpoints, the trust
 //! of paths as root, the workspace's files read and written on the host, owner alerts, and the
 //! places perch looks.
@@ -6,6 +6,7 @@
 pub mod alert;
 pub mod clock;
 pub mod failpoint;
+pub mod file_lock;
 pub mod limits;
 pub mod logging;
 pub mod metrics;

@@ -6,21 +6,11 @@ use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
-
-/// How long a lane's lock held by someone else is tried again before it is
-/// [`LogError::Held`].
-///
-/// A lock released a moment ago can still be held: a process forked to run a program keeps a
-/// copy of every descriptor, the lock's among them, until it execs, and the lock lasts as long
-/// as any copy does. That lasts microseconds, or a few milliseconds on a loaded host, and
-/// matters where a lock is let go and taken again while perch runs programs: a lane closed as
-/// idle and reopened by its next message. Another process holding the lane holds it for good,
-/// and is told apart by waiting this long.
-pub(crate) const LANE_LOCK_PATIENCE: Duration = Duration::from_millis(200);
+use std::time::Duration;
 
 /// Takes the exclusive lock at `path`, creating the file, trying again for `patience` while
-/// someone else holds it (blocking). The lock lasts as long as the returned handle.
+/// someone else holds it ([`crate::host::file_lock`]). The lock lasts as long as the returned
+/// handle.
 pub(crate) fn lock_exclusive(path: &Path, patience: Duration) -> Result<File, LogError> {
     let file = OpenOptions::new()
         .create(true)
@@ -28,26 +18,16 @@ pub(crate) fn lock_exclusive(path: &Path, patience: Duration) -> Result<File, Lo
         .write(true)
         .open(path)
         .map_err(LogError::io(path, "open the lock file"))?;
-    let deadline = Instant::now() + patience;
-    loop {
-        match file.try_lock() {
-            Ok(()) => return Ok(file),
-            Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(TryLockError::WouldBlock) => {
-                return Err(LogError::Held {
-                    path: path.to_owned(),
-                });
-            }
-            Err(TryLockError::Error(source)) => {
-                return Err(LogError::Io {
-                    path: path.to_owned(),
-                    action: "lock",
-                    source,
-                });
-            }
-        }
+    match crate::host::file_lock::lock_exclusive(&file, patience) {
+        Ok(()) => Ok(file),
+        Err(TryLockError::WouldBlock) => Err(LogError::Held {
+            path: path.to_owned(),
+        }),
+        Err(TryLockError::Error(source)) => Err(LogError::Io {
+            path: path.to_owned(),
+            action: "lock",
+            source,
+        }),
     }
 }
 

@@ -90,6 +90,7 @@ impl Journal {
         clock: Clock,
     ) -> Result<(Journal, JournalContents), LogError> {
         fs::create_dir_all(dir).map_err(LogError::io(dir, "create"))?;
+        // Opened once per process, sometimes from async code: a held journal is refused at once.
         let lock = lock_exclusive(&dir.join("lock"), std::time::Duration::ZERO)?;
         let mut numbers = segment_numbers(dir)?;
         if numbers.is_empty() {

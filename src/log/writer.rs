@@ -3,9 +3,7 @@
 //! ([`super::pool`]), never on a thread of their own.
 
 use super::error::LogError;
-use super::file::{
-    Appender, LANE_LOCK_PATIENCE, append_to, create_with_first_line, lock_exclusive,
-};
+use super::file::{Appender, append_to, create_with_first_line, lock_exclusive};
 use super::segment::{Access, Chain, Segment, index_path, segment_numbers, segment_path};
 use super::snapshot::{Appended, IndexStatus, LaneSnapshot, OpenReport, TailRepair};
 use crate::host::clock::Clock;
@@ -195,7 +193,9 @@ impl Writer {
     ) -> Result<(Writer, OpenReport), LogError> {
         let dir = sessions.join(lane.as_str());
         fs::create_dir_all(&dir).map_err(LogError::io(&dir, "create"))?;
-        let lock = lock_exclusive(&dir.join("lock"), LANE_LOCK_PATIENCE)?;
+        // A lane is closed as idle and reopened while perch runs programs, whose forks can hold
+        // its lock a moment after it is let go.
+        let lock = lock_exclusive(&dir.join("lock"), crate::host::file_lock::MOMENT)?;
         let numbers = segment_numbers(&dir)?;
         let created = numbers.is_empty();
         let number = match numbers.last() {

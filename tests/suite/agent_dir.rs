@@ -300,3 +300,16 @@ fn one_owner_at_a_time() {
     drop(owner);
     let _again = OwnerLock::acquire(&agent).unwrap();
 }
+
+/// An owner lock that another process still holds a moment after its owner let go (a child
+/// forked before it did, until it execs) is waited for, not refused.
+#[test]
+fn an_owner_lock_held_a_moment_longer_is_waited_for() {
+    let dir = new_agent();
+    let agent = AgentDir::open(dir.path()).unwrap();
+    drop(OwnerLock::acquire(&agent).unwrap());
+    let holder = super::support::flock::Holder::hold(&agent.owner_lock_file());
+    let owner = std::thread::spawn(move || OwnerLock::acquire(&agent).map(|_| ()));
+    holder.let_go();
+    owner.join().unwrap().unwrap();
+}

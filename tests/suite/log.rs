@@ -1,5 +1,6 @@
 //! The lane log's writer and reader: appends, torn and damaged lines, the index, recovery, rolls.
 
+use super::support::flock::Holder;
 use chrono::TimeZone;
 use perch::host::clock::Clock;
 use perch::log::{IndexStatus, LaneLog, LaneReader, LogError, ToolRerun, recover};
@@ -261,33 +262,19 @@ async fn a_second_writer_is_refused_until_the_first_closes() {
 
 /// A lock someone else holds for a moment is waited for, not refused: a process perch forked
 /// to run a program keeps a copy of the lane's lock until it execs, however soon the lane is
-/// closed. Here `flock(1)` holds it until it is told to let go.
+/// closed.
 #[tokio::test]
 async fn a_lock_held_for_a_moment_after_close_is_waited_for() {
-    use std::io::{BufRead, BufReader, Write};
     let dir = tempfile::tempdir().unwrap();
     let (log, _) = open(dir.path()).await;
     log.close().await.unwrap();
-    let mut holder = std::process::Command::new("flock")
-        .arg("--exclusive")
-        .arg(dir.path().join("main/lock"))
-        .args(["sh", "-c", "echo held; read _"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut held = String::new();
-    BufReader::new(holder.stdout.take().unwrap())
-        .read_line(&mut held)
-        .unwrap();
-    assert_eq!(held, "held\n");
+    let holder = Holder::hold(&dir.path().join("main/lock"));
     let reopen = tokio::task::spawn_blocking({
         let dir = dir.path().to_owned();
         move || LaneLog::open(&dir, &lane(), clock())
     });
-    holder.stdin.take().unwrap().write_all(b"\n").unwrap();
+    holder.let_go();
     let (again, _) = reopen.await.unwrap().unwrap();
-    assert!(holder.wait().unwrap().success());
     again.close().await.unwrap();
 }
 

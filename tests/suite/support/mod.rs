@@ -10,6 +10,7 @@ pub mod fake_discord;
 pub mod fake_model;
 pub mod fake_slack;
 pub mod fake_telegram;
+pub mod flock;
 mod http;
 #[cfg(feature = "sandbox-double")]
 pub mod in_process;
