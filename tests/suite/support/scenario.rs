@@ -408,20 +408,43 @@ pub fn run_command(dir: &Path) -> Command {
     command
 }
 
-/// A running `perch run`.
+/// A running `perch run`. Dropped while it runs (a test that failed before it stopped it), it is
+/// killed, so a failing test leaves no process behind.
 pub struct Perch {
-    child: Child,
+    /// `None` once a method that waits for it has taken it.
+    child: Option<Child>,
+}
+
+impl Drop for Perch {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 impl Perch {
     pub fn spawn(mut command: Command) -> Perch {
         Perch {
-            child: command.spawn().unwrap(),
+            child: Some(command.spawn().unwrap()),
         }
     }
 
+    fn running(&self) -> &Child {
+        self.child
+            .as_ref()
+            .expect("perch run is held until a method waits for it")
+    }
+
+    fn into_child(mut self) -> Child {
+        self.child
+            .take()
+            .expect("perch run is held until a method waits for it")
+    }
+
     pub fn id(&self) -> u32 {
-        self.child.id()
+        self.running().id()
     }
 
     /// Sends SIGTERM.
@@ -438,7 +461,7 @@ impl Perch {
     /// SIGTERM, then at most `limit` for a clean exit; returns its stderr.
     pub fn stop_within(self, limit: Duration) -> String {
         self.terminate();
-        let output = exits_within(self.child, limit, "perch run after SIGTERM");
+        let output = exits_within(self.into_child(), limit, "perch run after SIGTERM");
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
         assert!(
             output.status.success(),
@@ -450,7 +473,7 @@ impl Perch {
 
     /// Waits for it to exit, asserts that it exited 0, and returns its stderr.
     pub fn finish(self) -> String {
-        let output = self.child.wait_with_output().unwrap();
+        let output = self.wait();
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
         assert!(
             output.status.success(),
@@ -462,7 +485,7 @@ impl Perch {
     /// SIGKILL; it must not have exited cleanly.
     pub fn kill(self) {
         signal(self.id(), nix::sys::signal::Signal::SIGKILL);
-        let output = self.child.wait_with_output().unwrap();
+        let output = self.wait();
         assert!(!output.status.success());
     }
 
@@ -475,25 +498,26 @@ impl Perch {
 
     /// Waits for it to exit by itself.
     pub fn wait(self) -> Output {
-        self.child.wait_with_output().unwrap()
+        self.into_child().wait_with_output().unwrap()
     }
 
     /// Waits at most `limit` for it to exit by itself; fails the test naming `what` if it
     /// does not.
     pub fn wait_within(self, limit: Duration, what: &str) -> Output {
-        exits_within(self.child, limit, what)
+        exits_within(self.into_child(), limit, what)
     }
 
     /// Its exit status, if it exited within `limit`; killed otherwise.
-    pub fn exit_within(mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+    pub fn exit_within(self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let mut child = self.into_child();
         let mut exited = None;
         if !Poll::within(limit).holds(|| {
-            exited = self.child.try_wait().unwrap();
+            exited = child.try_wait().unwrap();
             exited.is_some()
         }) {
-            self.child.kill().unwrap();
+            child.kill().unwrap();
         }
-        let _ = self.child.wait_with_output();
+        let _ = child.wait_with_output();
         exited
     }
 }
