@@ -1,7 +1,7 @@
-//! perch and the machine it runs on: the clock, signals, process limits, file locks, systemd's notify
-//! protocol, the log lines and `perch run`'s narration on stderr, metrics, failpoints, the trust
-//! of paths as root, the workspace's files read and written on the host, owner alerts, and the
-//! places perch looks.
+//! perch and the machine it runs on: the clock, signals, process limits, file locks, systemd's
+//! notify protocol, the log lines and `perch run`'s narration on stderr, metrics, failpoints, the
+//! trust of paths as root, the workspace's files read and written on the host, owner alerts, and
+//! the places perch looks.
 
 pub mod alert;
 pub mod clock;

@@ -229,6 +229,20 @@ mod tests {
         serde_json::to_value(record).unwrap()
     }
 
+    /// Opens the outbox in `dir` again, waiting for the previous handle's writer thread to let
+    /// go of the journal (it does once it sees the handle gone).
+    fn reopen(dir: &Path) -> (Outbox, OutboxBacklog) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match Outbox::open(dir, system_clock()) {
+                Err(LogError::Held { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                opened => return opened.unwrap(),
+            }
+        }
+    }
+
     /// Each unsettled delivery's intent and whether it may have been posted.
     fn unsettled(backlog: &OutboxBacklog) -> Vec<(u64, Sent)> {
         backlog
@@ -291,18 +305,8 @@ mod tests {
             "only the unsettled deliveries are pending"
         );
 
-        // The first outbox's writer thread lets go of the journal once it sees the handle gone.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        let again = loop {
-            match Outbox::open(dir.path(), system_clock()) {
-                Err(LogError::Held { .. }) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                opened => break opened.unwrap().1,
-            }
-        };
         assert_eq!(
-            unsettled(&again),
+            unsettled(&reopen(dir.path()).1),
             waiting,
             "the consumed `unsent` record is still read"
         );
@@ -343,18 +347,7 @@ mod tests {
             (refused, Sent::Not),
         ];
         for _ in 0..2 {
-            // The writer thread lets go of the journal once it sees the handle gone.
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            let (outbox, backlog) = loop {
-                match Outbox::open(dir.path(), system_clock()) {
-                    Err(LogError::Held { .. }) if std::time::Instant::now() < deadline => {
-                        tokio::task::yield_now().await;
-                    }
-                    opened => break opened.unwrap(),
-                }
-            };
-            assert_eq!(unsettled(&backlog), expected);
-            drop(outbox);
+            assert_eq!(unsettled(&reopen(dir.path()).1), expected);
         }
     }
 }

@@ -13,12 +13,12 @@
 //! id>:edited:<edit time>`, with `edit_of` naming the message; perch journals it and does not
 //! answer it. A reply quotes `referenced_message` (its author and text, bounded).
 //!
-//! After every READY and RESUMED (and on attaching to a runner that is already connected, or
-//! once a runner attached to before it connected says it is, since it may have handled READY
-//! before it added perch's collector), each room in `since`, plus each room seen during the call, is back-filled with
-//! `GET /channels/{id}/messages?after=` from its last message, oldest first; perch drops the
-//! duplicates by `platform_id`. A message in a room perch has never seen, sent while no runner
-//! was connected, cannot be back-filled.
+//! After every READY and RESUMED (and on attaching to a runner that is already connected, or once a
+//! runner attached to before it connected says it is, since it may have handled READY before it
+//! added perch's collector), each room in `since`, plus each room seen during the call, is
+//! back-filled with `GET /channels/{id}/messages?after=` from its last message, oldest first; perch
+//! drops the duplicates by `platform_id`. A message in a room perch has never seen, sent while no
+//! runner was connected, cannot be back-filled.
 //!
 //! Liveness: the gateway counts as alive when a dispatch arrives or the shard records a new
 //! heartbeat round trip (serenity updates the shard's latency on every heartbeat ACK); REST

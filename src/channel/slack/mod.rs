@@ -11,14 +11,14 @@
 //! deliveries and Slack's redeliveries are one inbox item.
 //!
 //! Replies are posted with `chat.postMessage` as mrkdwn (`perch_core::slack::mrkdwn`, which
-//! notifies no one the model names), in the thread of the message they answer. Calls are paced
-//! per method across the workspace and per channel; a `429` holds the method for its
-//! `Retry-After`. A wait before a reply's first call is handed back to the delivery worker as a
-//! rate limit, so the outbox knows the reply is not sent while it waits. Slack has no
-//! idempotency key, so a post whose answer was lost is `unknown` and
-//! never sent again. A reply's files are uploaded (`files.getUploadURLExternal`, the bytes,
-//! `files.completeUploadExternal`) into the same room and thread after its text. Both tokens travel only in an `Authorization` header, and every error text
-//! is redacted before it leaves this module.
+//! notifies no one the model names), in the thread of the message they answer. Calls are paced per
+//! method across the workspace and per channel; a `429` holds the method for its `Retry-After`. A
+//! wait before a reply's first call is handed back to the delivery worker as a rate limit, so the
+//! outbox knows the reply is not sent while it waits. Slack has no idempotency key, so a post whose
+//! answer was lost is `unknown` and never sent again. A reply's files are uploaded
+//! (`files.getUploadURLExternal`, the bytes, `files.completeUploadExternal`) into the same room and
+//! thread after its text. Both tokens travel only in an `Authorization` header, and every error
+//! text is redacted before it leaves this module.
 
 mod receive;
 mod web;
